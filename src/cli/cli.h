@@ -1,0 +1,36 @@
+/*
+ * The isokv command: shared helpers for subcommands.
+ *
+ * Each subcommand lives in src/cli/cmd_<name>.c and exports one function
+ *     int ikv_cmd_<name>(int argc, char **argv);
+ * that receives argv starting at the subcommand's name, and returns an exit code:
+ * IKV_EXIT_OK, IKV_EXIT_FAIL (the work failed: bad input, I/O) or IKV_EXIT_USAGE (bad flags).
+ * Adding a subcommand is one file plus one line in the table in main.c.
+ * Only cli/ prints and exits; library code returns error codes.
+ */
+#ifndef ISOKV_CLI_H
+#define ISOKV_CLI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { IKV_EXIT_OK = 0, IKV_EXIT_FAIL = 1, IKV_EXIT_USAGE = 2 };
+
+/* Print "isokv <cmd>: message" to stderr and return IKV_EXIT_USAGE / IKV_EXIT_FAIL. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Parse a count with an optional suffix k/K (1e3), M (1e6), G (1e9): "2M" -> 2000000.
+ * Returns 0 on success, -1 if the text is not a whole non-negative number. */
+int cli_parse_count(const char *s, uint64_t *out);
+
+/* Parse a finite double / a non-negative integer that must use the whole string. */
+int cli_parse_double(const char *s, double *out);
+int cli_parse_u64(const char *s, uint64_t *out);
+
+/* True if argv holds -h or --help. */
+int cli_wants_help(int argc, char **argv);
+
+/* Subcommands (one line each). */
+
+#endif

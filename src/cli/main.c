@@ -1,0 +1,52 @@
+/*
+ * isokv: one command, many subcommands.
+ *
+ *     isokv <subcommand> [options]      isokv <subcommand> --help
+ *
+ * Exit codes: 0 success, 1 the work failed (bad input, I/O), 2 usage error.
+ */
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+typedef struct command {
+    const char *name;
+    int (*run)(int argc, char **argv);
+    const char *summary;
+} command;
+
+static int cmd_version(int argc, char **argv) {
+    (void)argc;
+    (void)argv;
+    printf("isokv 0.1.0\n");
+    return IKV_EXIT_OK;
+}
+
+static const command commands[] = {
+    {"version", cmd_version, "print the version"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: isokv <subcommand> [options]\n\nsubcommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
+    fprintf(f, "\n'isokv <subcommand> --help' describes each one.\n"
+               "Exit codes: 0 success, 1 failure, 2 usage error.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return IKV_EXIT_USAGE;
+    }
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) {
+        usage(stdout);
+        return IKV_EXIT_OK;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].run(argc - 1, argv + 1);
+    fprintf(stderr, "isokv: unknown subcommand '%s'\n\n", argv[1]);
+    usage(stderr);
+    return IKV_EXIT_USAGE;
+}
