@@ -1,0 +1,841 @@
+/*
+ * The cache core: prefix index, tiers, locks, pins and soft pins over a fixed node pool.
+ *
+ * Storage. All nodes live in one array sized at creation (node_limit); free nodes are chained
+ * through hnext. The hash map key -> node is an array of uint32 buckets (one per two nodes of
+ * the pool, a power of two) with chaining through hnext: the keys are already uniform 128-bit
+ * hashes, so the bucket is the key's low bits. Nothing allocates after ikv_cache_create(),
+ * except the pin list on the first pin.
+ *
+ * Evictability. A block is evictable from its tier t when no child is in tier t (children are
+ * never in a faster tier), it is not locked and not pinned. After every change that can affect
+ * that predicate the core calls refresh(), which sends queue/dequeue to the tier's policy, so
+ * a policy's queue holds exactly the evictable blocks of its tier (ikv_cache_check verifies it).
+ *
+ * Eviction from tier t (make_room): the policy picks a victim among its queued blocks. It is
+ * demoted to t+1 if that tier exists and admits it (a block with children in slower tiers is
+ * always demoted: dropping it would orphan them), after making room there in turn; otherwise
+ * it is dropped. Demotion keeps the tier rule (parent tier <= child tier) because a victim has
+ * no child in tier t, so all its children are already in t+1 or slower.
+ *
+ * Promotion (a hit in a lower tier, a pin, an insert under a block in a lower tier) moves a path
+ * to tier 0 from the top down, holding the path with temporary locks so making room cannot
+ * evict the part already moved.
+ */
+#include "internal.h"
+
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define HITS_MAX UINT16_MAX
+#define LOCK_MAX UINT16_MAX
+
+typedef struct tier {
+    char name[16];
+    char policy_spec[64];
+    uint64_t capacity;
+    uint64_t resident;
+    uint64_t pinned;
+    uint32_t admit_min_hits;
+    const ikv_policy_ops *ops;
+    void *pol;
+    ikv__policy_env env;
+} tier;
+
+struct ikv_cache {
+    ikv__node *nodes;
+    uint32_t *buckets;
+    uint64_t mask; /* buckets - 1 */
+    uint64_t node_limit;
+    uint32_t free_head;
+    uint64_t used;
+    uint64_t now;
+    uint32_t block_tokens;
+    size_t n_tiers;
+    tier tiers[IKV_MAX_TIERS];
+    double pin_budget;
+    int promote_on_hit;
+    ikv_cost_fn cost;
+    void *cost_ctx;
+    ikv_evict_fn on_evict;
+    void *evict_ctx;
+    /* explicit pins: node ids and expiries (0 = none), allocated at the first pin */
+    uint32_t *pins;
+    uint64_t *pin_exp;
+    uint64_t n_pins, pins_cap, next_expiry;
+    /* soft pins: per-node scope bitmap and window index (allocated when enabled) */
+    uint32_t softpin_scopes;
+    uint64_t softpin_window, cur_window;
+    uint64_t *sp_bits;
+    uint32_t *sp_epoch;
+    uint64_t locked;
+    ikv_cache_stats st;
+};
+
+static double default_cost(void *ctx, uint32_t depth, uint32_t ntokens) {
+    (void)ctx;
+    return (double)ntokens * ((double)depth + 1.0);
+}
+
+void ikv_cache_config_default(ikv_cache_config *cfg, uint64_t capacity, const char *policy) {
+    memset(cfg, 0, sizeof *cfg);
+    cfg->block_tokens = 16;
+    cfg->n_tiers = 1;
+    cfg->tiers[0].name = "hbm";
+    cfg->tiers[0].capacity = capacity;
+    cfg->tiers[0].policy = policy ? policy : "lru";
+    cfg->pin_budget = 0.5;
+    cfg->promote_on_hit = 1;
+}
+
+/* ---- creation ------------------------------------------------------------------------------- */
+
+static int setup_tier(ikv_cache *c, size_t t, const ikv_tier_config *tc) {
+    tier *tr = &c->tiers[t];
+    if (tc->capacity == 0)
+        return ikv_error(IKV_EINVAL, "tier %zu (%s): capacity must be > 0 blocks", t,
+                         tc->name ? tc->name : "?");
+    const char *spec = tc->policy ? tc->policy : "lru";
+    if (strlen(spec) >= sizeof tr->policy_spec)
+        return ikv_error(IKV_EPARAM, "policy spec too long: '%s'", spec);
+    snprintf(tr->name, sizeof tr->name, "%s", tc->name ? tc->name : "tier");
+    snprintf(tr->policy_spec, sizeof tr->policy_spec, "%s", spec);
+    const char *colon = strchr(spec, ':');
+    size_t nlen = colon ? (size_t)(colon - spec) : strlen(spec);
+    tr->ops = ikv__policy_find(spec, nlen);
+    if (!tr->ops) return ikv_error(IKV_EPOLICY, "unknown eviction policy '%.*s'", (int)nlen, spec);
+    tr->capacity = tc->capacity;
+    tr->admit_min_hits = tc->admit_min_hits;
+    tr->env.nodes = c->nodes;
+    tr->env.capacity = tc->capacity < c->node_limit ? tc->capacity : c->node_limit;
+    tr->env.node_limit = c->node_limit;
+    tr->env.cost = c->cost;
+    tr->env.cost_ctx = c->cost_ctx;
+    tr->env.now = &c->now;
+    return tr->ops->create(&tr->env, colon ? colon + 1 : "", &tr->pol);
+}
+
+int ikv_cache_create(const ikv_cache_config *cfg, ikv_cache **out) {
+    if (!cfg || !out) return ikv_error(IKV_EINVAL, "NULL config or output");
+    if (cfg->block_tokens == 0 || cfg->block_tokens > UINT16_MAX)
+        return ikv_error(IKV_EINVAL, "block size must be 1..65535 tokens, got %u",
+                         cfg->block_tokens);
+    if (cfg->n_tiers < 1 || cfg->n_tiers > IKV_MAX_TIERS)
+        return ikv_error(IKV_EINVAL, "tier count must be 1..%d, got %zu", IKV_MAX_TIERS,
+                         cfg->n_tiers);
+    if (!(cfg->pin_budget >= 0 && cfg->pin_budget <= 1))
+        return ikv_error(IKV_EINVAL, "pin budget must be a fraction in [0, 1]");
+    if (cfg->softpin_scopes && (cfg->softpin_window == 0 || cfg->softpin_scopes > 64))
+        return ikv_error(IKV_EINVAL, "soft pin needs 1..64 scopes and a window > 0");
+    uint64_t sum = 0;
+    for (size_t t = 0; t < cfg->n_tiers; t++) {
+        if (cfg->tiers[t].capacity == 0)
+            return ikv_error(IKV_EINVAL, "tier %zu: capacity must be > 0 blocks", t);
+        sum += cfg->tiers[t].capacity;
+    }
+    uint64_t limit = cfg->node_limit && cfg->node_limit < sum ? cfg->node_limit : sum;
+    if (limit >= IKV_NIL) return ikv_error(IKV_ERANGE, "node pool of %" PRIu64 " too large", limit);
+
+    ikv_cache *c = ikv_calloc(1, sizeof *c);
+    if (!c) return IKV_ENOMEM;
+    c->node_limit = limit;
+    c->block_tokens = cfg->block_tokens;
+    c->n_tiers = cfg->n_tiers;
+    c->pin_budget = cfg->pin_budget;
+    c->promote_on_hit = cfg->promote_on_hit;
+    c->cost = cfg->cost ? cfg->cost : default_cost;
+    c->cost_ctx = cfg->cost_ctx;
+    c->on_evict = cfg->on_evict;
+    c->evict_ctx = cfg->evict_ctx;
+    c->softpin_scopes = cfg->softpin_scopes;
+    c->softpin_window = cfg->softpin_window;
+    uint64_t nb = 1;
+    while (nb * 2 < limit) nb <<= 1;
+    c->mask = nb - 1;
+    c->nodes = ikv_malloc((size_t)limit * sizeof *c->nodes);
+    c->buckets = ikv_malloc((size_t)nb * sizeof *c->buckets);
+    if (!c->nodes || !c->buckets) goto nomem;
+    if (c->softpin_scopes) {
+        c->sp_bits = ikv_calloc((size_t)limit, sizeof *c->sp_bits);
+        c->sp_epoch = ikv_calloc((size_t)limit, sizeof *c->sp_epoch);
+        if (!c->sp_bits || !c->sp_epoch) goto nomem;
+    }
+    memset(c->buckets, 0xff, (size_t)nb * sizeof *c->buckets);
+    for (uint64_t i = 0; i < limit; i++) {
+        c->nodes[i].tier = IKV__FREE;
+        c->nodes[i].flags = 0;
+        c->nodes[i].hnext = i + 1 < limit ? (uint32_t)(i + 1) : IKV_NIL;
+    }
+    c->free_head = 0;
+    for (size_t t = 0; t < cfg->n_tiers; t++) {
+        int rc = setup_tier(c, t, &cfg->tiers[t]);
+        if (rc) {
+            ikv_cache_destroy(c);
+            return rc;
+        }
+    }
+    *out = c;
+    return 0;
+nomem:
+    ikv_cache_destroy(c);
+    return ikv_error(IKV_ENOMEM, "cannot allocate a cache of %" PRIu64 " blocks", limit);
+}
+
+void ikv_cache_destroy(ikv_cache *c) {
+    if (!c) return;
+    for (size_t t = 0; t < c->n_tiers; t++)
+        if (c->tiers[t].pol) c->tiers[t].ops->destroy(c->tiers[t].pol);
+    ikv_free(c->nodes);
+    ikv_free(c->buckets);
+    ikv_free(c->pins);
+    ikv_free(c->pin_exp);
+    ikv_free(c->sp_bits);
+    ikv_free(c->sp_epoch);
+    ikv_free(c);
+}
+
+/* ---- hash map --------------------------------------------------------------------------- */
+
+static inline uint32_t find(const ikv_cache *c, ikv_key k) {
+    uint32_t id = c->buckets[k.lo & c->mask];
+    while (id != IKV_NIL) {
+        const ikv__node *n = &c->nodes[id];
+        if (n->key.lo == k.lo && n->key.hi == k.hi) return id;
+        id = n->hnext;
+    }
+    return IKV_NIL;
+}
+
+static void hash_remove(ikv_cache *c, uint32_t id) {
+    uint32_t *slot = &c->buckets[c->nodes[id].key.lo & c->mask];
+    while (*slot != id) slot = &c->nodes[*slot].hnext;
+    *slot = c->nodes[id].hnext;
+}
+
+/* ---- evictability ------------------------------------------------------------------------- */
+
+static inline int evictable(const ikv__node *n) {
+    return n->lock == 0 && !(n->flags & (IKV__PINNED | IKV__SOFTPIN)) && n->nchild[n->tier] == 0;
+}
+
+/* Brings the policy queue in line with the evictability predicate of node id. */
+static void refresh(ikv_cache *c, uint32_t id) {
+    ikv__node *n = &c->nodes[id];
+    int want = evictable(n), has = (n->flags & IKV__QUEUED) != 0;
+    if (want == has) return;
+    tier *tr = &c->tiers[n->tier];
+    if (want) {
+        n->flags |= IKV__QUEUED;
+        tr->ops->queue(tr->pol, id);
+    } else {
+        tr->ops->dequeue(tr->pol, id);
+        n->flags &= (uint8_t)~IKV__QUEUED;
+    }
+}
+
+static inline void lock_node(ikv_cache *c, uint32_t id) {
+    if (c->nodes[id].lock++ == 0) c->locked++;
+    refresh(c, id);
+}
+
+static inline void unlock_node(ikv_cache *c, uint32_t id) {
+    if (--c->nodes[id].lock == 0) c->locked--;
+    refresh(c, id);
+}
+
+static inline int is_pinned(const ikv__node *n) {
+    return (n->flags & (IKV__PINNED | IKV__SOFTPIN)) != 0;
+}
+
+/* ---- moving blocks between tiers ---------------------------------------------------------- */
+
+static int make_room(ikv_cache *c, size_t t);
+
+/* Takes a (not queued) node out of its tier's accounting and policy. */
+static void leave_tier(ikv_cache *c, uint32_t id) {
+    ikv__node *n = &c->nodes[id];
+    tier *tr = &c->tiers[n->tier];
+    tr->ops->leave(tr->pol, id);
+    tr->resident--;
+    if (is_pinned(n)) tr->pinned--;
+    if (n->parent != IKV_NIL) c->nodes[n->parent].nchild[n->tier]--;
+}
+
+/* Puts a node into tier t's accounting and policy (not queued yet; the caller refreshes). */
+static void enter_tier(ikv_cache *c, uint32_t id, size_t t, const ikv_access *a, size_t pos) {
+    ikv__node *n = &c->nodes[id];
+    tier *tr = &c->tiers[t];
+    n->tier = (uint8_t)t;
+    tr->resident++;
+    if (is_pinned(n)) tr->pinned++;
+    if (n->parent != IKV_NIL) c->nodes[n->parent].nchild[t]++;
+    tr->ops->admit(tr->pol, id, a, pos);
+}
+
+static void free_node(ikv_cache *c, uint32_t id) {
+    ikv__node *n = &c->nodes[id];
+    n->tier = IKV__FREE;
+    n->flags = 0;
+    n->hnext = c->free_head;
+    c->free_head = id;
+    c->used--;
+}
+
+/* Evicts victim `id` from its tier t: demote to t+1 or drop. The victim is queued on entry.
+ * Returns 0, or IKV_EFULL if it could neither be demoted nor dropped (it stays queued). */
+static int evict_one(ikv_cache *c, uint32_t id) {
+    ikv__node *n = &c->nodes[id];
+    size_t t = n->tier;
+    int has_children = 0;
+    for (size_t u = t + 1; u < c->n_tiers; u++) has_children |= n->nchild[u] != 0;
+    int demote = t + 1 < c->n_tiers &&
+                 (has_children || n->hits >= c->tiers[t + 1].admit_min_hits);
+    /* Hold the victim while room is made below: it must not be picked twice. */
+    if (demote) {
+        lock_node(c, id);
+        int rc = make_room(c, t + 1);
+        unlock_node(c, id);
+        if (rc) {
+            if (has_children) return IKV_EFULL;
+            demote = 0;
+        }
+    }
+    refresh(c, id); /* still the victim: queued again by unlock_node */
+    tier *tr = &c->tiers[t];
+    tr->ops->dequeue(tr->pol, id);
+    n->flags &= (uint8_t)~IKV__QUEUED;
+    leave_tier(c, id);
+    c->st.evictions[t]++;
+    uint32_t parent = n->parent;
+    if (demote) {
+        enter_tier(c, id, t + 1, NULL, 0);
+        c->st.demotions++;
+        refresh(c, id);
+        if (c->on_evict) c->on_evict(c->evict_ctx, id, n->key, (int)t, (int)t + 1);
+    } else {
+        hash_remove(c, id);
+        c->st.drops++;
+        ikv_key key = n->key;
+        free_node(c, id);
+        if (c->on_evict) c->on_evict(c->evict_ctx, id, key, (int)t, -1);
+    }
+    if (parent != IKV_NIL) refresh(c, parent);
+    return 0;
+}
+
+/* Evicts from tier t until it has a free slot (and the pool has a free node when t == 0).
+ * Returns IKV_EFULL if the tier has no evictable block left. */
+static int make_room(ikv_cache *c, size_t t) {
+    tier *tr = &c->tiers[t];
+    while (tr->resident >= tr->capacity || (t == 0 && c->free_head == IKV_NIL)) {
+        size_t vt = tr->resident >= tr->capacity ? t : c->n_tiers - 1;
+        /* The pool can only run dry when node_limit < sum of capacities: free a node by
+         * evicting from the slowest tier that has a victim. */
+        uint32_t v = IKV_NIL;
+        for (;;) {
+            v = c->tiers[vt].ops->victim(c->tiers[vt].pol);
+            if (v != IKV_NIL || vt == t) break;
+            vt--;
+        }
+        if (v == IKV_NIL) return IKV_EFULL;
+        if (evict_one(c, v)) return IKV_EFULL;
+    }
+    return 0;
+}
+
+/* Moves node id (in a tier > 0, parent already in tier 0) to tier 0. The caller holds it
+ * locked, so it is not queued. */
+static int promote_one(ikv_cache *c, uint32_t id) {
+    ikv__node *n = &c->nodes[id];
+    int from = n->tier;
+    int rc = make_room(c, 0);
+    if (rc) return rc;
+    leave_tier(c, id);
+    enter_tier(c, id, 0, NULL, 0);
+    c->st.promotions++;
+    if (c->on_evict) c->on_evict(c->evict_ctx, id, n->key, from, 0);
+    return 0;
+}
+
+/* Promotes the chain path[0..n) to tier 0, top down. path[0]'s parent, if any, must be in
+ * tier 0; it is held too, so making room cannot demote it under its promoted child. */
+static int promote_path(ikv_cache *c, const uint32_t *path, size_t n) {
+    size_t first = n;
+    for (size_t i = 0; i < n && first == n; i++)
+        if (c->nodes[path[i]].tier != 0) first = i;
+    if (first == n) return 0;
+    uint32_t top = c->nodes[path[0]].parent;
+    if (top != IKV_NIL) lock_node(c, top);
+    for (size_t i = 0; i < n; i++) lock_node(c, path[i]);
+    int rc = 0;
+    for (size_t i = first; i < n && !rc; i++)
+        if (c->nodes[path[i]].tier != 0) rc = promote_one(c, path[i]);
+    for (size_t i = 0; i < n; i++) unlock_node(c, path[i]);
+    if (top != IKV_NIL) unlock_node(c, top);
+    return rc;
+}
+
+/* Promotes the resident chain named by keys[0..n) to tier 0. By the tier rule the blocks
+ * outside tier 0 form a suffix of the chain; it is promoted in pieces of up to 256 blocks
+ * (each piece's parent is in tier 0 by then). */
+static int promote_keys(ikv_cache *c, const ikv_key *keys, size_t n) {
+    size_t first = n;
+    while (first > 0 && c->nodes[find(c, keys[first - 1])].tier != 0) first--;
+    uint32_t ids[256];
+    for (size_t i = first; i < n; i += 256) {
+        size_t k = n - i < 256 ? n - i : 256;
+        for (size_t j = 0; j < k; j++) ids[j] = find(c, keys[i + j]);
+        int rc = promote_path(c, ids, k);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+/* ---- soft pins ---------------------------------------------------------------------------- */
+
+static void softpin_set(ikv_cache *c, uint32_t id, int on) {
+    ikv__node *n = &c->nodes[id];
+    int was = is_pinned(n);
+    if (on) n->flags |= IKV__SOFTPIN;
+    else n->flags &= (uint8_t)~IKV__SOFTPIN;
+    int now = is_pinned(n);
+    if (was != now) {
+        if (now) c->tiers[n->tier].pinned++;
+        else c->tiers[n->tier].pinned--;
+    }
+    refresh(c, id);
+}
+
+static uint64_t pin_budget(const ikv_cache *c, size_t t) {
+    return (uint64_t)(c->pin_budget * (double)c->tiers[t].capacity);
+}
+
+/* Records that scope `scope` reached block id; soft-pins it at P distinct scopes. */
+static void softpin_touch(ikv_cache *c, uint32_t id, uint64_t scope) {
+    if (!c->softpin_scopes || !scope) return;
+    uint32_t w = (uint32_t)(c->now / c->softpin_window);
+    if (c->sp_epoch[id] != w) {
+        c->sp_epoch[id] = w;
+        c->sp_bits[id] = 0;
+    }
+    uint64_t h = scope * UINT64_C(0x9e3779b97f4a7c15);
+    c->sp_bits[id] |= UINT64_C(1) << (h >> 58);
+    ikv__node *n = &c->nodes[id];
+    if (!(n->flags & IKV__SOFTPIN) &&
+        (uint32_t)__builtin_popcountll(c->sp_bits[id]) >= c->softpin_scopes &&
+        c->tiers[n->tier].pinned < pin_budget(c, n->tier))
+        softpin_set(c, id, 1);
+}
+
+/* At a window boundary: a soft pin stays only if its block reached P scopes in the window
+ * that just ended or in the current one. O(nodes), once per window. */
+static void softpin_roll(ikv_cache *c) {
+    uint64_t w = c->now / c->softpin_window;
+    if (w == c->cur_window) return;
+    c->cur_window = w;
+    for (uint64_t i = 0; i < c->node_limit; i++) {
+        ikv__node *n = &c->nodes[i];
+        if (n->tier == IKV__FREE || !(n->flags & IKV__SOFTPIN)) continue;
+        int hot = (c->sp_epoch[i] == w || c->sp_epoch[i] + 1 == w) &&
+                  (uint32_t)__builtin_popcountll(c->sp_bits[i]) >= c->softpin_scopes;
+        if (!hot) softpin_set(c, (uint32_t)i, 0);
+    }
+}
+
+/* ---- explicit pins ------------------------------------------------------------------------ */
+
+/* Removes pin-list entry i (swap with the last) and unpins its block. */
+static void pin_release(ikv_cache *c, uint64_t i) {
+    uint32_t id = c->pins[i];
+    ikv__node *n = &c->nodes[id];
+    n->flags &= (uint8_t)~IKV__PINNED;
+    if (!is_pinned(n)) c->tiers[n->tier].pinned--;
+    c->pins[i] = c->pins[c->n_pins - 1];
+    c->pin_exp[i] = c->pin_exp[c->n_pins - 1];
+    c->n_pins--;
+    refresh(c, id);
+}
+
+static void pins_expire(ikv_cache *c) {
+    uint64_t next = 0;
+    for (uint64_t i = 0; i < c->n_pins;) {
+        if (c->pin_exp[i] && c->pin_exp[i] <= c->now) {
+            pin_release(c, i);
+            continue;
+        }
+        if (c->pin_exp[i] && (!next || c->pin_exp[i] < next)) next = c->pin_exp[i];
+        i++;
+    }
+    c->next_expiry = next;
+}
+
+void ikv_cache_set_time(ikv_cache *c, uint64_t now) {
+    c->now = now;
+    if (c->next_expiry && now >= c->next_expiry) pins_expire(c);
+    if (c->softpin_scopes) softpin_roll(c);
+}
+
+static int64_t pin_slot(const ikv_cache *c, uint32_t id) {
+    for (uint64_t i = 0; i < c->n_pins; i++)
+        if (c->pins[i] == id) return (int64_t)i;
+    return -1;
+}
+
+int ikv_cache_pin(ikv_cache *c, const ikv_key *keys, size_t n, uint64_t ttl) {
+    if (n == 0) return 0;
+    uint64_t fresh = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t id = find(c, keys[i]);
+        if (id == IKV_NIL)
+            return ikv_error(IKV_ENOENT, "pin: block %zu of %zu is not resident", i, n);
+        if (!(c->nodes[id].flags & IKV__PINNED)) fresh++;
+    }
+    uint64_t budget = pin_budget(c, 0);
+    if (c->tiers[0].pinned + fresh > budget)
+        return ikv_error(IKV_EBUDGET,
+                         "pin: %" PRIu64 " more pinned blocks would exceed the budget of %" PRIu64
+                         " (%.0f%% of tier %s)",
+                         fresh, budget, c->pin_budget * 100, c->tiers[0].name);
+    if (!c->pins) {
+        c->pins_cap = budget + 1;
+        c->pins = ikv_malloc((size_t)c->pins_cap * sizeof *c->pins);
+        c->pin_exp = ikv_malloc((size_t)c->pins_cap * sizeof *c->pin_exp);
+        if (!c->pins || !c->pin_exp) {
+            ikv_free(c->pins);
+            ikv_free(c->pin_exp);
+            c->pins = NULL;
+            c->pin_exp = NULL;
+            return IKV_ENOMEM;
+        }
+    }
+    int rc = promote_keys(c, keys, n);
+    if (rc) return ikv_error(rc, "pin: no room in tier %s to bring the prefix up", c->tiers[0].name);
+    uint64_t exp = ttl ? c->now + ttl : 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t id = find(c, keys[i]);
+        ikv__node *nd = &c->nodes[id];
+        int64_t slot = pin_slot(c, id);
+        if (slot < 0) {
+            if (!is_pinned(nd)) c->tiers[nd->tier].pinned++;
+            nd->flags |= IKV__PINNED;
+            slot = (int64_t)c->n_pins++;
+            c->pins[slot] = id;
+        }
+        c->pin_exp[slot] = exp;
+        if (exp && (!c->next_expiry || exp < c->next_expiry)) c->next_expiry = exp;
+        refresh(c, id);
+    }
+    return 0;
+}
+
+int ikv_cache_unpin(ikv_cache *c, const ikv_key *keys, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t id = find(c, keys[i]);
+        if (id == IKV_NIL || !(c->nodes[id].flags & IKV__PINNED))
+            return ikv_error(IKV_ENOENT, "unpin: block %zu of %zu is not pinned", i, n);
+    }
+    for (size_t i = 0; i < n; i++) {
+        int64_t slot = pin_slot(c, find(c, keys[i]));
+        if (slot >= 0) pin_release(c, (uint64_t)slot); /* a repeated key is released once */
+    }
+    return 0;
+}
+
+/* ---- lookups, hits, inserts, locks -------------------------------------------------------- */
+
+void ikv_cache_match(const ikv_cache *c, const ikv_key *keys, size_t n, uint32_t *nodes,
+                     uint8_t *tiers, size_t *matched) {
+    size_t i = 0;
+    for (; i < n; i++) {
+        uint32_t id = find(c, keys[i]);
+        if (id == IKV_NIL) break;
+        if (nodes) nodes[i] = id;
+        if (tiers) tiers[i] = c->nodes[id].tier;
+    }
+    *matched = i;
+}
+
+int ikv_cache_hit(ikv_cache *c, const uint32_t *nodes, size_t n, const ikv_access *a) {
+    if (a) c->now = a->now > c->now ? a->now : c->now;
+    int lower = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t id = nodes[i];
+        ikv__node *nd = &c->nodes[id];
+        IKV_ASSERT(nd->tier != IKV__FREE);
+        if (nd->hits < HITS_MAX) nd->hits++;
+        tier *tr = &c->tiers[nd->tier];
+        tr->ops->hit(tr->pol, id, a, i);
+        nd->last = c->now;
+        lower |= nd->tier != 0;
+        if (a) softpin_touch(c, id, a->scope);
+    }
+    c->st.hits += n;
+    if (lower && c->promote_on_hit) return promote_path(c, nodes, n);
+    return 0;
+}
+
+int ikv_cache_lock(ikv_cache *c, const uint32_t *nodes, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (nodes[i] >= c->node_limit || c->nodes[nodes[i]].tier == IKV__FREE)
+            return ikv_error(IKV_EINVAL, "lock: block %zu is not resident", i);
+        if (c->nodes[nodes[i]].lock == LOCK_MAX)
+            return ikv_error(IKV_EBUSY, "lock: block %zu is locked %u times", i, LOCK_MAX);
+    }
+    for (size_t i = 0; i < n; i++) lock_node(c, nodes[i]);
+    return 0;
+}
+
+int ikv_cache_unlock(ikv_cache *c, const uint32_t *nodes, size_t n) {
+    /* Check first (counting repeats), so a bad call changes nothing. */
+    for (size_t i = 0; i < n; i++) {
+        if (nodes[i] >= c->node_limit || c->nodes[nodes[i]].tier == IKV__FREE)
+            return ikv_error(IKV_ENOTLOCKED, "unlock: block %zu is not resident", i);
+        size_t uses = 0;
+        for (size_t j = 0; j <= i; j++) uses += nodes[j] == nodes[i];
+        if (n > 64) uses = 1; /* long paths are chains: ids are distinct */
+        if (c->nodes[nodes[i]].lock < uses)
+            return ikv_error(IKV_ENOTLOCKED, "unlock: block %zu is not locked", i);
+    }
+    for (size_t i = 0; i < n; i++) unlock_node(c, nodes[i]);
+    return 0;
+}
+
+int ikv_cache_insert(ikv_cache *c, const ikv_key *keys, size_t n, size_t start,
+                     const ikv_access *a, int lock, uint32_t *nodes, size_t *inserted) {
+    size_t done = 0;
+    if (inserted) *inserted = 0;
+    if (start > n) return ikv_error(IKV_EINVAL, "insert: start %zu > n %zu", start, n);
+    if (a && a->now > c->now) c->now = a->now;
+    uint32_t prev = IKV_NIL; /* the chain's tail, held with a temporary lock */
+    if (start > 0) {
+        if (find(c, keys[start - 1]) == IKV_NIL)
+            return ikv_error(IKV_ENOENT, "insert: parent block %zu is not resident", start - 1);
+        int rc = promote_keys(c, keys, start);
+        if (rc) return ikv_error(rc, "insert: no room to bring the parent path to tier 0");
+        prev = find(c, keys[start - 1]);
+        lock_node(c, prev);
+    }
+    int rc = 0;
+    for (size_t i = start; i < n; i++) {
+        uint32_t id = find(c, keys[i]);
+        if (id != IKV_NIL) {
+            if (c->nodes[id].parent != prev) {
+                rc = ikv_error(IKV_EEXIST,
+                               "insert: block %zu is resident under a different parent "
+                               "(keys must name whole prefixes)",
+                               i);
+                break;
+            }
+            lock_node(c, id);
+            if (c->nodes[id].tier != 0 && (rc = promote_one(c, id))) {
+                unlock_node(c, id);
+                break;
+            }
+        } else {
+            if ((rc = make_room(c, 0))) break;
+            id = c->free_head;
+            ikv__node *nd = &c->nodes[id];
+            c->free_head = nd->hnext;
+            c->used++;
+            memset(nd, 0, sizeof *nd);
+            nd->key = keys[i];
+            nd->parent = prev;
+            nd->last = c->now;
+            nd->depth = (uint32_t)i;
+            nd->ntokens = (uint16_t)(a && a->ntokens ? a->ntokens[i] : c->block_tokens);
+            uint32_t *slot = &c->buckets[keys[i].lo & c->mask];
+            nd->hnext = *slot;
+            *slot = id;
+            enter_tier(c, id, 0, a, i);
+            c->st.inserts++;
+            if (c->softpin_scopes) {
+                c->sp_epoch[id] = (uint32_t)(c->now / c->softpin_window);
+                c->sp_bits[id] = 0;
+                if (a) softpin_touch(c, id, a->scope);
+            }
+            lock_node(c, id);
+            if (prev != IKV_NIL) refresh(c, prev);
+        }
+        if (lock) lock_node(c, id);
+        if (nodes) nodes[i - start] = id;
+        if (prev != IKV_NIL) unlock_node(c, prev);
+        prev = id;
+        done++;
+    }
+    if (prev != IKV_NIL) unlock_node(c, prev);
+    if (inserted) *inserted = done;
+    if (rc == IKV_EFULL)
+        return ikv_error(IKV_EFULL, "insert: tier %s has no evictable block left (%zu of %zu "
+                                    "blocks inserted)",
+                         c->tiers[0].name, done, n - start);
+    return rc;
+}
+
+int ikv_cache_access(ikv_cache *c, const ikv_key *keys, size_t n, const ikv_access *a,
+                     ikv_access_result *r) {
+    memset(r, 0, sizeof *r);
+    if (a && a->now > c->now) ikv_cache_set_time(c, a->now);
+    /* Match and hit in pieces of up to 256 blocks, so ids stay on the stack. */
+    uint32_t ids[256];
+    size_t m = 0;
+    for (;;) {
+        size_t k = 0;
+        for (; k < 256 && m + k < n; k++) {
+            ids[k] = find(c, keys[m + k]);
+            if (ids[k] == IKV_NIL) break;
+            r->hits_by_tier[c->nodes[ids[k]].tier]++;
+        }
+        if (k) {
+            ikv_access sub;
+            const ikv_access *ap = NULL;
+            if (a) {
+                sub = *a;
+                if (a->next_use) sub.next_use = a->next_use + m;
+                if (a->ntokens) sub.ntokens = a->ntokens + m;
+                ap = &sub;
+            }
+            ikv_cache_hit(c, ids, k, ap); /* IKV_EFULL: no room to promote, still a hit */
+        }
+        m += k;
+        if (k < 256 || m == n) break;
+    }
+    r->matched = m;
+    if (m == n) return 0;
+    return ikv_cache_insert(c, keys, n, m, a, 0, NULL, &r->inserted);
+}
+
+/* ---- introspection ------------------------------------------------------------------------ */
+
+void ikv_cache_stats_get(const ikv_cache *c, ikv_cache_stats *s) {
+    *s = c->st;
+    memset(s->resident, 0, sizeof s->resident);
+    memset(s->evictable, 0, sizeof s->evictable);
+    memset(s->pinned, 0, sizeof s->pinned);
+    for (size_t t = 0; t < c->n_tiers; t++) {
+        s->resident[t] = c->tiers[t].resident;
+        s->evictable[t] = c->tiers[t].ops->queued(c->tiers[t].pol);
+        s->pinned[t] = c->tiers[t].pinned;
+    }
+    s->locked = c->locked;
+}
+
+size_t ikv_cache_tiers(const ikv_cache *c) {
+    return c->n_tiers;
+}
+uint64_t ikv_cache_capacity(const ikv_cache *c, size_t t) {
+    return t < c->n_tiers ? c->tiers[t].capacity : 0;
+}
+uint64_t ikv_cache_node_limit(const ikv_cache *c) {
+    return c->node_limit;
+}
+const char *ikv_cache_policy_name(const ikv_cache *c, size_t t) {
+    return t < c->n_tiers ? c->tiers[t].policy_spec : NULL;
+}
+ikv_key ikv_cache_node_key(const ikv_cache *c, uint32_t id) {
+    return c->nodes[id].key;
+}
+int ikv_cache_node_tier(const ikv_cache *c, uint32_t id) {
+    if (id >= c->node_limit || c->nodes[id].tier == IKV__FREE) return -1;
+    return c->nodes[id].tier;
+}
+
+double ikv_cache_bytes_per_block(const ikv_cache *c) {
+    double total = (double)sizeof(ikv_cache) + (double)c->node_limit * sizeof(ikv__node) +
+                   (double)(c->mask + 1) * sizeof(uint32_t);
+    for (size_t t = 0; t < c->n_tiers; t++) total += (double)c->tiers[t].ops->bytes(c->tiers[t].pol);
+    if (c->sp_bits) total += (double)c->node_limit * (sizeof(uint64_t) + sizeof(uint32_t));
+    if (c->pins) total += (double)c->pins_cap * (sizeof(uint32_t) + sizeof(uint64_t));
+    return total / (double)c->node_limit;
+}
+
+#define CHECK(cond, ...)                                                                        \
+    do {                                                                                       \
+        if (!(cond)) {                                                                         \
+            ikv_error(IKV_EINVAL, __VA_ARGS__);                                                \
+            ok = 0;                                                                            \
+            goto out;                                                                          \
+        }                                                                                      \
+    } while (0)
+
+int ikv_cache_check(const ikv_cache *c) {
+    int ok = 1;
+    uint64_t n_tiers = c->n_tiers;
+    uint32_t *kids = calloc((size_t)c->node_limit * n_tiers + 1, sizeof *kids);
+    if (!kids) return ikv_error(IKV_ENOMEM, "check: no memory"), 0;
+    uint64_t resident[IKV_MAX_TIERS] = {0}, queued[IKV_MAX_TIERS] = {0},
+             pinned[IKV_MAX_TIERS] = {0}, locked = 0, used = 0, free_count = 0;
+    for (uint32_t id = c->free_head; id != IKV_NIL; id = c->nodes[id].hnext) {
+        CHECK(c->nodes[id].tier == IKV__FREE, "free list holds used node %u", id);
+        CHECK(++free_count <= c->node_limit, "free list has a cycle");
+    }
+    for (uint64_t i = 0; i < c->node_limit; i++) {
+        const ikv__node *n = &c->nodes[i];
+        if (n->tier == IKV__FREE) continue;
+        used++;
+        CHECK(n->tier < n_tiers, "node %" PRIu64 " has tier %u", i, n->tier);
+        CHECK(find(c, n->key) == i, "node %" PRIu64 " is not found by its key", i);
+        if (n->parent != IKV_NIL) {
+            const ikv__node *p = &c->nodes[n->parent];
+            CHECK(p->tier != IKV__FREE, "node %" PRIu64 " has a parent that is not resident", i);
+            CHECK(p->tier <= n->tier, "node %" PRIu64 " (tier %u) is faster than its parent (%u)",
+                  i, n->tier, p->tier);
+            kids[(uint64_t)n->parent * n_tiers + n->tier]++;
+        }
+        resident[n->tier]++;
+        if (n->flags & IKV__QUEUED) queued[n->tier]++;
+        if (is_pinned(n)) pinned[n->tier]++;
+        if (n->lock) locked++;
+        CHECK(!!(n->flags & IKV__QUEUED) == evictable(n),
+              "node %" PRIu64 " queued=%d but evictable=%d (lock %u, flags %x)", i,
+              !!(n->flags & IKV__QUEUED), evictable(n), n->lock, n->flags);
+    }
+    CHECK(used == c->used && used + free_count == c->node_limit,
+          "node counts: used %" PRIu64 " (tracked %" PRIu64 ") free %" PRIu64 " limit %" PRIu64,
+          used, c->used, free_count, c->node_limit);
+    for (uint64_t i = 0; i < c->node_limit; i++) {
+        const ikv__node *n = &c->nodes[i];
+        if (n->tier == IKV__FREE) continue;
+        for (uint64_t t = 0; t < n_tiers; t++)
+            CHECK(n->nchild[t] == kids[i * n_tiers + t],
+                  "node %" PRIu64 " counts %u children in tier %" PRIu64 ", has %u", i,
+                  n->nchild[t], t, kids[i * n_tiers + t]);
+    }
+    CHECK(locked == c->locked, "locked blocks %" PRIu64 " != tracked %" PRIu64, locked, c->locked);
+    for (size_t t = 0; t < n_tiers; t++) {
+        const tier *tr = &c->tiers[t];
+        CHECK(resident[t] == tr->resident, "tier %zu resident %" PRIu64 " != tracked %" PRIu64, t,
+              resident[t], tr->resident);
+        CHECK(tr->resident <= tr->capacity, "tier %zu over capacity", t);
+        CHECK(pinned[t] == tr->pinned, "tier %zu pinned %" PRIu64 " != tracked %" PRIu64, t,
+              pinned[t], tr->pinned);
+        CHECK(queued[t] == tr->ops->queued(tr->pol),
+              "tier %zu: %" PRIu64 " evictable blocks but policy %s queues %" PRIu64, t,
+              queued[t], tr->ops->name, tr->ops->queued(tr->pol));
+        CHECK(tr->ops->check(tr->pol), "tier %zu: policy %s invariants broken", t, tr->ops->name);
+    }
+    for (uint64_t i = 0; i < c->n_pins; i++)
+        CHECK(c->nodes[c->pins[i]].flags & IKV__PINNED, "pin list holds unpinned node %u",
+              c->pins[i]);
+out:
+    free(kids);
+    return ok;
+}
+
+void ikv_cache_dump(const ikv_cache *c, FILE *f) {
+    fprintf(f, "cache: %" PRIu64 "/%" PRIu64 " nodes, %" PRIu64 " locked, now %" PRIu64 "\n",
+            c->used, c->node_limit, c->locked, c->now);
+    for (size_t t = 0; t < c->n_tiers; t++)
+        fprintf(f, "  tier %zu %-6s %-16s %" PRIu64 "/%" PRIu64 " resident, %" PRIu64
+                   " evictable, %" PRIu64 " pinned\n",
+                t, c->tiers[t].name, c->tiers[t].policy_spec, c->tiers[t].resident,
+                c->tiers[t].capacity, c->tiers[t].ops->queued(c->tiers[t].pol), c->tiers[t].pinned);
+    for (uint64_t i = 0; i < c->node_limit; i++) {
+        const ikv__node *n = &c->nodes[i];
+        if (n->tier == IKV__FREE) continue;
+        fprintf(f, "  #%" PRIu64 " key %016" PRIx64 " parent %d depth %u tier %u lock %u hits %u%s%s%s\n",
+                i, n->key.lo, n->parent == IKV_NIL ? -1 : (int)n->parent, n->depth, n->tier,
+                n->lock, n->hits, n->flags & IKV__PINNED ? " pinned" : "",
+                n->flags & IKV__SOFTPIN ? " softpin" : "", n->flags & IKV__QUEUED ? " queued" : "");
+    }
+}

@@ -1,0 +1,38 @@
+/*
+ * The eviction policy registry: one line per policy. A policy is one file under policy/ that
+ * exports a const ikv_policy_ops; adding one is that file plus one line here.
+ */
+#include "internal.h"
+
+#include <string.h>
+
+extern const ikv_policy_ops ikv_policy_lru;
+extern const ikv_policy_ops ikv_policy_opt;
+extern const ikv_policy_ops ikv_policy_value;
+
+static const ikv_policy_ops *const registry[] = {
+    &ikv_policy_lru,
+    &ikv_policy_value,
+    &ikv_policy_opt,
+};
+
+#define N_POLICIES (sizeof registry / sizeof registry[0])
+
+const ikv_policy_ops *ikv__policy_find(const char *name, size_t len) {
+    for (size_t i = 0; i < N_POLICIES; i++)
+        if (strlen(registry[i]->name) == len && !memcmp(registry[i]->name, name, len))
+            return registry[i];
+    return NULL;
+}
+
+size_t ikv_policy_count(void) {
+    return N_POLICIES;
+}
+
+const char *ikv_policy_name(size_t i) {
+    return i < N_POLICIES ? registry[i]->name : NULL;
+}
+
+const char *ikv_policy_doc(size_t i) {
+    return i < N_POLICIES ? registry[i]->doc : NULL;
+}

@@ -1,0 +1,225 @@
+/*
+ * Building blocks shared by the eviction policies: an intrusive doubly linked list of node ids
+ * (threaded through pol.s.prev/next), a binary min-heap of node ids keyed by a double stored in
+ * the node, and "k=v,k=v" parameter parsing.
+ *
+ * Ordered list insertion. Only evictable blocks sit on a queue, and a block becomes evictable
+ * again at a time that is not "now" (its last child was evicted, its request unlocked it, its pin
+ * expired). ikv__list_insert_ordered puts it back where its own timestamp says, walking from the
+ * nearer end. In a prefix tree this is cheap: a parent whose last child was just evicted was last
+ * used no later than that child's newest sibling, and the child was the oldest block on the
+ * queue, so the walk from the tail stops at once in the common case; an unlocked block was used
+ * recently, so the walk from the head is short.
+ */
+#include "internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+void ikv__list_init(ikv__list *l) {
+    l->head = l->tail = IKV_NIL;
+    l->len = 0;
+}
+
+void ikv__list_push_head(ikv__list *l, ikv__node *nodes, uint32_t id) {
+    ikv__node *n = &nodes[id];
+    n->pol.s.prev = IKV_NIL;
+    n->pol.s.next = l->head;
+    if (l->head != IKV_NIL) nodes[l->head].pol.s.prev = id;
+    else l->tail = id;
+    l->head = id;
+    l->len++;
+}
+
+void ikv__list_push_tail(ikv__list *l, ikv__node *nodes, uint32_t id) {
+    ikv__node *n = &nodes[id];
+    n->pol.s.next = IKV_NIL;
+    n->pol.s.prev = l->tail;
+    if (l->tail != IKV_NIL) nodes[l->tail].pol.s.next = id;
+    else l->head = id;
+    l->tail = id;
+    l->len++;
+}
+
+/* Links id right after `prev` (towards the tail); prev may be IKV_NIL for the head. */
+static void list_insert_after(ikv__list *l, ikv__node *nodes, uint32_t prev, uint32_t id) {
+    if (prev == IKV_NIL) {
+        ikv__list_push_head(l, nodes, id);
+        return;
+    }
+    uint32_t next = nodes[prev].pol.s.next;
+    if (next == IKV_NIL) {
+        ikv__list_push_tail(l, nodes, id);
+        return;
+    }
+    nodes[id].pol.s.prev = prev;
+    nodes[id].pol.s.next = next;
+    nodes[prev].pol.s.next = id;
+    nodes[next].pol.s.prev = id;
+    l->len++;
+}
+
+void ikv__list_remove(ikv__list *l, ikv__node *nodes, uint32_t id) {
+    ikv__node *n = &nodes[id];
+    if (n->pol.s.prev != IKV_NIL) nodes[n->pol.s.prev].pol.s.next = n->pol.s.next;
+    else l->head = n->pol.s.next;
+    if (n->pol.s.next != IKV_NIL) nodes[n->pol.s.next].pol.s.prev = n->pol.s.prev;
+    else l->tail = n->pol.s.prev;
+    n->pol.s.prev = n->pol.s.next = IKV_NIL;
+    l->len--;
+}
+
+void ikv__list_insert_ordered(ikv__list *l, ikv__node *nodes, uint32_t id,
+                              uint64_t (*key)(const ikv__node *)) {
+    uint64_t k = key(&nodes[id]);
+    if (l->head == IKV_NIL || key(&nodes[l->head]) <= k) {
+        ikv__list_push_head(l, nodes, id);
+        return;
+    }
+    if (key(&nodes[l->tail]) >= k) {
+        ikv__list_push_tail(l, nodes, id);
+        return;
+    }
+    /* Strictly inside: walk from whichever end's neighbour is closer in key. */
+    uint64_t kh = key(&nodes[l->head]), kt = key(&nodes[l->tail]);
+    if (kh - k <= k - kt) {
+        uint32_t p = l->head; /* key(p) > k; find the last such p */
+        while (nodes[p].pol.s.next != IKV_NIL && key(&nodes[nodes[p].pol.s.next]) > k)
+            p = nodes[p].pol.s.next;
+        list_insert_after(l, nodes, p, id);
+    } else {
+        uint32_t q = l->tail; /* key(q) < k; find the first (towards head) with key >= k */
+        while (nodes[q].pol.s.prev != IKV_NIL && key(&nodes[nodes[q].pol.s.prev]) < k)
+            q = nodes[q].pol.s.prev;
+        list_insert_after(l, nodes, nodes[q].pol.s.prev, id);
+    }
+}
+
+int ikv__list_check(const ikv__list *l, const ikv__node *nodes, uint64_t *count) {
+    uint64_t n = 0;
+    uint32_t prev = IKV_NIL;
+    for (uint32_t id = l->head; id != IKV_NIL; id = nodes[id].pol.s.next) {
+        if (nodes[id].pol.s.prev != prev) return 0;
+        if (!(nodes[id].flags & IKV__QUEUED)) return 0;
+        prev = id;
+        if (++n > l->len) return 0;
+    }
+    if (prev != l->tail || n != l->len) return 0;
+    if (count) *count += n;
+    return 1;
+}
+
+/* ---- heap --------------------------------------------------------------------------------- */
+
+int ikv__heap_init(ikv__heap *h, uint64_t cap) {
+    h->ids = ikv_malloc((size_t)(cap ? cap : 1) * sizeof *h->ids);
+    if (!h->ids) return IKV_ENOMEM;
+    h->len = 0;
+    h->cap = cap;
+    return 0;
+}
+
+void ikv__heap_free(ikv__heap *h) {
+    ikv_free(h->ids);
+    h->ids = NULL;
+    h->len = h->cap = 0;
+}
+
+static inline int less(const ikv__node *nodes, uint32_t a, uint32_t b) {
+    double ka = IKV__HKEY(&nodes[a]), kb = IKV__HKEY(&nodes[b]);
+    return ka < kb || (ka == kb && a < b);
+}
+
+static inline void place(ikv__heap *h, ikv__node *nodes, uint64_t i, uint32_t id) {
+    h->ids[i] = id;
+    nodes[id].pol.s.a = (uint32_t)i;
+}
+
+static void sift_up(ikv__heap *h, ikv__node *nodes, uint64_t i) {
+    uint32_t id = h->ids[i];
+    while (i > 0) {
+        uint64_t p = (i - 1) / 2;
+        if (!less(nodes, id, h->ids[p])) break;
+        place(h, nodes, i, h->ids[p]);
+        i = p;
+    }
+    place(h, nodes, i, id);
+}
+
+static void sift_down(ikv__heap *h, ikv__node *nodes, uint64_t i) {
+    uint32_t id = h->ids[i];
+    for (;;) {
+        uint64_t c = 2 * i + 1;
+        if (c >= h->len) break;
+        if (c + 1 < h->len && less(nodes, h->ids[c + 1], h->ids[c])) c++;
+        if (!less(nodes, h->ids[c], id)) break;
+        place(h, nodes, i, h->ids[c]);
+        i = c;
+    }
+    place(h, nodes, i, id);
+}
+
+void ikv__heap_push(ikv__heap *h, ikv__node *nodes, uint32_t id, double key) {
+    IKV_ASSERT(h->len < h->cap);
+    IKV__HKEY(&nodes[id]) = key;
+    place(h, nodes, h->len++, id);
+    sift_up(h, nodes, h->len - 1);
+}
+
+void ikv__heap_remove(ikv__heap *h, ikv__node *nodes, uint32_t id) {
+    uint64_t i = nodes[id].pol.s.a;
+    IKV_ASSERT(i < h->len && h->ids[i] == id);
+    uint32_t last = h->ids[--h->len];
+    if (i == h->len) return;
+    place(h, nodes, i, last);
+    sift_down(h, nodes, i);
+    sift_up(h, nodes, nodes[last].pol.s.a);
+}
+
+void ikv__heap_update(ikv__heap *h, ikv__node *nodes, uint32_t id, double key) {
+    IKV__HKEY(&nodes[id]) = key;
+    uint64_t i = nodes[id].pol.s.a;
+    sift_down(h, nodes, i);
+    sift_up(h, nodes, nodes[id].pol.s.a);
+}
+
+int ikv__heap_check(const ikv__heap *h, const ikv__node *nodes) {
+    for (uint64_t i = 0; i < h->len; i++) {
+        uint32_t id = h->ids[i];
+        if (nodes[id].pol.s.a != i || !(nodes[id].flags & IKV__QUEUED)) return 0;
+        if (i > 0 && less(nodes, id, h->ids[(i - 1) / 2])) return 0;
+    }
+    return 1;
+}
+
+/* ---- parameters ---------------------------------------------------------------------------- */
+
+int ikv__params_each(const char *params, int (*fn)(void *ctx, const char *k, const char *v),
+                     void *ctx) {
+    if (!params || !*params) return 0;
+    char buf[256];
+    size_t n = strlen(params);
+    if (n >= sizeof buf) return ikv_error(IKV_EPARAM, "policy parameters too long: '%s'", params);
+    memcpy(buf, params, n + 1);
+    char *save = NULL;
+    for (char *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(kv, '=');
+        if (!eq || eq == kv || !eq[1])
+            return ikv_error(IKV_EPARAM, "policy parameter '%s' is not key=value", kv);
+        *eq = 0;
+        int rc = fn(ctx, kv, eq + 1);
+        if (rc) return rc;
+    }
+    return 0;
+}
+
+int ikv__param_double(const char *policy, const char *k, const char *v, double lo, double hi,
+                      double *out) {
+    char *end;
+    double d = strtod(v, &end);
+    if (end == v || *end || !(d >= lo && d <= hi))
+        return ikv_error(IKV_EPARAM, "%s: parameter %s=%s must be a number in [%g, %g]", policy,
+                         k, v, lo, hi);
+    *out = d;
+    return 0;
+}

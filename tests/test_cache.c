@@ -1,0 +1,704 @@
+/*
+ * Tests for the cache core (src/cache/): the prefix index, locks, pins, soft pins, scopes and
+ * tiers, and every registered policy.
+ *
+ * The centrepiece is a differential fuzz test against a brute-force oracle: the oracle keeps
+ * the resident blocks as a plain array of {key, parent, tier, lock, pinned} records and checks
+ * with linear scans, at every move the core reports (on_evict), that the block moved was allowed
+ * to move (a leaf of its tier, not locked, not pinned, parent in the same or a faster tier),
+ * then applies the move. After every operation the core's match() must agree with the oracle's
+ * residency and tiers, and ikv_cache_check() must hold. For lru and opt the oracle also checks
+ * the exact victim the policy chose.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "isokv/cache.h"
+
+/* ---- helpers ------------------------------------------------------------------------------ */
+
+static uint64_t rng_state = 88172645463325252ull;
+static uint64_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static uint64_t rndn(uint64_t n) {
+    return rnd() % n;
+}
+
+/* Chain keys for a sequence of block "tokens" (one id per block) under a scope. */
+static void chain(const uint32_t *ids, size_t n, uint64_t salt, ikv_key *out) {
+    for (size_t i = 0; i < n; i++) out[i] = ikv_key_chain(7, i ? &out[i - 1] : NULL, &ids[i], 1, salt);
+}
+
+static ikv_cache *make(uint64_t cap, const char *policy) {
+    ikv_cache_config cfg;
+    ikv_cache_config_default(&cfg, cap, policy);
+    ikv_cache *c = NULL;
+    assert_int_equal(ikv_cache_create(&cfg, &c), 0);
+    return c;
+}
+
+#define CHECKED(c)                                                                              \
+    do {                                                                                       \
+        if (!ikv_cache_check(c)) fail_msg("invariant: %s", ikv_errdetail());                   \
+    } while (0)
+
+/* ---- basic behaviour ---------------------------------------------------------------------- */
+
+static void test_match_insert(void **st) {
+    (void)st;
+    ikv_cache *c = make(100, "lru");
+    uint32_t a[5] = {1, 2, 3, 4, 5}, b[5] = {1, 2, 9, 9, 9};
+    ikv_key ka[5], kb[5];
+    chain(a, 5, 1, ka);
+    chain(b, 5, 1, kb);
+    size_t m;
+    ikv_cache_match(c, ka, 5, NULL, NULL, &m);
+    assert_int_equal(m, 0);
+    ikv_access acc = {.now = 1};
+    ikv_access_result r;
+    assert_int_equal(ikv_cache_access(c, ka, 5, &acc, &r), 0);
+    assert_int_equal(r.matched, 0);
+    assert_int_equal(r.inserted, 5);
+    CHECKED(c);
+    acc.now = 2;
+    assert_int_equal(ikv_cache_access(c, kb, 5, &acc, &r), 0);
+    assert_int_equal(r.matched, 2); /* shared prefix of two blocks */
+    assert_int_equal(r.hits_by_tier[0], 2);
+    assert_int_equal(r.inserted, 3);
+    CHECKED(c);
+    uint32_t nodes[5];
+    uint8_t tiers[5];
+    ikv_cache_match(c, ka, 5, nodes, tiers, &m);
+    assert_int_equal(m, 5);
+    assert_int_equal(tiers[4], 0);
+    ikv_cache_stats s;
+    ikv_cache_stats_get(c, &s);
+    assert_int_equal(s.resident[0], 8);
+    assert_int_equal(s.evictable[0], 2); /* two leaves */
+    ikv_cache_destroy(c);
+}
+
+static void test_bad_input(void **st) {
+    (void)st;
+    ikv_cache_config cfg;
+    ikv_cache *c = NULL;
+    ikv_cache_config_default(&cfg, 0, "lru");
+    assert_int_equal(ikv_cache_create(&cfg, &c), IKV_EINVAL);
+    assert_null(c);
+    ikv_cache_config_default(&cfg, 10, "nosuch");
+    assert_int_equal(ikv_cache_create(&cfg, &c), IKV_EPOLICY);
+    assert_non_null(strstr(ikv_errdetail(), "nosuch"));
+    ikv_cache_config_default(&cfg, 10, "value:beta");
+    assert_int_equal(ikv_cache_create(&cfg, &c), IKV_EPARAM);
+    ikv_cache_config_default(&cfg, 10, "value:beta=abc");
+    assert_int_equal(ikv_cache_create(&cfg, &c), IKV_EPARAM);
+    ikv_cache_config_default(&cfg, 10, "value:gamma=1");
+    assert_int_equal(ikv_cache_create(&cfg, &c), IKV_EPARAM);
+    ikv_cache_config_default(&cfg, 10, "lru:x=1");
+    assert_int_equal(ikv_cache_create(&cfg, &c), IKV_EPARAM);
+    ikv_cache_config_default(&cfg, 10, "lru");
+    cfg.block_tokens = 0;
+    assert_int_equal(ikv_cache_create(&cfg, &c), IKV_EINVAL);
+    cfg.block_tokens = 16;
+    cfg.n_tiers = 0;
+    assert_int_equal(ikv_cache_create(&cfg, &c), IKV_EINVAL);
+    cfg.n_tiers = 1;
+    cfg.pin_budget = 2;
+    assert_int_equal(ikv_cache_create(&cfg, &c), IKV_EINVAL);
+    assert_null(c);
+
+    c = make(10, "lru");
+    uint32_t a[3] = {1, 2, 3};
+    ikv_key k[3];
+    chain(a, 3, 1, k);
+    uint32_t nodes[3];
+    size_t n;
+    assert_int_equal(ikv_cache_insert(c, k, 3, 0, NULL, 0, nodes, &n), 0);
+    /* unlock without lock: error, nothing changes */
+    assert_int_equal(ikv_cache_unlock(c, nodes, 3), IKV_ENOTLOCKED);
+    CHECKED(c);
+    assert_int_equal(ikv_cache_lock(c, nodes, 1), 0);
+    uint32_t twice[2] = {nodes[0], nodes[0]};
+    assert_int_equal(ikv_cache_unlock(c, twice, 2), IKV_ENOTLOCKED);
+    assert_int_equal(ikv_cache_unlock(c, nodes, 1), 0);
+    assert_int_equal(ikv_cache_unlock(c, nodes, 1), IKV_ENOTLOCKED);
+    CHECKED(c);
+    /* insert under a parent that is not resident */
+    uint32_t b[2] = {5, 6};
+    ikv_key kb[2];
+    chain(b, 2, 1, kb);
+    assert_int_equal(ikv_cache_insert(c, kb, 2, 1, NULL, 0, NULL, &n), IKV_ENOENT);
+    assert_int_equal(ikv_cache_insert(c, kb, 2, 3, NULL, 0, NULL, &n), IKV_EINVAL);
+    /* pin of a block that is not resident */
+    assert_int_equal(ikv_cache_pin(c, kb, 2, 0), IKV_ENOENT);
+    assert_int_equal(ikv_cache_unpin(c, k, 1), IKV_ENOENT);
+    CHECKED(c);
+    ikv_cache_destroy(c);
+    ikv_cache_destroy(NULL);
+}
+
+/* Locked blocks are never evicted; with everything locked, insert reports EFULL. */
+static void test_locks(void **st) {
+    (void)st;
+    ikv_cache *c = make(4, "lru");
+    uint32_t a[4] = {1, 2, 3, 4}, b[2] = {7, 8};
+    ikv_key ka[4], kb[2];
+    chain(a, 4, 1, ka);
+    chain(b, 2, 1, kb);
+    uint32_t nodes[4];
+    size_t n;
+    assert_int_equal(ikv_cache_insert(c, ka, 4, 0, NULL, 1, nodes, &n), 0);
+    assert_int_equal(n, 4);
+    CHECKED(c);
+    assert_int_equal(ikv_cache_insert(c, kb, 2, 0, NULL, 0, NULL, &n), IKV_EFULL);
+    assert_int_equal(n, 0);
+    CHECKED(c);
+    /* release the leaf only: one block can go (the leaf), then the parent chain stays locked */
+    assert_int_equal(ikv_cache_unlock(c, nodes + 3, 1), 0);
+    assert_int_equal(ikv_cache_insert(c, kb, 2, 0, NULL, 0, NULL, &n), IKV_EFULL);
+    assert_int_equal(n, 1);
+    CHECKED(c);
+    size_t m;
+    ikv_cache_match(c, ka, 4, NULL, NULL, &m);
+    assert_int_equal(m, 3);
+    assert_int_equal(ikv_cache_unlock(c, nodes, 3), 0);
+    CHECKED(c);
+    ikv_cache_destroy(c);
+}
+
+/* LRU evicts leaves in last-use order; a parent whose children went becomes a leaf. */
+static void test_lru_order(void **st) {
+    (void)st;
+    ikv_cache *c = make(6, "lru");
+    uint32_t a[3] = {1, 2, 3}, b[3] = {4, 5, 6}, d[3] = {7, 8, 9};
+    ikv_key ka[3], kb[3], kd[3];
+    chain(a, 3, 0, ka);
+    chain(b, 3, 0, kb);
+    chain(d, 3, 0, kd);
+    ikv_access acc = {.now = 1};
+    ikv_access_result r;
+    ikv_cache_access(c, ka, 3, &acc, &r);
+    acc.now = 2;
+    ikv_cache_access(c, kb, 3, &acc, &r);
+    acc.now = 3;
+    ikv_cache_access(c, ka, 3, &acc, &r); /* a is now the most recent */
+    assert_int_equal(r.matched, 3);
+    acc.now = 4;
+    ikv_cache_access(c, kd, 3, &acc, &r); /* evicts b's chain leaf-first */
+    CHECKED(c);
+    size_t m;
+    ikv_cache_match(c, kb, 3, NULL, NULL, &m);
+    assert_int_equal(m, 0);
+    ikv_cache_match(c, ka, 3, NULL, NULL, &m);
+    assert_int_equal(m, 3);
+    ikv_cache_match(c, kd, 3, NULL, NULL, &m);
+    assert_int_equal(m, 3);
+    ikv_cache_destroy(c);
+}
+
+/* Scopes: identical prompts under two tenants never share blocks; a public prefix is shared. */
+static void test_scopes(void **st) {
+    (void)st;
+    ikv_cache *c = make(100, "lru");
+    uint32_t sys[2] = {10, 11}, q[2] = {20, 21};
+    ikv_key pub[2], alice[4], bob[4];
+    chain(sys, 2, IKV_SCOPE_PUBLIC, pub);
+    uint64_t sa = ikv_scope_salt(7, "alice"), sb = ikv_scope_salt(7, "bob");
+    memcpy(alice, pub, sizeof pub);
+    memcpy(bob, pub, sizeof pub);
+    for (int i = 0; i < 2; i++) {
+        alice[2 + i] = ikv_key_chain(7, &alice[1 + i], &q[i], 1, sa);
+        bob[2 + i] = ikv_key_chain(7, &bob[1 + i], &q[i], 1, sb);
+    }
+    ikv_access acc = {.now = 1};
+    ikv_access_result r;
+    ikv_cache_access(c, alice, 4, &acc, &r);
+    assert_int_equal(r.matched, 0);
+    acc.now = 2;
+    ikv_cache_access(c, bob, 4, &acc, &r);
+    assert_int_equal(r.matched, 2); /* only the public system prompt */
+    acc.now = 3;
+    ikv_cache_access(c, alice, 4, &acc, &r);
+    assert_int_equal(r.matched, 4);
+    CHECKED(c);
+    ikv_cache_destroy(c);
+}
+
+/* Pins: pinned blocks stay; the budget is enforced; ttl expires. */
+static void test_pins(void **st) {
+    (void)st;
+    ikv_cache_config cfg;
+    ikv_cache_config_default(&cfg, 4, "lru");
+    cfg.pin_budget = 0.5; /* 2 blocks */
+    ikv_cache *c;
+    assert_int_equal(ikv_cache_create(&cfg, &c), 0);
+    uint32_t a[2] = {1, 2}, b[3] = {3, 4, 5}, d[3] = {6, 7, 8};
+    ikv_key ka[2], kb[3], kd[3];
+    chain(a, 2, 0, ka);
+    chain(b, 3, 0, kb);
+    chain(d, 3, 0, kd);
+    ikv_access acc = {.now = 1};
+    ikv_access_result r;
+    ikv_cache_access(c, ka, 2, &acc, &r);
+    assert_int_equal(ikv_cache_pin(c, ka, 2, 10), 0);
+    CHECKED(c);
+    ikv_cache_access(c, kb, 3, &acc, &r);
+    assert_int_equal(ikv_cache_pin(c, kb, 1, 0), IKV_EBUDGET); /* 3 > 2 */
+    CHECKED(c);
+    acc.now = 2;
+    ikv_cache_access(c, kd, 3, &acc, &r); /* b goes, a stays pinned */
+    CHECKED(c);
+    size_t m;
+    ikv_cache_match(c, ka, 2, NULL, NULL, &m);
+    assert_int_equal(m, 2);
+    ikv_cache_match(c, kb, 3, NULL, NULL, &m);
+    assert_int_equal(m, 0);
+    /* after the ttl the pin expires and a is evictable again */
+    ikv_cache_set_time(c, 11);
+    CHECKED(c);
+    ikv_cache_stats s;
+    ikv_cache_stats_get(c, &s);
+    assert_int_equal(s.pinned[0], 0);
+    acc.now = 12;
+    ikv_cache_access(c, kb, 3, &acc, &r);
+    CHECKED(c);
+    ikv_cache_match(c, ka, 2, NULL, NULL, &m);
+    assert_int_equal(m, 0);
+    /* unpin */
+    assert_int_equal(ikv_cache_pin(c, kb, 2, 0), 0);
+    assert_int_equal(ikv_cache_unpin(c, kb, 2), 0);
+    ikv_cache_stats_get(c, &s);
+    assert_int_equal(s.pinned[0], 0);
+    CHECKED(c);
+    ikv_cache_destroy(c);
+}
+
+/* Soft pin: a block reached by P distinct scopes within the window stays while hot. */
+static void test_softpin(void **st) {
+    (void)st;
+    ikv_cache_config cfg;
+    ikv_cache_config_default(&cfg, 3, "lru");
+    cfg.softpin_scopes = 2;
+    cfg.softpin_window = 100;
+    ikv_cache *c;
+    assert_int_equal(ikv_cache_create(&cfg, &c), 0);
+    uint32_t a[1] = {1}, b[1] = {2}, d[1] = {3}, e[1] = {4};
+    ikv_key ka[1], kb[1], kd[1], ke[1];
+    chain(a, 1, 0, ka);
+    chain(b, 1, 0, kb);
+    chain(d, 1, 0, kd);
+    chain(e, 1, 0, ke);
+    ikv_access acc = {.now = 1, .scope = 11};
+    ikv_access_result r;
+    ikv_cache_access(c, ka, 1, &acc, &r);
+    acc.scope = 12;
+    acc.now = 2;
+    ikv_cache_access(c, ka, 1, &acc, &r); /* second distinct scope: soft pinned */
+    ikv_cache_stats s;
+    ikv_cache_stats_get(c, &s);
+    assert_int_equal(s.pinned[0], 1);
+    acc.now = 3;
+    ikv_cache_access(c, kb, 1, &acc, &r);
+    acc.now = 4;
+    ikv_cache_access(c, kd, 1, &acc, &r);
+    acc.now = 5;
+    ikv_cache_access(c, ke, 1, &acc, &r); /* a is the LRU block but soft pinned: b goes */
+    CHECKED(c);
+    size_t m;
+    ikv_cache_match(c, ka, 1, NULL, NULL, &m);
+    assert_int_equal(m, 1);
+    ikv_cache_match(c, kb, 1, NULL, NULL, &m);
+    assert_int_equal(m, 0);
+    /* two windows later without use the soft pin lapses */
+    ikv_cache_set_time(c, 250);
+    ikv_cache_stats_get(c, &s);
+    assert_int_equal(s.pinned[0], 0);
+    CHECKED(c);
+    ikv_cache_destroy(c);
+}
+
+/* Tiers: eviction demotes; a hit in a lower tier promotes; admission by hit count. */
+static void test_tiers(void **st) {
+    (void)st;
+    ikv_cache_config cfg;
+    ikv_cache_config_default(&cfg, 2, "lru");
+    cfg.n_tiers = 2;
+    cfg.tiers[1].name = "dram";
+    cfg.tiers[1].capacity = 4;
+    cfg.tiers[1].policy = "lru";
+    ikv_cache *c;
+    assert_int_equal(ikv_cache_create(&cfg, &c), 0);
+    uint32_t a[2] = {1, 2}, b[2] = {3, 4};
+    ikv_key ka[2], kb[2];
+    chain(a, 2, 0, ka);
+    chain(b, 2, 0, kb);
+    ikv_access acc = {.now = 1};
+    ikv_access_result r;
+    ikv_cache_access(c, ka, 2, &acc, &r);
+    acc.now = 2;
+    ikv_cache_access(c, kb, 2, &acc, &r); /* a demoted to dram */
+    CHECKED(c);
+    uint8_t tiers[2];
+    size_t m;
+    ikv_cache_match(c, ka, 2, NULL, tiers, &m);
+    assert_int_equal(m, 2);
+    assert_int_equal(tiers[0], 1);
+    assert_int_equal(tiers[1], 1);
+    acc.now = 3;
+    ikv_cache_access(c, ka, 2, &acc, &r);
+    assert_int_equal(r.matched, 2);
+    assert_int_equal(r.hits_by_tier[1], 2);
+    ikv_cache_match(c, ka, 2, NULL, tiers, &m);
+    assert_int_equal(tiers[0], 0); /* promoted */
+    ikv_cache_match(c, kb, 2, NULL, tiers, &m);
+    assert_int_equal(m, 2);
+    assert_int_equal(tiers[0], 1);
+    CHECKED(c);
+    ikv_cache_stats s;
+    ikv_cache_stats_get(c, &s);
+    assert_true(s.demotions >= 4 && s.promotions == 2);
+    ikv_cache_destroy(c);
+
+    /* admission: dram admits only blocks hit >= 1 time; b was never hit, so it is dropped */
+    cfg.tiers[1].admit_min_hits = 1;
+    assert_int_equal(ikv_cache_create(&cfg, &c), 0);
+    acc.now = 1;
+    ikv_cache_access(c, kb, 2, &acc, &r);
+    acc.now = 2;
+    ikv_cache_access(c, ka, 2, &acc, &r);
+    ikv_cache_match(c, kb, 2, NULL, NULL, &m);
+    assert_int_equal(m, 0);
+    CHECKED(c);
+    ikv_cache_destroy(c);
+}
+
+/* ---- differential fuzz against a brute-force oracle ---------------------------------------- */
+
+#define O_MAX 4096
+typedef struct oblock {
+    ikv_key key;
+    int parent; /* index into oracle, -1 for a first block */
+    int tier;   /* -1 = gone */
+    int lock;
+    int pinned;
+    uint64_t last;
+    uint64_t next_use;
+} oblock;
+
+typedef struct oracle {
+    oblock b[O_MAX];
+    int n;
+    int n_tiers;
+    uint64_t cap[IKV_MAX_TIERS];
+    const char *policy;
+    int exact;     /* check the exact victim (lru, opt, single tier, no temp holds) */
+    int holds[2];  /* blocks the core holds during the current operation */
+    long moves;
+} oracle;
+
+static oracle O;
+
+static int o_find(ikv_key k) {
+    for (int i = 0; i < O.n; i++)
+        if (O.b[i].tier >= 0 && ikv_key_eq(O.b[i].key, k)) return i;
+    return -1;
+}
+
+static int o_has_child_in(int i, int t) {
+    for (int j = 0; j < O.n; j++)
+        if (O.b[j].tier == t && O.b[j].parent == i) return 1;
+    return 0;
+}
+
+static int o_evictable(int i) {
+    const oblock *b = &O.b[i];
+    return b->tier >= 0 && !b->lock && !b->pinned && !o_has_child_in(i, b->tier) &&
+           i != O.holds[0] && i != O.holds[1];
+}
+
+static void on_move(void *ctx, uint32_t node, ikv_key key, int from, int to) {
+    (void)ctx, (void)node;
+    int i = o_find(key);
+    if (i < 0) fail_msg("core moved a block the oracle does not hold");
+    oblock *b = &O.b[i];
+    assert_int_equal(b->tier, from);
+    O.moves++;
+    if (to >= 0 && to < from) { /* promotion: parent must already be in a tier <= to */
+        if (b->parent >= 0) assert_true(O.b[b->parent].tier <= to);
+        b->tier = to;
+        return;
+    }
+    /* eviction from `from`: must be an evictable leaf of that tier */
+    assert_false(b->lock);
+    assert_false(b->pinned);
+    assert_false(o_has_child_in(i, from));
+    if (to < 0)
+        for (int j = 0; j < O.n; j++) assert_false(O.b[j].tier >= 0 && O.b[j].parent == i);
+    if (O.exact) {
+        for (int j = 0; j < O.n; j++) {
+            if (j == i || O.b[j].tier != from || !o_evictable(j)) continue;
+            if (!strcmp(O.policy, "lru") && O.b[j].last < b->last)
+                fail_msg("lru evicted last=%lu but last=%lu was evictable",
+                         (unsigned long)b->last, (unsigned long)O.b[j].last);
+            if (!strcmp(O.policy, "opt") && O.b[j].next_use > b->next_use)
+                fail_msg("opt evicted next=%lu but next=%lu was evictable",
+                         (unsigned long)b->next_use, (unsigned long)O.b[j].next_use);
+        }
+    }
+    b->tier = to;
+}
+
+static void o_compare(ikv_cache *c) {
+    CHECKED(c);
+    uint64_t res[IKV_MAX_TIERS] = {0};
+    for (int i = 0; i < O.n; i++) {
+        if (O.b[i].tier < 0) continue;
+        res[O.b[i].tier]++;
+        size_t m;
+        uint8_t tier;
+        uint32_t node;
+        ikv_cache_match(c, &O.b[i].key, 1, &node, &tier, &m);
+        assert_int_equal(m, 1);
+        assert_int_equal(tier, O.b[i].tier);
+        if (O.b[i].parent >= 0) assert_true(O.b[O.b[i].parent].tier >= 0);
+    }
+    ikv_cache_stats s;
+    ikv_cache_stats_get(c, &s);
+    for (int t = 0; t < O.n_tiers; t++) {
+        assert_int_equal(s.resident[t], res[t]);
+        assert_true(res[t] <= O.cap[t]);
+    }
+}
+
+/* One fuzz run: random chains over a small alphabet (so prefixes are shared), with locks held
+ * across operations, pins, ttl expiry, and tiers. */
+static void fuzz_one(const char *policy, int n_tiers, int steps, uint64_t seed) {
+    memset(&O, 0, sizeof O);
+    O.policy = policy;
+    O.n_tiers = n_tiers;
+    O.holds[0] = O.holds[1] = -1;
+    rng_state = seed;
+    ikv_cache_config cfg;
+    ikv_cache_config_default(&cfg, 12 + rndn(20), policy);
+    cfg.n_tiers = (size_t)n_tiers;
+    for (int t = 1; t < n_tiers; t++) {
+        cfg.tiers[t].name = t == 1 ? "dram" : "ssd";
+        cfg.tiers[t].capacity = 8 + rndn(24);
+        cfg.tiers[t].policy = policy;
+        cfg.tiers[t].admit_min_hits = (uint32_t)rndn(2);
+    }
+    for (int t = 0; t < n_tiers; t++) O.cap[t] = cfg.tiers[t].capacity;
+    cfg.pin_budget = 0.3;
+    cfg.on_evict = on_move;
+    ikv_cache *c;
+    assert_int_equal(ikv_cache_create(&cfg, &c), 0);
+
+    /* held requests: node paths locked across steps */
+    uint32_t held[4][16];
+    ikv_key heldk[4][16];
+    size_t held_n[4] = {0};
+    uint64_t now = 0;
+    for (int step = 0; step < steps; step++) {
+        now += 1 + rndn(3);
+        ikv_cache_set_time(c, now);
+        for (int i = 0; i < O.n; i++) /* mirror ttl expiry */
+            if (O.b[i].pinned > 1 && (uint64_t)O.b[i].pinned <= now) O.b[i].pinned = 0;
+        int op = (int)rndn(100);
+        size_t len = 1 + rndn(12);
+        uint32_t toks[16];
+        for (size_t i = 0; i < len; i++) toks[i] = (uint32_t)(i < 3 ? rndn(2) : rndn(4));
+        ikv_key keys[16];
+        chain(toks, len, rndn(3), keys);
+        uint64_t next[16];
+        for (size_t i = 0; i < len; i++) next[i] = now + 1 + rndn(200);
+        ikv_access acc = {.now = now, .next_use = next, .scope = 1 + rndn(5)};
+        O.exact = n_tiers == 1;
+        if (op < 60) {
+            /* a request: match, hit, insert the rest (optionally holding it locked) */
+            int hold = op < 20;
+            int slot = -1;
+            if (hold)
+                for (int h = 0; h < 4; h++)
+                    if (!held_n[h]) slot = h;
+            uint32_t nodes[16];
+            uint8_t tiers[16];
+            size_t m;
+            ikv_cache_match(c, keys, len, nodes, tiers, &m);
+            for (size_t i = 0; i < m; i++) {
+                int oi = o_find(keys[i]);
+                assert_true(oi >= 0);
+                assert_int_equal(tiers[i], O.b[oi].tier);
+                O.b[oi].last = now;
+                O.b[oi].next_use = next[i];
+            }
+            if (slot >= 0 && m) {
+                assert_int_equal(ikv_cache_lock(c, nodes, m), 0);
+                for (size_t i = 0; i < m; i++) O.b[o_find(keys[i])].lock++;
+            }
+            /* during hit's promotion the core holds the path; the oracle sees the locks */
+            O.exact = 0;
+            ikv_cache_hit(c, nodes, m, &acc);
+            o_compare(c);
+            /* Insert block by block, so the oracle knows each block before the core can evict
+             * it. The core holds the chain's tail (the parent) and the block in flight. */
+            size_t ins = 0;
+            for (size_t i = m; i < len && O.n < O_MAX; i++) {
+                int parent = i ? o_find(keys[i - 1]) : -1;
+                if (i && parent < 0) break; /* the chain's tail was evicted meanwhile */
+                oblock *b = &O.b[O.n];
+                memset(b, 0, sizeof *b);
+                b->key = keys[i];
+                b->parent = parent;
+                b->tier = 0;
+                b->last = now;
+                b->next_use = next[i];
+                O.holds[0] = parent;
+                O.holds[1] = O.n++;
+                O.exact = n_tiers == 1;
+                size_t one = 0;
+                int rc = ikv_cache_insert(c, keys, i + 1, i, &acc, slot >= 0, nodes + i, &one);
+                O.holds[0] = O.holds[1] = -1;
+                if (rc == IKV_EFULL) {
+                    assert_int_equal(one, 0);
+                    b->tier = -1;
+                    break;
+                }
+                assert_int_equal(rc, 0);
+                assert_int_equal(one, 1);
+                if (slot >= 0) b->lock++;
+                ins++;
+            }
+            if (slot >= 0 && m + ins > 0) {
+                held_n[slot] = m + ins;
+                memcpy(held[slot], nodes, (m + ins) * sizeof nodes[0]);
+                memcpy(heldk[slot], keys, (m + ins) * sizeof keys[0]);
+            }
+        } else if (op < 80) {
+            /* finish a held request */
+            int h = (int)rndn(4);
+            if (held_n[h]) {
+                assert_int_equal(ikv_cache_unlock(c, held[h], held_n[h]), 0);
+                for (size_t i = 0; i < held_n[h]; i++) O.b[o_find(heldk[h][i])].lock--;
+                held_n[h] = 0;
+            }
+        } else if (op < 90) {
+            /* pin the resident prefix of a chain, sometimes with a ttl */
+            size_t m;
+            ikv_cache_match(c, keys, len, NULL, NULL, &m);
+            if (m) {
+                uint64_t ttl = rndn(2) ? 0 : 5 + rndn(20);
+                O.exact = 0;
+                int rc = ikv_cache_pin(c, keys, m, ttl);
+                assert_true(rc == 0 || rc == IKV_EBUDGET || rc == IKV_EFULL);
+                if (rc == 0)
+                    for (size_t i = 0; i < m; i++) {
+                        oblock *b = &O.b[o_find(keys[i])];
+                        /* pinned: 1 = forever, > 1 = expiry time (re-pin replaces) */
+                        b->pinned = ttl ? (int)(now + ttl) : 1;
+                    }
+            }
+        } else {
+            /* unpin a pinned chain prefix */
+            size_t m;
+            ikv_cache_match(c, keys, len, NULL, NULL, &m);
+            int all = m > 0;
+            for (size_t i = 0; i < m; i++) all &= O.b[o_find(keys[i])].pinned != 0;
+            int rc = ikv_cache_unpin(c, keys, m);
+            if (all) {
+                assert_int_equal(rc, 0);
+                for (size_t i = 0; i < m; i++) O.b[o_find(keys[i])].pinned = 0;
+            } else if (m) {
+                assert_int_equal(rc, IKV_ENOENT);
+            }
+        }
+        o_compare(c);
+    }
+    for (int h = 0; h < 4; h++)
+        if (held_n[h]) assert_int_equal(ikv_cache_unlock(c, held[h], held_n[h]), 0);
+    CHECKED(c);
+    ikv_cache_destroy(c);
+}
+
+static void test_fuzz_all_policies(void **st) {
+    (void)st;
+    for (size_t p = 0; p < ikv_policy_count(); p++)
+        for (int tiers = 1; tiers <= 3; tiers++)
+            for (uint64_t seed = 1; seed <= 6; seed++)
+                fuzz_one(ikv_policy_name(p), tiers, 700, seed * 7919 + (uint64_t)tiers * 31 + p);
+}
+
+/* Allocation failure at every point of create leaves nothing behind (ASan checks leaks). */
+static void test_alloc_failure(void **st) {
+    (void)st;
+    for (size_t p = 0; p < ikv_policy_count(); p++) {
+        ikv_cache_config cfg;
+        ikv_cache_config_default(&cfg, 64, ikv_policy_name(p));
+        cfg.n_tiers = 2;
+        cfg.tiers[1].name = "dram";
+        cfg.tiers[1].capacity = 64;
+        cfg.tiers[1].policy = ikv_policy_name(p);
+        cfg.softpin_scopes = 2;
+        cfg.softpin_window = 10;
+        for (size_t k = 0; k < 40; k++) {
+            ikv_cache *c = NULL;
+            ikv_alloc_fail_after(k);
+            int rc = ikv_cache_create(&cfg, &c);
+            ikv_alloc_fail_after(SIZE_MAX);
+            if (rc == 0) {
+                CHECKED(c);
+                ikv_cache_destroy(c);
+                break;
+            }
+            assert_int_equal(rc, IKV_ENOMEM);
+            assert_null(c);
+        }
+    }
+    /* the first pin allocates the pin list: failing it changes nothing */
+    ikv_cache *c = make(16, "lru");
+    uint32_t a[2] = {1, 2};
+    ikv_key k[2];
+    chain(a, 2, 0, k);
+    size_t n;
+    ikv_cache_insert(c, k, 2, 0, NULL, 0, NULL, &n);
+    ikv_alloc_fail_after(0);
+    assert_int_equal(ikv_cache_pin(c, k, 2, 0), IKV_ENOMEM);
+    ikv_alloc_fail_after(SIZE_MAX);
+    ikv_cache_stats s;
+    ikv_cache_stats_get(c, &s);
+    assert_int_equal(s.pinned[0], 0);
+    CHECKED(c);
+    assert_int_equal(ikv_cache_pin(c, k, 2, 0), 0);
+    CHECKED(c);
+    ikv_cache_destroy(c);
+}
+
+static void test_bytes_per_block(void **st) {
+    (void)st;
+    for (size_t p = 0; p < ikv_policy_count(); p++) {
+        ikv_cache *c = make(1 << 16, ikv_policy_name(p));
+        double b = ikv_cache_bytes_per_block(c);
+        if (b > 96.0) fail_msg("policy %s: %.1f bytes per block > 96", ikv_policy_name(p), b);
+        ikv_cache_destroy(c);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_match_insert),      cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_locks),             cmocka_unit_test(test_lru_order),
+        cmocka_unit_test(test_scopes),            cmocka_unit_test(test_pins),
+        cmocka_unit_test(test_softpin),           cmocka_unit_test(test_tiers),
+        cmocka_unit_test(test_fuzz_all_policies), cmocka_unit_test(test_alloc_failure),
+        cmocka_unit_test(test_bytes_per_block),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
