@@ -2,8 +2,8 @@
  * The cache core: prefix index, tiers, locks, pins and soft pins over a fixed node pool.
  *
  * Storage. All nodes live in one array sized at creation (node_limit); free nodes are chained
- * through hnext. The hash map key -> node is an array of uint32 buckets (one per two nodes of
- * the pool, a power of two) with chaining through hnext: the keys are already uniform 128-bit
+ * through hnext. The hash map key -> node is an array of uint32 buckets (one per node of
+ * the pool at least, a power of two) with chaining through hnext: the keys are already uniform 128-bit
  * hashes, so the bucket is the key's low bits. Nothing allocates after ikv_cache_create(),
  * except the pin list on the first pin.
  *
@@ -28,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define HITS_MAX UINT16_MAX
+#define HITS_MAX UINT8_MAX
 #define LOCK_MAX UINT16_MAX
 
 typedef struct tier {
@@ -110,6 +110,7 @@ static int setup_tier(ikv_cache *c, size_t t, const ikv_tier_config *tc) {
     tr->env.nodes = c->nodes;
     tr->env.capacity = tc->capacity < c->node_limit ? tc->capacity : c->node_limit;
     tr->env.node_limit = c->node_limit;
+    tr->env.block_tokens = c->block_tokens;
     tr->env.cost = c->cost;
     tr->env.cost_ctx = c->cost_ctx;
     tr->env.now = &c->now;
@@ -151,7 +152,7 @@ int ikv_cache_create(const ikv_cache_config *cfg, ikv_cache **out) {
     c->softpin_scopes = cfg->softpin_scopes;
     c->softpin_window = cfg->softpin_window;
     uint64_t nb = 1;
-    while (nb * 2 < limit) nb <<= 1;
+    while (nb < limit) nb <<= 1;
     c->mask = nb - 1;
     c->nodes = ikv_malloc((size_t)limit * sizeof *c->nodes);
     c->buckets = ikv_malloc((size_t)nb * sizeof *c->buckets);
@@ -601,21 +602,12 @@ int ikv_cache_unlock(ikv_cache *c, const uint32_t *nodes, size_t n) {
     return 0;
 }
 
-int ikv_cache_insert(ikv_cache *c, const ikv_key *keys, size_t n, size_t start,
-                     const ikv_access *a, int lock, uint32_t *nodes, size_t *inserted) {
+/* Inserts keys[start..n) as a chain under `prev` (a resident tier-0 node, or IKV_NIL when
+ * start == 0). See ikv_cache_insert. */
+static int insert_chain(ikv_cache *c, uint32_t prev, const ikv_key *keys, size_t n, size_t start,
+                        const ikv_access *a, int lock, uint32_t *nodes, size_t *inserted) {
     size_t done = 0;
-    if (inserted) *inserted = 0;
-    if (start > n) return ikv_error(IKV_EINVAL, "insert: start %zu > n %zu", start, n);
-    if (a && a->now > c->now) c->now = a->now;
-    uint32_t prev = IKV_NIL; /* the chain's tail, held with a temporary lock */
-    if (start > 0) {
-        if (find(c, keys[start - 1]) == IKV_NIL)
-            return ikv_error(IKV_ENOENT, "insert: parent block %zu is not resident", start - 1);
-        int rc = promote_keys(c, keys, start);
-        if (rc) return ikv_error(rc, "insert: no room to bring the parent path to tier 0");
-        prev = find(c, keys[start - 1]);
-        lock_node(c, prev);
-    }
+    if (prev != IKV_NIL) lock_node(c, prev); /* hold the chain's tail while we make room */
     int rc = 0;
     for (size_t i = start; i < n; i++) {
         uint32_t id = find(c, keys[i]);
@@ -643,7 +635,6 @@ int ikv_cache_insert(ikv_cache *c, const ikv_key *keys, size_t n, size_t start,
             nd->parent = prev;
             nd->last = c->now;
             nd->depth = (uint32_t)i;
-            nd->ntokens = (uint16_t)(a && a->ntokens ? a->ntokens[i] : c->block_tokens);
             uint32_t *slot = &c->buckets[keys[i].lo & c->mask];
             nd->hnext = *slot;
             *slot = id;
@@ -670,6 +661,22 @@ int ikv_cache_insert(ikv_cache *c, const ikv_key *keys, size_t n, size_t start,
                                     "blocks inserted)",
                          c->tiers[0].name, done, n - start);
     return rc;
+}
+
+int ikv_cache_insert(ikv_cache *c, const ikv_key *keys, size_t n, size_t start,
+                     const ikv_access *a, int lock, uint32_t *nodes, size_t *inserted) {
+    if (inserted) *inserted = 0;
+    if (start > n) return ikv_error(IKV_EINVAL, "insert: start %zu > n %zu", start, n);
+    if (a && a->now > c->now) c->now = a->now;
+    uint32_t prev = IKV_NIL;
+    if (start > 0) {
+        if (find(c, keys[start - 1]) == IKV_NIL)
+            return ikv_error(IKV_ENOENT, "insert: parent block %zu is not resident", start - 1);
+        int rc = promote_keys(c, keys, start);
+        if (rc) return ikv_error(rc, "insert: no room to bring the parent path to tier 0");
+        prev = find(c, keys[start - 1]);
+    }
+    return insert_chain(c, prev, keys, n, start, a, lock, nodes, inserted);
 }
 
 int ikv_cache_access(ikv_cache *c, const ikv_key *keys, size_t n, const ikv_access *a,
@@ -702,7 +709,11 @@ int ikv_cache_access(ikv_cache *c, const ikv_key *keys, size_t n, const ikv_acce
     }
     r->matched = m;
     if (m == n) return 0;
-    return ikv_cache_insert(c, keys, n, m, a, 0, NULL, &r->inserted);
+    /* the common case: the matched path is resident in tier 0, its tail is ids[k-1] */
+    uint32_t prev = m ? ids[(m - 1) % 256] : IKV_NIL;
+    if (prev != IKV_NIL && (c->nodes[prev].tier != 0 || !ikv_key_eq(c->nodes[prev].key, keys[m - 1])))
+        return ikv_cache_insert(c, keys, n, m, a, 0, NULL, &r->inserted);
+    return insert_chain(c, prev, keys, n, m, a, 0, NULL, &r->inserted);
 }
 
 /* ---- introspection ------------------------------------------------------------------------ */
@@ -779,7 +790,7 @@ int ikv_cache_check(const ikv_cache *c) {
             const ikv__node *p = &c->nodes[n->parent];
             CHECK(p->tier != IKV__FREE, "node %" PRIu64 " has a parent that is not resident", i);
             CHECK(p->tier <= n->tier, "node %" PRIu64 " (tier %u) is faster than its parent (%u)",
-                  i, n->tier, p->tier);
+                  i, (unsigned)n->tier, (unsigned)p->tier);
             kids[(uint64_t)n->parent * n_tiers + n->tier]++;
         }
         resident[n->tier]++;

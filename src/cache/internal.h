@@ -1,9 +1,9 @@
 /*
  * Cache core internals shared by index.c and the policy plug-ins.
  *
- * Node layout (88 bytes; with its share of the hash buckets (<= 4 bytes: one uint32 bucket per
- * two nodes of the pool) and a heap slot (4 bytes) where a policy keeps a heap, a cached block
- * costs at most 96 bytes of metadata):
+ * Node layout (80 bytes; with its share of the hash buckets (4-8 bytes: at least one uint32
+ * bucket per node of the pool, so chains average at most one node) and a heap slot (4 bytes)
+ * where a policy keeps a heap, a cached block costs at most 92 bytes of metadata):
  *
  *     key      16  128-bit prefix key
  *     parent    4  node id of the previous block, IKV_NIL for a first block
@@ -11,12 +11,15 @@
  *     nchild   16  resident children per tier (children are in the same or a slower tier)
  *     last      8  logical time of the last access (insert or hit)
  *     depth     4  block index in its sequence (0 = first block)
- *     hits      2  hits, saturating
- *     ntokens   2  tokens in the block
  *     lock      2  lock count
- *     tier      1  tier index, IKV__FREE when the node is on the free list
- *     flags     1  IKV__PINNED, IKV__SOFTPIN, IKV__QUEUED
+ *     hits      1  hits, saturating at 255 (admission rules count up to that)
+ *     tier:3    .  tier index, IKV__FREE when the node is on the free list
+ *     flags:5   .  IKV__PINNED, IKV__SOFTPIN, IKV__QUEUED
  *     pol      24  the owning tier's policy's fields
+ *
+ * A block's token count is not kept in the node: policies that weigh by size get it at admit
+ * (a->ntokens[pos], or env->block_tokens when a or a->ntokens is NULL) and keep what they
+ * need in pol.
  *
  * Policies see only evictable blocks on their queues (IKV__QUEUED), and the core tells them
  * every change through the ops below.
@@ -26,7 +29,7 @@
 
 #include "isokv/cache.h"
 
-#define IKV__FREE 0xff
+#define IKV__FREE 7 /* tier value of a free node (tier is 3 bits) */
 #define IKV__PINNED 0x01  /* explicit pin (ikv_cache_pin) */
 #define IKV__SOFTPIN 0x02 /* automatic soft pin (shared by >= P scopes) */
 #define IKV__QUEUED 0x04  /* on its tier policy's eviction queue */
@@ -49,11 +52,10 @@ typedef struct ikv__node {
     uint32_t nchild[IKV_MAX_TIERS];
     uint64_t last;
     uint32_t depth;
-    uint16_t hits;
-    uint16_t ntokens;
     uint16_t lock;
-    uint8_t tier;
-    uint8_t flags;
+    uint8_t hits;
+    uint8_t tier : 3;
+    uint8_t flags : 5;
     ikv__pol pol;
 } ikv__node;
 
@@ -62,6 +64,7 @@ typedef struct ikv__policy_env {
     ikv__node *nodes;       /* the node pool, indexed by node id */
     uint64_t capacity;      /* this tier's capacity in blocks (upper bound of queued nodes) */
     uint64_t node_limit;    /* size of the node pool */
+    uint32_t block_tokens;  /* tokens of a full block (when an access gives no ntokens) */
     ikv_cost_fn cost;
     void *cost_ctx;
     const uint64_t *now;    /* the cache's logical clock */
@@ -130,12 +133,18 @@ void ikv__list_insert_ordered(ikv__list *l, ikv__node *nodes, uint32_t id,
                               uint64_t (*key)(const ikv__node *));
 int ikv__list_check(const ikv__list *l, const ikv__node *nodes, uint64_t *count);
 
-/* A binary min-heap of node ids keyed by a double kept in the node (pol.f64[2], which aliases
- * pol.s.x), ties broken by node id; a node's heap position is in pol.s.a. Only the ids live in
- * the heap (4 bytes a slot), so the key is read through the node. Capacity fixed at creation. */
+/* An indexed 4-ary min-heap of node ids. Each slot holds the id and a float copy of its key
+ * (8 bytes a slot), so sifting reads only the heap array: four children share a cache line.
+ * Ties are broken by node id. A node's heap position is kept in pol.s.a; policies keep the
+ * exact (double) key in the node, IKV__HKEY, which ikv__heap_push/update also set. Capacity
+ * fixed at creation. */
 #define IKV__HKEY(n) ((n)->pol.f64[2])
+typedef struct ikv__hslot {
+    float key;
+    uint32_t id;
+} ikv__hslot;
 typedef struct ikv__heap {
-    uint32_t *ids;
+    ikv__hslot *slot;
     uint64_t len, cap;
 } ikv__heap;
 
@@ -145,7 +154,7 @@ void ikv__heap_push(ikv__heap *h, ikv__node *nodes, uint32_t id, double key);
 void ikv__heap_remove(ikv__heap *h, ikv__node *nodes, uint32_t id);
 void ikv__heap_update(ikv__heap *h, ikv__node *nodes, uint32_t id, double key);
 static inline uint32_t ikv__heap_top(const ikv__heap *h) {
-    return h->len ? h->ids[0] : IKV_NIL;
+    return h->len ? h->slot[0].id : IKV_NIL;
 }
 int ikv__heap_check(const ikv__heap *h, const ikv__node *nodes);
 

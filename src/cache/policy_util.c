@@ -1,7 +1,7 @@
 /*
  * Building blocks shared by the eviction policies: an intrusive doubly linked list of node ids
- * (threaded through pol.s.prev/next), a binary min-heap of node ids keyed by a double stored in
- * the node, and "k=v,k=v" parameter parsing.
+ * (threaded through pol.s.prev/next), an indexed 4-ary min-heap of node ids with float keys, and
+ * "k=v,k=v" parameter parsing.
  *
  * Ordered list insertion. Only evictable blocks sit on a queue, and a block becomes evictable
  * again at a time that is not "now" (its last child was evicted, its request unlocked it, its pin
@@ -112,82 +112,86 @@ int ikv__list_check(const ikv__list *l, const ikv__node *nodes, uint64_t *count)
 /* ---- heap --------------------------------------------------------------------------------- */
 
 int ikv__heap_init(ikv__heap *h, uint64_t cap) {
-    h->ids = ikv_malloc((size_t)(cap ? cap : 1) * sizeof *h->ids);
-    if (!h->ids) return IKV_ENOMEM;
+    h->slot = ikv_malloc((size_t)(cap ? cap : 1) * sizeof *h->slot);
+    if (!h->slot) return IKV_ENOMEM;
     h->len = 0;
     h->cap = cap;
     return 0;
 }
 
 void ikv__heap_free(ikv__heap *h) {
-    ikv_free(h->ids);
-    h->ids = NULL;
+    ikv_free(h->slot);
+    h->slot = NULL;
     h->len = h->cap = 0;
 }
 
-static inline int less(const ikv__node *nodes, uint32_t a, uint32_t b) {
-    double ka = IKV__HKEY(&nodes[a]), kb = IKV__HKEY(&nodes[b]);
-    return ka < kb || (ka == kb && a < b);
+static inline int less(ikv__hslot a, ikv__hslot b) {
+    return a.key < b.key || (a.key == b.key && a.id < b.id);
 }
 
-static inline void place(ikv__heap *h, ikv__node *nodes, uint64_t i, uint32_t id) {
-    h->ids[i] = id;
-    nodes[id].pol.s.a = (uint32_t)i;
+static inline void place(ikv__heap *h, ikv__node *nodes, uint64_t i, ikv__hslot s) {
+    h->slot[i] = s;
+    nodes[s.id].pol.s.a = (uint32_t)i;
 }
 
 static void sift_up(ikv__heap *h, ikv__node *nodes, uint64_t i) {
-    uint32_t id = h->ids[i];
+    ikv__hslot s = h->slot[i];
     while (i > 0) {
-        uint64_t p = (i - 1) / 2;
-        if (!less(nodes, id, h->ids[p])) break;
-        place(h, nodes, i, h->ids[p]);
+        uint64_t p = (i - 1) / 4;
+        if (!less(s, h->slot[p])) break;
+        place(h, nodes, i, h->slot[p]);
         i = p;
     }
-    place(h, nodes, i, id);
+    place(h, nodes, i, s);
 }
 
 static void sift_down(ikv__heap *h, ikv__node *nodes, uint64_t i) {
-    uint32_t id = h->ids[i];
+    ikv__hslot s = h->slot[i];
     for (;;) {
-        uint64_t c = 2 * i + 1;
+        uint64_t c = 4 * i + 1;
         if (c >= h->len) break;
-        if (c + 1 < h->len && less(nodes, h->ids[c + 1], h->ids[c])) c++;
-        if (!less(nodes, h->ids[c], id)) break;
-        place(h, nodes, i, h->ids[c]);
-        i = c;
+        uint64_t end = c + 4 < h->len ? c + 4 : h->len, best = c;
+        for (uint64_t k = c + 1; k < end; k++)
+            if (less(h->slot[k], h->slot[best])) best = k;
+        if (!less(h->slot[best], s)) break;
+        place(h, nodes, i, h->slot[best]);
+        i = best;
     }
-    place(h, nodes, i, id);
+    place(h, nodes, i, s);
 }
 
 void ikv__heap_push(ikv__heap *h, ikv__node *nodes, uint32_t id, double key) {
     IKV_ASSERT(h->len < h->cap);
     IKV__HKEY(&nodes[id]) = key;
-    place(h, nodes, h->len++, id);
+    ikv__hslot s = {(float)key, id};
+    place(h, nodes, h->len++, s);
     sift_up(h, nodes, h->len - 1);
 }
 
 void ikv__heap_remove(ikv__heap *h, ikv__node *nodes, uint32_t id) {
     uint64_t i = nodes[id].pol.s.a;
-    IKV_ASSERT(i < h->len && h->ids[i] == id);
-    uint32_t last = h->ids[--h->len];
+    IKV_ASSERT(i < h->len && h->slot[i].id == id);
+    ikv__hslot last = h->slot[--h->len];
     if (i == h->len) return;
     place(h, nodes, i, last);
     sift_down(h, nodes, i);
-    sift_up(h, nodes, nodes[last].pol.s.a);
+    sift_up(h, nodes, nodes[last.id].pol.s.a);
 }
 
 void ikv__heap_update(ikv__heap *h, ikv__node *nodes, uint32_t id, double key) {
     IKV__HKEY(&nodes[id]) = key;
     uint64_t i = nodes[id].pol.s.a;
+    h->slot[i].key = (float)key;
     sift_down(h, nodes, i);
     sift_up(h, nodes, nodes[id].pol.s.a);
 }
 
 int ikv__heap_check(const ikv__heap *h, const ikv__node *nodes) {
     for (uint64_t i = 0; i < h->len; i++) {
-        uint32_t id = h->ids[i];
-        if (nodes[id].pol.s.a != i || !(nodes[id].flags & IKV__QUEUED)) return 0;
-        if (i > 0 && less(nodes, id, h->ids[(i - 1) / 2])) return 0;
+        ikv__hslot s = h->slot[i];
+        if (nodes[s.id].pol.s.a != i || !(nodes[s.id].flags & IKV__QUEUED)) return 0;
+        if (s.key != (float)IKV__HKEY(&nodes[s.id])) return 0;
+        if (i > 0 && less(s, h->slot[(i - 1) / 4])) return 0;
     }
     return 1;
 }

@@ -85,7 +85,7 @@ static uint64_t opt_queued(const void *s) {
 
 static size_t opt_bytes(const void *s) {
     const opt *p = s;
-    return sizeof *p + (size_t)p->h.cap * sizeof(uint32_t);
+    return sizeof *p + (size_t)p->h.cap * sizeof(ikv__hslot);
 }
 
 const ikv_policy_ops ikv_policy_opt = {

@@ -39,11 +39,19 @@ typedef struct value {
     ikv_cost_fn cost;
     void *cost_ctx;
     const uint64_t *now;
+    uint32_t block_tokens;
     double L;
     double beta, halflife;
 } value;
 
-#define FREQ(n) ((n)->pol.f64[0])
+/* pol: u32[0] = decayed frequency (float), u32[1] = recompute cost per token (float), s.a =
+ * heap position, f64[2] = H (the heap key). */
+static inline float *freq_of(ikv__node *n) {
+    return (float *)&n->pol.u32[0];
+}
+static inline float *cost_of(ikv__node *n) {
+    return (float *)&n->pol.u32[1];
+}
 
 static int set_param(void *ctx, const char *k, const char *v) {
     value *p = ctx;
@@ -67,6 +75,7 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
     p->cost = env->cost;
     p->cost_ctx = env->cost_ctx;
     p->now = env->now;
+    p->block_tokens = env->block_tokens;
     *out = p;
     return 0;
 }
@@ -78,18 +87,26 @@ static void value_destroy(void *s) {
     ikv_free(p);
 }
 
-static double priority(const value *p, const ikv__node *n) {
-    double per_token = p->cost(p->cost_ctx, n->depth, n->ntokens) / (double)(n->ntokens ? n->ntokens : 1);
-    double f = p->beta == 1.0 ? FREQ(n) : pow(FREQ(n), p->beta);
-    return p->L + f * per_token;
+static double priority(const value *p, ikv__node *n) {
+    double f = p->beta == 1.0 ? *freq_of(n) : pow(*freq_of(n), p->beta);
+    return p->L + f * *cost_of(n);
 }
 
+/* The per-token recompute cost is computed once, when the block is inserted; a block that
+ * moves between tiers keeps it (and its frequency) when both tiers run this policy. */
 static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
-    (void)pos;
     value *p = s;
     ikv__node *n = &p->nodes[id];
-    if (a) FREQ(n) = 1.0;
-    else if (!(FREQ(n) >= 1.0)) FREQ(n) = 1.0; /* demoted from a tier with another policy */
+    if (a) {
+        uint32_t ntok = a->ntokens ? a->ntokens[pos] : p->block_tokens;
+        if (!ntok) ntok = 1;
+        *freq_of(n) = 1.0f;
+        *cost_of(n) = (float)(p->cost(p->cost_ctx, n->depth, ntok) / (double)ntok);
+    } else if (!(*freq_of(n) >= 1.0f && *cost_of(n) > 0)) {
+        /* moved in from a tier run by another policy: its fields are not ours */
+        *freq_of(n) = 1.0f;
+        *cost_of(n) = (float)(p->cost(p->cost_ctx, n->depth, p->block_tokens) / p->block_tokens);
+    }
     IKV__HKEY(n) = priority(p, n);
 }
 
@@ -99,8 +116,8 @@ static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     ikv__node *n = &p->nodes[id];
     /* node->last is still the previous access (the core sets it after this call) */
     if (p->halflife > 0 && *p->now > n->last)
-        FREQ(n) *= exp2(-(double)(*p->now - n->last) / p->halflife);
-    FREQ(n) += 1.0;
+        *freq_of(n) *= (float)exp2(-(double)(*p->now - n->last) / p->halflife);
+    *freq_of(n) += 1.0f;
     double h = priority(p, n);
     if (n->flags & IKV__QUEUED) ikv__heap_update(&p->h, p->nodes, id, h);
     else IKV__HKEY(n) = h;
@@ -138,7 +155,7 @@ static uint64_t value_queued(const void *s) {
 
 static size_t value_bytes(const void *s) {
     const value *p = s;
-    return sizeof *p + (size_t)p->h.cap * sizeof(uint32_t);
+    return sizeof *p + (size_t)p->h.cap * sizeof(ikv__hslot);
 }
 
 const ikv_policy_ops ikv_policy_value = {
