@@ -1,0 +1,266 @@
+/*
+ * WEKA agentic-coding trace reader (real Claude Code sessions; callanjfox/kv-cache-tester,
+ * traces/, Apache-2.0).
+ *
+ * One conversation per line:
+ *     {"id", "block_size": 64, "hash_id_scope": "local", ...,
+ *      "requests": [{"t": s, "type": "n"|"s", "in", "out", "hash_ids": [..]},
+ *                   {"t": s, "type": "subagent", "requests": [ {..t from the subagent's start..} ]}]}
+ *
+ * Keys. Ids are local to the conversation and, like Mooncake's, prefix ids (an id stands for a
+ * block and all before it). Conversation i (0-based among accepted lines) uses namespace i + 1:
+ * key = ikv_key_from_id(seed, i + 1, id). A subagent's requests share its parent's namespace (a
+ * subagent re-sends the parent's tool definitions, so its prefixes may hit the parent's). Only
+ * full 64-token blocks are hashed: len(hash_ids) == floor(in / 64), checked.
+ *
+ * Time. `--conversations N` takes the first N conversations (0: all); conversation i starts at
+ * i·W/N seconds (W = --window, default 3600), N being the number actually read. A request's
+ * time is its conversation's start plus its `t` (seconds from the conversation's start); a
+ * nested subagent request's `t` counts from the subagent's own `t`. Requests are replayed in
+ * order of that time, ties broken by conversation index, then by order in the file
+ * (depth-first: a subagent's requests come where the subagent entry stands).
+ *
+ * Storage. The whole selection must be read before the first request can be replayed. Ids are
+ * kept run-length encoded — (first id, count) runs of consecutive ids, which is what agentic
+ * prompts are made of (the 355-conversation file has 40 M ids in ~3 k runs per conversation) —
+ * and keys are computed when a request is handed out. A malformed conversation line is skipped
+ * as a whole (its requests cannot be trusted) and does not count towards N.
+ */
+#include "trace_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define WEKA_BLOCK 64u
+#define MAX_DEPTH 8 /* subagent nesting accepted */
+
+typedef struct wreq {
+    double time;      /* seconds: conversation start + t */
+    uint32_t conv;    /* accepted conversation index */
+    uint32_t order;   /* position in the file within the conversation (depth-first) */
+    uint32_t in, out; /* tokens */
+    uint32_t n_blocks;
+    uint32_t n_runs;
+    uint64_t run_off; /* index of the first run in runs[] */
+} wreq;
+
+typedef struct weka {
+    wreq *reqs;
+    size_t n_reqs, cap_reqs;
+    uint32_t *runs; /* pairs (first id, count) */
+    size_t n_runs, cap_runs;
+    size_t cursor;
+    uint32_t n_conv;
+    /* while parsing a line: */
+    size_t line_first_req, line_first_run;
+    char why[400];
+} weka;
+
+static int wk_detect(const cJSON *j) {
+    return cJSON_IsArray(cJSON_GetObjectItemCaseSensitive(j, "requests")) &&
+           (cJSON_GetObjectItemCaseSensitive(j, "block_size") ||
+            cJSON_GetObjectItemCaseSensitive(j, "hash_id_scope"));
+}
+
+static int push_run(weka *w, uint32_t first) {
+    if (w->n_runs == w->cap_runs) {
+        size_t cap = w->cap_runs ? w->cap_runs * 2 : 4096;
+        uint32_t *p = ikv_realloc(w->runs, cap * 2 * sizeof *p);
+        if (!p) return IKV_ENOMEM;
+        w->runs = p;
+        w->cap_runs = cap;
+    }
+    w->runs[2 * w->n_runs] = first;
+    w->runs[2 * w->n_runs + 1] = 1;
+    w->n_runs++;
+    return 0;
+}
+
+/* Adds the requests of one `requests` array (recursively for subagents). Returns 0, a negative
+ * error, or 1 with w->why set when the conversation is malformed. */
+static int add_requests(weka *w, const cJSON *arr, double base, uint32_t conv, uint32_t *order,
+                        int depth, const char *where) {
+    if (!cJSON_IsArray(arr)) {
+        snprintf(w->why, sizeof w->why, "%s: \"requests\" is not an array", where);
+        return 1;
+    }
+    if (depth > MAX_DEPTH) {
+        snprintf(w->why, sizeof w->why, "%s: subagents nested deeper than %d", where, MAX_DEPTH);
+        return 1;
+    }
+    size_t k = 0;
+    const cJSON *r;
+    cJSON_ArrayForEach(r, arr) {
+        char here[96];
+        snprintf(here, sizeof here, "%s[%zu]", where, k++);
+        double t;
+        if (!cJSON_IsObject(r) || ikv__json_double(r, "t", &t) || t < 0) {
+            snprintf(w->why, sizeof w->why, "%s: \"t\" missing or negative", here);
+            return 1;
+        }
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(r, "type");
+        if (cJSON_IsString(type) && !strcmp(type->valuestring, "subagent")) {
+            char sub[112];
+            snprintf(sub, sizeof sub, "%s.requests", here);
+            int rc = add_requests(w, cJSON_GetObjectItemCaseSensitive(r, "requests"), base + t,
+                                  conv, order, depth + 1, sub);
+            if (rc) return rc;
+            continue;
+        }
+        uint64_t in, out;
+        if (ikv__json_uint(r, "in", UINT32_MAX, &in) || ikv__json_uint(r, "out", UINT32_MAX, &out)) {
+            snprintf(w->why, sizeof w->why, "%s: \"in\"/\"out\" missing or not token counts", here);
+            return 1;
+        }
+        const cJSON *ids = cJSON_GetObjectItemCaseSensitive(r, "hash_ids");
+        if (!cJSON_IsArray(ids)) {
+            snprintf(w->why, sizeof w->why, "%s: \"hash_ids\" missing or not an array", here);
+            return 1;
+        }
+        if (w->n_reqs == w->cap_reqs) {
+            size_t cap = w->cap_reqs ? w->cap_reqs * 2 : 1024;
+            wreq *p = ikv_realloc(w->reqs, cap * sizeof *p);
+            if (!p) return IKV_ENOMEM;
+            w->reqs = p;
+            w->cap_reqs = cap;
+        }
+        wreq *q = &w->reqs[w->n_reqs];
+        q->time = base + t;
+        q->conv = conv;
+        q->order = (*order)++;
+        q->in = (uint32_t)in;
+        q->out = (uint32_t)out;
+        q->run_off = w->n_runs;
+        size_t i = 0;
+        uint64_t prev = 0;
+        const cJSON *it;
+        cJSON_ArrayForEach(it, ids) {
+            uint64_t id;
+            if (ikv__json_item_uint(it, UINT32_MAX - 1, &id)) {
+                snprintf(w->why, sizeof w->why, "%s.hash_ids[%zu]: not an integer id", here, i);
+                return 1;
+            }
+            if (i > 0 && id == prev + 1 && w->runs[2 * (w->n_runs - 1) + 1] < UINT32_MAX)
+                w->runs[2 * (w->n_runs - 1) + 1]++;
+            else if (push_run(w, (uint32_t)id))
+                return IKV_ENOMEM;
+            prev = id;
+            i++;
+        }
+        /* counted while walking: cJSON_GetArraySize walks the list again */
+        if (i != in / WEKA_BLOCK) {
+            snprintf(w->why, sizeof w->why, "%s: %zu hash_ids for in=%llu (expected floor(in/64) = %llu)",
+                     here, i, (unsigned long long)in, (unsigned long long)(in / WEKA_BLOCK));
+            return 1;
+        }
+        q->n_blocks = (uint32_t)i;
+        q->n_runs = (uint32_t)(w->n_runs - q->run_off);
+        w->n_reqs++;
+    }
+    return 0;
+}
+
+static int cmp_req(const void *a, const void *b) {
+    const wreq *x = a, *y = b;
+    if (x->time != y->time) return x->time < y->time ? -1 : 1;
+    if (x->conv != y->conv) return x->conv < y->conv ? -1 : 1;
+    return x->order < y->order ? -1 : x->order > y->order;
+}
+
+static void wk_close(ikv_trace *t) {
+    weka *w = t->state;
+    if (!w) return;
+    ikv_free(w->reqs);
+    ikv_free(w->runs);
+    ikv_free(w);
+    t->state = NULL;
+}
+
+static int wk_open(ikv_trace *t) {
+    weka *w = ikv_calloc(1, sizeof *w);
+    if (!w) return IKV_ENOMEM;
+    t->state = w;
+    uint64_t want = t->opts.conversations;
+    int rc = 0;
+    while ((!want || w->n_conv < want) && (rc = ikv__trace_getline(t)) == 1) {
+        cJSON *j = ikv__trace_parse_line(t, &rc);
+        if (!j) {
+            if (rc) return rc;
+            continue;
+        }
+        w->line_first_req = w->n_reqs;
+        w->line_first_run = w->n_runs;
+        uint64_t bs = WEKA_BLOCK;
+        const cJSON *bsj = cJSON_GetObjectItemCaseSensitive(j, "block_size");
+        int bad = 0;
+        if (bsj && (ikv__json_item_uint(bsj, UINT32_MAX, &bs) || bs != WEKA_BLOCK)) {
+            snprintf(w->why, sizeof w->why, "\"block_size\" must be 64");
+            bad = 1;
+        } else {
+            uint32_t order = 0;
+            bad = add_requests(w, cJSON_GetObjectItemCaseSensitive(j, "requests"), 0, w->n_conv,
+                               &order, 0, "requests");
+        }
+        cJSON_Delete(j);
+        if (bad < 0) return bad;
+        if (bad) {
+            w->n_reqs = w->line_first_req; /* drop the conversation's requests */
+            w->n_runs = w->line_first_run;
+            if ((rc = ikv__trace_malformed(t, "%s", w->why))) return rc;
+            continue;
+        }
+        w->n_conv++;
+    }
+    if (rc < 0) return rc;
+    if (w->n_conv == 0)
+        return ikv_error(IKV_EEMPTY, "%s: no valid conversation (%llu malformed line%s; first: %s)",
+                         t->path, (unsigned long long)t->skipped, t->skipped == 1 ? "" : "s",
+                         t->has_error ? t->first_error : "none");
+    /* Conversation i starts at i*W/N. */
+    for (size_t i = 0; i < w->n_reqs; i++)
+        w->reqs[i].time += (double)w->reqs[i].conv * t->opts.window / (double)w->n_conv;
+    qsort(w->reqs, w->n_reqs, sizeof *w->reqs, cmp_req);
+    t->tenants = w->n_conv;
+    return 0;
+}
+
+static int wk_next(ikv_trace *t, ikv_request *req) {
+    weka *w = t->state;
+    if (w->cursor >= w->n_reqs) return 0;
+    const wreq *q = &w->reqs[w->cursor++];
+    int rc = ikv__trace_reserve(t, q->n_blocks ? q->n_blocks : 1);
+    if (rc) return rc;
+    size_t i = 0;
+    const uint32_t *run = w->runs + 2 * q->run_off;
+    for (uint32_t r = 0; r < q->n_runs; r++)
+        for (uint32_t k = 0; k < run[2 * r + 1]; k++, i++) {
+            t->keys[i] = ikv_key_from_id(t->opts.seed, (uint64_t)q->conv + 1, (uint64_t)run[2 * r] + k);
+            t->ntokens[i] = WEKA_BLOCK;
+        }
+    req->time = q->time;
+    req->tenant = q->conv;
+    req->session = (uint64_t)q->conv + 1;
+    req->input_tokens = q->in;
+    req->output_tokens = q->out;
+    req->n_blocks = q->n_blocks;
+    req->keys = t->keys;
+    req->ntokens = t->ntokens;
+    return 1;
+}
+
+static int wk_rewind(ikv_trace *t) {
+    weka *w = t->state;
+    w->cursor = 0;
+    return 0;
+}
+
+const ikv__trace_reader ikv__trace_weka = {
+    .name = "weka",
+    .format = IKV_TRACE_WEKA,
+    .block_tokens = WEKA_BLOCK,
+    .detect = wk_detect,
+    .open = wk_open,
+    .next = wk_next,
+    .rewind = wk_rewind,
+    .close = wk_close,
+};
