@@ -1,0 +1,264 @@
+/*
+ * isokv model: a Llama-architecture transformer (RMSNorm, RoPE, grouped-query attention, SwiGLU,
+ * tied or separate classifier; fp32) whose attention KV lives in fixed-size blocks of a pool
+ * that the cache core (cache.h) manages, so that a prompt prefix computed once is reused by
+ * every later request that starts with it, exactly.
+ *
+ * Pieces, in the order a request meets them:
+ *
+ *   checkpoint   llama2.c "legacy" format (7 x int32 header, then fp32 weights), loaded by
+ *                mmap; every size is checked against the file length before use.
+ *   tokenizer    llama2.c tokenizer.bin (max_token_length, then per token: score, length,
+ *                bytes); BPE merges by score, byte fallback; or plain bytes when none given.
+ *   engine       the KV block pool (sized at start), the prefix cache over it, batched
+ *                prefill (BLAS sgemm on fixed row tiles) and matrix-vector decode.
+ *   sampler      greedy, temperature, top-p; seeded.
+ *
+ * Request flow (ikv_engine_begin): tokens -> block keys (tenant scope; leading public tokens
+ * in the public scope) -> longest resident prefix -> verify each matched block's stored token
+ * ids, depth and parent block (a mismatch is a miss) -> lock -> insert the new full blocks,
+ * locked -> prefill only the uncached positions -> decode (ikv_engine_decode) -> unlock
+ * (ikv_engine_end). Blocks the core drops return to the pool. See docs/engine.md.
+ *
+ * Exactness: for the same engine options (tile size, thread count), a prompt gives bit-
+ * identical logits at every computed position and identical greedy tokens whether its prefix
+ * came from the cache (fully, partly) or was computed. docs/engine.md says how.
+ */
+#ifndef ISOKV_MODEL_H
+#define ISOKV_MODEL_H
+
+#include "isokv/base.h"
+#include "isokv/cache.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- model shape and checkpoints --------------------------------------------------------- */
+
+typedef struct ikv_model_config {
+    int32_t dim;               /* residual stream width */
+    int32_t hidden_dim;        /* SwiGLU inner width */
+    int32_t n_layers;
+    int32_t n_heads;           /* query heads; head_dim = dim / n_heads */
+    int32_t n_kv_heads;        /* key/value heads (divides n_heads) */
+    int32_t vocab_size;        /* always positive here; the file stores it negated when the
+                                  classifier is separate (shared_classifier == 0) */
+    int32_t seq_len;           /* maximum positions */
+    int32_t shared_classifier; /* 1: the classifier is the token embedding (tied) */
+} ikv_model_config;
+
+/* The named configurations: "tiny" (tests), "stories15m", "small", "base". Returns 0, or
+ * IKV_EMODEL for an unknown name. */
+int ikv_model_config_named(const char *name, ikv_model_config *out);
+/* "tiny, stories15m, small, base" (for --help). */
+const char *ikv_model_config_names(void);
+
+/* Checks a shape: every field positive and within sane limits, heads divide dim, kv heads
+ * divide heads, even head_dim. Returns 0 or IKV_EFORMAT with a message naming the field. */
+int ikv_model_config_check(const ikv_model_config *c);
+
+uint64_t ikv_model_params(const ikv_model_config *c);          /* weights, classifier included */
+uint64_t ikv_model_file_bytes(const ikv_model_config *c);      /* exact checkpoint size */
+uint64_t ikv_model_kv_bytes_per_token(const ikv_model_config *c); /* K and V, all layers, fp32 */
+/* Bytes of weights one decode step reads: every matrix, norms, the classifier and one
+ * embedding row (the memory-bandwidth bound of decode is this over the read bandwidth). */
+uint64_t ikv_model_decode_bytes(const ikv_model_config *c);
+
+typedef struct ikv_model ikv_model;
+
+/* Maps a llama2.c checkpoint read-only. Returns 0 and *out, or IKV_EIO (cannot open/map),
+ * IKV_ETRUNC (shorter than its header says), IKV_EFORMAT (bad header field, trailing bytes,
+ * a version-1/2 export), IKV_ENOMEM; ikv_errdetail() names the file and the problem. */
+int ikv_model_load(const char *path, ikv_model **out);
+
+/* Builds a model in memory with deterministic random weights (same bytes as the file
+ * ikv_model_write_random writes). Weights are uniform with variance 1/fan_in, residual
+ * output projections further scaled by 1/sqrt(2 * n_layers), norms 1, so activations stay
+ * of order one through all layers. */
+int ikv_model_random(const ikv_model_config *c, uint64_t seed, ikv_model **out);
+
+/* Writes that checkpoint to `path` (through a temporary file renamed at the end, so a failure
+ * leaves no partial file). Returns 0, IKV_EIO or IKV_ENOMEM. */
+int ikv_model_write_random(const char *path, const ikv_model_config *c, uint64_t seed);
+
+void ikv_model_destroy(ikv_model *m);
+const ikv_model_config *ikv_model_cfg(const ikv_model *m);
+
+/* ---- tokenizer --------------------------------------------------------------------------- */
+
+typedef struct ikv_tokenizer ikv_tokenizer;
+
+#define IKV_TOK_UNK 0u
+#define IKV_TOK_BOS 1u
+#define IKV_TOK_EOS 2u
+#define IKV_TOK_BYTE0 3u /* byte b is token 3 + b (llama2.c / sentencepiece byte fallback) */
+
+/* Loads a llama2.c tokenizer.bin for a model of vocab_size tokens. Returns 0, IKV_EIO,
+ * IKV_ETRUNC, IKV_EFORMAT (negative or absurd lengths, a piece longer than the declared
+ * maximum, trailing bytes, a vocabulary without the 256 byte pieces), IKV_ENOMEM. */
+int ikv_tokenizer_load(const char *path, uint32_t vocab_size, ikv_tokenizer **out);
+
+/* A byte-level tokenizer: byte b <-> token 3 + b, no merges. Needs vocab_size >= 259
+ * (IKV_EINVAL otherwise). Tokens above 258 decode to "<tokN>". */
+int ikv_tokenizer_bytes(uint32_t vocab_size, ikv_tokenizer **out);
+
+/* Writes a deterministic synthetic tokenizer.bin of vocab_size pieces (the 3 specials, the 256
+ * byte pieces, printable ASCII, then merges built from frequent English letters), so generated
+ * models have a matching vocabulary. Temp file + rename. */
+int ikv_tokenizer_write_synthetic(const char *path, uint32_t vocab_size, uint64_t seed);
+
+void ikv_tokenizer_destroy(ikv_tokenizer *t);
+uint32_t ikv_tokenizer_vocab(const ikv_tokenizer *t);
+
+/* Encodes UTF-8 text as llama2.c does: optional BOS, a dummy-prefix space, code points looked
+ * up as pieces (bytes through byte fallback), then the highest-scoring adjacent merge
+ * repeatedly; optional EOS. Writes at most max tokens; *n gets the count. Returns 0 or
+ * IKV_ETOOLONG (more than max tokens), IKV_ENOMEM. Cost O(n^2 log V) in the text length. */
+int ikv_tokenizer_encode(const ikv_tokenizer *t, const char *text, int bos, int eos,
+                         uint32_t *out, size_t max, size_t *n);
+
+/* The text of `token` following `prev` (a leading space is dropped after BOS; byte pieces
+ * "<0xHH>" become the byte). Sets *len (a byte piece may be a NUL byte). The pointer stays
+ * valid while the tokenizer lives. */
+const char *ikv_tokenizer_decode(const ikv_tokenizer *t, uint32_t prev, uint32_t token,
+                                 size_t *len);
+
+/* ---- sampler ----------------------------------------------------------------------------- */
+
+typedef struct ikv_sampler ikv_sampler;
+
+/* temperature 0 = greedy (argmax, lowest index on ties); topp in (0,1) = nucleus sampling,
+ * otherwise plain sampling from the softmax. Seeded xorshift64*: the same seed and logits give
+ * the same tokens. Returns 0, IKV_EINVAL (negative temperature, zero vocab), IKV_ENOMEM. */
+int ikv_sampler_create(uint32_t vocab, float temperature, float topp, uint64_t seed,
+                       ikv_sampler **out);
+void ikv_sampler_destroy(ikv_sampler *s);
+/* Picks a token from logits[vocab]. Overwrites logits with probabilities when temperature > 0.
+ * Does not allocate. */
+uint32_t ikv_sampler_sample(ikv_sampler *s, float *logits);
+
+/* ---- engine ------------------------------------------------------------------------------ */
+
+typedef struct ikv_engine ikv_engine;
+typedef struct ikv_seq ikv_seq;
+
+typedef struct ikv_engine_options {
+    uint64_t kv_mem;       /* bytes of KV pool; 0 = room for max_seqs sequences + 4 cached
+                              full-length sequences */
+    uint32_t block_tokens; /* tokens per KV block (16) */
+    uint32_t tile;         /* prefill rows per sgemm call; tiles are aligned to absolute
+                              positions (64) */
+    uint32_t max_seqs;     /* sequences in flight at once (1) */
+    const char *policy;    /* cache eviction policy, "NAME[:k=v]" ("lru") */
+    int threads;           /* BLAS threads; 0 = leave the library's setting */
+    uint64_t key_seed;     /* secret seed of block keys and scope salts */
+} ikv_engine_options;
+
+void ikv_engine_options_default(ikv_engine_options *o);
+
+/* Creates an engine over a model (which must outlive it): allocates the KV pool, the prefix
+ * cache (single tier, capacity = pool blocks minus max_seqs full sequences of private blocks)
+ * and every scratch buffer the forward pass uses. Returns 0, IKV_EINVAL (bad options, a pool
+ * smaller than the private reserve plus one cached block), IKV_EPOLICY/IKV_EPARAM (policy),
+ * IKV_ENOMEM. */
+int ikv_engine_create(const ikv_model *m, const ikv_engine_options *o, ikv_engine **out);
+void ikv_engine_destroy(ikv_engine *e);
+
+typedef struct ikv_request {
+    const uint32_t *tokens; /* prompt token ids, each < vocab */
+    size_t n;               /* 1..seq_len */
+    const char *tenant;     /* scope of private blocks; NULL or "" = public scope */
+    size_t public_tokens;   /* leading tokens declared public (shared across tenants) */
+    int no_cache;           /* 1: neither look up nor insert (the cold reference) */
+    float *logits_all;      /* optional [n][vocab]: logits of every position computed by this
+                               prefill are written to their rows (others untouched) */
+} ikv_request;
+
+typedef struct ikv_prefill_info {
+    size_t cached_tokens;   /* prompt positions taken from the cache */
+    size_t computed_tokens; /* prompt positions computed */
+    size_t matched_blocks;  /* blocks the index matched */
+    size_t rejected_blocks; /* matched blocks refused (token ids, depth or parent differ) */
+    size_t inserted_blocks; /* new full blocks put in the cache */
+    double seconds;         /* wall time of the call (measured) */
+} ikv_prefill_info;
+
+/* Starts a request: looks up, locks, inserts and prefills as described at the top. On success
+ * *seq is an in-flight sequence whose last-position logits are ikv_seq_logits(). Returns 0,
+ * IKV_EINVAL (empty prompt, token >= vocab), IKV_ETOOLONG (prompt longer than seq_len),
+ * IKV_EBUSY (max_seqs sequences already in flight), IKV_EFULL (no pool block: cannot happen
+ * while the pool invariant holds). A failed call changes nothing the caller can observe except
+ * cache recency. Does not allocate. */
+int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **seq, ikv_prefill_info *info);
+
+/* Appends `token` at the next position and runs one decode step (matrix-vector products).
+ * Sets *logits (valid until the next call on this sequence). Returns 0, IKV_ETOOLONG at
+ * seq_len, IKV_EINVAL (token >= vocab). Does not allocate. */
+int ikv_engine_decode(ikv_engine *e, ikv_seq *s, uint32_t token, const float **logits);
+
+/* Ends a request: unlocks its cached blocks and returns its private blocks to the pool. */
+void ikv_engine_end(ikv_engine *e, ikv_seq *s);
+
+const float *ikv_seq_logits(const ikv_seq *s); /* [vocab] of the last position */
+size_t ikv_seq_len(const ikv_seq *s);          /* positions so far */
+
+/* Copies the K and V vectors ([n_kv_heads * head_dim] each) of position `pos` at `layer` of a
+ * sequence out of its blocks (for tests and tools). Returns 0 or IKV_ERANGE. */
+int ikv_seq_kv(const ikv_engine *e, const ikv_seq *s, size_t pos, int layer, float *k, float *v);
+
+typedef struct ikv_engine_stats {
+    uint64_t pool_blocks, free_blocks, cached_blocks, private_blocks;
+    uint64_t block_bytes;      /* KV bytes of one block */
+    uint64_t cache_capacity;   /* blocks */
+    uint64_t requests, cached_tokens, computed_tokens, rejected_blocks;
+} ikv_engine_stats;
+void ikv_engine_stats_get(const ikv_engine *e, ikv_engine_stats *s);
+
+ikv_cache *ikv_engine_cache(ikv_engine *e); /* the prefix cache (owned by the engine) */
+const ikv_model *ikv_engine_model(const ikv_engine *e);
+
+/* Walks the pool invariants (every block free, private to one sequence, or cached under the
+ * node that maps to it; counts add up; cached blocks are resident in the core with the same
+ * key). Returns 1 if they hold, 0 with an ikv_errdetail message if not. */
+int ikv_engine_check(const ikv_engine *e);
+
+/* ---- benchmark ----------------------------------------------------------------------------- */
+
+typedef struct ikv_engine_bench_options {
+    const char *config;    /* model config name ("small") */
+    uint32_t prefix;       /* P: shared public prefix tokens (2048) */
+    uint32_t suffix;       /* Q: private suffix tokens per tenant (32) */
+    uint32_t decode;       /* decode steps measured (32) */
+    int threads[2];        /* thread counts to measure (1, 2); 0 ends the list */
+    uint64_t seed;
+} ikv_engine_bench_options;
+
+typedef struct ikv_engine_bench_row {
+    int threads;
+    double ttft_cold_s, ttft_warm_s;  /* measured, wall clock */
+    size_t warm_cached_tokens;
+    double prefill_tok_s, prefill_gflops; /* cold prefill, useful FLOPs only */
+    double sgemm_peak_gflops;         /* measured: square sgemm, best of 3 */
+    double decode_tok_s;
+    double read_gbs;                  /* measured read bandwidth (cblas_sasum on 256 MiB) */
+    double decode_bound_tok_s;        /* read_gbs / weight bytes per token */
+} ikv_engine_bench_row;
+
+typedef struct ikv_engine_bench_result {
+    ikv_model_config cfg;
+    uint32_t prefix, suffix, decode;
+    long cores;
+    size_t n_rows;
+    ikv_engine_bench_row rows[2];
+} ikv_engine_bench_result;
+
+/* Runs the engine benchmark (builds the model in memory; no file). Returns 0 or an error. */
+int ikv_engine_bench(const ikv_engine_bench_options *o, ikv_engine_bench_result *r);
+/* Writes the result as text or JSON to f (what was measured, on what, core count). */
+void ikv_engine_bench_print(const ikv_engine_bench_result *r, FILE *f, int json);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,454 @@
+/*
+ * The engine: a KV block pool, the prefix cache over it, and the request flow.
+ *
+ * Pool. nblocks blocks of bt tokens each, allocated once (--kv-mem). One block holds, for
+ * its bt positions, the K and V of every layer, laid out
+ *
+ *     [layer][k|v][kv_head][token][head_dim]     (fp32)
+ *
+ * so one (layer, K or V, kv head) of a block is a contiguous bt x head_dim matrix that
+ * attention copies or reads in one piece. Per block the pool also keeps its state, its token
+ * ids, its depth (block index in the prompt), the physical block before it, and (when cached)
+ * its cache node and key.
+ *
+ *     state     owner           in the cache core?
+ *     FREE      free stack      no
+ *     PRIVATE   one sequence    no   (partial last block, decode blocks, uncacheable blocks)
+ *     PENDING   cache           yes, locked by the sequence computing it
+ *     READY     cache           yes; its KV is complete
+ *
+ * Capacity: the cache core holds at most `capacity` blocks; each of max_seqs sequences holds
+ * at most max_blocks = ceil(seq_len / bt) private blocks; nblocks = capacity + max_seqs *
+ * max_blocks. So a sequence always finds free blocks once the core has made room: a block
+ * the core drops (on_evict, to_tier = -1) goes back to the free stack at once.
+ *
+ * Request (ikv_engine_begin):
+ *   1. keys of the full prompt blocks, chained; blocks wholly inside the declared public
+ *      prefix use the public scope, later ones the tenant's scope (base.h);
+ *   2. ikv_cache_match -> longest resident prefix; each matched block is verified: READY,
+ *      same depth, its previous block is the one matched before it, and the same token ids.
+ *      The first block that fails ends the usable prefix (a hash collision costs a miss, never
+ *      a wrong answer). At least one prompt position is always computed, so the last
+ *      position's logits exist;
+ *   3. lock the usable prefix, record the hit; insert the remaining full blocks, locked
+ *      (only when the usable prefix is the whole resident one); give each new node a pool
+ *      block (PENDING); the rest of the prompt gets PRIVATE blocks;
+ *   4. prefill the uncached positions (forward.c); mark the new blocks READY;
+ *   5. decode appends to PRIVATE blocks; ikv_engine_end unlocks and frees.
+ *
+ * Not thread-safe: one thread drives an engine (the server serializes on it).
+ */
+#include "internal.h"
+
+#include <cblas.h>
+#include <string.h>
+
+void ikv_engine_options_default(ikv_engine_options *o) {
+    memset(o, 0, sizeof *o);
+    o->block_tokens = 16;
+    o->tile = 64;
+    o->max_seqs = 1;
+    o->policy = "lru";
+    o->key_seed = UINT64_C(0x69736f6b76656e67); /* "isokveng" */
+}
+
+static uint32_t pool_pop(ikv_engine *e) {
+    if (!e->n_free) return IKV_NIL;
+    return e->free_stack[--e->n_free];
+}
+
+static void pool_push(ikv_engine *e, uint32_t b) {
+    IKV_ASSERT(e->state[b] != IKV__BLK_FREE && e->n_free < e->nblocks);
+    e->state[b] = IKV__BLK_FREE;
+    e->bnode[b] = IKV_NIL;
+    e->free_stack[e->n_free++] = b;
+}
+
+/* The cache core dropped (or, with tiers, demoted) a block: its KV bytes are free again. */
+static void on_evict(void *ctx, uint32_t node, ikv_key key, int from_tier, int to_tier) {
+    ikv_engine *e = ctx;
+    (void)key, (void)from_tier;
+    IKV_ASSERT(to_tier < 0); /* single tier: eviction always drops */
+    IKV_ASSERT(node < e->node_limit);
+    uint32_t b = e->node2blk[node];
+    e->node2blk[node] = IKV_NIL;
+    if (b == IKV_NIL) return;
+    IKV_ASSERT(e->state[b] == IKV__BLK_READY || e->state[b] == IKV__BLK_PENDING);
+    pool_push(e, b);
+}
+
+void ikv_engine_destroy(ikv_engine *e) {
+    if (!e) return;
+    ikv_cache_destroy(e->cache);
+    if (e->seqs)
+        for (uint32_t i = 0; i < e->opt.max_seqs; i++) {
+            ikv_free(e->seqs[i].table);
+            ikv_free(e->seqs[i].locked);
+            ikv_free(e->seqs[i].logits);
+        }
+    void *bufs[] = {e->kv, e->state, e->bnode, e->bdepth, e->bparent, e->btokens, e->bkey, e->free_stack,
+                    e->node2blk, e->seqs, e->keys, e->nodes, e->x, e->xb, e->q, e->k, e->v, e->att,
+                    e->hb, e->hb2, e->S, e->Kc, e->Vc, e->rope_cos, e->rope_sin, e->xfinal};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ikv_free(bufs[i]);
+    ikv_free(e);
+}
+
+static size_t at_least1(size_t n) {
+    return n ? n : 1;
+}
+#define ALLOC(p, n) ((p) = ikv_calloc(at_least1(n), sizeof *(p)), (p) != NULL)
+
+int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_engine **out) {
+    ikv_engine_options o;
+    if (oin) o = *oin;
+    else ikv_engine_options_default(&o);
+    if (!o.policy) o.policy = "lru";
+    const ikv_model_config *c = &m->cfg;
+    if (o.block_tokens == 0 || o.block_tokens > 4096)
+        return ikv_error(IKV_EINVAL, "block_tokens %u not in 1..4096", o.block_tokens);
+    if (o.tile == 0 || o.tile > 4096) return ikv_error(IKV_EINVAL, "tile %u not in 1..4096", o.tile);
+    if (o.max_seqs == 0 || o.max_seqs > 4096) return ikv_error(IKV_EINVAL, "max_seqs %u not in 1..4096", o.max_seqs);
+    if (o.threads < 0) return ikv_error(IKV_EINVAL, "threads %d < 0", o.threads);
+
+    uint32_t bt = o.block_tokens;
+    uint32_t max_blocks = (uint32_t)(((uint64_t)c->seq_len + bt - 1) / bt);
+    uint64_t block_bytes = ikv_model_kv_bytes_per_token(c) * bt;
+    uint64_t reserve = (uint64_t)o.max_seqs * max_blocks;
+    if (o.kv_mem == 0) o.kv_mem = (reserve + 4ull * max_blocks) * block_bytes;
+    uint64_t nblocks = o.kv_mem / block_bytes;
+    if (nblocks < reserve + 1 || nblocks > UINT32_MAX - 1)
+        return ikv_error(IKV_EINVAL,
+                         "kv-mem %llu bytes holds %llu blocks of %llu bytes; the engine needs %llu private "
+                         "blocks (%u sequences x %u blocks of %u tokens) plus at least 1 for the cache",
+                         (unsigned long long)o.kv_mem, (unsigned long long)nblocks,
+                         (unsigned long long)block_bytes, (unsigned long long)reserve, o.max_seqs, max_blocks, bt);
+
+    ikv_engine *e = ikv_calloc(1, sizeof *e);
+    if (!e) return ikv_error(IKV_ENOMEM, "engine");
+    e->m = m;
+    e->opt = o;
+    e->opt.policy = NULL; /* not kept: the cache copies it */
+    e->bt = bt;
+    e->T = o.tile;
+    e->max_blocks = max_blocks;
+    e->Lmax = (uint32_t)(((uint64_t)c->seq_len + o.tile - 1) / o.tile * o.tile);
+    e->nblocks = (uint32_t)nblocks;
+    e->capacity = nblocks - reserve;
+    e->block_floats = (size_t)(block_bytes / 4);
+
+    ikv_cache_config cc;
+    ikv_cache_config_default(&cc, e->capacity, o.policy);
+    cc.block_tokens = bt;
+    cc.on_evict = on_evict;
+    cc.evict_ctx = e;
+    int rc = ikv_cache_create(&cc, &e->cache);
+    if (rc) {
+        ikv_free(e);
+        return rc;
+    }
+    e->node_limit = ikv_cache_node_limit(e->cache);
+
+    size_t T = o.tile, D = (size_t)c->dim, hid = (size_t)c->hidden_dim, q = (size_t)m->q_dim;
+    size_t kvd = (size_t)m->kv_dim, hd = (size_t)m->head_dim, V = (size_t)c->vocab_size;
+    int ok = ALLOC(e->kv, (size_t)nblocks * e->block_floats) && ALLOC(e->state, nblocks) &&
+             ALLOC(e->bnode, nblocks) && ALLOC(e->bdepth, nblocks) && ALLOC(e->bparent, nblocks) &&
+             ALLOC(e->btokens, (size_t)nblocks * bt) && ALLOC(e->bkey, nblocks) &&
+             ALLOC(e->free_stack, nblocks) && ALLOC(e->node2blk, e->node_limit) &&
+             ALLOC(e->seqs, o.max_seqs) && ALLOC(e->keys, max_blocks) && ALLOC(e->nodes, max_blocks) &&
+             ALLOC(e->x, T * D) && ALLOC(e->xb, T * D) && ALLOC(e->q, T * q) && ALLOC(e->k, T * kvd) &&
+             ALLOC(e->v, T * kvd) && ALLOC(e->att, T * q) && ALLOC(e->hb, T * hid) && ALLOC(e->hb2, T * hid) &&
+             ALLOC(e->S, T * e->Lmax) && ALLOC(e->Kc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
+             ALLOC(e->Vc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
+             ALLOC(e->rope_cos, (size_t)c->seq_len * hd / 2) && ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) &&
+             ALLOC(e->xfinal, D);
+    for (uint32_t i = 0; ok && i < o.max_seqs; i++)
+        ok = ALLOC(e->seqs[i].table, max_blocks) && ALLOC(e->seqs[i].locked, max_blocks) &&
+             ALLOC(e->seqs[i].logits, V);
+    if (!ok) {
+        ikv_engine_destroy(e);
+        return ikv_error(IKV_ENOMEM, "engine buffers (KV pool %llu bytes)", (unsigned long long)o.kv_mem);
+    }
+    for (uint32_t b = 0; b < e->nblocks; b++) {
+        e->bnode[b] = IKV_NIL;
+        e->free_stack[b] = e->nblocks - 1 - b; /* pop hands out block 0 first */
+    }
+    e->n_free = e->nblocks;
+    for (uint64_t i = 0; i < e->node_limit; i++) e->node2blk[i] = IKV_NIL;
+    ikv__rope_init(e);
+    if (o.threads > 0) openblas_set_num_threads(o.threads);
+    *out = e;
+    return 0;
+}
+
+/* Returns a sequence's blocks: unlocks its cache path, frees its private blocks. */
+static void seq_release(ikv_engine *e, ikv_seq *s) {
+    if (s->n_locked) {
+        int rc = ikv_cache_unlock(e->cache, s->locked, s->n_locked);
+        IKV_ASSERT(rc == 0);
+    }
+    for (uint32_t j = 0; j < s->n_blocks; j++) {
+        uint32_t b = s->table[j];
+        if (b != IKV_NIL && e->state[b] == IKV__BLK_PRIVATE) pool_push(e, b);
+    }
+    s->n_locked = 0;
+    s->n_blocks = 0;
+    s->n = 0;
+    s->active = 0;
+}
+
+/* Takes a private block for block index j of s. */
+static int add_private(ikv_engine *e, ikv_seq *s, uint32_t j) {
+    uint32_t b = pool_pop(e);
+    if (b == IKV_NIL) return ikv_error(IKV_EFULL, "KV pool exhausted (pool invariant broken)");
+    e->state[b] = IKV__BLK_PRIVATE;
+    e->bdepth[b] = j;
+    e->bparent[b] = j ? s->table[j - 1] : IKV_NIL;
+    s->table[j] = b;
+    s->n_blocks = j + 1;
+    return 0;
+}
+
+/* Is the cached block b exactly block j of this prompt, following block `parent`? */
+static int block_matches(const ikv_engine *e, uint32_t b, uint32_t j, uint32_t parent, const uint32_t *tokens) {
+    return b != IKV_NIL && e->state[b] == IKV__BLK_READY && e->bdepth[b] == j && e->bparent[b] == parent &&
+           !memcmp(e->btokens + (size_t)b * e->bt, tokens + (size_t)j * e->bt, sizeof(uint32_t) * e->bt);
+}
+
+int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_prefill_info *info) {
+    double t_start = ikv_now();
+    const ikv_model_config *c = &e->m->cfg;
+    if (!r || !r->tokens || r->n == 0) return ikv_error(IKV_EINVAL, "empty prompt");
+    if (r->n > (size_t)c->seq_len)
+        return ikv_error(IKV_ETOOLONG, "prompt of %zu tokens is longer than the model's seq_len %d", r->n,
+                         (int)c->seq_len);
+    for (size_t i = 0; i < r->n; i++)
+        if (r->tokens[i] >= (uint32_t)c->vocab_size)
+            return ikv_error(IKV_EINVAL, "prompt token %zu is %u, outside the vocabulary of %d", i, r->tokens[i],
+                             (int)c->vocab_size);
+    ikv_seq *s = NULL;
+    for (uint32_t i = 0; i < e->opt.max_seqs && !s; i++)
+        if (!e->seqs[i].active) s = &e->seqs[i];
+    if (!s) return ikv_error(IKV_EBUSY, "all %u sequences are in flight", e->opt.max_seqs);
+
+    const uint32_t bt = e->bt, n = (uint32_t)r->n;
+    const uint32_t nfull = n / bt, nblk = (n + bt - 1) / bt;
+    ikv_prefill_info inf;
+    memset(&inf, 0, sizeof inf);
+    s->active = 1, s->n = 0, s->n_blocks = 0, s->n_locked = 0;
+    e->clock++;
+    uint32_t m = 0, inserted = 0;
+    int rc = 0;
+
+    if (!r->no_cache && nfull > 0) {
+        uint64_t tenant = ikv_scope_salt(e->opt.key_seed, r->tenant);
+        uint64_t pub = ikv_scope_salt(e->opt.key_seed, NULL);
+        for (uint32_t j = 0; j < nfull; j++) {
+            uint64_t salt = (uint64_t)(j + 1) * bt <= r->public_tokens ? pub : tenant;
+            e->keys[j] = ikv_key_chain(e->opt.key_seed, j ? &e->keys[j - 1] : NULL, r->tokens + (size_t)j * bt, bt, salt);
+        }
+        size_t core_m = 0;
+        ikv_cache_match(e->cache, e->keys, nfull, e->nodes, NULL, &core_m);
+        inf.matched_blocks = core_m;
+        uint32_t parent = IKV_NIL;
+        while (m < core_m) {
+            uint32_t b = e->node2blk[e->nodes[m]];
+            if (!block_matches(e, b, m, parent, r->tokens)) break;
+            parent = b;
+            m++;
+        }
+        inf.rejected_blocks = core_m - m;
+        if (m > (n - 1) / bt) m = (n - 1) / bt; /* keep >= 1 position to compute */
+        ikv_access acc = {.now = e->clock, .scope = 0, .next_use = NULL, .ntokens = NULL};
+        if (m) {
+            rc = ikv_cache_lock(e->cache, e->nodes, m);
+            IKV_ASSERT(rc == 0);
+            (void)ikv_cache_hit(e->cache, e->nodes, m, &acc); /* EFULL: promotion only; still a hit */
+            for (uint32_t j = 0; j < m; j++) {
+                s->locked[j] = e->nodes[j];
+                s->table[j] = e->node2blk[e->nodes[j]];
+            }
+            s->n_locked = m, s->n_blocks = m;
+        }
+        if (m == core_m && m < nfull) {
+            size_t ins = 0;
+            rc = ikv_cache_insert(e->cache, e->keys, nfull, m, &acc, 1, e->nodes + m, &ins);
+            if (rc && rc != IKV_EFULL) goto fail;
+            rc = 0;
+            for (uint32_t i = 0; i < (uint32_t)ins; i++) {
+                uint32_t j = m + i, node = e->nodes[j];
+                IKV_ASSERT(node < e->node_limit && e->node2blk[node] == IKV_NIL);
+                s->locked[s->n_locked++] = node; /* locked by insert: unlocked at the end */
+                uint32_t b = pool_pop(e);
+                if (b == IKV_NIL) {
+                    rc = ikv_error(IKV_EFULL, "KV pool exhausted (pool invariant broken)");
+                    goto fail;
+                }
+                e->state[b] = IKV__BLK_PENDING;
+                e->bnode[b] = node;
+                e->bdepth[b] = j;
+                e->bparent[b] = j ? s->table[j - 1] : IKV_NIL;
+                e->bkey[b] = e->keys[j];
+                memcpy(e->btokens + (size_t)b * bt, r->tokens + (size_t)j * bt, sizeof(uint32_t) * bt);
+                e->node2blk[node] = b;
+                s->table[j] = b;
+                s->n_blocks = j + 1;
+            }
+            inserted = (uint32_t)ins;
+        }
+    }
+    for (uint32_t j = m + inserted; j < nblk; j++)
+        if ((rc = add_private(e, s, j))) goto fail;
+    for (uint32_t j = m + inserted; j < nblk; j++) {
+        size_t cnt = (size_t)(j + 1) * bt <= n ? bt : n - (size_t)j * bt;
+        memcpy(e->btokens + (size_t)s->table[j] * bt, r->tokens + (size_t)j * bt, sizeof(uint32_t) * cnt);
+    }
+
+    /* prefill positions [m*bt, n) tile by tile */
+    {
+        size_t first = (size_t)m * bt, T = e->T, V = (size_t)c->vocab_size, D = (size_t)c->dim;
+        for (size_t t0 = first / T * T; t0 < n; t0 += T) {
+            size_t lo = first > t0 ? first : t0, hi = n < t0 + T ? n : t0 + T;
+            ikv__prefill_tile(e, s, r->tokens, t0, lo, hi);
+            if (r->logits_all)
+                for (size_t p = lo; p < hi; p++) ikv__logits_row(e, e->x + (p - t0) * D, r->logits_all + p * V);
+            if (hi == n) {
+                if (r->logits_all) memcpy(s->logits, r->logits_all + (n - 1) * V, sizeof(float) * V);
+                else ikv__logits_row(e, e->x + (n - 1 - t0) * D, s->logits);
+            }
+        }
+        for (uint32_t j = m; j < m + inserted; j++) e->state[s->table[j]] = IKV__BLK_READY;
+        inf.cached_tokens = first;
+        inf.computed_tokens = n - first;
+    }
+    inf.inserted_blocks = inserted;
+    s->n = n;
+    e->n_requests++;
+    e->n_cached_tokens += inf.cached_tokens;
+    e->n_computed_tokens += inf.computed_tokens;
+    e->n_rejected += inf.rejected_blocks;
+    inf.seconds = ikv_now() - t_start;
+    if (info) *info = inf;
+    *out = s;
+    return 0;
+
+fail:
+    /* Blocks inserted but never computed stay PENDING in the cache: a later match rejects
+     * them (not READY) and the policy evicts them in time. */
+    seq_release(e, s);
+    return rc;
+}
+
+int ikv_engine_decode(ikv_engine *e, ikv_seq *s, uint32_t token, const float **logits) {
+    const ikv_model_config *c = &e->m->cfg;
+    IKV_ASSERT(s && s->active);
+    if (token >= (uint32_t)c->vocab_size)
+        return ikv_error(IKV_EINVAL, "token %u outside the vocabulary of %d", token, (int)c->vocab_size);
+    if (s->n >= (uint32_t)c->seq_len)
+        return ikv_error(IKV_ETOOLONG, "sequence reached the model's seq_len %d", (int)c->seq_len);
+    size_t pos = s->n;
+    uint32_t j = (uint32_t)(pos / e->bt);
+    if (j >= s->n_blocks) {
+        int rc = add_private(e, s, j);
+        if (rc) return rc;
+    }
+    IKV_ASSERT(e->state[s->table[j]] == IKV__BLK_PRIVATE);
+    e->btokens[(size_t)s->table[j] * e->bt + pos % e->bt] = token;
+    ikv__decode_step(e, s, token, pos);
+    s->n++;
+    if (logits) *logits = s->logits;
+    return 0;
+}
+
+void ikv_engine_end(ikv_engine *e, ikv_seq *s) {
+    if (!s || !s->active) return;
+    seq_release(e, s);
+}
+
+const float *ikv_seq_logits(const ikv_seq *s) {
+    return s->logits;
+}
+
+size_t ikv_seq_len(const ikv_seq *s) {
+    return s->n;
+}
+
+int ikv_seq_kv(const ikv_engine *e, const ikv_seq *s, size_t pos, int layer, float *k, float *v) {
+    const struct ikv_model *m = e->m;
+    if (pos >= s->n || layer < 0 || layer >= m->cfg.n_layers)
+        return ikv_error(IKV_ERANGE, "position %zu / layer %d outside the sequence (%u positions)", pos, layer, s->n);
+    uint32_t b = s->table[pos / e->bt], slot = (uint32_t)(pos % e->bt);
+    size_t hd = (size_t)m->head_dim;
+    for (int g = 0; g < m->cfg.n_kv_heads; g++) {
+        memcpy(k + (size_t)g * hd, ikv__kv_at(e, b, layer, 0, g, slot), sizeof(float) * hd);
+        memcpy(v + (size_t)g * hd, ikv__kv_at(e, b, layer, 1, g, slot), sizeof(float) * hd);
+    }
+    return 0;
+}
+
+void ikv_engine_stats_get(const ikv_engine *e, ikv_engine_stats *st) {
+    memset(st, 0, sizeof *st);
+    st->pool_blocks = e->nblocks;
+    st->free_blocks = e->n_free;
+    for (uint32_t b = 0; b < e->nblocks; b++) {
+        if (e->state[b] == IKV__BLK_PRIVATE) st->private_blocks++;
+        else if (e->state[b] != IKV__BLK_FREE) st->cached_blocks++;
+    }
+    st->block_bytes = e->block_floats * 4;
+    st->cache_capacity = e->capacity;
+    st->requests = e->n_requests;
+    st->cached_tokens = e->n_cached_tokens;
+    st->computed_tokens = e->n_computed_tokens;
+    st->rejected_blocks = e->n_rejected;
+}
+
+ikv_cache *ikv_engine_cache(ikv_engine *e) {
+    return e->cache;
+}
+
+const ikv_model *ikv_engine_model(const ikv_engine *e) {
+    return e->m;
+}
+
+int ikv_engine_check(const ikv_engine *e) {
+    uint64_t nfree = 0, npriv = 0, ncached = 0;
+    for (uint32_t b = 0; b < e->nblocks; b++) {
+        switch (e->state[b]) {
+        case IKV__BLK_FREE: nfree++; break;
+        case IKV__BLK_PRIVATE: npriv++; break;
+        case IKV__BLK_PENDING:
+        case IKV__BLK_READY: {
+            ncached++;
+            uint32_t node = e->bnode[b];
+            if (node >= e->node_limit || e->node2blk[node] != b)
+                return ikv_error(IKV_EINVAL, "cached block %u: node %u does not map back to it", b, node);
+            if (ikv_cache_node_tier(e->cache, node) != 0)
+                return ikv_error(IKV_EINVAL, "cached block %u: node %u is not resident in tier 0", b, node);
+            if (!ikv_key_eq(ikv_cache_node_key(e->cache, node), e->bkey[b]))
+                return ikv_error(IKV_EINVAL, "cached block %u: node %u has another key", b, node);
+            break;
+        }
+        default: return ikv_error(IKV_EINVAL, "block %u: bad state %u", b, e->state[b]);
+        }
+    }
+    if (nfree != e->n_free) return ikv_error(IKV_EINVAL, "%llu free blocks, free stack holds %u", (unsigned long long)nfree, e->n_free);
+    for (uint32_t i = 0; i < e->n_free; i++)
+        if (e->state[e->free_stack[i]] != IKV__BLK_FREE)
+            return ikv_error(IKV_EINVAL, "free stack entry %u (block %u) is not free", i, e->free_stack[i]);
+    uint64_t mapped = 0;
+    for (uint64_t nd = 0; nd < e->node_limit; nd++)
+        if (e->node2blk[nd] != IKV_NIL) mapped++;
+    if (mapped != ncached) return ikv_error(IKV_EINVAL, "%llu nodes map to blocks, %llu blocks cached", (unsigned long long)mapped, (unsigned long long)ncached);
+    if (ncached > e->capacity) return ikv_error(IKV_EINVAL, "%llu cached blocks exceed capacity %llu", (unsigned long long)ncached, (unsigned long long)e->capacity);
+    uint64_t owned = 0;
+    for (uint32_t i = 0; i < e->opt.max_seqs; i++) {
+        const ikv_seq *s = &e->seqs[i];
+        if (!s->active) continue;
+        if (s->n_blocks < (s->n + e->bt - 1) / e->bt) return ikv_error(IKV_EINVAL, "sequence %u: block table shorter than its positions", i);
+        for (uint32_t j = 0; j < s->n_blocks; j++)
+            if (e->state[s->table[j]] == IKV__BLK_PRIVATE) owned++;
+            else if (e->state[s->table[j]] == IKV__BLK_FREE) return ikv_error(IKV_EINVAL, "sequence %u: block %u is free", i, s->table[j]);
+        if (s->n_blocks > e->max_blocks) return ikv_error(IKV_EINVAL, "sequence %u: %u blocks", i, s->n_blocks);
+    }
+    if (owned != npriv) return ikv_error(IKV_EINVAL, "%llu private blocks, sequences own %llu", (unsigned long long)npriv, (unsigned long long)owned);
+    return 1;
+}

@@ -1,0 +1,124 @@
+/*
+ * Internals shared by the files of the model module (not a public header).
+ *
+ * The model struct holds pointers into one fp32 image laid out exactly like a llama2.c
+ * checkpoint (header, then weights), either mmapped from a file or allocated and filled
+ * with random weights. Matrices are row-major (out, in), as llama2.c stores them, so a
+ * linear layer is y = W x and a batch is Y = X W^T.
+ */
+#ifndef ISOKV_MODEL_INTERNAL_H
+#define ISOKV_MODEL_INTERNAL_H
+
+#include "isokv/model.h"
+
+#define IKV__CKPT_HEADER_BYTES 28 /* 7 x int32 */
+
+typedef struct ikv__weights {
+    const float *emb;       /* (vocab, dim) */
+    const float *rms_att;   /* (layer, dim) */
+    const float *wq;        /* (layer, n_heads * head_dim, dim) */
+    const float *wk;        /* (layer, n_kv_heads * head_dim, dim) */
+    const float *wv;        /* (layer, n_kv_heads * head_dim, dim) */
+    const float *wo;        /* (layer, dim, n_heads * head_dim) */
+    const float *rms_ffn;   /* (layer, dim) */
+    const float *w1;        /* (layer, hidden, dim) */
+    const float *w2;        /* (layer, dim, hidden) */
+    const float *w3;        /* (layer, hidden, dim) */
+    const float *rms_final; /* (dim) */
+    const float *wcls;      /* (vocab, dim); == emb when shared */
+} ikv__weights;
+
+struct ikv_model {
+    ikv_model_config cfg;
+    ikv__weights w;
+    int head_dim, q_dim, kv_dim; /* head_dim = dim / n_heads; q_dim = dim; kv_dim */
+    void *image;                 /* the whole checkpoint image */
+    size_t image_bytes;
+    int mapped;                  /* 1: image is an mmap; 0: ikv_malloc'd */
+};
+
+/* Number of fp32 values in each section, for a valid config (u64, cannot overflow for
+ * configs within ikv_model_config_check's limits). */
+uint64_t ikv__ckpt_floats(const ikv_model_config *c);
+
+/* Sets m->w and the derived sizes from an image whose header was already validated. */
+void ikv__model_bind(struct ikv_model *m, const ikv_model_config *c);
+
+/* ---- engine internals (engine.c: pool and request flow; forward.c: the math) ------------ */
+
+enum { IKV__BLK_FREE = 0, IKV__BLK_PRIVATE, IKV__BLK_PENDING, IKV__BLK_READY };
+
+struct ikv_seq {
+    int active;
+    uint32_t n;         /* positions written so far */
+    uint32_t n_blocks;  /* entries used in table */
+    uint32_t *table;    /* [max_blocks] physical block of each block index */
+    uint32_t *locked;   /* [max_blocks] cache node ids this sequence holds locked */
+    uint32_t n_locked;
+    float *logits;      /* [vocab] logits of the last position */
+};
+
+struct ikv_engine {
+    const ikv_model *m;
+    ikv_engine_options opt;
+    uint32_t bt;           /* tokens per block */
+    uint32_t T;            /* prefill tile rows */
+    uint32_t max_blocks;   /* blocks of one full-length sequence: ceil(seq_len / bt) */
+    uint32_t Lmax;         /* seq_len rounded up to a multiple of T: widest attention row */
+
+    /* KV pool: nblocks blocks of block_floats floats, laid out per block as
+     * [layer][k|v][kv_head][token (bt)][head_dim]. */
+    float *kv;
+    uint32_t nblocks;
+    size_t block_floats;
+    uint8_t *state;        /* [nblocks] IKV__BLK_* */
+    uint32_t *bnode;       /* [nblocks] cache node of a cached block */
+    uint32_t *bdepth;      /* [nblocks] block index in its sequence */
+    uint32_t *bparent;     /* [nblocks] physical block of the previous block (IKV_NIL for 0) */
+    uint32_t *btokens;     /* [nblocks][bt] token ids the block holds */
+    ikv_key *bkey;         /* [nblocks] key of a cached block */
+    uint32_t *free_stack;  /* [nblocks] */
+    uint32_t n_free;
+    uint32_t *node2blk;    /* [node_limit] physical block of each cache node, IKV_NIL if none */
+    uint64_t node_limit;
+
+    ikv_cache *cache;
+    uint64_t clock;        /* logical time: one tick per request */
+    uint64_t capacity;     /* cache capacity, blocks */
+
+    ikv_seq *seqs;         /* [max_seqs] */
+    ikv_key *keys;         /* [max_blocks] request scratch */
+    uint32_t *nodes;       /* [max_blocks] */
+
+    /* forward scratch (T rows each unless said) */
+    float *x, *xb, *q, *k, *v, *att, *hb, *hb2; /* [T][dim|q_dim|kv_dim|hidden] */
+    float *S;              /* [T][Lmax] attention scores / probabilities */
+    float *Kc, *Vc;        /* [n_kv_heads][Lmax][head_dim] K/V gathered through the table */
+    float *rope_cos, *rope_sin; /* [seq_len][head_dim / 2] */
+    float *xfinal;         /* [dim] */
+
+    uint64_t n_requests, n_cached_tokens, n_computed_tokens, n_rejected;
+};
+
+/* K (kv = 0) or V (kv = 1) of `layer`, kv head `g`, slot `slot` of physical block b. */
+static inline float *ikv__kv_at(const struct ikv_engine *e, uint32_t b, int layer, int kv, int g,
+                                uint32_t slot) {
+    const struct ikv_model *m = e->m;
+    size_t hd = (size_t)m->head_dim, nkv = (size_t)m->cfg.n_kv_heads;
+    return e->kv + (size_t)b * e->block_floats +
+           ((((size_t)layer * 2 + (size_t)kv) * nkv + (size_t)g) * e->bt + slot) * hd;
+}
+
+/* Prefill one tile: rows of absolute positions [t0, t0 + T), of which [lo, hi) are computed
+ * (the rest are zero padding); writes their K/V through s->table; leaves the final residual
+ * rows in e->x. Does not allocate. (forward.c) */
+void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t t0,
+                       size_t lo, size_t hi);
+/* Final RMSNorm of one residual row and the classifier (matrix-vector). */
+void ikv__logits_row(struct ikv_engine *e, const float *xrow, float *out);
+/* One decode step of `token` at position pos = s->n (its block already in the table). */
+void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, size_t pos);
+/* Fills the RoPE tables. */
+void ikv__rope_init(struct ikv_engine *e);
+
+#endif

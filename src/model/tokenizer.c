@@ -1,0 +1,402 @@
+/*
+ * Tokenizer: llama2.c's tokenizer.bin (a sentencepiece BPE vocabulary exported as pieces and
+ * scores), or plain bytes.
+ *
+ * File layout (little-endian):
+ *
+ *   int32 max_token_length
+ *   vocab_size times:  float32 score, int32 len, len bytes (the piece, no NUL)
+ *
+ * The vocabulary size is not in the file: it is the model's. Every length is checked against
+ * the remaining bytes and against max_token_length; the file must end exactly after the last
+ * piece, and must contain the 256 byte-fallback pieces "<0x00>".."<0xFF>" at ids 3..258.
+ *
+ * Encoding (as llama2.c's run.c does, so a real stories15M vocabulary gives the same ids):
+ * optional BOS; a dummy-prefix " " piece when the text is non-empty; each UTF-8 code point
+ * looked up as a piece, or else its bytes as byte tokens (3 + byte); then, repeatedly, the
+ * adjacent pair whose concatenation is a piece with the highest score is merged (first such
+ * pair on ties), until no pair merges; optional EOS. Lookup is a binary search over the
+ * pieces sorted once at load. Cost: O(n^2 log V) for n initial tokens.
+ *
+ * Decoding: the piece, without its leading space right after BOS; "<0xHH>" pieces as the byte.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+struct ikv_tokenizer {
+    uint32_t vocab;
+    uint32_t max_len;    /* longest piece, bytes */
+    char **piece;        /* [vocab], NUL-terminated */
+    float *score;        /* [vocab] */
+    struct sorted_piece {
+        const char *s;
+        uint32_t id;
+    } *sorted;           /* pieces sorted by strcmp, for lookup */
+    char *pool;          /* storage of all pieces */
+    int bytes_only;      /* byte-level: no merges, no dummy prefix */
+    char bytes[256][2];  /* one-byte strings for byte tokens */
+};
+
+static int cmp_piece(const void *a, const void *b) {
+    const struct sorted_piece *x = a, *y = b;
+    int c = strcmp(x->s, y->s);
+    return c ? c : (x->id > y->id) - (x->id < y->id);
+}
+
+/* The id of piece s, or -1. */
+static long lookup(const ikv_tokenizer *t, const char *s) {
+    size_t lo = 0, hi = t->vocab;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(s, t->sorted[mid].s);
+        if (c == 0) return (long)t->sorted[mid].id;
+        if (c < 0) hi = mid;
+        else lo = mid + 1;
+    }
+    return -1;
+}
+
+static ikv_tokenizer *alloc_tok(uint32_t vocab, size_t pool_bytes) {
+    ikv_tokenizer *t = ikv_calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->vocab = vocab;
+    t->piece = ikv_calloc(vocab, sizeof *t->piece);
+    t->score = ikv_calloc(vocab, sizeof *t->score);
+    t->sorted = ikv_calloc(vocab, sizeof *t->sorted);
+    t->pool = ikv_malloc(pool_bytes ? pool_bytes : 1);
+    for (int b = 0; b < 256; b++) t->bytes[b][0] = (char)b, t->bytes[b][1] = 0;
+    if (!t->piece || !t->score || !t->sorted || !t->pool) {
+        ikv_tokenizer_destroy(t);
+        return NULL;
+    }
+    return t;
+}
+
+static void finish_sort(ikv_tokenizer *t) {
+    for (uint32_t i = 0; i < t->vocab; i++) t->sorted[i].s = t->piece[i], t->sorted[i].id = i;
+    qsort(t->sorted, t->vocab, sizeof *t->sorted, cmp_piece);
+}
+
+int ikv_tokenizer_load(const char *path, uint32_t vocab, ikv_tokenizer **out) {
+    if (vocab < 259) return ikv_error(IKV_EINVAL, "%s: vocab_size %u is below 259 (3 specials + 256 bytes)", path, vocab);
+    FILE *f = fopen(path, "rb");
+    if (!f) return ikv_error(IKV_EIO, "%s: cannot open: %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0) {
+        fclose(f);
+        return ikv_error(IKV_EIO, "%s: cannot seek", path);
+    }
+    long fsz = ftell(f);
+    rewind(f);
+    if (fsz < 4) {
+        fclose(f);
+        return ikv_error(IKV_ETRUNC, "%s: %ld bytes, shorter than the 4-byte header", path, fsz);
+    }
+    char *buf = ikv_malloc((size_t)fsz);
+    if (!buf) {
+        fclose(f);
+        return ikv_error(IKV_ENOMEM, "%s: %ld bytes", path, fsz);
+    }
+    size_t got = fread(buf, 1, (size_t)fsz, f);
+    fclose(f);
+    if (got != (size_t)fsz) {
+        ikv_free(buf);
+        return ikv_error(IKV_EIO, "%s: short read", path);
+    }
+    int32_t maxlen;
+    memcpy(&maxlen, buf, 4);
+    int rc = 0;
+    ikv_tokenizer *t = NULL;
+    if (maxlen <= 0 || maxlen > 65536) {
+        rc = ikv_error(IKV_EFORMAT, "%s: max_token_length %d is not in 1..65536", path, (int)maxlen);
+        goto done;
+    }
+    /* The pieces need at most fsz bytes plus a NUL each. */
+    t = alloc_tok(vocab, (size_t)fsz + vocab);
+    if (!t) {
+        rc = ikv_error(IKV_ENOMEM, "%s: tokenizer of %u pieces", path, vocab);
+        goto done;
+    }
+    t->max_len = (uint32_t)maxlen;
+    size_t off = 4, poff = 0;
+    for (uint32_t i = 0; i < vocab; i++) {
+        if ((size_t)fsz - off < 8) {
+            rc = ikv_error(IKV_ETRUNC, "%s: truncated at piece %u of %u (offset %zu)", path, i, vocab, off);
+            goto done;
+        }
+        int32_t len;
+        memcpy(&t->score[i], buf + off, 4);
+        memcpy(&len, buf + off + 4, 4);
+        off += 8;
+        if (len < 0 || len > maxlen) {
+            rc = ikv_error(IKV_EFORMAT, "%s: piece %u has length %d (max_token_length %d) at offset %zu", path, i,
+                           (int)len, (int)maxlen, off - 4);
+            goto done;
+        }
+        if ((size_t)fsz - off < (size_t)len) {
+            rc = ikv_error(IKV_ETRUNC, "%s: truncated inside piece %u (needs %d bytes at offset %zu)", path, i,
+                           (int)len, off);
+            goto done;
+        }
+        if (memchr(buf + off, 0, (size_t)len)) {
+            rc = ikv_error(IKV_EFORMAT, "%s: piece %u contains a NUL byte", path, i);
+            goto done;
+        }
+        t->piece[i] = t->pool + poff;
+        memcpy(t->pool + poff, buf + off, (size_t)len);
+        t->pool[poff + (size_t)len] = 0;
+        poff += (size_t)len + 1;
+        off += (size_t)len;
+    }
+    if (off != (size_t)fsz) {
+        rc = ikv_error(IKV_EFORMAT, "%s: %zu trailing bytes after %u pieces (wrong vocab_size for this model?)",
+                       path, (size_t)fsz - off, vocab);
+        goto done;
+    }
+    for (int b = 0; b < 256; b++) {
+        char want[8];
+        snprintf(want, sizeof want, "<0x%02X>", b);
+        if (strcmp(t->piece[IKV_TOK_BYTE0 + (uint32_t)b], want)) {
+            rc = ikv_error(IKV_EFORMAT, "%s: piece %d is not the byte-fallback piece %s", path,
+                           (int)IKV_TOK_BYTE0 + b, want);
+            goto done;
+        }
+    }
+    finish_sort(t);
+done:
+    ikv_free(buf);
+    if (rc) {
+        ikv_tokenizer_destroy(t);
+        return rc;
+    }
+    *out = t;
+    return 0;
+}
+
+int ikv_tokenizer_bytes(uint32_t vocab, ikv_tokenizer **out) {
+    if (vocab < 259) return ikv_error(IKV_EINVAL, "byte tokenizer needs vocab_size >= 259, model has %u", vocab);
+    ikv_tokenizer *t = alloc_tok(vocab, (size_t)vocab * 16);
+    if (!t) return ikv_error(IKV_ENOMEM, "byte tokenizer");
+    size_t poff = 0;
+    for (uint32_t i = 0; i < vocab; i++) {
+        char *p = t->pool + poff;
+        if (i == IKV_TOK_UNK) strcpy(p, "<unk>");
+        else if (i == IKV_TOK_BOS) strcpy(p, "\n<s>\n");
+        else if (i == IKV_TOK_EOS) strcpy(p, "\n</s>\n");
+        else if (i < 259) snprintf(p, 16, "<0x%02X>", i - IKV_TOK_BYTE0);
+        else snprintf(p, 16, "<tok%u>", i);
+        t->piece[i] = p;
+        poff += strlen(p) + 1;
+    }
+    t->max_len = 16;
+    t->bytes_only = 1;
+    finish_sort(t);
+    *out = t;
+    return 0;
+}
+
+void ikv_tokenizer_destroy(ikv_tokenizer *t) {
+    if (!t) return;
+    ikv_free(t->piece);
+    ikv_free(t->score);
+    ikv_free(t->sorted);
+    ikv_free(t->pool);
+    ikv_free(t);
+}
+
+uint32_t ikv_tokenizer_vocab(const ikv_tokenizer *t) {
+    return t->vocab;
+}
+
+/* Appends token id to out, failing with IKV_ETOOLONG when full. */
+static int push(uint32_t *out, size_t max, size_t *n, uint32_t id) {
+    if (*n >= max) return ikv_error(IKV_ETOOLONG, "text encodes to more than %zu tokens", max);
+    out[(*n)++] = id;
+    return 0;
+}
+
+int ikv_tokenizer_encode(const ikv_tokenizer *t, const char *text, int bos, int eos, uint32_t *out,
+                         size_t max, size_t *n) {
+    *n = 0;
+    int rc;
+    if (bos && (rc = push(out, max, n, IKV_TOK_BOS))) return rc;
+    const unsigned char *s = (const unsigned char *)text;
+    if (t->bytes_only) {
+        for (; *s; s++)
+            if ((rc = push(out, max, n, IKV_TOK_BYTE0 + *s))) return rc;
+        if (eos && (rc = push(out, max, n, IKV_TOK_EOS))) return rc;
+        return 0;
+    }
+    size_t start = *n;
+    if (*s) {
+        long sp = lookup(t, " ");
+        if ((rc = push(out, max, n, sp >= 0 ? (uint32_t)sp : IKV_TOK_BYTE0 + ' '))) return rc;
+    }
+    char cp[8];
+    while (*s) {
+        /* one UTF-8 code point: a lead byte and its continuation bytes (at most 4 in all) */
+        size_t k = 0;
+        cp[k++] = (char)*s++;
+        while (*s && (*s & 0xC0) == 0x80 && k < 4) cp[k++] = (char)*s++;
+        cp[k] = 0;
+        long id = lookup(t, cp);
+        if (id >= 0) {
+            if ((rc = push(out, max, n, (uint32_t)id))) return rc;
+        } else {
+            for (size_t i = 0; i < k; i++)
+                if ((rc = push(out, max, n, IKV_TOK_BYTE0 + (unsigned char)cp[i]))) return rc;
+        }
+    }
+    char *pair = ikv_malloc(2 * (size_t)t->max_len + 2);
+    if (!pair) return ikv_error(IKV_ENOMEM, "encode buffer");
+    for (;;) {
+        float best = -1e10f;
+        long best_id = -1;
+        size_t best_i = 0;
+        for (size_t i = start; i + 1 < *n; i++) {
+            const char *a = t->piece[out[i]], *b = t->piece[out[i + 1]];
+            size_t la = strlen(a), lb = strlen(b);
+            if (la + lb > 2 * (size_t)t->max_len) continue;
+            memcpy(pair, a, la);
+            memcpy(pair + la, b, lb + 1);
+            long id = lookup(t, pair);
+            if (id >= 0 && t->score[id] > best) best = t->score[id], best_id = id, best_i = i;
+        }
+        if (best_id < 0) break;
+        out[best_i] = (uint32_t)best_id;
+        memmove(out + best_i + 1, out + best_i + 2, (*n - best_i - 2) * sizeof *out);
+        (*n)--;
+    }
+    ikv_free(pair);
+    if (eos && (rc = push(out, max, n, IKV_TOK_EOS))) return rc;
+    return 0;
+}
+
+const char *ikv_tokenizer_decode(const ikv_tokenizer *t, uint32_t prev, uint32_t token, size_t *len) {
+    if (token >= t->vocab) {
+        *len = 0;
+        return "";
+    }
+    const char *p = t->piece[token];
+    if (prev == IKV_TOK_BOS && p[0] == ' ') p++;
+    unsigned b;
+    char tail;
+    if (strlen(p) == 6 && sscanf(p, "<0x%2X%c", &b, &tail) == 2 && tail == '>') {
+        *len = 1;
+        return t->bytes[b & 0xFF];
+    }
+    *len = strlen(p);
+    return p;
+}
+
+/* ---- synthetic vocabulary ------------------------------------------------------------------ */
+
+typedef struct strset {
+    char **slot;
+    size_t cap;
+} strset;
+
+static uint64_t fnv(const char *s) {
+    uint64_t h = UINT64_C(1469598103934665603);
+    for (; *s; s++) h = (h ^ (unsigned char)*s) * UINT64_C(1099511628211);
+    return h;
+}
+
+/* Inserts s (not copied) unless present; returns 1 if inserted. */
+static int strset_add(strset *ss, char *s) {
+    size_t i = (size_t)fnv(s) & (ss->cap - 1);
+    while (ss->slot[i]) {
+        if (!strcmp(ss->slot[i], s)) return 0;
+        i = (i + 1) & (ss->cap - 1);
+    }
+    ss->slot[i] = s;
+    return 1;
+}
+
+static uint64_t xs(uint64_t *s) {
+    *s ^= *s >> 12, *s ^= *s << 25, *s ^= *s >> 27;
+    return *s * UINT64_C(0x2545F4914F6CDD1D);
+}
+
+int ikv_tokenizer_write_synthetic(const char *path, uint32_t vocab, uint64_t seed) {
+    if (vocab < 259) return ikv_error(IKV_EINVAL, "tokenizer needs vocab_size >= 259, got %u", vocab);
+    const uint32_t maxlen = 16;
+    char *pool = ikv_calloc(vocab, maxlen + 1);
+    char **piece = ikv_calloc(vocab, sizeof *piece);
+    size_t cap = 1;
+    while (cap < 2 * (size_t)vocab) cap <<= 1;
+    strset ss = {ikv_calloc(cap, sizeof(char *)), cap};
+    if (!pool || !piece || !ss.slot) {
+        ikv_free(pool), ikv_free(piece), ikv_free(ss.slot);
+        return ikv_error(IKV_ENOMEM, "synthetic tokenizer");
+    }
+    uint32_t n = 0;
+#define NEXT() (piece[n] = pool + (size_t)n * (maxlen + 1))
+    strcpy(NEXT(), "<unk>"), n++;
+    strcpy(NEXT(), "\n<s>\n"), n++;
+    strcpy(NEXT(), "\n</s>\n"), n++;
+    for (int b = 0; b < 256; b++) snprintf(NEXT(), maxlen + 1, "<0x%02X>", b), strset_add(&ss, piece[n]), n++;
+    /* printable ASCII, most frequent English letters first */
+    const char *freq = " etaoinshrdlcumwfgypbvkjxqz";
+    for (const char *c = freq; *c && n < vocab; c++) NEXT()[0] = *c, strset_add(&ss, piece[n]), n++;
+    for (int c = 33; c < 127 && n < vocab; c++) {
+        NEXT()[0] = (char)c;
+        if (strset_add(&ss, piece[n])) n++;
+    }
+    /* merges: a word-ish piece (optionally space-led) extended by a frequent letter; early
+     * pieces are drawn more often, like a real BPE vocabulary's frequency order */
+    uint32_t first_merge = n;
+    uint64_t s = seed * 2 + 1;
+    size_t tries = 0;
+    while (n < vocab && tries < (size_t)vocab * 200) {
+        tries++;
+        uint32_t span = n - 259;
+        uint32_t r = (uint32_t)(xs(&s) % span), r2 = (uint32_t)(xs(&s) % span);
+        uint32_t a = 259 + (r < r2 ? r : r2); /* min of two: skewed towards early pieces */
+        const char *pa = piece[a];
+        char add = freq[1 + xs(&s) % 26];
+        if (a < first_merge && pa[0] != ' ' && (xs(&s) & 1)) pa = " ";
+        size_t la = strlen(pa);
+        if (la + 1 > maxlen || (pa[0] != ' ' && !(pa[0] >= 'a' && pa[0] <= 'z'))) continue;
+        char *p = NEXT();
+        memcpy(p, pa, la), p[la] = add, p[la + 1] = 0;
+        if (strset_add(&ss, p)) n++;
+    }
+    for (; n < vocab; n++) snprintf(NEXT(), maxlen + 1, "<x%u>", n); /* tiny vocab spill */
+#undef NEXT
+    size_t plen = strlen(path);
+    char *tmp = ikv_malloc(plen + 16);
+    int rc = 0;
+    FILE *f = NULL;
+    if (!tmp) {
+        rc = ikv_error(IKV_ENOMEM, "path");
+        goto out;
+    }
+    snprintf(tmp, plen + 16, "%s.tmp%ld", path, (long)getpid());
+    f = fopen(tmp, "wb");
+    if (!f) {
+        rc = ikv_error(IKV_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto out;
+    }
+    int32_t ml = (int32_t)maxlen;
+    int bad = fwrite(&ml, 4, 1, f) != 1;
+    for (uint32_t i = 0; i < vocab && !bad; i++) {
+        /* specials and bytes score 0; singles and merges score by rank (earlier = higher) */
+        float score = i < 259 ? 0.0f : -(float)(i - 259);
+        int32_t len = (int32_t)strlen(piece[i]);
+        bad = fwrite(&score, 4, 1, f) != 1 || fwrite(&len, 4, 1, f) != 1 ||
+              fwrite(piece[i], 1, (size_t)len, f) != (size_t)len;
+    }
+    if (fclose(f) != 0) bad = 1;
+    if (bad) rc = ikv_error(IKV_EIO, "%s: write failed", tmp);
+    else if (rename(tmp, path) != 0) rc = ikv_error(IKV_EIO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+    if (rc) unlink(tmp);
+out:
+    ikv_free(tmp);
+    ikv_free(pool), ikv_free(piece), ikv_free(ss.slot);
+    return rc;
+}
