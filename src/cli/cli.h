@@ -32,5 +32,6 @@ int cli_parse_u64(const char *s, uint64_t *out);
 int cli_wants_help(int argc, char **argv);
 
 /* Subcommands (one line each). */
+int ikv_cmd_gen(int argc, char **argv);
 
 #endif
