@@ -33,5 +33,6 @@ int cli_wants_help(int argc, char **argv);
 
 /* Subcommands (one line each). */
 int ikv_cmd_gen(int argc, char **argv);
+int ikv_cmd_plan(int argc, char **argv);
 
 #endif

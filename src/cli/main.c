@@ -26,6 +26,7 @@ static int cmd_version(int argc, char **argv) {
 static const command commands[] = {
     {"version", cmd_version, "print the version"},
     {"gen", ikv_cmd_gen, "write a synthetic multi-user segments trace"},
+    {"plan", ikv_cmd_plan, "compute-latency walk, MRTS, knee, router (simulated)"},
 };
 
 static void usage(FILE *f) {
