@@ -14,5 +14,18 @@ demo_cache() {
   "$BUILD/bench_index" --ops 1000000 --seqs 20000
 }
 
+# ---- demo_plan (planner; owner: plan) ----
+demo_plan() {
+  section "planner: the compute-latency walk of llama3-70b, 2048 in / 256 out (simulated, isokv roofline)"
+  for hw in h100 h200; do
+    "$ISOKV" plan --model llama3-70b --hw "$hw" --prompt 2048 --output 256 --plot "out/plan-$hw.svg"
+    echo
+  done
+  "$ISOKV" plan route --model llama3-70b --hw h100 --class medium --slo-ms 4000
+  "$ISOKV" plan route --model llama3-70b --hw h100 --class complex --allow-poll
+}
+# ---- end demo_plan ----
+
 # ---- sections (one line each) ----
 demo_cache
+demo_plan

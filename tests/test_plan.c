@@ -477,6 +477,21 @@ static void test_cli_errors(void **st) {
     assert_non_null(strstr(out, "usage: isokv plan"));
     assert_int_equal(run_cli("plan --params", out, sizeof out), 0);
     assert_non_null(strstr(out, "spec.alpha"));
+    /* --plot writes the SVG and the PNG, or fails cleanly naming the file */
+    char dir[] = "/tmp/ikv-plan-plot-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char args[256], svg[128], png[128];
+    snprintf(svg, sizeof svg, "%s/walk.svg", dir);
+    snprintf(png, sizeof png, "%s/walk.png", dir);
+    snprintf(args, sizeof args, "plan --hw h200 --plot %s", svg);
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    assert_int_equal(access(svg, R_OK), 0);
+    assert_int_equal(access(png, R_OK), 0);
+    unlink(svg);
+    unlink(png);
+    rmdir(dir);
+    assert_int_equal(run_cli("plan --plot /nonexistent-dir/walk.svg", out, sizeof out), 1);
+    assert_non_null(strstr(read_err(), "/nonexistent-dir/walk.svg"));
     rc = run_cli("plan --prompt 4096", out, sizeof out);
     assert_int_equal(rc, 0);
     assert_non_null(strstr(out, "knee: step"));

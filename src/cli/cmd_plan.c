@@ -142,14 +142,14 @@ static void print_table(const ikv_plan_params *p, const ikv_plan_result *r) {
     printf(
         "(simulated on the isokv roofline cost model, not measured; baseline holds %u GPU%s)\n\n",
         r->base_tp, r->base_tp > 1 ? "s" : "");
-    printf("%-4s %-8s %-42s %4s %9s %9s %8s %7s %9s %9s %9s %9s %10s\n", "step", "name",
+    printf("%-4s %-8s %-47s %4s %9s %9s %8s %7s %9s %9s %9s %9s %10s\n", "step", "name",
            "configuration", "GPUs", "C GPU-s", "FLOPs", "TTFT ms", "TPOT ms", "L ms", "dC GPU-s",
            "dL ms", "MRTS", "dU $");
     for (int k = 0; k < IKV_PLAN_STEPS; k++) {
         const ikv_plan_step *s = &r->steps[k];
         char mr[32];
         fmt_mrts(mr, sizeof mr, s->mrts);
-        printf("%-4d %-8s %-42s %4u %9.3f %9.3g %8.1f %7.2f %9.1f", s->step, s->name, s->config,
+        printf("%-4d %-8s %-47s %4u %9.3f %9.3g %8.1f %7.2f %9.1f", s->step, s->name, s->config,
                s->gpus, s->compute_gpu_s, s->flops, s->ttft_s * 1e3, s->tpot_s * 1e3,
                s->latency_s * 1e3);
         if (k == 0)
@@ -314,6 +314,16 @@ static int plot(const char *out, const ikv_plan_result *r, const ikv_plan_point 
             remove_tmpdir(dir);
             return cli_fail(CMD, "--plot: the file name must not contain quotes or newlines");
         }
+
+    /* fail early, with the reason, if the output cannot be created where asked */
+    FILE *probe = fopen(tsvg, "w");
+    if (!probe) {
+        int e = errno;
+        remove_tmpdir(dir);
+        return cli_fail(CMD, "cannot write %s: %s", out, strerror(e));
+    }
+    fclose(probe);
+    unlink(tsvg);
 
     s.len = 0;
     bad |= sb_add(&s,

@@ -214,12 +214,12 @@ static void describe(const ikv_plan_params *p, const state *st, char *buf, size_
     size_t len = 0;
 #define ADD(...)                                                                                   \
     len += (size_t)snprintf(len < cap ? buf + len : NULL, len < cap ? cap - len : 0, __VA_ARGS__)
-    ADD("%s TP%u", st->kernels ? "fused+paged" : "naive", st->tp);
-    if (st->nodes > 1) ADD(" x PP%u", st->nodes);
-    if (st->spec) ADD(", spec g=%u a=%.2f", st->gamma, p->spec_alpha);
-    if (st->branches > 1) ADD(", %u branches", st->branches);
-    if (st->copies > 1) ADD(", %u copies", st->copies);
-    if (st->dedicated) ADD(", dedicated+polling");
+    ADD("%s TP%u", st->kernels ? "fused" : "naive", st->tp);
+    if (st->nodes > 1) ADD("xPP%u", st->nodes);
+    if (st->spec) ADD(" spec%u@%.2f", st->gamma, p->spec_alpha);
+    if (st->branches > 1) ADD(" n=%u", st->branches);
+    if (st->copies > 1) ADD(" h=%u", st->copies);
+    if (st->dedicated) ADD(" dedicated+poll");
 #undef ADD
 }
 
