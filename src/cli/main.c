@@ -27,6 +27,9 @@ static const command commands[] = {
     {"version", cmd_version, "print the version"},
     {"gen", ikv_cmd_gen, "write a synthetic multi-user segments trace"},
     {"plan", ikv_cmd_plan, "compute-latency walk, MRTS, knee, router (simulated)"},
+    {"model", ikv_cmd_model, "write a random-weight checkpoint, or describe one"},
+    {"run", ikv_cmd_run, "generate text with the paged-KV engine through the prefix cache"},
+    {"bench", ikv_cmd_bench, "built-in benchmarks (engine: TTFT cold/warm, prefill, decode; measured)"},
 };
 
 static void usage(FILE *f) {

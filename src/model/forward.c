@@ -23,22 +23,105 @@
  *   Kc, Vc = K/V of positions [0, kT+T)      gathered through the block table (from the
  *                                            blocks, whether cached or just written); zero
  *                                            past the last computed row
- *   for each query head h (kv head h / (n_heads / n_kv_heads)):
- *     S = (q_h Kc^T) / sqrt(head_dim)        sgemm, T x (kT + T)
- *     causal softmax of each computed row    a scalar loop in key order; masked and pad
+ *   for each kv head g, with the query heads that share it stacked (kvmul = n_heads / n_kv_heads):
+ *     S = (Q_g Kc^T) / sqrt(head_dim)        sgemm, (kvmul T) x (kT + T)
+ *     causal softmax of each computed row    fixed-order loops (softmax_row); masked and pad
  *                                            entries exactly 0
- *     att_h = S Vc                           sgemm
+ *     att_g = S Vc                           sgemm
  *   x += att Wo^T ; x += W2 (silu(xb W1^T) * (xb W3^T)) with xb = RMSNorm(x)
  *
- * Decode is one position: matrix-vector products (sgemv) for every weight, and attention as a
- * scalar loop over the keys in block order read through the block table (as llama2.c's run.c
- * computes it, with K/V in blocks instead of a contiguous array). Nothing here allocates.
+ * Decode is one position: matrix-vector products (sgemv) for every weight; for attention each
+ * kv head's K and V are gathered through the block table into a contiguous buffer (one head's
+ * worth stays in the L2 cache), then scores = K q and out = V^T softmax(scores) are two more
+ * sgemv calls per query head. Nothing here allocates.
  */
 #include "internal.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+/* ---- softmax ------------------------------------------------------------------------------
+ * exp(r) for r <= 0 as 2^n * e^f, n = round(r / ln 2), f = r - n ln 2 (Cody-Waite split), e^f
+ * by a degree-7 polynomial (Cephes expf coefficients; relative error ~1e-7 on [-ln2/2, ln2/2]);
+ * r is clamped at -87 (e^-87 ~ 1.6e-38, nothing next to the row maximum's 1). The SSE2 lanes
+ * and the scalar tail do the same operations in the same order (C11 mode: no FMA contraction),
+ * so a value's result does not depend on which path computed it. libm's expf costs a call per
+ * attention entry; this is 4 entries per few instructions. */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_MAGIC 12582912.0f /* 1.5 * 2^23: adding it rounds to an integer */
+#define EXP_C1 0.693359375f
+#define EXP_C2 -2.12194440e-4f
+
+static inline float exp_neg_scalar(float r) {
+    r = r > -87.0f ? r : -87.0f;
+    float n = (r * EXP_LOG2E + EXP_MAGIC) - EXP_MAGIC;
+    float f = (r - n * EXP_C1) - n * EXP_C2;
+    float p = 1.9875691500e-4f;
+    p = p * f + 1.3981999507e-3f;
+    p = p * f + 8.3334519073e-3f;
+    p = p * f + 4.1665795894e-2f;
+    p = p * f + 1.6666665459e-1f;
+    p = p * f + 5.0000001201e-1f;
+    p = (p * (f * f) + f) + 1.0f;
+    int32_t e = ((int32_t)n + 127) << 23;
+    float sc;
+    memcpy(&sc, &e, sizeof sc);
+    return p * sc;
+}
+
+/* row[0..n) = softmax(row[0..n)) in place. Max and sum use 4 partial lanes combined in a
+ * fixed order: deterministic for a given n. Does not allocate. */
+static void softmax_row(float *row, size_t n) {
+    size_t i = 0;
+    float mx = row[0], sum = 0.0f;
+#if defined(__SSE2__)
+    if (n >= 8) {
+        __m128 m4 = _mm_loadu_ps(row);
+        for (i = 4; i + 4 <= n; i += 4) m4 = _mm_max_ps(m4, _mm_loadu_ps(row + i));
+        float l[4];
+        _mm_storeu_ps(l, m4);
+        mx = l[0] > l[1] ? l[0] : l[1];
+        mx = mx > l[2] ? mx : l[2];
+        mx = mx > l[3] ? mx : l[3];
+    }
+    for (; i < n; i++) mx = row[i] > mx ? row[i] : mx;
+    const __m128 vmx = _mm_set1_ps(mx), lo = _mm_set1_ps(-87.0f), l2e = _mm_set1_ps(EXP_LOG2E);
+    const __m128 mag = _mm_set1_ps(EXP_MAGIC), c1 = _mm_set1_ps(EXP_C1), c2 = _mm_set1_ps(EXP_C2);
+    __m128 s4 = _mm_setzero_ps();
+    for (i = 0; i + 4 <= n; i += 4) {
+        __m128 r = _mm_max_ps(_mm_sub_ps(_mm_loadu_ps(row + i), vmx), lo);
+        __m128 nn = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(r, l2e), mag), mag);
+        __m128 f = _mm_sub_ps(_mm_sub_ps(r, _mm_mul_ps(nn, c1)), _mm_mul_ps(nn, c2));
+        __m128 p = _mm_set1_ps(1.9875691500e-4f);
+        p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(1.3981999507e-3f));
+        p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(8.3334519073e-3f));
+        p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(4.1665795894e-2f));
+        p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(1.6666665459e-1f));
+        p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(5.0000001201e-1f));
+        p = _mm_add_ps(_mm_add_ps(_mm_mul_ps(p, _mm_mul_ps(f, f)), f), _mm_set1_ps(1.0f));
+        __m128i e = _mm_slli_epi32(_mm_add_epi32(_mm_cvttps_epi32(nn), _mm_set1_epi32(127)), 23);
+        __m128 v = _mm_mul_ps(p, _mm_castsi128_ps(e));
+        _mm_storeu_ps(row + i, v);
+        s4 = _mm_add_ps(s4, v);
+    }
+    float l[4];
+    _mm_storeu_ps(l, s4);
+    sum = (l[0] + l[1]) + (l[2] + l[3]);
+#else
+    for (i = 1; i < n; i++) mx = row[i] > mx ? row[i] : mx;
+    i = 0;
+#endif
+    for (; i < n; i++) {
+        row[i] = exp_neg_scalar(row[i] - mx);
+        sum += row[i];
+    }
+    float inv = 1.0f / sum;
+    for (i = 0; i < n; i++) row[i] *= inv;
+}
 
 void ikv__rope_init(struct ikv_engine *e) {
     const struct ikv_model *m = e->m;
@@ -141,33 +224,31 @@ void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *
             memset(kc + hi * (size_t)hd, 0, sizeof(float) * ((size_t)W - hi) * (size_t)hd);
             memset(vc + hi * (size_t)hd, 0, sizeof(float) * ((size_t)W - hi) * (size_t)hd);
         }
-        for (int h = 0; h < nh; h++) {
-            int g = h / kvmul;
+        /* per kv head: the kvmul query heads that share it are stacked into one sgemm */
+        for (int g = 0; g < nkv; g++) {
             const float *kc = e->Kc + (size_t)g * e->Lmax * (size_t)hd, *vc = e->Vc + (size_t)g * e->Lmax * (size_t)hd;
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, W, hd, scale, e->q + (size_t)h * (size_t)hd, qd, kc,
-                        hd, 0.0f, e->S, W);
-            for (int i = 0; i < T; i++) {
-                float *row = e->S + (size_t)i * (size_t)W;
-                size_t p = t0 + (size_t)i;
+            const int M = kvmul * T;
+            for (int j = 0; j < kvmul; j++)
+                for (int i = 0; i < T; i++)
+                    memcpy(e->qg + ((size_t)j * (size_t)T + (size_t)i) * (size_t)hd,
+                           e->q + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * (size_t)hd, sizeof(float) * (size_t)hd);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, W, hd, scale, e->qg, hd, kc, hd, 0.0f, e->S, W);
+            for (int r = 0; r < M; r++) {
+                float *row = e->S + (size_t)r * (size_t)W;
+                size_t p = t0 + (size_t)(r % T);
                 if (p < lo || p >= hi) {
                     memset(row, 0, sizeof(float) * (size_t)W);
                     continue;
                 }
                 size_t nk = p + 1; /* keys 0..p */
-                float mx = row[0];
-                for (size_t j = 1; j < nk; j++)
-                    if (row[j] > mx) mx = row[j];
-                float sum = 0.0f;
-                for (size_t j = 0; j < nk; j++) {
-                    row[j] = expf(row[j] - mx);
-                    sum += row[j];
-                }
-                float inv = 1.0f / sum;
-                for (size_t j = 0; j < nk; j++) row[j] *= inv;
+                softmax_row(row, nk);
                 memset(row + nk, 0, sizeof(float) * ((size_t)W - nk));
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hd, W, 1.0f, e->S, W, vc, hd, 0.0f,
-                        e->att + (size_t)h * (size_t)hd, qd);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, W, 1.0f, e->S, W, vc, hd, 0.0f, e->qg, hd);
+            for (int j = 0; j < kvmul; j++)
+                for (int i = 0; i < T; i++)
+                    memcpy(e->att + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * (size_t)hd,
+                           e->qg + ((size_t)j * (size_t)T + (size_t)i) * (size_t)hd, sizeof(float) * (size_t)hd);
         }
         gemm_xwt(T, dim, qd, e->att, w->wo + (size_t)l * D * (size_t)qd, e->xb);
         for (size_t i = 0; i < (size_t)T * D; i++) e->x[i] += e->xb[i];
@@ -196,6 +277,7 @@ void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, s
     const size_t D = (size_t)dim, bt = e->bt;
     const float scale = 1.0f / sqrtf((float)hd);
     float *x = e->x, *xb = e->xb, *q = e->q, *k = e->k, *v = e->v, *att = e->att, *sc = e->S;
+    (void)kvmul;
 
     memcpy(x, w->emb + (size_t)token * D, sizeof(float) * D);
     uint32_t b = blk_of(e, s, pos), slot = (uint32_t)(pos % bt);
@@ -210,38 +292,23 @@ void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, s
             memcpy(ikv__kv_at(e, b, l, 0, g, slot), k + (size_t)g * (size_t)hd, sizeof(float) * (size_t)hd);
             memcpy(ikv__kv_at(e, b, l, 1, g, slot), v + (size_t)g * (size_t)hd, sizeof(float) * (size_t)hd);
         }
-        for (int h = 0; h < nh; h++) {
-            int g = h / kvmul;
-            const float *qh = q + (size_t)h * (size_t)hd;
-            for (size_t p0 = 0; p0 <= pos; p0 += bt) {
-                const float *kb = ikv__kv_at(e, blk_of(e, s, p0), l, 0, g, 0);
-                size_t cnt = pos + 1 - p0 < bt ? pos + 1 - p0 : bt;
-                for (size_t t = 0; t < cnt; t++) {
-                    const float *kt = kb + t * (size_t)hd;
-                    float dot = 0.0f;
-                    for (int i = 0; i < hd; i++) dot += qh[i] * kt[i];
-                    sc[p0 + t] = dot * scale;
-                }
+        /* attention: gather this kv head's K/V through the block table (the gathered copy of
+         * one head stays in cache), then two matrix-vector products per query head */
+        const size_t nk = pos + 1;
+        for (int g = 0; g < nkv; g++) {
+            float *kc = e->Kc, *vc = e->Vc;
+            for (size_t p0 = 0; p0 < nk; p0 += bt) {
+                size_t cnt = nk - p0 < bt ? nk - p0 : bt;
+                uint32_t pb = blk_of(e, s, p0);
+                memcpy(kc + p0 * (size_t)hd, ikv__kv_at(e, pb, l, 0, g, 0), sizeof(float) * cnt * (size_t)hd);
+                memcpy(vc + p0 * (size_t)hd, ikv__kv_at(e, pb, l, 1, g, 0), sizeof(float) * cnt * (size_t)hd);
             }
-            float mx = sc[0];
-            for (size_t t = 1; t <= pos; t++)
-                if (sc[t] > mx) mx = sc[t];
-            float sum = 0.0f;
-            for (size_t t = 0; t <= pos; t++) {
-                sc[t] = expf(sc[t] - mx);
-                sum += sc[t];
-            }
-            float inv = 1.0f / sum;
-            float *oh = att + (size_t)h * (size_t)hd;
-            memset(oh, 0, sizeof(float) * (size_t)hd);
-            for (size_t p0 = 0; p0 <= pos; p0 += bt) {
-                const float *vb = ikv__kv_at(e, blk_of(e, s, p0), l, 1, g, 0);
-                size_t cnt = pos + 1 - p0 < bt ? pos + 1 - p0 : bt;
-                for (size_t t = 0; t < cnt; t++) {
-                    float a = sc[p0 + t] * inv;
-                    const float *vt = vb + t * (size_t)hd;
-                    for (int i = 0; i < hd; i++) oh[i] += a * vt[i];
-                }
+            for (int h = g * kvmul; h < (g + 1) * kvmul; h++) {
+                cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)nk, hd, scale, kc, hd, q + (size_t)h * (size_t)hd, 1,
+                            0.0f, sc, 1);
+                softmax_row(sc, nk);
+                cblas_sgemv(CblasRowMajor, CblasTrans, (int)nk, hd, 1.0f, vc, hd, sc, 1, 0.0f,
+                            att + (size_t)h * (size_t)hd, 1);
             }
         }
         gemv(dim, qd, w->wo + (size_t)l * D * (size_t)qd, att, xb);

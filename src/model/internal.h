@@ -92,7 +92,8 @@ struct ikv_engine {
 
     /* forward scratch (T rows each unless said) */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2; /* [T][dim|q_dim|kv_dim|hidden] */
-    float *S;              /* [T][Lmax] attention scores / probabilities */
+    float *S;              /* [kvmul * T][Lmax] attention scores / probabilities */
+    float *qg;             /* [kvmul * T][head_dim] stacked queries (then outputs) of one kv head */
     float *Kc, *Vc;        /* [n_kv_heads][Lmax][head_dim] K/V gathered through the table */
     float *rope_cos, *rope_sin; /* [seq_len][head_dim / 2] */
     float *xfinal;         /* [dim] */
