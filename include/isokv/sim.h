@@ -88,6 +88,105 @@ void ikv_trace_close(ikv_trace *t);
 const char *ikv_trace_format_name(ikv_trace_format f);
 int ikv_trace_format_parse(const char *name, ikv_trace_format *out);
 
+/* Requests in the trace when the reader knows it up front (weka reads everything at open), else
+ * 0 (streaming readers). For progress bars. */
+uint64_t ikv_trace_count_hint(const ikv_trace *t);
+
+/* ---- replay ----------------------------------------------------------------------------- */
+
+typedef enum ikv_replay_mode {
+    IKV_REPLAY_ORDER = 0, /* trace order, no timing: match, count hits, insert (Mooncake §) */
+    IKV_REPLAY_TIMED,     /* arrivals at trace times, a pool of prefill servers, locks */
+} ikv_replay_mode;
+
+typedef struct ikv_replay_tier {
+    char name[16];            /* "hbm", "dram", "ssd", "remote" (the cost model's tier kinds) */
+    uint64_t capacity_tokens; /* > 0 */
+} ikv_replay_tier;
+
+/* Replay options (caller-owned; ikv_replay_opts_default fills the defaults). */
+typedef struct ikv_replay_opts {
+    ikv_replay_mode mode;
+    uint64_t capacity_tokens; /* one tier "hbm" of this many tokens; 0 = unlimited (every
+                                 distinct block of the trace fits; sized by a first pass) */
+    size_t n_tiers;           /* > 0: use tiers[] instead of capacity_tokens */
+    ikv_replay_tier tiers[IKV_MAX_TIERS];
+    const char *policy;       /* "NAME[:k=v,...]" for every tier (default "lru") */
+    const char *model, *hw;   /* cost model (default llama3-70b on h100) */
+    uint32_t gpus;            /* GPUs per server (tensor parallel; default 8) */
+    uint32_t servers;         /* timed: prefill servers (default 4) */
+    uint32_t decode_batch;    /* timed: decode batch the per-token time assumes (default 16) */
+    int pin_public;           /* pin each request's leading public blocks after insertion */
+    double pin_budget;        /* fraction of tier 0 that may be pinned (default 0.5) */
+    double chunk_reuse;       /* < 0: off; else R: doc chunks hit anywhere, R recomputed */
+    uint64_t thrash_window;   /* ghost list size in blocks (0 = total capacity in blocks) */
+    int check_every;          /* tests: run ikv_cache_check every N requests (0 = never) */
+    void (*progress)(void *ctx, uint64_t done, uint64_t total); /* may be NULL */
+    void *progress_ctx;
+} ikv_replay_opts;
+
+void ikv_replay_opts_default(ikv_replay_opts *o);
+
+/* What a replay measured. Token and block counts are exact; simulated times come from the cost
+ * model named in model/hw; wall-clock figures (replay_seconds, block_ops_per_s) are measured. */
+typedef struct ikv_replay_result {
+    ikv_replay_mode mode;
+    char policy[64], model[32], hw[32];
+    uint32_t block_tokens;
+    size_t n_tiers;
+    char tier_name[IKV_MAX_TIERS][16];
+    uint64_t tier_capacity_blocks[IKV_MAX_TIERS];
+    int unlimited;
+
+    uint64_t requests, input_tokens, blocks;
+    uint64_t hit_blocks;            /* leading blocks found (prefix match), all tiers */
+    uint64_t prefix_hit_tokens;     /* sum of min(k * block, input) */
+    double chunk_hit_tokens;        /* chunk reuse: hit tokens x (1 - R) */
+    uint64_t chunk_hit_blocks;
+    double hit_tokens;              /* prefix_hit_tokens + chunk_hit_tokens */
+    double token_hit_ratio;         /* hit_tokens / input_tokens */
+    double block_hit_ratio;         /* (hit_blocks + chunk_hit_blocks) / blocks */
+    uint64_t hits_by_tier[IKV_MAX_TIERS];
+    uint64_t inserted_blocks, evictions, demotions, promotions;
+    uint64_t evictions_by_tier[IKV_MAX_TIERS];
+    uint64_t thrash_window;         /* blocks (see ikv_replay_opts.thrash_window) */
+    uint64_t thrash_reused;         /* dropped blocks requested again within the window */
+    double thrash_ratio;            /* thrash_reused / evictions (drops) */
+    double prefill_flops, prefill_flops_saved; /* simulated: all-miss FLOPs, FLOPs avoided */
+    uint64_t insert_full;           /* requests whose insertion ran out of evictable room */
+    uint64_t chain_conflicts;       /* requests whose ids contradict earlier prefixes */
+    uint64_t pins, pin_budget_errors, pin_failures;
+    uint64_t skipped_lines;
+
+    /* timed mode (simulated seconds on the cost model) */
+    uint32_t servers, gpus;
+    double ttft_p50, ttft_p90, ttft_p99, ttft_mean;
+    double queue_p50, queue_p90, queue_p99, queue_mean;
+    double prefill_mean, decode_mean, makespan;
+    uint64_t lower_loaded_blocks, lower_recomputed_blocks; /* lower-tier hits: loaded / not */
+    uint64_t lock_failures;
+
+    /* per tenant (segments: tenants; weka: conversations); arrays of n_tenants, owned */
+    uint32_t n_tenants;
+    uint64_t *tenant_requests, *tenant_input_tokens;
+    double *tenant_hit_tokens;
+
+    /* measured */
+    uint64_t block_ops;             /* blocks looked up or inserted (incl. chunk keys) */
+    double prepass_seconds, replay_seconds, block_ops_per_s;
+} ikv_replay_result;
+
+/* Replays trace t (from its current position: normally just opened) through a fresh cache built
+ * from o, and fills *r (free it with ikv_replay_result_free). Rewinds the trace for a first pass
+ * when the capacity is unlimited or a tier runs opt. Returns 0, or a negative error with a detail
+ * (bad options: IKV_EINVAL / IKV_EPOLICY / IKV_EPARAM / IKV_EMODEL / IKV_EHW; trace errors). */
+int ikv_replay(ikv_trace *t, const ikv_replay_opts *o, ikv_replay_result *r);
+void ikv_replay_result_free(ikv_replay_result *r);
+/* Token hit ratio of tenant i (0 when it had no input). */
+double ikv_replay_tenant_ratio(const ikv_replay_result *r, uint32_t i);
+
+const char *ikv_replay_mode_name(ikv_replay_mode m);
+
 #ifdef __cplusplus
 }
 #endif

@@ -27,11 +27,13 @@
 
 extern const ikv__trace_reader ikv__trace_mooncake;
 extern const ikv__trace_reader ikv__trace_weka;
-/* trace_segments.c (isokv's own segment JSONL) registers itself with one line below. */
+extern const ikv__trace_reader ikv__trace_segments;
 
+/* Detection tries them in this order; a new format is one file plus one line here. */
 static const ikv__trace_reader *const readers[] = {
     &ikv__trace_mooncake,
     &ikv__trace_weka,
+    &ikv__trace_segments,
 };
 
 #define N_READERS (sizeof readers / sizeof readers[0])
@@ -223,9 +225,8 @@ static int detect(ikv_trace *t) {
     if (!found)
         return ikv_error(IKV_EFORMAT,
                          "%s:%llu: cannot detect the trace format from the first record "
-                         "(known: mooncake, weka%s; use --format)",
-                         t->path, (unsigned long long)t->lineno,
-                         reader_of(IKV_TRACE_SEGMENTS) ? ", segments" : "");
+                         "(known: mooncake, weka, segments; use --format)",
+                         t->path, (unsigned long long)t->lineno);
     t->rd = found;
     return 0;
 }
@@ -336,4 +337,10 @@ void ikv_trace_close(ikv_trace *t) {
     ikv_free(t->ntokens);
     ikv_free(t->path);
     ikv_free(t);
+}
+
+uint64_t ikv_trace_count_hint(const ikv_trace *t) {
+    uint64_t n = t->known_requests;
+    if (t->opts.max_requests && (!n || n > t->opts.max_requests)) n = t->opts.max_requests;
+    return n;
 }

@@ -62,6 +62,7 @@ struct ikv_trace {
     uint64_t emitted;          /* requests handed out since open / rewind */
     uint32_t block_tokens;
     uint32_t tenants;          /* distinct tenant indices seen (readers update it) */
+    uint64_t known_requests;   /* requests in the trace if the reader knows (else 0) */
     /* shared scratch for request arrays */
     ikv_key *keys;
     uint32_t *ntokens;
