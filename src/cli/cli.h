@@ -33,6 +33,7 @@ int cli_wants_help(int argc, char **argv);
 
 /* Subcommands (one line each). */
 int ikv_cmd_gen(int argc, char **argv);
+int ikv_cmd_sim(int argc, char **argv);
 int ikv_cmd_plan(int argc, char **argv);
 int ikv_cmd_model(int argc, char **argv);
 int ikv_cmd_run(int argc, char **argv);

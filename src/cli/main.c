@@ -26,6 +26,7 @@ static int cmd_version(int argc, char **argv) {
 static const command commands[] = {
     {"version", cmd_version, "print the version"},
     {"gen", ikv_cmd_gen, "write a synthetic multi-user segments trace"},
+    {"sim", ikv_cmd_sim, "replay a trace through the cache core; sweeps (hit ratio vs users)"},
     {"plan", ikv_cmd_plan, "compute-latency walk, MRTS, knee, router (simulated)"},
     {"model", ikv_cmd_model, "write a random-weight checkpoint, or describe one"},
     {"run", ikv_cmd_run, "generate text with the paged-KV engine through the prefix cache"},
