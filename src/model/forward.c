@@ -30,10 +30,10 @@
  *     att_g = S Vc                           sgemm
  *   x += att Wo^T ; x += W2 (silu(xb W1^T) * (xb W3^T)) with xb = RMSNorm(x)
  *
- * Decode is one position: matrix-vector products (sgemv) for every weight; for attention each
- * kv head's K and V are gathered through the block table into a contiguous buffer (one head's
- * worth stays in the L2 cache), then scores = K q and out = V^T softmax(scores) are two more
- * sgemv calls per query head. Nothing here allocates.
+ * Decode is one position: matrix-vector products (sgemv) for every weight; attention reads
+ * each key and value once, block by block through the table, for all the query heads that
+ * share its kv head (4-lane SSE2 dot products and axpys in a fixed order; BLAS sgemv on a
+ * 16 x head_dim block costs more in call overhead than it saves). Nothing here allocates.
  */
 #include "internal.h"
 
@@ -134,6 +134,45 @@ void ikv__rope_init(struct ikv_engine *e) {
             e->rope_cos[(size_t)pos * (size_t)(hs / 2) + (size_t)(i / 2)] = cosf(val);
             e->rope_sin[(size_t)pos * (size_t)(hs / 2) + (size_t)(i / 2)] = sinf(val);
         }
+}
+
+/* Dot product of n floats: 16 partial sums (4 vectors of 4 lanes) combined in a fixed order. */
+static inline float dot(const float *a, const float *b, int n) {
+    int i = 0;
+    float r = 0.0f;
+#if defined(__SSE2__)
+    /* four independent accumulators: the add latency chain is what bounds a short dot */
+    __m128 s0 = _mm_setzero_ps(), s1 = _mm_setzero_ps(), s2 = _mm_setzero_ps(), s3 = _mm_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        s0 = _mm_add_ps(s0, _mm_mul_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
+        s1 = _mm_add_ps(s1, _mm_mul_ps(_mm_loadu_ps(a + i + 4), _mm_loadu_ps(b + i + 4)));
+        s2 = _mm_add_ps(s2, _mm_mul_ps(_mm_loadu_ps(a + i + 8), _mm_loadu_ps(b + i + 8)));
+        s3 = _mm_add_ps(s3, _mm_mul_ps(_mm_loadu_ps(a + i + 12), _mm_loadu_ps(b + i + 12)));
+    }
+    for (; i + 4 <= n; i += 4) s0 = _mm_add_ps(s0, _mm_mul_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
+    __m128 s4 = _mm_add_ps(_mm_add_ps(s0, s1), _mm_add_ps(s2, s3));
+    float l[4];
+    _mm_storeu_ps(l, s4);
+    r = (l[0] + l[1]) + (l[2] + l[3]);
+#endif
+    for (; i < n; i++) r += a[i] * b[i];
+    return r;
+}
+
+/* y[0..n) += a * x[0..n). */
+static inline void axpy(float *y, float a, const float *x, int n) {
+    int i = 0;
+#if defined(__SSE2__)
+    __m128 a4 = _mm_set1_ps(a);
+    for (; i + 4 <= n; i += 4) _mm_storeu_ps(y + i, _mm_add_ps(_mm_loadu_ps(y + i), _mm_mul_ps(a4, _mm_loadu_ps(x + i))));
+#endif
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* Asks for the n floats at p to be brought into cache: the next KV block lies elsewhere in the
+ * pool, where the hardware prefetcher does not follow. */
+static inline void prefetch_chunk(const float *p, size_t n) {
+    for (size_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
 }
 
 /* RMSNorm of one row: o = w * (x / sqrt(mean(x^2) + 1e-5)). */
@@ -277,7 +316,6 @@ void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, s
     const size_t D = (size_t)dim, bt = e->bt;
     const float scale = 1.0f / sqrtf((float)hd);
     float *x = e->x, *xb = e->xb, *q = e->q, *k = e->k, *v = e->v, *att = e->att, *sc = e->S;
-    (void)kvmul;
 
     memcpy(x, w->emb + (size_t)token * D, sizeof(float) * D);
     uint32_t b = blk_of(e, s, pos), slot = (uint32_t)(pos % bt);
@@ -292,23 +330,31 @@ void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, s
             memcpy(ikv__kv_at(e, b, l, 0, g, slot), k + (size_t)g * (size_t)hd, sizeof(float) * (size_t)hd);
             memcpy(ikv__kv_at(e, b, l, 1, g, slot), v + (size_t)g * (size_t)hd, sizeof(float) * (size_t)hd);
         }
-        /* attention: gather this kv head's K/V through the block table (the gathered copy of
-         * one head stays in cache), then two matrix-vector products per query head */
+        /* attention, per kv head: scores of its query heads against each key, read block by
+         * block through the table; softmax; then the weighted sum of the values */
         const size_t nk = pos + 1;
         for (int g = 0; g < nkv; g++) {
-            float *kc = e->Kc, *vc = e->Vc;
             for (size_t p0 = 0; p0 < nk; p0 += bt) {
                 size_t cnt = nk - p0 < bt ? nk - p0 : bt;
-                uint32_t pb = blk_of(e, s, p0);
-                memcpy(kc + p0 * (size_t)hd, ikv__kv_at(e, pb, l, 0, g, 0), sizeof(float) * cnt * (size_t)hd);
-                memcpy(vc + p0 * (size_t)hd, ikv__kv_at(e, pb, l, 1, g, 0), sizeof(float) * cnt * (size_t)hd);
+                const float *kb = ikv__kv_at(e, blk_of(e, s, p0), l, 0, g, 0);
+                if (p0 + bt < nk) prefetch_chunk(ikv__kv_at(e, blk_of(e, s, p0 + bt), l, 0, g, 0), bt * (size_t)hd);
+                for (size_t t = 0; t < cnt; t++)
+                    for (int j = 0; j < kvmul; j++)
+                        sc[(size_t)j * e->Lmax + p0 + t] =
+                            dot(q + (size_t)(g * kvmul + j) * (size_t)hd, kb + t * (size_t)hd, hd) * scale;
             }
-            for (int h = g * kvmul; h < (g + 1) * kvmul; h++) {
-                cblas_sgemv(CblasRowMajor, CblasNoTrans, (int)nk, hd, scale, kc, hd, q + (size_t)h * (size_t)hd, 1,
-                            0.0f, sc, 1);
-                softmax_row(sc, nk);
-                cblas_sgemv(CblasRowMajor, CblasTrans, (int)nk, hd, 1.0f, vc, hd, sc, 1, 0.0f,
-                            att + (size_t)h * (size_t)hd, 1);
+            for (int j = 0; j < kvmul; j++) {
+                softmax_row(sc + (size_t)j * e->Lmax, nk);
+                memset(att + (size_t)(g * kvmul + j) * (size_t)hd, 0, sizeof(float) * (size_t)hd);
+            }
+            for (size_t p0 = 0; p0 < nk; p0 += bt) {
+                size_t cnt = nk - p0 < bt ? nk - p0 : bt;
+                const float *vb = ikv__kv_at(e, blk_of(e, s, p0), l, 1, g, 0);
+                if (p0 + bt < nk) prefetch_chunk(ikv__kv_at(e, blk_of(e, s, p0 + bt), l, 1, g, 0), bt * (size_t)hd);
+                for (size_t t = 0; t < cnt; t++)
+                    for (int j = 0; j < kvmul; j++)
+                        axpy(att + (size_t)(g * kvmul + j) * (size_t)hd, sc[(size_t)j * e->Lmax + p0 + t],
+                             vb + t * (size_t)hd, hd);
             }
         }
         gemv(dim, qd, w->wo + (size_t)l * D * (size_t)qd, att, xb);
