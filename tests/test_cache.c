@@ -7,8 +7,8 @@
  * with linear scans, at every move the core reports (on_evict), that the block moved was allowed
  * to move (a leaf of its tier, not locked, not pinned, parent in the same or a faster tier),
  * then applies the move. After every operation the core's match() must agree with the oracle's
- * residency and tiers, and ikv_cache_check() must hold. For lru and opt the oracle also checks
- * the exact victim the policy chose.
+ * residency and tiers, and ikv_cache_check() must hold. For lru, opt, fifo and lfu the oracle
+ * also checks the exact victim the policy chose (one tier).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -381,6 +381,196 @@ static void test_tiers(void **st) {
     ikv_cache_destroy(c);
 }
 
+/* ---- per-policy behaviour (fifo, lfu, gdsf, sieve, s3fifo, arc) ------------------------- */
+
+/* One-block request for block `id` (its own chain) at time now; returns the blocks matched. */
+static size_t req1(ikv_cache *c, uint32_t id, uint64_t now) {
+    ikv_key k;
+    chain(&id, 1, 0, &k);
+    ikv_access acc = {.now = now};
+    ikv_access_result r;
+    int rc = ikv_cache_access(c, &k, 1, &acc, &r);
+    assert_true(rc == 0);
+    CHECKED(c);
+    return r.matched;
+}
+
+static int resident1(const ikv_cache *c, uint32_t id) {
+    ikv_key k;
+    chain(&id, 1, 0, &k);
+    size_t m;
+    ikv_cache_match(c, &k, 1, NULL, NULL, &m);
+    return m == 1;
+}
+
+/* fifo ignores hits: the first block in goes first even if it was just hit (lru would keep it). */
+static void test_fifo_order(void **st) {
+    (void)st;
+    ikv_cache *c = make(3, "fifo");
+    req1(c, 1, 1), req1(c, 2, 2), req1(c, 3, 3);
+    assert_int_equal(req1(c, 1, 4), 1); /* hit on the oldest */
+    req1(c, 4, 5);
+    assert_false(resident1(c, 1));
+    assert_true(resident1(c, 2) && resident1(c, 3) && resident1(c, 4));
+    req1(c, 5, 6);
+    assert_false(resident1(c, 2));
+    ikv_cache_destroy(c);
+}
+
+/* lfu: the least frequently used leaf goes; among equals, the least recent. */
+static void test_lfu_order(void **st) {
+    (void)st;
+    ikv_cache *c = make(3, "lfu");
+    req1(c, 1, 1), req1(c, 2, 2), req1(c, 3, 3);
+    req1(c, 1, 4), req1(c, 1, 5), req1(c, 3, 6); /* freq: 1 -> 3, 2 -> 1, 3 -> 2 */
+    req1(c, 4, 7);                               /* 2 (freq 1) goes although 1 is older */
+    assert_false(resident1(c, 2));
+    assert_true(resident1(c, 1) && resident1(c, 3));
+    req1(c, 5, 8); /* 4 has freq 1, the lowest: it goes before 3 (freq 2) and 1 (freq 3) */
+    assert_false(resident1(c, 4));
+    assert_true(resident1(c, 1) && resident1(c, 3) && resident1(c, 5));
+    req1(c, 5, 9), req1(c, 6, 10); /* 5 and 3 now both have freq 2: 3 is less recent */
+    assert_false(resident1(c, 3));
+    assert_true(resident1(c, 5));
+    ikv_cache_destroy(c);
+}
+
+/* A cost callback that makes blocks of chain "dear" 10x dearer per token. */
+static double cost_by_depth(void *ctx, uint32_t depth, uint32_t ntokens) {
+    (void)ctx;
+    return (double)ntokens * (depth == 0 ? 1.0 : 10.0);
+}
+
+/* gdsf: the leaf with the higher recompute cost per token survives, until frequency and the
+ * inflation clock L outweigh it. */
+static void test_gdsf_cost(void **st) {
+    (void)st;
+    ikv_cache_config cfg;
+    ikv_cache_config_default(&cfg, 3, "gdsf");
+    cfg.cost = cost_by_depth;
+    ikv_cache *c;
+    assert_int_equal(ikv_cache_create(&cfg, &c), 0);
+    uint32_t x[2] = {1, 2};
+    ikv_key kx[2];
+    chain(x, 2, 0, kx);
+    ikv_access acc = {.now = 1};
+    ikv_access_result r;
+    assert_int_equal(ikv_cache_access(c, kx, 2, &acc, &r), 0); /* x1 at depth 1: cost 10/token */
+    req1(c, 7, 2);                                              /* depth 0: cost 1/token */
+    req1(c, 8, 3);  /* evicts 7 (H = 1), not x1 (H = 10), though x1 is older */
+    assert_false(resident1(c, 7));
+    size_t m;
+    ikv_cache_match(c, kx, 2, NULL, NULL, &m);
+    assert_int_equal(m, 2);
+    CHECKED(c);
+    ikv_cache_destroy(c);
+
+    /* cost=unit ignores the callback: every block costs 1, so the older leaf x1 goes on the
+     * node-id tie ... unless frequency decides: hit 7 twice, then x1 (freq 1) goes first. */
+    cfg.tiers[0].policy = "gdsf:cost=unit";
+    assert_int_equal(ikv_cache_create(&cfg, &c), 0);
+    assert_int_equal(ikv_cache_access(c, kx, 2, &acc, &r), 0);
+    req1(c, 7, 2), req1(c, 7, 3), req1(c, 7, 4);
+    req1(c, 8, 5);
+    ikv_cache_match(c, kx, 2, NULL, NULL, &m);
+    assert_int_equal(m, 1); /* x1 evicted, x0 stays (now a leaf) */
+    assert_true(resident1(c, 7));
+    ikv_cache_destroy(c);
+}
+
+/* sieve: a visited block survives the hand's pass (its bit is cleared), an unvisited one
+ * behind it goes; then, unvisited, it is the next to go when the hand wraps round. */
+static void test_sieve_visited(void **st) {
+    (void)st;
+    ikv_cache *c = make(3, "sieve");
+    req1(c, 1, 1), req1(c, 2, 2), req1(c, 3, 3);
+    req1(c, 1, 4); /* visited */
+    req1(c, 4, 5); /* hand at the tail (1): visited, cleared, passed; 2 goes */
+    assert_true(resident1(c, 1));
+    assert_false(resident1(c, 2));
+    req1(c, 5, 6); /* hand at 3: unvisited, goes */
+    assert_false(resident1(c, 3));
+    assert_true(resident1(c, 1));
+    req1(c, 4, 7); /* 4 visited */
+    req1(c, 6, 8); /* hand at 4 (visited: passes), 5 goes; 1 (cleared) is next after the wrap */
+    assert_false(resident1(c, 5));
+    req1(c, 7, 9);
+    assert_false(resident1(c, 1));
+    assert_true(resident1(c, 4) && resident1(c, 6) && resident1(c, 7));
+    ikv_cache_destroy(c);
+}
+
+/* s3fifo: a block inserted and never hit leaves through the small queue before an older block
+ * that was hit twice (which moves to main); a key remembered by the ghost comes back into main
+ * and outlives the one-hit blocks inserted after it, unless the ghost is off. */
+static void test_s3fifo_small_and_ghost(void **st) {
+    (void)st;
+    for (int ghost = 1; ghost >= 0; ghost--) {
+        ikv_cache *c = make(10, ghost ? "s3fifo" : "s3fifo:ghost=0");
+        uint64_t t = 1;
+        req1(c, 100, t++);
+        req1(c, 100, t++), req1(c, 100, t++); /* 100 hit twice: freq 2 */
+        req1(c, 101, t++);                    /* one-hit block */
+        for (uint32_t id = 1; id <= 8; id++) req1(c, id, t++); /* cache full (10) */
+        req1(c, 9, t++); /* evictS: 100 (freq 2) moves to main, 101 (freq 0) is the victim */
+        assert_true(resident1(c, 100));
+        assert_false(resident1(c, 101));
+        req1(c, 101, t++); /* miss; in the ghost -> main; block 1 leaves small */
+        assert_false(resident1(c, 1));
+        for (uint32_t id = 20; id < 30; id++) req1(c, id, t++);
+        /* small stays over its 10% share, so only small blocks go: 100 and 101 stay in main */
+        assert_true(resident1(c, 100));
+        assert_int_equal(resident1(c, 101), ghost);
+        ikv_cache_destroy(c);
+    }
+}
+
+/* arc: a ghost hit in B1 grows p (T2's LRU goes instead of T1's), one in B2 shrinks it. */
+static void test_arc_adapts(void **st) {
+    (void)st;
+    ikv_cache *c = make(4, "arc");
+    req1(c, 1, 1), req1(c, 2, 2), req1(c, 3, 3), req1(c, 4, 4); /* T1 = 1 2 3 4, p = 0 */
+    req1(c, 1, 5), req1(c, 2, 6);                               /* T2 = 1 2, T1 = 3 4 */
+    req1(c, 5, 7); /* |T1| = 2 > p = 0: T1's LRU (3) goes to B1 */
+    assert_false(resident1(c, 3));
+    req1(c, 3, 8); /* room first: 4 goes (T1's LRU); then 3 is found in B1: p = 1, 3 -> T2 */
+    assert_false(resident1(c, 4));
+    assert_true(resident1(c, 5));
+    req1(c, 6, 9); /* |T1| = 1 (5) is not > p = 1: T2's LRU (1) goes to B2; with p = 0, 5 would */
+    assert_false(resident1(c, 1));
+    assert_true(resident1(c, 5));
+    req1(c, 1, 10); /* room: |T1| = 2 (5 6) > 1: 5 goes to B1; 1 found in B2: p = 1 - 2 -> 0 */
+    assert_false(resident1(c, 5));
+    req1(c, 7, 11); /* |T1| = 1 (6) > p = 0: 6 goes; with p still 1, T2's LRU (2) would */
+    assert_false(resident1(c, 6));
+    assert_true(resident1(c, 2) && resident1(c, 3) && resident1(c, 1) && resident1(c, 7));
+    ikv_cache_destroy(c);
+}
+
+static void test_policy_params(void **st) {
+    (void)st;
+    static const char *bad[] = {"fifo:x=1",        "lfu:x=1",        "sieve:x=1",
+                                "arc:p=1",         "gdsf:cost=flops", "gdsf:beta=1",
+                                "s3fifo:small=0",  "s3fifo:small=1",  "s3fifo:small=x",
+                                "s3fifo:ghost=2",  "s3fifo:move=4",   "s3fifo:move=1.5",
+                                "s3fifo:size=0.1", "s3fifo:small",    "s3fifo:small=0.1,,x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ikv_cache_config cfg;
+        ikv_cache_config_default(&cfg, 10, bad[i]);
+        ikv_cache *c = NULL;
+        if (ikv_cache_create(&cfg, &c) != IKV_EPARAM) fail_msg("%s was accepted", bad[i]);
+        assert_null(c);
+        assert_true(strlen(ikv_errdetail()) > 0);
+    }
+    static const char *good[] = {"s3fifo:small=0.2,ghost=0.5,move=1", "s3fifo:ghost=0",
+                                 "gdsf:cost=unit", "gdsf:cost=callback"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        ikv_cache *c = make(10, good[i]);
+        CHECKED(c);
+        ikv_cache_destroy(c);
+    }
+}
+
 /* ---- differential fuzz against a brute-force oracle ---------------------------------------- */
 
 #define O_MAX 4096
@@ -392,6 +582,8 @@ typedef struct oblock {
     int pinned;
     uint64_t last;
     uint64_t next_use;
+    uint64_t ins;  /* order of insertion (fifo) */
+    int hits;      /* hits since insertion (lfu) */
 } oblock;
 
 typedef struct oracle {
@@ -403,6 +595,7 @@ typedef struct oracle {
     int exact;     /* check the exact victim (lru, opt, single tier, no temp holds) */
     int holds[2];  /* blocks the core holds during the current operation */
     long moves;
+    uint64_t ins_seq;
 } oracle;
 
 static oracle O;
@@ -452,6 +645,15 @@ static void on_move(void *ctx, uint32_t node, ikv_key key, int from, int to) {
             if (!strcmp(O.policy, "opt") && O.b[j].next_use > b->next_use)
                 fail_msg("opt evicted next=%lu but next=%lu was evictable",
                          (unsigned long)b->next_use, (unsigned long)O.b[j].next_use);
+            if (!strcmp(O.policy, "fifo") && O.b[j].ins < b->ins)
+                fail_msg("fifo evicted insertion %lu but insertion %lu was evictable",
+                         (unsigned long)b->ins, (unsigned long)O.b[j].ins);
+            /* lfu: fewest accesses (insert + hits, the core counts up to 255 hits), then the
+             * least recent; two evictable leaves never share a last-access time here */
+            int fj = O.b[j].hits < 255 ? O.b[j].hits : 255, fb = b->hits < 255 ? b->hits : 255;
+            if (!strcmp(O.policy, "lfu") && (fj < fb || (fj == fb && O.b[j].last < b->last)))
+                fail_msg("lfu evicted (hits %d, last %lu) but (hits %d, last %lu) was evictable",
+                         fb, (unsigned long)b->last, fj, (unsigned long)O.b[j].last);
         }
     }
     b->tier = to;
@@ -539,6 +741,7 @@ static void fuzz_one(const char *policy, int n_tiers, int steps, uint64_t seed) 
                 assert_int_equal(tiers[i], O.b[oi].tier);
                 O.b[oi].last = now;
                 O.b[oi].next_use = next[i];
+                O.b[oi].hits++;
             }
             if (slot >= 0 && m) {
                 assert_int_equal(ikv_cache_lock(c, nodes, m), 0);
@@ -561,6 +764,7 @@ static void fuzz_one(const char *policy, int n_tiers, int steps, uint64_t seed) 
                 b->tier = 0;
                 b->last = now;
                 b->next_use = next[i];
+                b->ins = ++O.ins_seq;
                 O.holds[0] = parent;
                 O.holds[1] = O.n++;
                 O.exact = n_tiers == 1;
@@ -698,7 +902,10 @@ int main(void) {
         cmocka_unit_test(test_scopes),            cmocka_unit_test(test_pins),
         cmocka_unit_test(test_softpin),           cmocka_unit_test(test_tiers),
         cmocka_unit_test(test_fuzz_all_policies), cmocka_unit_test(test_alloc_failure),
-        cmocka_unit_test(test_bytes_per_block),
+        cmocka_unit_test(test_bytes_per_block),   cmocka_unit_test(test_fifo_order),
+        cmocka_unit_test(test_lfu_order),         cmocka_unit_test(test_gdsf_cost),
+        cmocka_unit_test(test_sieve_visited),     cmocka_unit_test(test_s3fifo_small_and_ghost),
+        cmocka_unit_test(test_arc_adapts),        cmocka_unit_test(test_policy_params),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

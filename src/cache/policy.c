@@ -9,11 +9,23 @@
 extern const ikv_policy_ops ikv_policy_lru;
 extern const ikv_policy_ops ikv_policy_opt;
 extern const ikv_policy_ops ikv_policy_value;
+extern const ikv_policy_ops ikv_policy_fifo;
+extern const ikv_policy_ops ikv_policy_lfu;
+extern const ikv_policy_ops ikv_policy_s3fifo;
+extern const ikv_policy_ops ikv_policy_sieve;
+extern const ikv_policy_ops ikv_policy_arc;
+extern const ikv_policy_ops ikv_policy_gdsf;
 
 static const ikv_policy_ops *const registry[] = {
     &ikv_policy_lru,
     &ikv_policy_value,
     &ikv_policy_opt,
+    &ikv_policy_fifo,
+    &ikv_policy_lfu,
+    &ikv_policy_s3fifo,
+    &ikv_policy_sieve,
+    &ikv_policy_arc,
+    &ikv_policy_gdsf,
 };
 
 #define N_POLICIES (sizeof registry / sizeof registry[0])
