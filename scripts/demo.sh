@@ -26,6 +26,22 @@ demo_plan() {
 }
 # ---- end demo_plan ----
 
+# ---- demo_engine (inference engine; owner: model) ----
+demo_engine() {
+  section "engine: generated 'small' model (random weights: the text is noise, the figures are the point)"
+  "$ISOKV" model init --config small --seed 1 -o out/small.bin --tokenizer-out out/small-tok.bin
+  "$ISOKV" model info out/small.bin
+  local sys
+  sys=$(for i in $(seq 1 24); do printf 'You are a careful assistant of the isokv project; answer briefly. '; done)
+  echo "# the same request twice on one engine: the second run reuses the prompt's full blocks"
+  "$ISOKV" run --model out/small.bin --tokenizer out/small-tok.bin --prompt "$sys Question: what is a prefix cache?" \
+    -n 12 --repeat 2
+  echo "# cold vs warm TTFT: tenant A then tenant B, same 1024-token public prefix, own 32-token suffix"
+  "$ISOKV" bench engine --config small --prefix 1024 --suffix 32 --decode 16 --threads 1
+}
+# ---- end demo_engine ----
+
 # ---- sections (one line each) ----
 demo_cache
 demo_plan
+demo_engine

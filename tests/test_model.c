@@ -566,6 +566,7 @@ static void test_exact_with_cache(void **st) {
         assert_int_equal(cold.info.cached_tokens, 0);
         assert_int_equal(cold.info.inserted_blocks, 6);
         assert_same(&cold, &ref_a, 100, DEC, 0, V, kvf);
+        free_out(&cold);
         /* full hit: the same prompt again reuses all 6 full blocks (96 tokens) */
         run_req(e, a, 100, NULL, 0, 0, DEC, &warm_a);
         assert_int_equal(warm_a.info.cached_tokens, 96);
@@ -576,7 +577,9 @@ static void test_exact_with_cache(void **st) {
         run_req(e, b, 150, NULL, 0, 0, DEC, &part_b);
         assert_int_equal(part_b.info.cached_tokens, 32);
         assert_same(&part_b, &ref_b, 150, DEC, 32, V, kvf);
-        /* a prompt made only of cached full blocks: the last block is recomputed */
+        /* a prompt made only of cached full blocks: the last block is recomputed. Its cached
+         * blocks come from a longer prompt, so this also guards the rule that a tile's shape must
+         * not depend on the prompt's length (cutting the last tile at n broke exactly this) */
         run_req(e, a, 200, NULL, 0, 0, 0, &cold); /* caches 12 blocks of a */
         free_out(&cold);
         run_req(e, f, 160, NULL, 0, 1, DEC, &ref_f);
