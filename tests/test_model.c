@@ -18,6 +18,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include <cblas.h>
+
 #include "isokv/model.h"
 #include "model/internal.h"
 
@@ -552,11 +554,14 @@ static void test_exact_with_cache(void **st) {
     memcpy(b, a, sizeof b);
     make_prompt(b + 40, 160, 2, (uint32_t)V); /* shares 40 tokens (2 full blocks) with a */
     memcpy(f, a, sizeof f);                   /* 160 = 10 full blocks, all of them in a */
-    uint32_t tiles[] = {64, 16, 48, 7};
-    for (size_t ti = 0; ti < 4; ti++) {
+    /* tile sizes: aligned and unaligned with the 16-token blocks; the last config runs BLAS on
+     * two threads (bit exactness holds for any fixed thread count) */
+    uint32_t tiles[] = {64, 16, 48, 7, 64};
+    for (size_t ti = 0; ti < 5; ti++) {
         ikv_engine_options o;
         ikv_engine_options_default(&o);
         o.tile = tiles[ti];
+        o.threads = ti == 4 ? 2 : 1;
         ikv_engine *e;
         assert_int_equal(ikv_engine_create(m, &o, &e), 0);
         run_out cold, ref_a, warm_a, ref_b, part_b, ref_f, full_f;
@@ -588,8 +593,18 @@ static void test_exact_with_cache(void **st) {
         assert_int_equal(full_f.info.computed_tokens, 16);
         assert_same(&full_f, &ref_f, 160, DEC, 144, V, kvf);
         free_out(&ref_a), free_out(&warm_a), free_out(&ref_b), free_out(&part_b), free_out(&ref_f), free_out(&full_f);
+        if (ti == 0) {
+            char *buf = NULL;
+            size_t len = 0;
+            FILE *f = open_memstream(&buf, &len);
+            ikv_engine_dump(e, f);
+            fclose(f);
+            assert_non_null(strstr(buf, "pool"));
+            free(buf);
+        }
         ikv_engine_destroy(e);
     }
+    openblas_set_num_threads(1);
     ikv_model_destroy(m);
 }
 
@@ -654,6 +669,91 @@ static void test_collision_is_miss(void **st) {
     assert_same(&r2, &r0, 80, 4, 32, c.vocab_size, (size_t)c.n_layers * 2 * (size_t)m->kv_dim);
     free_out(&r0), free_out(&r1), free_out(&r2);
     ikv_engine_destroy(e);
+    ikv_model_destroy(m);
+}
+
+/* Differential fuzz: random requests over three base prompts (random lengths, tenants, public
+ * prefixes) through one cached engine with a pool large enough that nothing is evicted. Oracle:
+ * the cached prefix is the longest run of full blocks shared with an earlier request whose
+ * tokens and block scopes agree (public for blocks inside the public prefix, else the tenant),
+ * capped so one position is computed; the last logits and greedy continuation equal a no-cache
+ * run of the same prompt, bit for bit. */
+typedef struct fz_req {
+    const uint32_t *toks;
+    size_t n, pub;
+    int tenant; /* -1 = none (public scope) */
+} fz_req;
+
+static int fz_scope(const fz_req *r, size_t j) {
+    return (j + 1) * 16 <= r->pub ? -1 : r->tenant;
+}
+
+static void test_fuzz_against_oracle(void **st) {
+    (void)st;
+    ikv_model_config c = tiny();
+    ikv_model *m;
+    assert_int_equal(ikv_model_random(&c, 21, &m), 0);
+    const int V = c.vocab_size;
+    ikv_engine_options o;
+    ikv_engine_options_default(&o);
+    o.tile = 32;
+    o.kv_mem = ikv_model_kv_bytes_per_token(&c) * 16 * (16 + 400);
+    ikv_engine *e, *cold;
+    assert_int_equal(ikv_engine_create(m, &o, &e), 0);
+    assert_int_equal(ikv_engine_create(m, &o, &cold), 0);
+    enum { NB = 3, LEN = 240, NR = 40 };
+    uint32_t base[NB][LEN];
+    make_prompt(base[0], LEN, 100, (uint32_t)V);
+    memcpy(base[1], base[0], sizeof base[0]);
+    make_prompt(base[1] + 70, LEN - 70, 101, (uint32_t)V); /* shares 70 tokens with base 0 */
+    make_prompt(base[2], LEN, 102, (uint32_t)V);
+    const char *names[] = {"A", "B", "C"};
+    fz_req hist[NR];
+    uint64_t rs = 12345;
+    int hits = 0, misses = 0;
+    for (int i = 0; i < NR; i++) {
+        rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+        fz_req r = {base[(rs >> 33) % NB], 1 + (size_t)((rs >> 20) % (LEN - 20)), (size_t)((rs >> 40) % 100),
+                    (int)((rs >> 50) % 4) - 1};
+        /* oracle */
+        size_t want = 0, cap = (r.n - 1) / 16;
+        for (int q = 0; q < i; q++) {
+            size_t j = 0;
+            while (j < r.n / 16 && j < hist[q].n / 16 && fz_scope(&r, j) == fz_scope(&hist[q], j) &&
+                   !memcmp(r.toks, hist[q].toks, sizeof(uint32_t) * 16 * (j + 1)))
+                j++;
+            if (j > want) want = j;
+        }
+        if (want > cap) want = cap;
+        hits += want > 0, misses += want == 0 && r.n >= 32;
+        ikv_request rq = {.tokens = r.toks, .n = r.n, .tenant = r.tenant < 0 ? NULL : names[r.tenant], .public_tokens = r.pub};
+        ikv_request rc0 = rq;
+        rc0.no_cache = 1;
+        ikv_seq *s, *s0;
+        ikv_prefill_info info;
+        assert_int_equal(ikv_engine_begin(e, &rq, &s, &info), 0);
+        assert_int_equal(ikv_engine_begin(cold, &rc0, &s0, NULL), 0);
+        if (info.cached_tokens != want * 16)
+            fail_msg("request %d (n %zu, tenant %d, public %zu): cached %zu, oracle %zu", i, r.n, r.tenant, r.pub,
+                     info.cached_tokens, want * 16);
+        const float *l1 = ikv_seq_logits(s), *l0 = ikv_seq_logits(s0);
+        for (int d = 0; d < 3 && r.n + (size_t)d < (size_t)c.seq_len; d++) {
+            assert_memory_equal(l1, l0, sizeof(float) * (size_t)V);
+            uint32_t nx = argmax(l1, V);
+            assert_int_equal(ikv_engine_decode(e, s, nx, &l1), 0);
+            assert_int_equal(ikv_engine_decode(cold, s0, nx, &l0), 0);
+        }
+        ikv_engine_end(e, s);
+        ikv_engine_end(cold, s0);
+        assert_true(ikv_engine_check(e));
+        hist[i] = r;
+    }
+    ikv_cache_stats cs;
+    ikv_cache_stats_get(ikv_engine_cache(e), &cs);
+    assert_int_equal(cs.drops, 0);
+    assert_true(hits >= 10 && misses >= 3); /* the stream exercises both */
+    ikv_engine_destroy(e);
+    ikv_engine_destroy(cold);
     ikv_model_destroy(m);
 }
 
@@ -779,6 +879,7 @@ int main(void) {
         cmocka_unit_test(test_exact_with_cache),
         cmocka_unit_test(test_tenants),
         cmocka_unit_test(test_collision_is_miss),
+        cmocka_unit_test(test_fuzz_against_oracle),
         cmocka_unit_test(test_eviction_and_limits),
         cmocka_unit_test(test_alloc_failure),
     };

@@ -222,6 +222,9 @@ const ikv_model *ikv_engine_model(const ikv_engine *e);
  * node that maps to it; counts add up; cached blocks are resident in the core with the same
  * key). Returns 1 if they hold, 0 with an ikv_errdetail message if not. */
 int ikv_engine_check(const ikv_engine *e);
+/* Writes the pool (blocks per state, capacity), the cached blocks (node, depth, parent, first
+ * tokens) and the live sequences' block tables to f, for debugging. */
+void ikv_engine_dump(const ikv_engine *e, FILE *f);
 
 /* ---- benchmark ----------------------------------------------------------------------------- */
 

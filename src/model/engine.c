@@ -453,3 +453,30 @@ int ikv_engine_check(const ikv_engine *e) {
     if (owned != npriv) return ikv_error(IKV_EINVAL, "%llu private blocks, sequences own %llu", (unsigned long long)npriv, (unsigned long long)owned);
     return 1;
 }
+
+void ikv_engine_dump(const ikv_engine *e, FILE *f) {
+    ikv_engine_stats st;
+    ikv_engine_stats_get(e, &st);
+    fprintf(f, "engine pool: %llu blocks of %u tokens (%llu bytes each): %llu free, %llu cached (capacity %llu), "
+               "%llu private; tile %u; %llu requests, %llu cached / %llu computed tokens, %llu rejected blocks\n",
+            (unsigned long long)st.pool_blocks, e->bt, (unsigned long long)st.block_bytes,
+            (unsigned long long)st.free_blocks, (unsigned long long)st.cached_blocks,
+            (unsigned long long)st.cache_capacity, (unsigned long long)st.private_blocks, e->T,
+            (unsigned long long)st.requests, (unsigned long long)st.cached_tokens,
+            (unsigned long long)st.computed_tokens, (unsigned long long)st.rejected_blocks);
+    static const char *names[] = {"free", "private", "pending", "ready"};
+    for (uint32_t b = 0; b < e->nblocks; b++) {
+        if (e->state[b] != IKV__BLK_PENDING && e->state[b] != IKV__BLK_READY) continue;
+        const uint32_t *t = e->btokens + (size_t)b * e->bt;
+        fprintf(f, "  block %u %s node %u depth %u parent %d tokens %u %u %u ...\n", b, names[e->state[b]],
+                e->bnode[b], e->bdepth[b], e->bparent[b] == IKV_NIL ? -1 : (int)e->bparent[b], t[0],
+                e->bt > 1 ? t[1] : 0, e->bt > 2 ? t[2] : 0);
+    }
+    for (uint32_t i = 0; i < e->opt.max_seqs; i++) {
+        const ikv_seq *s = &e->seqs[i];
+        if (!s->active) continue;
+        fprintf(f, "  sequence %u: %u positions, %u locked nodes, table:", i, s->n, s->n_locked);
+        for (uint32_t j = 0; j < s->n_blocks; j++) fprintf(f, " %u%s", s->table[j], e->state[s->table[j]] == IKV__BLK_PRIVATE ? "p" : "");
+        fprintf(f, "\n");
+    }
+}
