@@ -1103,6 +1103,35 @@ static void test_bytes_per_block(void **st) {
     }
 }
 
+/* Regression: heap slots hold float keys; opt's next-use times past 2^24 round to equal floats
+ * and the tie used to fall to the node id, evicting the nearer use. */
+static void test_regress_opt_float_ties(void **st) {
+    (void)st;
+    ikv_cache *c = make(2, "opt");
+    uint32_t a = 1, b = 2, d = 3;
+    ikv_key ka, kb, kd;
+    chain(&a, 1, 0, &ka);
+    chain(&b, 1, 0, &kb);
+    chain(&d, 1, 0, &kd);
+    uint64_t na = 100000001, nb = 100000003, nd = IKV_NEVER;
+    ikv_access acc = {.now = 1, .next_use = &na};
+    ikv_access_result r;
+    ikv_cache_access(c, &ka, 1, &acc, &r);
+    acc.now = 2;
+    acc.next_use = &nb;
+    ikv_cache_access(c, &kb, 1, &acc, &r);
+    acc.now = 3;
+    acc.next_use = &nd;
+    ikv_cache_access(c, &kd, 1, &acc, &r);
+    CHECKED(c);
+    size_t m;
+    ikv_cache_match(c, &ka, 1, NULL, NULL, &m);
+    assert_int_equal(m, 1); /* a is used next, at 100000001: kept */
+    ikv_cache_match(c, &kb, 1, NULL, NULL, &m);
+    assert_int_equal(m, 0); /* b's next use is farther: evicted */
+    ikv_cache_destroy(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_match_insert),      cmocka_unit_test(test_bad_input),
@@ -1110,7 +1139,7 @@ int main(void) {
         cmocka_unit_test(test_scopes),            cmocka_unit_test(test_pins),
         cmocka_unit_test(test_softpin),           cmocka_unit_test(test_tiers),
         cmocka_unit_test(test_fuzz_all_policies), cmocka_unit_test(test_alloc_failure),
-        cmocka_unit_test(test_bytes_per_block),   cmocka_unit_test(test_fifo_order),
+        cmocka_unit_test(test_bytes_per_block),  cmocka_unit_test(test_regress_opt_float_ties),   cmocka_unit_test(test_fifo_order),
         cmocka_unit_test(test_lfu_order),         cmocka_unit_test(test_gdsf_cost),
         cmocka_unit_test(test_sieve_visited),     cmocka_unit_test(test_s3fifo_small_and_ghost),
         cmocka_unit_test(test_arc_adapts),        cmocka_unit_test(test_policy_params),

@@ -135,7 +135,7 @@ int ikv__list_check(const ikv__list *l, const ikv__node *nodes, uint64_t *count)
 
 /* An indexed 4-ary min-heap of node ids. Each slot holds the id and a float copy of its key
  * (8 bytes a slot), so sifting reads only the heap array: four children share a cache line.
- * Ties are broken by node id. A node's heap position is kept in pol.s.a; policies keep the
+ * Equal floats are ordered by the exact key in the node, then by node id. A node's heap position is kept in pol.s.a; policies keep the
  * exact (double) key in the node, IKV__HKEY, which ikv__heap_push/update also set. Capacity
  * fixed at creation. */
 #define IKV__HKEY(n) ((n)->pol.f64[2])

@@ -125,8 +125,13 @@ void ikv__heap_free(ikv__heap *h) {
     h->len = h->cap = 0;
 }
 
-static inline int less(ikv__hslot a, ikv__hslot b) {
-    return a.key < b.key || (a.key == b.key && a.id < b.id);
+/* Float keys order the heap; rounding to float is monotone, so only equal floats can hide an
+ * order, and those are decided by the exact double key in the node (then by id). Exact order
+ * at the price of a node read on float ties only (opt's next-use times past 2^24 tie often). */
+static inline int less(const ikv__node *nodes, ikv__hslot a, ikv__hslot b) {
+    if (a.key != b.key) return a.key < b.key;
+    double ea = IKV__HKEY(&nodes[a.id]), eb = IKV__HKEY(&nodes[b.id]);
+    return ea < eb || (ea == eb && a.id < b.id);
 }
 
 static inline void place(ikv__heap *h, ikv__node *nodes, uint64_t i, ikv__hslot s) {
@@ -138,7 +143,7 @@ static void sift_up(ikv__heap *h, ikv__node *nodes, uint64_t i) {
     ikv__hslot s = h->slot[i];
     while (i > 0) {
         uint64_t p = (i - 1) / 4;
-        if (!less(s, h->slot[p])) break;
+        if (!less(nodes, s, h->slot[p])) break;
         place(h, nodes, i, h->slot[p]);
         i = p;
     }
@@ -152,8 +157,8 @@ static void sift_down(ikv__heap *h, ikv__node *nodes, uint64_t i) {
         if (c >= h->len) break;
         uint64_t end = c + 4 < h->len ? c + 4 : h->len, best = c;
         for (uint64_t k = c + 1; k < end; k++)
-            if (less(h->slot[k], h->slot[best])) best = k;
-        if (!less(h->slot[best], s)) break;
+            if (less(nodes, h->slot[k], h->slot[best])) best = k;
+        if (!less(nodes, h->slot[best], s)) break;
         place(h, nodes, i, h->slot[best]);
         i = best;
     }
@@ -191,7 +196,7 @@ int ikv__heap_check(const ikv__heap *h, const ikv__node *nodes) {
         ikv__hslot s = h->slot[i];
         if (nodes[s.id].pol.s.a != i || !(nodes[s.id].flags & IKV__QUEUED)) return 0;
         if (s.key != (float)IKV__HKEY(&nodes[s.id])) return 0;
-        if (i > 0 && less(s, h->slot[(i - 1) / 4])) return 0;
+        if (i > 0 && less(nodes, s, h->slot[(i - 1) / 4])) return 0;
     }
     return 1;
 }
