@@ -99,6 +99,8 @@ typedef enum ikv_replay_mode {
     IKV_REPLAY_TIMED,     /* arrivals at trace times, a pool of prefill servers, locks */
 } ikv_replay_mode;
 
+struct ikv_request_outcome;
+
 typedef struct ikv_replay_tier {
     char name[16];            /* "hbm", "dram", "ssd", "remote" (the cost model's tier kinds) */
     uint64_t capacity_tokens; /* > 0 */
@@ -123,7 +125,20 @@ typedef struct ikv_replay_opts {
     int check_every;          /* tests: run ikv_cache_check every N requests (0 = never) */
     void (*progress)(void *ctx, uint64_t done, uint64_t total); /* may be NULL */
     void *progress_ctx;
+    /* Called after each request with what happened to it (tests, traces of a replay). */
+    void (*on_request)(void *ctx, const ikv_request *q, const struct ikv_request_outcome *out);
+    void *on_request_ctx;
 } ikv_replay_opts;
+
+/* What one request got (ikv_replay_opts.on_request). Times are simulated (timed mode only). */
+typedef struct ikv_request_outcome {
+    size_t matched;            /* leading blocks found, all tiers */
+    uint64_t hit_tokens;       /* min(matched * block, input) */
+    double chunk_tokens;       /* chunk reuse: effective tokens (x (1 - R)) */
+    size_t inserted;
+    size_t lower_loaded, lower_recomputed; /* timed: lower-tier matched blocks by decision */
+    double arrival, start, queue, prefill, ttft, decode; /* timed, seconds */
+} ikv_request_outcome;
 
 void ikv_replay_opts_default(ikv_replay_opts *o);
 

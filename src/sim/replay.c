@@ -550,6 +550,12 @@ static int order_one(replay *s, const ikv_request *q) {
         return rc;
     if (s->o->pin_public && (rc = pin_public(s, q))) return rc;
     account(s, q, ar.matched, gain);
+    if (s->o->on_request) {
+        ikv_request_outcome oc = {.matched = ar.matched, .chunk_tokens = gain, .inserted = ar.inserted};
+        uint64_t hit = (uint64_t)ar.matched * s->bt;
+        oc.hit_tokens = hit < q->input_tokens ? hit : q->input_tokens;
+        s->o->on_request(s->o->on_request_ctx, q, &oc);
+    }
     return 0;
 }
 
@@ -575,6 +581,7 @@ static int timed_one(replay *s, const ikv_request *q, double *last_arrival) {
 
     /* Lower-tier runs: load or recompute, whichever the cost model says is faster. */
     double load_s = 0, reused = 0;
+    size_t loaded = 0, recomputed = 0;
     const ikv_model_spec *m = s->cost.model;
     double rate = s->cost.hw->flops * s->cost.mfu * (s->cost.gpus ? s->cost.gpus : 1);
     for (size_t i = 0; i < k;) {
@@ -593,8 +600,10 @@ static int timed_one(replay *s, const ikv_request *q, double *last_arrival) {
                 load_s += ld;
                 reused += (double)(t1 - t0);
                 r->lower_loaded_blocks += j - i;
+                loaded += j - i;
             } else {
                 r->lower_recomputed_blocks += j - i;
+                recomputed += j - i;
             }
         }
         i = j;
@@ -647,6 +656,15 @@ static int timed_one(replay *s, const ikv_request *q, double *last_arrival) {
     s->n_lat++;
     r->prefill_mean += prefill;
     r->decode_mean += decode;
+    if (o->on_request) {
+        ikv_request_outcome oc = {.matched = k, .chunk_tokens = gain, .inserted = ins,
+                                  .lower_loaded = loaded, .lower_recomputed = recomputed,
+                                  .arrival = arr, .start = start, .queue = start - arr,
+                                  .prefill = prefill, .ttft = start - arr + prefill, .decode = decode};
+        uint64_t hit = (uint64_t)k * s->bt;
+        oc.hit_tokens = hit < q->input_tokens ? hit : q->input_tokens;
+        o->on_request(o->on_request_ctx, q, &oc);
+    }
     return 0;
 }
 

@@ -1,0 +1,840 @@
+/*
+ * Tests of the simulator: trace readers, malformed input, replay against an independent
+ * brute-force oracle, timed-mode invariants, load vs recompute, and the CLI's JSON and sweep.
+ *
+ * Golden numbers are not typed in: each is computed here by a deliberately naive replay that
+ * shares no code with src/sim/ or the cache core — it parses the slice itself with cJSON, keeps
+ * resident blocks in a flat array (id, parent, last use), finds blocks by linear scan and evicts
+ * the least recently used leaf that the current request is not using. The simulator's hit tokens
+ * and evictions must equal it exactly, at several capacities.
+ *
+ * Data: tests/data/mooncake_conv_300.jsonl (the first 300 lines of the Mooncake conversation
+ * trace) and tests/data/weka_5conv.jsonl.gz (5 small WEKA conversations, one with subagents);
+ * sources and licences in tests/data/README.md.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "isokv/sim.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#define MOONCAKE "tests/data/mooncake_conv_300.jsonl"
+#define WEKA "tests/data/weka_5conv.jsonl.gz"
+
+static char tmpdir[256];
+
+static int setup_all(void **state) {
+    (void)state;
+    const char *src = getenv("IKV_SOURCE_DIR");
+    if (src && chdir(src) != 0) return -1;
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/ikv_test_sim.XXXXXX");
+    return mkdtemp(tmpdir) ? 0 : -1;
+}
+
+static int teardown_all(void **state) {
+    (void)state;
+    char cmd[512];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static void tmp_path(char *buf, size_t n, const char *name) {
+    snprintf(buf, n, "%s/%s", tmpdir, name);
+}
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Reads a whole (gzip or plain) file. */
+static char *slurp(const char *path, size_t *len) {
+    gzFile g = gzopen(path, "rb");
+    assert_non_null(g);
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    int k;
+    while ((k = gzread(g, buf + n, (unsigned)(cap - n - 1))) > 0) {
+        n += (size_t)k;
+        if (cap - n < 2) buf = realloc(buf, cap *= 2);
+    }
+    gzclose(g);
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+/* ---- the independent workload model: requests as (namespace, id) chains -------------------- */
+
+typedef struct oreq {
+    double time;
+    int conv, order;
+    uint64_t in, out;
+    uint64_t *ids; /* ns << 40 | id */
+    size_t n;
+} oreq;
+
+typedef struct owork {
+    oreq *r;
+    size_t n, cap;
+    uint32_t bt;
+} owork;
+
+static void push_req(owork *w, double time, int conv, int order, uint64_t in, uint64_t out,
+                     const cJSON *ids, uint64_t ns) {
+    if (w->n == w->cap) w->r = realloc(w->r, (w->cap = w->cap ? 2 * w->cap : 64) * sizeof *w->r);
+    oreq *q = &w->r[w->n++];
+    q->time = time;
+    q->conv = conv;
+    q->order = order;
+    q->in = in;
+    q->out = out;
+    q->n = (size_t)cJSON_GetArraySize(ids);
+    q->ids = malloc((q->n + 1) * sizeof *q->ids);
+    for (size_t i = 0; i < q->n; i++)
+        q->ids[i] = ns << 40 | (uint64_t)cJSON_GetArrayItem(ids, (int)i)->valuedouble;
+}
+
+static owork load_mooncake(void) {
+    owork w = {.bt = 512};
+    size_t len;
+    char *text = slurp(MOONCAKE, &len);
+    for (char *line = strtok(text, "\n"); line; line = strtok(NULL, "\n")) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        push_req(&w, cJSON_GetObjectItem(j, "timestamp")->valuedouble / 1000.0, 0, (int)w.n,
+                 (uint64_t)cJSON_GetObjectItem(j, "input_length")->valuedouble,
+                 (uint64_t)cJSON_GetObjectItem(j, "output_length")->valuedouble,
+                 cJSON_GetObjectItem(j, "hash_ids"), 0);
+        cJSON_Delete(j);
+    }
+    free(text);
+    return w;
+}
+
+static void weka_walk(owork *w, const cJSON *reqs, double base, int conv, int *order) {
+    const cJSON *r;
+    cJSON_ArrayForEach(r, reqs) {
+        double t = cJSON_GetObjectItem(r, "t")->valuedouble;
+        const cJSON *type = cJSON_GetObjectItem(r, "type");
+        if (type && !strcmp(type->valuestring, "subagent")) {
+            weka_walk(w, cJSON_GetObjectItem(r, "requests"), base + t, conv, order);
+            continue;
+        }
+        push_req(w, base + t, conv, (*order)++, (uint64_t)cJSON_GetObjectItem(r, "in")->valuedouble,
+                 (uint64_t)cJSON_GetObjectItem(r, "out")->valuedouble,
+                 cJSON_GetObjectItem(r, "hash_ids"), (uint64_t)conv + 1);
+    }
+}
+
+static int cmp_oreq(const void *a, const void *b) {
+    const oreq *x = a, *y = b;
+    if (x->time != y->time) return x->time < y->time ? -1 : 1;
+    if (x->conv != y->conv) return x->conv - y->conv;
+    return x->order - y->order;
+}
+
+static owork load_weka(int max_conv, double window) {
+    owork w = {.bt = 64};
+    size_t len;
+    char *text = slurp(WEKA, &len);
+    int conv = 0;
+    for (char *line = strtok(text, "\n"); line && (!max_conv || conv < max_conv);
+         line = strtok(NULL, "\n"), conv++) {
+        cJSON *j = cJSON_Parse(line);
+        assert_non_null(j);
+        int order = 0;
+        weka_walk(&w, cJSON_GetObjectItem(j, "requests"), 0, conv, &order);
+        cJSON_Delete(j);
+    }
+    for (size_t i = 0; i < w.n; i++) w.r[i].time += w.r[i].conv * window / conv;
+    qsort(w.r, w.n, sizeof *w.r, cmp_oreq);
+    free(text);
+    return w;
+}
+
+static void free_work(owork *w) {
+    for (size_t i = 0; i < w->n; i++) free(w->r[i].ids);
+    free(w->r);
+}
+
+/* ---- the brute-force LRU oracle ----------------------------------------------------------- */
+
+typedef struct oracle_out {
+    uint64_t hit_tokens, evictions, hit_blocks;
+} oracle_out;
+
+/* Order-mode replay with `cap` blocks: match the longest resident prefix, touch it, insert the
+ * rest evicting least-recently-used leaves (never the block the request just placed); stop
+ * inserting when no leaf is evictable. cap = 0: unlimited. */
+static oracle_out oracle_lru(const owork *w, size_t cap) {
+    size_t room = cap;
+    if (!room)
+        for (size_t i = 0; i < w->n; i++) room += w->r[i].n;
+    uint64_t *id = malloc(room * sizeof *id);
+    long *parent = malloc(room * sizeof *parent);
+    uint64_t *last = malloc(room * sizeof *last);
+    size_t *kids = calloc(room, sizeof *kids);
+    int *live = calloc(room, sizeof *live);
+    size_t used = 0; /* slots [0, used) are live until the cache is full, then all are */
+    oracle_out o = {0};
+    for (size_t r = 0; r < w->n; r++) {
+        const oreq *q = &w->r[r];
+        uint64_t now = r + 1;
+        long prev = -1;
+        size_t k = 0;
+        for (; k < q->n; k++) {
+            long f = -1;
+            for (size_t s = 0; s < used && f < 0; s++)
+                if (live[s] && id[s] == q->ids[k]) f = (long)s;
+            if (f < 0) break;
+            last[f] = now;
+            prev = f;
+        }
+        uint64_t hit = k * (uint64_t)w->bt;
+        o.hit_tokens += hit < q->in ? hit : q->in;
+        o.hit_blocks += k;
+        for (size_t i = k; i < q->n; i++) {
+            long slot = -1;
+            if (used < room) {
+                slot = (long)used++;
+            } else {
+                long victim = -1; /* least recently used leaf, not the request's own tail */
+                for (size_t s = 0; s < room; s++)
+                    if (live[s] && (long)s != prev && kids[s] == 0 &&
+                        (victim < 0 || last[s] < last[victim]))
+                        victim = (long)s;
+                if (victim < 0) break; /* everything left is this request's chain */
+                if (parent[victim] >= 0) kids[parent[victim]]--;
+                o.evictions++;
+                slot = victim;
+            }
+            id[slot] = q->ids[i];
+            parent[slot] = prev;
+            last[slot] = now;
+            live[slot] = 1;
+            kids[slot] = 0;
+            if (prev >= 0) kids[prev]++;
+            prev = slot;
+        }
+    }
+    free(id);
+    free(parent);
+    free(last);
+    free(kids);
+    free(live);
+    return o;
+}
+
+/* ---- helpers around the library ----------------------------------------------------------- */
+
+static int replay_file(const char *path, const ikv_trace_opts *to, const ikv_replay_opts *ro,
+                       ikv_replay_result *r) {
+    ikv_trace *t;
+    int rc = ikv_trace_open(path, to, &t);
+    if (rc) return rc;
+    rc = ikv_replay(t, ro, r);
+    ikv_trace_close(t);
+    return rc;
+}
+
+/* ---- readers ------------------------------------------------------------------------------ */
+
+static void test_mooncake_reader(void **state) {
+    (void)state;
+    owork w = load_mooncake();
+    ikv_trace *t;
+    ikv_trace_opts to = {0};
+    assert_int_equal(ikv_trace_open(MOONCAKE, &to, &t), 0);
+    assert_int_equal(ikv_trace_format_of(t), IKV_TRACE_MOONCAKE);
+    assert_int_equal(ikv_trace_block_tokens(t), 512);
+    ikv_request q;
+    size_t n = 0;
+    int rc;
+    while ((rc = ikv_trace_next(t, &q)) == 1) {
+        const oreq *o = &w.r[n];
+        assert_int_equal(q.index, n);
+        assert_int_equal(q.input_tokens, o->in);
+        assert_int_equal(q.output_tokens, o->out);
+        assert_int_equal(q.n_blocks, o->n);
+        assert_true(fabs(q.time - o->time) < 1e-9);
+        uint32_t sum = 0;
+        for (size_t i = 0; i < q.n_blocks; i++) {
+            ikv_key k = ikv_key_from_id(0, 0, o->ids[i] & ((1ull << 40) - 1));
+            assert_true(ikv_key_eq(q.keys[i], k));
+            sum += q.ntokens[i];
+        }
+        assert_int_equal(sum, q.input_tokens); /* last block partial */
+        n++;
+    }
+    assert_int_equal(rc, 0);
+    assert_int_equal(n, 300);
+    assert_int_equal(ikv_trace_skipped(t), 0);
+    /* rewind gives the same first request */
+    assert_int_equal(ikv_trace_rewind(t), 0);
+    assert_int_equal(ikv_trace_next(t, &q), 1);
+    assert_int_equal(q.index, 0);
+    assert_int_equal(q.input_tokens, w.r[0].in);
+    ikv_trace_close(t);
+    free_work(&w);
+}
+
+static void test_weka_reader(void **state) {
+    (void)state;
+    for (int nconv = 0; nconv <= 3; nconv += 3) {
+        owork w = load_weka(nconv, 600);
+        ikv_trace *t;
+        ikv_trace_opts to = {.conversations = (uint64_t)nconv, .window = 600};
+        assert_int_equal(ikv_trace_open(WEKA, &to, &t), 0);
+        assert_int_equal(ikv_trace_format_of(t), IKV_TRACE_WEKA);
+        assert_int_equal(ikv_trace_block_tokens(t), 64);
+        assert_int_equal(ikv_trace_tenants(t), nconv ? 3 : 5);
+        assert_int_equal(ikv_trace_count_hint(t), w.n);
+        ikv_request q;
+        size_t n = 0;
+        while (ikv_trace_next(t, &q) == 1) {
+            const oreq *o = &w.r[n];
+            assert_true(fabs(q.time - o->time) < 1e-9);
+            assert_int_equal(q.tenant, o->conv);
+            assert_int_equal(q.input_tokens, o->in);
+            assert_int_equal(q.n_blocks, o->n);
+            assert_int_equal(q.n_blocks, q.input_tokens / 64); /* only full blocks */
+            for (size_t i = 0; i < q.n_blocks; i++)
+                assert_true(ikv_key_eq(q.keys[i], ikv_key_from_id(0, (uint64_t)o->conv + 1,
+                                                                  o->ids[i] & ((1ull << 40) - 1))));
+            n++;
+        }
+        assert_int_equal(n, w.n);
+        ikv_trace_close(t);
+        free_work(&w);
+    }
+    /* the slice's subagent requests are there: conversation 4 has nested requests */
+    owork all = load_weka(0, 3600);
+    assert_true(all.n > 80);
+    free_work(&all);
+}
+
+/* ---- malformed, empty, truncated ---------------------------------------------------------- */
+
+static const char *good1 = "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [1, 2]}\n";
+static const char *good2 = "{\"timestamp\": 10, \"input_length\": 512, \"output_length\": 5, \"hash_ids\": [1]}\n";
+
+static void test_malformed_lines(void **state) {
+    (void)state;
+    char path[512], text[2048];
+    tmp_path(path, sizeof path, "bad.jsonl");
+    snprintf(text, sizeof text, "%s%s%s%s%s%s", good1,
+             "{\"timestamp\": 5, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [1, 2\n", /* 2: bad JSON */
+             "{\"timestamp\": 6, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [1]}\n", /* 3: count */
+             "\n",                                                                                   /* 4: blank */
+             "{\"timestamp\": 7, \"input_length\": 600, \"hash_ids\": [1, 2]}\n",                   /* 5: field */
+             good2);
+    write_file(path, text);
+    ikv_trace *t;
+    ikv_trace_opts to = {0};
+    assert_int_equal(ikv_trace_open(path, &to, &t), 0);
+    ikv_request q;
+    int n = 0, rc;
+    while ((rc = ikv_trace_next(t, &q)) == 1) n++;
+    assert_int_equal(rc, 0);
+    assert_int_equal(n, 2);
+    assert_int_equal(ikv_trace_skipped(t), 3);
+    char want[600];
+    snprintf(want, sizeof want, "%s:2: invalid JSON", path);
+    assert_non_null(strstr(ikv_trace_first_error(t), want));
+    ikv_trace_close(t);
+
+    /* --strict: the first malformed line is fatal, with file:line */
+    to.strict = 1;
+    assert_int_equal(ikv_trace_open(path, &to, &t), 0);
+    assert_int_equal(ikv_trace_next(t, &q), 1);
+    assert_int_equal(ikv_trace_next(t, &q), IKV_EFORMAT);
+    snprintf(want, sizeof want, "%s:2:", path);
+    assert_non_null(strstr(ikv_errdetail(), want));
+    ikv_trace_close(t);
+
+    /* the id-count check names the line */
+    snprintf(text, sizeof text, "%s%s", good1,
+             "{\"timestamp\": 6, \"input_length\": 600, \"output_length\": 5, \"hash_ids\": [1]}\n");
+    write_file(path, text);
+    assert_int_equal(ikv_trace_open(path, &to, &t), 0);
+    assert_int_equal(ikv_trace_next(t, &q), 1);
+    assert_int_equal(ikv_trace_next(t, &q), IKV_EFORMAT);
+    snprintf(want, sizeof want, "%s:2: 1 hash_ids for input_length 600", path);
+    assert_non_null(strstr(ikv_errdetail(), want));
+    ikv_trace_close(t);
+
+    /* weka: a broken conversation is skipped whole, the others replayed */
+    size_t len;
+    char *wk = slurp(WEKA, &len);
+    char *second = strchr(wk, '\n') + 1;
+    char *p = strstr(second, "\"hash_ids\":[");
+    assert_non_null(p);
+    p[12] = 'x'; /* a non-number inside conversation 2's first id array */
+    tmp_path(path, sizeof path, "bad_weka.jsonl");
+    write_file(path, wk);
+    free(wk);
+    to.strict = 0;
+    assert_int_equal(ikv_trace_open(path, &to, &t), 0);
+    assert_int_equal(ikv_trace_skipped(t), 1);
+    assert_int_equal(ikv_trace_tenants(t), 4);
+    snprintf(want, sizeof want, "%s:2: hash_ids", path);
+    assert_non_null(strstr(ikv_trace_first_error(t), want));
+    ikv_trace_close(t);
+    to.strict = 1;
+    assert_int_equal(ikv_trace_open(path, &to, &t), IKV_EFORMAT);
+    assert_non_null(strstr(ikv_errdetail(), want));
+}
+
+static void test_empty_and_truncated(void **state) {
+    (void)state;
+    char path[512];
+    ikv_trace *t = NULL;
+    ikv_trace_opts to = {0};
+    tmp_path(path, sizeof path, "empty.jsonl");
+    write_file(path, "");
+    assert_int_equal(ikv_trace_open(path, &to, &t), IKV_EEMPTY);
+    assert_non_null(strstr(ikv_errdetail(), "empty"));
+    write_file(path, "\n  \n\n");
+    assert_int_equal(ikv_trace_open(path, &to, &t), IKV_EEMPTY);
+    to.format = IKV_TRACE_WEKA;
+    assert_int_equal(ikv_trace_open(path, &to, &t), IKV_EEMPTY);
+    to.format = IKV_TRACE_AUTO;
+    assert_int_equal(ikv_trace_open("/nonexistent/x.jsonl", &to, &t), IKV_EIO);
+    write_file(path, "hello world\n");
+    assert_int_equal(ikv_trace_open(path, &to, &t), IKV_EFORMAT);
+    write_file(path, "{\"something\": 1}\n");
+    assert_int_equal(ikv_trace_open(path, &to, &t), IKV_EFORMAT);
+    assert_non_null(strstr(ikv_errdetail(), "cannot detect"));
+
+    /* a plain file cut inside its last line: the line is reported as truncated */
+    char text[1024];
+    snprintf(text, sizeof text, "%s{\"timestamp\": 10, \"input_len", good1);
+    write_file(path, text);
+    assert_int_equal(ikv_trace_open(path, &to, &t), 0);
+    ikv_request q;
+    assert_int_equal(ikv_trace_next(t, &q), 1);
+    assert_int_equal(ikv_trace_next(t, &q), 0);
+    assert_int_equal(ikv_trace_skipped(t), 1);
+    assert_non_null(strstr(ikv_trace_first_error(t), "truncated"));
+    ikv_trace_close(t);
+
+    /* a gzip stream cut in half: IKV_ETRUNC, never a silent short trace */
+    FILE *f = fopen(WEKA, "rb");
+    assert_non_null(f);
+    static unsigned char buf[1 << 20];
+    size_t n = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    tmp_path(path, sizeof path, "cut.jsonl.gz");
+    f = fopen(path, "wb");
+    fwrite(buf, 1, n / 2, f);
+    fclose(f);
+    int rc = ikv_trace_open(path, &to, &t);
+    if (rc == 0) { /* detection read only the start: the error comes while reading */
+        while ((rc = ikv_trace_next(t, &q)) == 1) {
+        }
+        ikv_trace_close(t);
+    }
+    assert_int_equal(rc, IKV_ETRUNC);
+    assert_non_null(strstr(ikv_errdetail(), "truncated"));
+}
+
+/* ---- golden hit ratios against the oracle ------------------------------------------------- */
+
+static void check_golden(const char *path, owork *w, const uint64_t *caps, size_t ncap,
+                         const ikv_trace_opts *to) {
+    for (size_t i = 0; i < ncap; i++) {
+        ikv_replay_opts ro;
+        ikv_replay_opts_default(&ro);
+        ro.capacity_tokens = caps[i];
+        ro.check_every = 25;
+        ikv_replay_result r;
+        assert_int_equal(replay_file(path, to, &ro, &r), 0);
+        oracle_out o = oracle_lru(w, caps[i] / w->bt);
+        printf("  %s cap %llu tokens: sim hit %llu evict %llu | oracle hit %llu evict %llu\n", path,
+               (unsigned long long)caps[i], (unsigned long long)r.prefix_hit_tokens,
+               (unsigned long long)r.evictions, (unsigned long long)o.hit_tokens,
+               (unsigned long long)o.evictions);
+        assert_int_equal(r.requests, w->n);
+        assert_int_equal(r.prefix_hit_tokens, o.hit_tokens);
+        assert_int_equal(r.hit_blocks, o.hit_blocks);
+        assert_int_equal(r.evictions, o.evictions);
+        uint64_t in = 0;
+        for (size_t k = 0; k < w->n; k++) in += w->r[k].in;
+        assert_int_equal(r.input_tokens, in);
+        assert_true(fabs(r.token_hit_ratio - (double)o.hit_tokens / (double)in) < 1e-12);
+        ikv_replay_result_free(&r);
+    }
+}
+
+static void test_golden_lru_mooncake(void **state) {
+    (void)state;
+    owork w = load_mooncake();
+    const uint64_t caps[] = {1000000, 1500000, 3000000, 0};
+    ikv_trace_opts to = {0};
+    check_golden(MOONCAKE, &w, caps, 4, &to);
+    /* the capacities give different answers (the test can tell them apart) */
+    oracle_out a = oracle_lru(&w, 1000000 / 512), b = oracle_lru(&w, 3000000 / 512);
+    assert_true(a.hit_tokens < b.hit_tokens);
+    free_work(&w);
+}
+
+static void test_golden_lru_weka(void **state) {
+    (void)state;
+    owork w = load_weka(0, 3600);
+    const uint64_t caps[] = {20000, 50000, 100000, 0};
+    ikv_trace_opts to = {0};
+    check_golden(WEKA, &w, caps, 4, &to);
+    oracle_out a = oracle_lru(&w, 20000 / 64), b = oracle_lru(&w, 100000 / 64);
+    assert_true(a.hit_tokens < b.hit_tokens);
+    free_work(&w);
+}
+
+/* Every registered policy replays the slices with the core's invariants intact, never beats
+ * the unlimited cache, and opt does at least as well as lru. */
+static void test_policies(void **state) {
+    (void)state;
+    ikv_trace_opts to = {0};
+    ikv_replay_opts ro;
+    ikv_replay_result r, unl, lru, opt;
+    ikv_replay_opts_default(&ro);
+    assert_int_equal(replay_file(WEKA, &to, &ro, &unl), 0);
+    ro.capacity_tokens = 50000;
+    ro.check_every = 10;
+    for (size_t i = 0; i < ikv_policy_count(); i++) {
+        ro.policy = ikv_policy_name(i);
+        assert_int_equal(replay_file(WEKA, &to, &ro, &r), 0);
+        assert_true(r.hit_tokens <= unl.hit_tokens);
+        if (!strcmp(ro.policy, "lru")) lru = r;
+        else if (!strcmp(ro.policy, "opt")) opt = r;
+        else ikv_replay_result_free(&r);
+    }
+    assert_true(opt.hit_tokens >= lru.hit_tokens);
+    ikv_replay_result_free(&lru);
+    ikv_replay_result_free(&opt);
+    ikv_replay_result_free(&unl);
+    ro.policy = "nosuchpolicy";
+    assert_int_equal(replay_file(WEKA, &to, &ro, &r), IKV_EPOLICY);
+}
+
+/* ---- timed mode --------------------------------------------------------------------------- */
+
+typedef struct timed_check {
+    size_t n;
+    double last_start;
+    uint64_t lower, loaded, recomputed;
+} timed_check;
+
+static void on_timed(void *ctx, const ikv_request *q, const ikv_request_outcome *o) {
+    timed_check *c = ctx;
+    (void)q;
+    assert_true(o->queue >= 0);
+    assert_true(o->prefill > 0);
+    assert_true(o->ttft >= o->prefill);
+    assert_true(fabs(o->ttft - (o->queue + o->prefill)) < 1e-9);
+    assert_true(o->start >= o->arrival);
+    assert_true(o->start >= c->last_start); /* FIFO */
+    assert_true(o->decode >= 0);
+    assert_true(o->lower_loaded + o->lower_recomputed <= o->matched);
+    c->last_start = o->start;
+    c->loaded += o->lower_loaded;
+    c->recomputed += o->lower_recomputed;
+    c->n++;
+}
+
+static void test_timed_invariants(void **state) {
+    (void)state;
+    ikv_trace_opts to = {0};
+    ikv_replay_opts ro;
+    ikv_replay_opts_default(&ro);
+    ro.mode = IKV_REPLAY_TIMED;
+    ro.capacity_tokens = 1500000;
+    ro.check_every = 20;
+    ro.on_request = on_timed;
+    double prev_p50 = INFINITY;
+    uint64_t hits_order = 0;
+    {
+        ikv_replay_opts oo;
+        ikv_replay_opts_default(&oo);
+        oo.capacity_tokens = ro.capacity_tokens;
+        ikv_replay_result r;
+        assert_int_equal(replay_file(MOONCAKE, &to, &oo, &r), 0);
+        hits_order = r.prefix_hit_tokens;
+        ikv_replay_result_free(&r);
+    }
+    for (uint32_t s = 1; s <= 16; s *= 2) {
+        timed_check c = {0};
+        ro.servers = s;
+        ro.on_request_ctx = &c;
+        ikv_replay_result r;
+        assert_int_equal(replay_file(MOONCAKE, &to, &ro, &r), 0);
+        assert_int_equal(c.n, 300);
+        assert_true(r.ttft_p50 <= r.ttft_p90 && r.ttft_p90 <= r.ttft_p99);
+        assert_true(r.queue_p50 >= 0 && r.queue_p50 <= r.queue_p99);
+        assert_true(r.ttft_p50 > 0);
+        /* more servers never increase the median TTFT on a fixed trace */
+        assert_true(r.ttft_p50 <= prev_p50 + 1e-12);
+        prev_p50 = r.ttft_p50;
+        /* locks never cost hits here: the cache sees the same accesses as in order mode */
+        assert_int_equal(r.prefix_hit_tokens, hits_order);
+        ikv_replay_result_free(&r);
+    }
+}
+
+/* Lower-tier hits: loaded when loading beats recomputing on the cost model, counted both ways. */
+static void test_load_vs_recompute(void **state) {
+    (void)state;
+    ikv_trace_opts to = {0};
+    ikv_replay_opts ro;
+    ikv_replay_opts_default(&ro);
+    ro.mode = IKV_REPLAY_TIMED;
+    ro.n_tiers = 2;
+    snprintf(ro.tiers[0].name, sizeof ro.tiers[0].name, "hbm");
+    ro.tiers[0].capacity_tokens = 20000;
+    ro.tiers[1].capacity_tokens = 2000000;
+    ro.check_every = 10;
+    ro.on_request = on_timed;
+    /* dram over the host link: a 64-token block of llama3-70b KV loads far faster than it
+     * recomputes, so every lower-tier hit is loaded */
+    snprintf(ro.tiers[1].name, sizeof ro.tiers[1].name, "dram");
+    timed_check c = {0};
+    ro.on_request_ctx = &c;
+    ikv_replay_result r;
+    assert_int_equal(replay_file(WEKA, &to, &ro, &r), 0);
+    assert_true(r.hits_by_tier[1] > 0);
+    assert_int_equal(r.lower_loaded_blocks + r.lower_recomputed_blocks, r.hits_by_tier[1]);
+    assert_int_equal(r.lower_loaded_blocks, c.loaded);
+    assert_true(r.lower_loaded_blocks > 0);
+    ikv_replay_result_free(&r);
+    /* Lower-tier runs are normally deep suffixes (the tier rule keeps ancestors in faster
+     * tiers), where attention makes recomputing dear. A first block pushed down to ssd is the
+     * other case: one 64-token block of llama3-8b at depth 0 on 8 GPUs recomputes in ~0.23 ms
+     * but loads from NVMe in ~0.29 ms (100 us latency + 1 MB per GPU at 5.6 GB/s). */
+    char path[512];
+    tmp_path(path, sizeof path, "shallow.jsonl");
+    write_file(path, "{\"id\":\"c\",\"block_size\":64,\"requests\":["
+                     "{\"t\":0,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[1]},"
+                     "{\"t\":1,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[2]},"
+                     "{\"t\":2,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[3]},"
+                     "{\"t\":3,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[1]},"
+                     "{\"t\":4,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[2]}]}\n");
+    ro.tiers[0].capacity_tokens = 64;
+    snprintf(ro.tiers[1].name, sizeof ro.tiers[1].name, "ssd");
+    ro.tiers[1].capacity_tokens = 6400;
+    ro.model = "llama3-8b";
+    ro.gpus = 8;
+    timed_check c2 = {0};
+    ro.on_request_ctx = &c2;
+    assert_int_equal(replay_file(path, &to, &ro, &r), 0);
+    assert_int_equal(r.hits_by_tier[1], 2);
+    assert_int_equal(r.lower_recomputed_blocks, 2);
+    assert_int_equal(r.lower_loaded_blocks, 0);
+    assert_int_equal(c2.recomputed, 2);
+    ikv_replay_result_free(&r);
+    /* the same blocks of llama3-70b (2.5x the KV per token, 9x the FLOPs) are loaded */
+    ro.model = "llama3-70b";
+    memset(&c2, 0, sizeof c2);
+    assert_int_equal(replay_file(path, &to, &ro, &r), 0);
+    assert_int_equal(r.lower_loaded_blocks, 2);
+    assert_int_equal(r.lower_recomputed_blocks, 0);
+    ikv_replay_result_free(&r);
+}
+
+/* Tiers in order mode: hits spread over tiers, the core's tier rules hold throughout. */
+static void test_tiers_order(void **state) {
+    (void)state;
+    ikv_trace_opts to = {0};
+    ikv_replay_opts ro;
+    ikv_replay_opts_default(&ro);
+    ro.n_tiers = 3;
+    const char *names[] = {"hbm", "dram", "ssd"};
+    const uint64_t caps[] = {10000, 30000, 100000};
+    for (int i = 0; i < 3; i++) {
+        snprintf(ro.tiers[i].name, sizeof ro.tiers[i].name, "%s", names[i]);
+        ro.tiers[i].capacity_tokens = caps[i];
+    }
+    ro.check_every = 5;
+    ikv_replay_result r, one;
+    assert_int_equal(replay_file(WEKA, &to, &ro, &r), 0);
+    assert_true(r.hits_by_tier[0] > 0 && r.hits_by_tier[1] + r.hits_by_tier[2] > 0);
+    assert_true(r.demotions > 0);
+    /* more total capacity than the hbm tier alone: at least as many hits */
+    ikv_replay_opts_default(&ro);
+    ro.capacity_tokens = 10000;
+    assert_int_equal(replay_file(WEKA, &to, &ro, &one), 0);
+    assert_true(r.hit_tokens >= one.hit_tokens);
+    ikv_replay_result_free(&r);
+    ikv_replay_result_free(&one);
+    /* a bad tier name is an error, not a crash */
+    ikv_replay_opts_default(&ro);
+    ro.n_tiers = 1;
+    snprintf(ro.tiers[0].name, sizeof ro.tiers[0].name, "tape");
+    ro.tiers[0].capacity_tokens = 1000;
+    assert_int_not_equal(replay_file(WEKA, &to, &ro, &r), 0);
+}
+
+/* ---- the CLI ------------------------------------------------------------------------------ */
+
+static char *run_cmd(const char *args, int *status) {
+    const char *bin = getenv("IKV_BIN");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s %s 2>&1", bin ? bin : "build/isokv", args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    size_t cap = 1 << 16, n = 0;
+    char *out = malloc(cap);
+    size_t k;
+    while ((k = fread(out + n, 1, cap - n - 1, p)) > 0) {
+        n += k;
+        if (cap - n < 2) out = realloc(out, cap *= 2);
+    }
+    out[n] = 0;
+    int st = pclose(p);
+    *status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+}
+
+static void test_cli_json(void **state) {
+    (void)state;
+    int st;
+    char *out = run_cmd("sim " MOONCAKE " --json --capacity-tokens 1.5M", &st);
+    assert_int_equal(st, 0);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    const char *fields[] = {"requests", "input_tokens", "hit_tokens", "token_hit_ratio",
+                            "block_hit_ratio", "hits_by_tier", "evictions", "thrash_ratio",
+                            "prefill_flops_saved", "cost_model", "measured"};
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++)
+        assert_non_null(cJSON_GetObjectItem(j, fields[i]));
+    owork w = load_mooncake();
+    oracle_out o = oracle_lru(&w, 1500000 / 512);
+    assert_int_equal((uint64_t)cJSON_GetObjectItem(j, "requests")->valuedouble, 300);
+    assert_int_equal((uint64_t)cJSON_GetObjectItem(j, "hit_tokens")->valuedouble, o.hit_tokens);
+    assert_int_equal((uint64_t)cJSON_GetObjectItem(j, "evictions")->valuedouble, o.evictions);
+    free_work(&w);
+    cJSON_Delete(j);
+    free(out);
+
+    out = run_cmd("sim " WEKA " --json --mode timed --servers 2 --capacity-tokens 50k", &st);
+    assert_int_equal(st, 0);
+    j = cJSON_Parse(out);
+    assert_non_null(j);
+    const cJSON *tm = cJSON_GetObjectItem(j, "timed");
+    assert_non_null(tm);
+    assert_true(cJSON_IsTrue(cJSON_GetObjectItem(tm, "simulated")));
+    assert_true(cJSON_GetObjectItem(tm, "ttft_p99")->valuedouble >=
+                cJSON_GetObjectItem(tm, "ttft_p50")->valuedouble);
+    cJSON_Delete(j);
+    free(out);
+
+    out = run_cmd("sim " MOONCAKE " --capacity-tokens 1M", &st);
+    assert_int_equal(st, 0);
+    assert_non_null(strstr(out, "token hit ratio"));
+    assert_non_null(strstr(out, "simulated"));
+    assert_non_null(strstr(out, "MEASURED"));
+    free(out);
+
+    out = run_cmd("sim --help", &st);
+    assert_int_equal(st, 0);
+    free(out);
+    out = run_cmd("sim " MOONCAKE " --policy nosuch", &st);
+    assert_int_equal(st, 2);
+    assert_non_null(strstr(out, "registered: lru"));
+    free(out);
+    out = run_cmd("sim /nonexistent.jsonl", &st);
+    assert_int_equal(st, 1);
+    assert_non_null(strstr(out, "/nonexistent.jsonl"));
+    free(out);
+    out = run_cmd("sim " MOONCAKE " --capacity-tokens lots", &st);
+    assert_int_equal(st, 2);
+    free(out);
+}
+
+static void test_cli_sweep(void **state) {
+    (void)state;
+    char dir[512], args[2048];
+    tmp_path(dir, sizeof dir, "sweep");
+    snprintf(args, sizeof args,
+             "sim sweep " WEKA " --vary conversations=1,3,5 --policy lru,opt --capacity-tokens 20k,50k "
+             "--out %s --jobs 2 --no-plot",
+             dir);
+    int st;
+    char *out = run_cmd(args, &st);
+    assert_int_equal(st, 0);
+    free(out);
+    char path[600];
+    snprintf(path, sizeof path, "%s/sweep.json", dir);
+    size_t len;
+    char *text = slurp(path, &len);
+    cJSON *j = cJSON_Parse(text);
+    assert_non_null(j);
+    const cJSON *runs = cJSON_GetObjectItem(j, "runs");
+    assert_int_equal(cJSON_GetArraySize(runs), 12);
+    /* each run equals a single replay with the same options */
+    const cJSON *r0 = cJSON_GetArrayItem(runs, 0);
+    ikv_trace_opts to = {.conversations = 1};
+    ikv_replay_opts ro;
+    ikv_replay_opts_default(&ro);
+    ro.capacity_tokens = 20000;
+    ikv_replay_result r;
+    assert_int_equal(replay_file(WEKA, &to, &ro, &r), 0);
+    assert_true(fabs(cJSON_GetObjectItem(r0, "hit_tokens")->valuedouble - r.hit_tokens) < 0.5);
+    ikv_replay_result_free(&r);
+    cJSON_Delete(j);
+    free(text);
+    snprintf(path, sizeof path, "%s/sweep.csv", dir);
+    text = slurp(path, &len);
+    size_t lines = 0;
+    for (char *p = text; *p; p++) lines += *p == '\n';
+    assert_int_equal(lines, 13);
+    free(text);
+
+    out = run_cmd("sim sweep " WEKA " --policy lru,nosuch --out /tmp", &st);
+    assert_int_equal(st, 2);
+    assert_non_null(strstr(out, "unknown eviction policy 'nosuch'"));
+    free(out);
+    if (system("command -v gnuplot >/dev/null 2>&1") == 0) {
+        snprintf(args, sizeof args, "sim sweep " WEKA " --vary conversations=1,5 --capacity-tokens 50k --out %s",
+                 dir);
+        out = run_cmd(args, &st);
+        assert_int_equal(st, 0);
+        free(out);
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/sweep.png", dir);
+        assert_int_equal(stat(path, &sb), 0);
+        assert_true(sb.st_size > 1000);
+        snprintf(path, sizeof path, "%s/sweep.svg", dir);
+        assert_int_equal(stat(path, &sb), 0);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_mooncake_reader),
+        cmocka_unit_test(test_weka_reader),
+        cmocka_unit_test(test_malformed_lines),
+        cmocka_unit_test(test_empty_and_truncated),
+        cmocka_unit_test(test_golden_lru_mooncake),
+        cmocka_unit_test(test_golden_lru_weka),
+        cmocka_unit_test(test_policies),
+        cmocka_unit_test(test_timed_invariants),
+        cmocka_unit_test(test_load_vs_recompute),
+        cmocka_unit_test(test_tiers_order),
+        cmocka_unit_test(test_cli_json),
+        cmocka_unit_test(test_cli_sweep),
+    };
+    return cmocka_run_group_tests(tests, setup_all, teardown_all);
+}
