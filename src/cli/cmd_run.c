@@ -138,6 +138,7 @@ int ikv_cmd_run(int argc, char **argv) {
         }
         double dt = ikv_now() - t0;
         printf("\n");
+        fflush(stdout); /* the text, then the figures on stderr */
         ikv_engine_end(e, s);
         fprintf(stderr,
                 "[run %llu] measured on %llu BLAS thread(s): prompt %zu tokens (%zu from the cache, %zu computed), "
