@@ -757,6 +757,60 @@ static void test_fuzz_against_oracle(void **st) {
     ikv_model_destroy(m);
 }
 
+/* Two sequences in flight at once (max_seqs 2): the second hits the first one's blocks while the
+ * first still holds them locked, decoding interleaves, and both equal no-cache runs. */
+static void test_two_sequences(void **st) {
+    (void)st;
+    ikv_model_config c = tiny();
+    ikv_model *m;
+    assert_int_equal(ikv_model_random(&c, 13, &m), 0);
+    const int V = c.vocab_size;
+    ikv_engine_options o;
+    ikv_engine_options_default(&o);
+    o.max_seqs = 2;
+    ikv_engine *e, *cold;
+    assert_int_equal(ikv_engine_create(m, &o, &e), 0);
+    assert_int_equal(ikv_engine_create(m, &o, &cold), 0);
+    uint32_t a[90], b[90];
+    make_prompt(a, 90, 31, (uint32_t)V);
+    memcpy(b, a, sizeof b);
+    make_prompt(b + 50, 40, 32, (uint32_t)V);
+    ikv_request ra = {.tokens = a, .n = 90}, rb = {.tokens = b, .n = 90};
+    ikv_seq *sa, *sb, *ca, *cb;
+    ikv_prefill_info ia, ib;
+    assert_int_equal(ikv_engine_begin(e, &ra, &sa, &ia), 0);
+    assert_int_equal(ikv_engine_begin(e, &rb, &sb, &ib), 0);
+    assert_int_equal(ia.cached_tokens, 0);
+    assert_int_equal(ib.cached_tokens, 48);
+    ra.no_cache = rb.no_cache = 1;
+    assert_int_equal(ikv_engine_begin(cold, &ra, &ca, NULL), 0);
+    assert_int_equal(ikv_engine_begin(cold, &rb, &cb, NULL), 0);
+    const float *la = ikv_seq_logits(sa), *lb = ikv_seq_logits(sb), *lca = ikv_seq_logits(ca), *lcb = ikv_seq_logits(cb);
+    for (int d = 0; d < 10; d++) {
+        assert_memory_equal(la, lca, sizeof(float) * (size_t)V);
+        assert_memory_equal(lb, lcb, sizeof(float) * (size_t)V);
+        uint32_t na = argmax(la, V), nb = argmax(lb, V);
+        assert_int_equal(ikv_engine_decode(e, sa, na, &la), 0);
+        assert_int_equal(ikv_engine_decode(e, sb, nb, &lb), 0);
+        assert_int_equal(ikv_engine_decode(cold, ca, na, &lca), 0);
+        assert_int_equal(ikv_engine_decode(cold, cb, nb, &lcb), 0);
+        assert_true(ikv_engine_check(e));
+    }
+    ikv_cache_stats cs;
+    ikv_cache_stats_get(ikv_engine_cache(e), &cs);
+    assert_true(cs.locked >= 5); /* a's 5 full blocks, held by both sequences */
+    ikv_engine_end(e, sa);
+    ikv_engine_end(e, sb);
+    ikv_engine_end(cold, ca);
+    ikv_engine_end(cold, cb);
+    ikv_cache_stats_get(ikv_engine_cache(e), &cs);
+    assert_int_equal(cs.locked, 0);
+    assert_true(ikv_engine_check(e));
+    ikv_engine_destroy(e);
+    ikv_engine_destroy(cold);
+    ikv_model_destroy(m);
+}
+
 static void test_eviction_and_limits(void **st) {
     (void)st;
     ikv_model_config c = tiny();
@@ -880,6 +934,7 @@ int main(void) {
         cmocka_unit_test(test_tenants),
         cmocka_unit_test(test_collision_is_miss),
         cmocka_unit_test(test_fuzz_against_oracle),
+        cmocka_unit_test(test_two_sequences),
         cmocka_unit_test(test_eviction_and_limits),
         cmocka_unit_test(test_alloc_failure),
     };
