@@ -73,6 +73,25 @@ static inline float exp_neg_scalar(float r) {
     return p * sc;
 }
 
+#if defined(__SSE2__)
+/* exp_neg_scalar on 4 lanes, operation for operation. */
+static inline __m128 exp_neg4(__m128 r) {
+    r = _mm_max_ps(r, _mm_set1_ps(-87.0f));
+    const __m128 mag = _mm_set1_ps(EXP_MAGIC);
+    __m128 nn = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(r, _mm_set1_ps(EXP_LOG2E)), mag), mag);
+    __m128 f = _mm_sub_ps(_mm_sub_ps(r, _mm_mul_ps(nn, _mm_set1_ps(EXP_C1))), _mm_mul_ps(nn, _mm_set1_ps(EXP_C2)));
+    __m128 p = _mm_set1_ps(1.9875691500e-4f);
+    p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(1.3981999507e-3f));
+    p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(8.3334519073e-3f));
+    p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(4.1665795894e-2f));
+    p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(1.6666665459e-1f));
+    p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(5.0000001201e-1f));
+    p = _mm_add_ps(_mm_add_ps(_mm_mul_ps(p, _mm_mul_ps(f, f)), f), _mm_set1_ps(1.0f));
+    __m128i e = _mm_slli_epi32(_mm_add_epi32(_mm_cvttps_epi32(nn), _mm_set1_epi32(127)), 23);
+    return _mm_mul_ps(p, _mm_castsi128_ps(e));
+}
+#endif
+
 /* row[0..n) = softmax(row[0..n)) in place. Max and sum use 4 partial lanes combined in a
  * fixed order: deterministic for a given n. Does not allocate. */
 static void softmax_row(float *row, size_t n) {
@@ -89,22 +108,10 @@ static void softmax_row(float *row, size_t n) {
         mx = mx > l[3] ? mx : l[3];
     }
     for (; i < n; i++) mx = row[i] > mx ? row[i] : mx;
-    const __m128 vmx = _mm_set1_ps(mx), lo = _mm_set1_ps(-87.0f), l2e = _mm_set1_ps(EXP_LOG2E);
-    const __m128 mag = _mm_set1_ps(EXP_MAGIC), c1 = _mm_set1_ps(EXP_C1), c2 = _mm_set1_ps(EXP_C2);
+    const __m128 vmx = _mm_set1_ps(mx);
     __m128 s4 = _mm_setzero_ps();
     for (i = 0; i + 4 <= n; i += 4) {
-        __m128 r = _mm_max_ps(_mm_sub_ps(_mm_loadu_ps(row + i), vmx), lo);
-        __m128 nn = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(r, l2e), mag), mag);
-        __m128 f = _mm_sub_ps(_mm_sub_ps(r, _mm_mul_ps(nn, c1)), _mm_mul_ps(nn, c2));
-        __m128 p = _mm_set1_ps(1.9875691500e-4f);
-        p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(1.3981999507e-3f));
-        p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(8.3334519073e-3f));
-        p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(4.1665795894e-2f));
-        p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(1.6666665459e-1f));
-        p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(5.0000001201e-1f));
-        p = _mm_add_ps(_mm_add_ps(_mm_mul_ps(p, _mm_mul_ps(f, f)), f), _mm_set1_ps(1.0f));
-        __m128i e = _mm_slli_epi32(_mm_add_epi32(_mm_cvttps_epi32(nn), _mm_set1_epi32(127)), 23);
-        __m128 v = _mm_mul_ps(p, _mm_castsi128_ps(e));
+        __m128 v = exp_neg4(_mm_sub_ps(_mm_loadu_ps(row + i), vmx));
         _mm_storeu_ps(row + i, v);
         s4 = _mm_add_ps(s4, v);
     }
@@ -207,10 +214,28 @@ static void gemv(int N, int K, const float *W, const float *x, float *y) {
     cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, W, K, x, 1, 0.0f, y, 1);
 }
 
+/* hb = silu(hb) * hb2, silu(a) = a * sigmoid(a), with sigmoid from t = e^-|a| <= 1 (never
+ * overflows): 1 / (1 + t) for a >= 0, t / (1 + t) otherwise. SSE2 lanes and the scalar tail do
+ * the same operations. */
 static void swiglu(float *hb, const float *hb2, size_t n) {
-    for (size_t i = 0; i < n; i++) {
+    size_t i = 0;
+#if defined(__SSE2__)
+    const __m128 one = _mm_set1_ps(1.0f), zero = _mm_setzero_ps(), sign = _mm_set1_ps(-0.0f);
+    for (; i + 4 <= n; i += 4) {
+        __m128 a = _mm_loadu_ps(hb + i);
+        __m128 t = exp_neg4(_mm_sub_ps(zero, _mm_andnot_ps(sign, a)));
+        __m128 d = _mm_div_ps(one, _mm_add_ps(one, t));
+        __m128 pos = _mm_cmpge_ps(a, zero);
+        __m128 sig = _mm_or_ps(_mm_and_ps(pos, d), _mm_andnot_ps(pos, _mm_mul_ps(t, d)));
+        _mm_storeu_ps(hb + i, _mm_mul_ps(_mm_mul_ps(a, sig), _mm_loadu_ps(hb2 + i)));
+    }
+#endif
+    for (; i < n; i++) {
         float a = hb[i];
-        hb[i] = a * (1.0f / (1.0f + expf(-a))) * hb2[i];
+        float t = exp_neg_scalar(0.0f - fabsf(a));
+        float d = 1.0f / (1.0f + t);
+        float sig = a >= 0.0f ? d : t * d;
+        hb[i] = (a * sig) * hb2[i];
     }
 }
 
