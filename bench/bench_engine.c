@@ -15,8 +15,12 @@
 #include "isokv/model.h"
 
 int main(int argc, char **argv) {
-    ikv_engine_bench_options o = {.config = "small", .prefix = 2048, .suffix = 32, .decode = 32,
-                                  .threads = {1, 2}, .seed = 1};
+    ikv_engine_bench_options o = {.config = "small",
+                                  .prefix = 2048,
+                                  .suffix = 32,
+                                  .decode = 32,
+                                  .threads = {1, 2},
+                                  .seed = 1};
     int json = 0, pos = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) {
@@ -28,11 +32,21 @@ int main(int argc, char **argv) {
             return 0;
         }
         switch (pos++) {
-        case 0: o.config = argv[i]; break;
-        case 1: o.prefix = (uint32_t)strtoul(argv[i], NULL, 10); break;
-        case 2: o.suffix = (uint32_t)strtoul(argv[i], NULL, 10); break;
-        case 3: o.decode = (uint32_t)strtoul(argv[i], NULL, 10); break;
-        default: fprintf(stderr, "bench_engine: too many arguments\n"); return 2;
+        case 0:
+            o.config = argv[i];
+            break;
+        case 1:
+            o.prefix = (uint32_t)strtoul(argv[i], NULL, 10);
+            break;
+        case 2:
+            o.suffix = (uint32_t)strtoul(argv[i], NULL, 10);
+            break;
+        case 3:
+            o.decode = (uint32_t)strtoul(argv[i], NULL, 10);
+            break;
+        default:
+            fprintf(stderr, "bench_engine: too many arguments\n");
+            return 2;
         }
     }
     ikv_engine_bench_result r;

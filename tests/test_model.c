@@ -111,7 +111,8 @@ static void test_checkpoint_roundtrip(void **st) {
     int32_t h[7];
     memcpy(h, a->image, sizeof h);
     assert_int_equal(h[5], -512);
-    assert_ptr_equal(a->w.wcls + (size_t)512 * 64, (const float *)((const char *)a->image + a->image_bytes));
+    assert_ptr_equal(a->w.wcls + (size_t)512 * 64,
+                     (const float *)((const char *)a->image + a->image_bytes));
     ikv_model_destroy(a);
 }
 
@@ -136,7 +137,8 @@ static void test_checkpoint_malformed(void **st) {
     (void)st;
     ikv_model_config c = tiny();
     size_t good = (size_t)ikv_model_file_bytes(&c) - 28;
-    int32_t ok[7] = {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads, c.vocab_size, c.seq_len};
+    int32_t ok[7] = {c.dim,        c.hidden_dim, c.n_layers, c.n_heads,
+                     c.n_kv_heads, c.vocab_size, c.seq_len};
     int32_t h[7];
 #define WITH(i, v) (memcpy(h, ok, sizeof h), h[i] = (v), h)
     expect_bad_ckpt(WITH(0, 0), good, IKV_EFORMAT, "dim");
@@ -190,9 +192,13 @@ static void test_tokenizer_roundtrip(void **st) {
     ikv_tokenizer *t, *b;
     assert_int_equal(ikv_tokenizer_load(p, 512, &t), 0);
     assert_int_equal(ikv_tokenizer_bytes(512, &b), 0);
-    const char *texts[] = {"hello world", "the cat sat on the mat", "Once upon a time, there was a tiny robot.",
-                           "h\xc3\xa9llo w\xc3\xb6rld \xe2\x9c\x93 \xf0\x9f\x99\x82", "tabs\tand\nnewlines  x",
-                           "a", ""};
+    const char *texts[] = {"hello world",
+                           "the cat sat on the mat",
+                           "Once upon a time, there was a tiny robot.",
+                           "h\xc3\xa9llo w\xc3\xb6rld \xe2\x9c\x93 \xf0\x9f\x99\x82",
+                           "tabs\tand\nnewlines  x",
+                           "a",
+                           ""};
     for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
         if (texts[i][0]) roundtrip(t, texts[i]);
         roundtrip(b, texts[i]);
@@ -289,7 +295,8 @@ static void test_sampler(void **st) {
     assert_int_equal(ikv_sampler_create(V, 1.0f, 0.9f, 43, &c), 0);
     int differ = 0;
     for (int i = 0; i < 64; i++) {
-        for (int j = 0; j < V; j++) base[j] = (float)((i * 31 + j * 17) % 97) / 20.0f;
+        for (int j = 0; j < V; j++)
+            base[j] = (float)((i * 31 + j * 17) % 97) / 20.0f;
         memcpy(l, base, sizeof l);
         uint32_t x = ikv_sampler_sample(a, l);
         memcpy(l, base, sizeof l);
@@ -304,7 +311,8 @@ static void test_sampler(void **st) {
     /* top-p keeps only the dominant token when it holds more than p of the mass */
     assert_int_equal(ikv_sampler_create(V, 1.0f, 0.5f, 5, &tp), 0);
     for (int i = 0; i < 50; i++) {
-        for (int j = 0; j < V; j++) l[j] = 0.0f;
+        for (int j = 0; j < V; j++)
+            l[j] = 0.0f;
         l[7] = 12.0f;
         assert_int_equal(ikv_sampler_sample(tp, l), 7);
     }
@@ -329,28 +337,34 @@ static void ref_init(ref *r, const ikv_model *m) {
     size_t S = (size_t)c->seq_len, L = (size_t)c->n_layers;
     r->kc = calloc(L * S * (size_t)m->kv_dim, sizeof(float));
     r->vc = calloc(L * S * (size_t)m->kv_dim, sizeof(float));
-    r->x = calloc((size_t)c->dim, 4), r->xb = calloc((size_t)c->dim, 4), r->q = calloc((size_t)c->dim, 4);
-    r->k = calloc((size_t)m->kv_dim, 4), r->v = calloc((size_t)m->kv_dim, 4), r->att = calloc((size_t)c->dim, 4);
+    r->x = calloc((size_t)c->dim, 4), r->xb = calloc((size_t)c->dim, 4),
+    r->q = calloc((size_t)c->dim, 4);
+    r->k = calloc((size_t)m->kv_dim, 4), r->v = calloc((size_t)m->kv_dim, 4),
+    r->att = calloc((size_t)c->dim, 4);
     r->hb = calloc((size_t)c->hidden_dim, 4), r->hb2 = calloc((size_t)c->hidden_dim, 4);
     r->sc = calloc(S, 4), r->logits = calloc((size_t)c->vocab_size, 4);
 }
 
 static void ref_free(ref *r) {
-    free(r->kc), free(r->vc), free(r->x), free(r->xb), free(r->q), free(r->k), free(r->v), free(r->att);
+    free(r->kc), free(r->vc), free(r->x), free(r->xb), free(r->q), free(r->k), free(r->v),
+        free(r->att);
     free(r->hb), free(r->hb2), free(r->sc), free(r->logits);
 }
 
 static void ref_rms(float *o, const float *x, const float *w, int n) {
     double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)x[i] * x[i];
+    for (int i = 0; i < n; i++)
+        ss += (double)x[i] * x[i];
     float inv = (float)(1.0 / sqrt(ss / n + 1e-5));
-    for (int i = 0; i < n; i++) o[i] = w[i] * (inv * x[i]);
+    for (int i = 0; i < n; i++)
+        o[i] = w[i] * (inv * x[i]);
 }
 
 static void ref_matvec(float *y, const float *W, const float *x, int out, int in) {
     for (int i = 0; i < out; i++) {
         double s = 0;
-        for (int j = 0; j < in; j++) s += (double)W[(size_t)i * in + j] * x[j];
+        for (int j = 0; j < in; j++)
+            s += (double)W[(size_t)i * in + j] * x[j];
         y[i] = (float)s;
     }
 }
@@ -386,26 +400,32 @@ static void ref_step(ref *r, uint32_t tok, int pos) {
             double mx = -1e30;
             for (int t = 0; t <= pos; t++) {
                 double d = 0;
-                for (int i = 0; i < hs; i++) d += (double)r->q[h * hs + i] * kc[(size_t)t * kvd + g * hs + i];
+                for (int i = 0; i < hs; i++)
+                    d += (double)r->q[h * hs + i] * kc[(size_t)t * kvd + g * hs + i];
                 r->sc[t] = (float)(d / sqrt((double)hs));
                 if (r->sc[t] > mx) mx = r->sc[t];
             }
             double sum = 0;
-            for (int t = 0; t <= pos; t++) sum += exp(r->sc[t] - mx);
+            for (int t = 0; t <= pos; t++)
+                sum += exp(r->sc[t] - mx);
             for (int i = 0; i < hs; i++) {
                 double o = 0;
-                for (int t = 0; t <= pos; t++) o += exp(r->sc[t] - mx) / sum * vc[(size_t)t * kvd + g * hs + i];
+                for (int t = 0; t <= pos; t++)
+                    o += exp(r->sc[t] - mx) / sum * vc[(size_t)t * kvd + g * hs + i];
                 r->att[h * hs + i] = (float)o;
             }
         }
         ref_matvec(r->xb, w->wo + (size_t)l * dim * dim, r->att, dim, dim);
-        for (int i = 0; i < dim; i++) r->x[i] += r->xb[i];
+        for (int i = 0; i < dim; i++)
+            r->x[i] += r->xb[i];
         ref_rms(r->xb, r->x, w->rms_ffn + (size_t)l * dim, dim);
         ref_matvec(r->hb, w->w1 + (size_t)l * hid * dim, r->xb, hid, dim);
         ref_matvec(r->hb2, w->w3 + (size_t)l * hid * dim, r->xb, hid, dim);
-        for (int i = 0; i < hid; i++) r->hb[i] = (float)(r->hb[i] / (1.0 + exp(-(double)r->hb[i])) * r->hb2[i]);
+        for (int i = 0; i < hid; i++)
+            r->hb[i] = (float)(r->hb[i] / (1.0 + exp(-(double)r->hb[i])) * r->hb2[i]);
         ref_matvec(r->xb, w->w2 + (size_t)l * dim * hid, r->hb, dim, hid);
-        for (int i = 0; i < dim; i++) r->x[i] += r->xb[i];
+        for (int i = 0; i < dim; i++)
+            r->x[i] += r->xb[i];
     }
     ref_rms(r->xb, r->x, w->rms_final, dim);
     ref_matvec(r->logits, w->wcls, r->xb, c->vocab_size, dim);
@@ -415,12 +435,14 @@ static void ref_step(ref *r, uint32_t tok, int pos) {
  * for logits that are near zero. */
 static void assert_close_row(const float *a, const float *b, int n, const char *what, int pos) {
     double ss = 0;
-    for (int i = 0; i < n; i++) ss += (double)b[i] * b[i];
+    for (int i = 0; i < n; i++)
+        ss += (double)b[i] * b[i];
     double rms = sqrt(ss / n);
     for (int i = 0; i < n; i++) {
         double tol = 1e-4 * fmax(fabs(b[i]), rms);
         if (fabs((double)a[i] - b[i]) > tol)
-            fail_msg("%s: position %d logit %d: engine %.9g, reference %.9g", what, pos, i, a[i], b[i]);
+            fail_msg("%s: position %d logit %d: engine %.9g, reference %.9g", what, pos, i, a[i],
+                     b[i]);
     }
 }
 
@@ -481,7 +503,8 @@ static void test_reference_forward(void **st) {
             for (int l = 0; l < c.n_layers; l++) {
                 assert_int_equal(ikv_seq_kv(e, s, (size_t)p, l, k, v), 0);
                 const float *rk = r.kc + ((size_t)l * c.seq_len + p) * m->kv_dim;
-                for (int i = 0; i < m->kv_dim; i++) assert_true(fabsf(k[i] - rk[i]) <= 1e-4f * fmaxf(1.0f, fabsf(rk[i])));
+                for (int i = 0; i < m->kv_dim; i++)
+                    assert_true(fabsf(k[i] - rk[i]) <= 1e-4f * fmaxf(1.0f, fabsf(rk[i])));
             }
         assert_int_equal(ikv_seq_kv(e, s, N + DEC, 0, k, v), IKV_ERANGE);
         ikv_engine_end(e, s);
@@ -496,19 +519,23 @@ static void test_reference_forward(void **st) {
 /* ---- exactness with and without the cache ----------------------------------------------- */
 
 typedef struct run_out {
-    float *logits;   /* [n + dec][V]: prompt rows (only computed ones filled), then decode rows */
+    float *logits; /* [n + dec][V]: prompt rows (only computed ones filled), then decode rows */
     uint32_t gen[32];
     ikv_prefill_info info;
-    float *kv;       /* [n + dec][layers][2][kv_dim] */
+    float *kv; /* [n + dec][layers][2][kv_dim] */
 } run_out;
 
-static void run_req(ikv_engine *e, const uint32_t *toks, size_t n, const char *tenant, size_t pub, int no_cache,
-                    int dec, run_out *o) {
+static void run_req(ikv_engine *e, const uint32_t *toks, size_t n, const char *tenant, size_t pub,
+                    int no_cache, int dec, run_out *o) {
     const ikv_model *m = ikv_engine_model(e);
     int V = m->cfg.vocab_size, L = m->cfg.n_layers, kvd = m->kv_dim;
     o->logits = calloc((n + (size_t)dec) * (size_t)V, 4);
     o->kv = calloc((n + (size_t)dec) * (size_t)L * 2 * (size_t)kvd, 4);
-    ikv_request rq = {.tokens = toks, .n = n, .tenant = tenant, .public_tokens = pub, .no_cache = no_cache,
+    ikv_request rq = {.tokens = toks,
+                      .n = n,
+                      .tenant = tenant,
+                      .public_tokens = pub,
+                      .no_cache = no_cache,
                       .logits_all = o->logits};
     ikv_seq *s;
     assert_int_equal(ikv_engine_begin(e, &rq, &s, &o->info), 0);
@@ -535,7 +562,8 @@ static void free_out(run_out *o) {
 }
 
 /* Bit-identical: computed prompt rows from `from` on, all decode rows, tokens, all K/V. */
-static void assert_same(const run_out *a, const run_out *b, size_t n, int dec, size_t from, int V, size_t kvfloats) {
+static void assert_same(const run_out *a, const run_out *b, size_t n, int dec, size_t from, int V,
+                        size_t kvfloats) {
     assert_memory_equal(a->logits + from * (size_t)V, b->logits + from * (size_t)V,
                         (n + (size_t)dec - from) * (size_t)V * sizeof(float));
     assert_memory_equal(a->gen, b->gen, sizeof(uint32_t) * (size_t)dec);
@@ -592,7 +620,8 @@ static void test_exact_with_cache(void **st) {
         assert_int_equal(full_f.info.cached_tokens, 144);
         assert_int_equal(full_f.info.computed_tokens, 16);
         assert_same(&full_f, &ref_f, 160, DEC, 144, V, kvf);
-        free_out(&ref_a), free_out(&warm_a), free_out(&ref_b), free_out(&part_b), free_out(&ref_f), free_out(&full_f);
+        free_out(&ref_a), free_out(&warm_a), free_out(&ref_b), free_out(&part_b), free_out(&ref_f),
+            free_out(&full_f);
         if (ti == 0) {
             char *buf = NULL;
             size_t len = 0;
@@ -713,8 +742,8 @@ static void test_fuzz_against_oracle(void **st) {
     int hits = 0, misses = 0;
     for (int i = 0; i < NR; i++) {
         rs = rs * 6364136223846793005ull + 1442695040888963407ull;
-        fz_req r = {base[(rs >> 33) % NB], 1 + (size_t)((rs >> 20) % (LEN - 20)), (size_t)((rs >> 40) % 100),
-                    (int)((rs >> 50) % 4) - 1};
+        fz_req r = {base[(rs >> 33) % NB], 1 + (size_t)((rs >> 20) % (LEN - 20)),
+                    (size_t)((rs >> 40) % 100), (int)((rs >> 50) % 4) - 1};
         /* oracle */
         size_t want = 0, cap = (r.n - 1) / 16;
         for (int q = 0; q < i; q++) {
@@ -726,7 +755,10 @@ static void test_fuzz_against_oracle(void **st) {
         }
         if (want > cap) want = cap;
         hits += want > 0, misses += want == 0 && r.n >= 32;
-        ikv_request rq = {.tokens = r.toks, .n = r.n, .tenant = r.tenant < 0 ? NULL : names[r.tenant], .public_tokens = r.pub};
+        ikv_request rq = {.tokens = r.toks,
+                          .n = r.n,
+                          .tenant = r.tenant < 0 ? NULL : names[r.tenant],
+                          .public_tokens = r.pub};
         ikv_request rc0 = rq;
         rc0.no_cache = 1;
         ikv_seq *s, *s0;
@@ -734,8 +766,8 @@ static void test_fuzz_against_oracle(void **st) {
         assert_int_equal(ikv_engine_begin(e, &rq, &s, &info), 0);
         assert_int_equal(ikv_engine_begin(cold, &rc0, &s0, NULL), 0);
         if (info.cached_tokens != want * 16)
-            fail_msg("request %d (n %zu, tenant %d, public %zu): cached %zu, oracle %zu", i, r.n, r.tenant, r.pub,
-                     info.cached_tokens, want * 16);
+            fail_msg("request %d (n %zu, tenant %d, public %zu): cached %zu, oracle %zu", i, r.n,
+                     r.tenant, r.pub, info.cached_tokens, want * 16);
         const float *l1 = ikv_seq_logits(s), *l0 = ikv_seq_logits(s0);
         for (int d = 0; d < 3 && r.n + (size_t)d < (size_t)c.seq_len; d++) {
             assert_memory_equal(l1, l0, sizeof(float) * (size_t)V);
@@ -785,7 +817,8 @@ static void test_two_sequences(void **st) {
     ra.no_cache = rb.no_cache = 1;
     assert_int_equal(ikv_engine_begin(cold, &ra, &ca, NULL), 0);
     assert_int_equal(ikv_engine_begin(cold, &rb, &cb, NULL), 0);
-    const float *la = ikv_seq_logits(sa), *lb = ikv_seq_logits(sb), *lca = ikv_seq_logits(ca), *lcb = ikv_seq_logits(cb);
+    const float *la = ikv_seq_logits(sa), *lb = ikv_seq_logits(sb), *lca = ikv_seq_logits(ca),
+                *lcb = ikv_seq_logits(cb);
     for (int d = 0; d < 10; d++) {
         assert_memory_equal(la, lca, sizeof(float) * (size_t)V);
         assert_memory_equal(lb, lcb, sizeof(float) * (size_t)V);
@@ -866,7 +899,8 @@ static void test_eviction_and_limits(void **st) {
     assert_int_equal(ikv_engine_begin(e, &rq, &sq, NULL), 0);
     assert_int_equal(ikv_engine_begin(e, &rq, &sq2, NULL), IKV_EBUSY);
     const float *lg;
-    for (int i = 0; i < 6; i++) assert_int_equal(ikv_engine_decode(e, sq, 5, &lg), 0);
+    for (int i = 0; i < 6; i++)
+        assert_int_equal(ikv_engine_decode(e, sq, 5, &lg), 0);
     assert_int_equal(ikv_engine_decode(e, sq, 5, &lg), IKV_ETOOLONG);
     assert_int_equal(ikv_engine_decode(e, sq, 600, &lg), IKV_EINVAL);
     assert_true(ikv_engine_check(e));

@@ -37,8 +37,8 @@ extern "C" {
 /* ---- model shape and checkpoints --------------------------------------------------------- */
 
 typedef struct ikv_model_config {
-    int32_t dim;               /* residual stream width */
-    int32_t hidden_dim;        /* SwiGLU inner width */
+    int32_t dim;        /* residual stream width */
+    int32_t hidden_dim; /* SwiGLU inner width */
     int32_t n_layers;
     int32_t n_heads;           /* query heads; head_dim = dim / n_heads */
     int32_t n_kv_heads;        /* key/value heads (divides n_heads) */
@@ -58,8 +58,8 @@ const char *ikv_model_config_names(void);
  * divide heads, even head_dim. Returns 0 or IKV_EFORMAT with a message naming the field. */
 int ikv_model_config_check(const ikv_model_config *c);
 
-uint64_t ikv_model_params(const ikv_model_config *c);          /* weights, classifier included */
-uint64_t ikv_model_file_bytes(const ikv_model_config *c);      /* exact checkpoint size */
+uint64_t ikv_model_params(const ikv_model_config *c);             /* weights, classifier included */
+uint64_t ikv_model_file_bytes(const ikv_model_config *c);         /* exact checkpoint size */
 uint64_t ikv_model_kv_bytes_per_token(const ikv_model_config *c); /* K and V, all layers, fp32 */
 /* Bytes of weights one decode step reads: every matrix, norms, the classifier and one
  * embedding row (the memory-bandwidth bound of decode is this over the read bandwidth). */
@@ -89,9 +89,9 @@ const ikv_model_config *ikv_model_cfg(const ikv_model *m);
 
 typedef struct ikv_tokenizer ikv_tokenizer;
 
-#define IKV_TOK_UNK 0u
-#define IKV_TOK_BOS 1u
-#define IKV_TOK_EOS 2u
+#define IKV_TOK_UNK   0u
+#define IKV_TOK_BOS   1u
+#define IKV_TOK_EOS   2u
 #define IKV_TOK_BYTE0 3u /* byte b is token 3 + b (llama2.c / sentencepiece byte fallback) */
 
 /* Loads a llama2.c tokenizer.bin for a model of vocab_size tokens. Returns 0, IKV_EIO,
@@ -115,8 +115,8 @@ uint32_t ikv_tokenizer_vocab(const ikv_tokenizer *t);
  * up as pieces (bytes through byte fallback), then the highest-scoring adjacent merge
  * repeatedly; optional EOS. Writes at most max tokens; *n gets the count. Returns 0 or
  * IKV_ETOOLONG (more than max tokens), IKV_ENOMEM. Cost O(n^2 log V) in the text length. */
-int ikv_tokenizer_encode(const ikv_tokenizer *t, const char *text, int bos, int eos,
-                         uint32_t *out, size_t max, size_t *n);
+int ikv_tokenizer_encode(const ikv_tokenizer *t, const char *text, int bos, int eos, uint32_t *out,
+                         size_t max, size_t *n);
 
 /* The text of `token` following `prev` (a leading space is dropped after BOS; byte pieces
  * "<0xHH>" become the byte). Sets *len (a byte piece may be a NUL byte). The pointer stays
@@ -209,8 +209,8 @@ int ikv_seq_kv(const ikv_engine *e, const ikv_seq *s, size_t pos, int layer, flo
 
 typedef struct ikv_engine_stats {
     uint64_t pool_blocks, free_blocks, cached_blocks, private_blocks;
-    uint64_t block_bytes;      /* KV bytes of one block */
-    uint64_t cache_capacity;   /* blocks */
+    uint64_t block_bytes;    /* KV bytes of one block */
+    uint64_t cache_capacity; /* blocks */
     uint64_t requests, cached_tokens, computed_tokens, rejected_blocks;
 } ikv_engine_stats;
 void ikv_engine_stats_get(const ikv_engine *e, ikv_engine_stats *s);
@@ -229,23 +229,23 @@ void ikv_engine_dump(const ikv_engine *e, FILE *f);
 /* ---- benchmark ----------------------------------------------------------------------------- */
 
 typedef struct ikv_engine_bench_options {
-    const char *config;    /* model config name ("small") */
-    uint32_t prefix;       /* P: shared public prefix tokens (2048) */
-    uint32_t suffix;       /* Q: private suffix tokens per tenant (32) */
-    uint32_t decode;       /* decode steps measured (32) */
-    int threads[2];        /* thread counts to measure (1, 2); 0 ends the list */
+    const char *config; /* model config name ("small") */
+    uint32_t prefix;    /* P: shared public prefix tokens (2048) */
+    uint32_t suffix;    /* Q: private suffix tokens per tenant (32) */
+    uint32_t decode;    /* decode steps measured (32) */
+    int threads[2];     /* thread counts to measure (1, 2); 0 ends the list */
     uint64_t seed;
 } ikv_engine_bench_options;
 
 typedef struct ikv_engine_bench_row {
     int threads;
-    double ttft_cold_s, ttft_warm_s;  /* measured, wall clock */
+    double ttft_cold_s, ttft_warm_s; /* measured, wall clock */
     size_t warm_cached_tokens;
     double prefill_tok_s, prefill_gflops; /* cold prefill, useful FLOPs only */
-    double sgemm_peak_gflops;         /* measured: square sgemm, best of 3 */
+    double sgemm_peak_gflops;             /* measured: square sgemm, best of 3 */
     double decode_tok_s;
-    double read_gbs;                  /* measured read bandwidth (cblas_sasum on 256 MiB) */
-    double decode_bound_tok_s;        /* read_gbs / weight bytes per token */
+    double read_gbs;           /* measured read bandwidth (cblas_sasum on 256 MiB) */
+    double decode_bound_tok_s; /* read_gbs / weight bytes per token */
 } ikv_engine_bench_row;
 
 typedef struct ikv_engine_bench_result {

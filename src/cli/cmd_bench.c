@@ -14,18 +14,28 @@
 #include <string.h>
 
 static void help(FILE *f) {
-    fprintf(f, "usage: isokv bench engine [--config small] [--prefix 2048] [--suffix 32] [--decode 32]\n"
-               "                          [--threads 1,2] [--seed S] [--json]\n\n"
-               "engine: builds a random-weight model of the config in memory and measures, at each thread\n"
-               "count, TTFT cold vs warm for a P-token shared public prefix + Q-token private suffix (the\n"
-               "warm request is another tenant's, reusing the prefix from the cache), prefill tokens/s and\n"
-               "GFLOP/s against the measured sgemm peak, and decode tokens/s against the memory-bandwidth\n"
-               "bound (weight bytes per token over the measured read bandwidth). All figures measured.\n");
+    fprintf(
+        f,
+        "usage: isokv bench engine [--config small] [--prefix 2048] [--suffix 32] [--decode 32]\n"
+        "                          [--threads 1,2] [--seed S] [--json]\n\n"
+        "engine: builds a random-weight model of the config in memory and measures, at each "
+        "thread\n"
+        "count, TTFT cold vs warm for a P-token shared public prefix + Q-token private suffix "
+        "(the\n"
+        "warm request is another tenant's, reusing the prefix from the cache), prefill tokens/s "
+        "and\n"
+        "GFLOP/s against the measured sgemm peak, and decode tokens/s against the "
+        "memory-bandwidth\n"
+        "bound (weight bytes per token over the measured read bandwidth). All figures measured.\n");
 }
 
 static int engine(int argc, char **argv) {
-    ikv_engine_bench_options o = {.config = "small", .prefix = 2048, .suffix = 32, .decode = 32,
-                                  .threads = {1, 2}, .seed = 1};
+    ikv_engine_bench_options o = {.config = "small",
+                                  .prefix = 2048,
+                                  .suffix = 32,
+                                  .decode = 32,
+                                  .threads = {1, 2},
+                                  .seed = 1};
     int json = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -35,14 +45,20 @@ static int engine(int argc, char **argv) {
             continue;
         }
         if (!v) return cli_usage_error("bench", "option '%s' needs a value", a);
-        if (!strcmp(a, "--config")) o.config = v;
-        else if (!strcmp(a, "--prefix") || !strcmp(a, "--suffix") || !strcmp(a, "--decode") || !strcmp(a, "--seed")) {
+        if (!strcmp(a, "--config"))
+            o.config = v;
+        else if (!strcmp(a, "--prefix") || !strcmp(a, "--suffix") || !strcmp(a, "--decode") ||
+                 !strcmp(a, "--seed")) {
             if (cli_parse_u64(v, &x) || (strcmp(a, "--seed") && x > 1000000))
                 return cli_usage_error("bench", "bad value '%s' for %s", v, a);
-            if (!strcmp(a, "--prefix")) o.prefix = (uint32_t)x;
-            else if (!strcmp(a, "--suffix")) o.suffix = (uint32_t)x;
-            else if (!strcmp(a, "--decode")) o.decode = (uint32_t)x;
-            else o.seed = x;
+            if (!strcmp(a, "--prefix"))
+                o.prefix = (uint32_t)x;
+            else if (!strcmp(a, "--suffix"))
+                o.suffix = (uint32_t)x;
+            else if (!strcmp(a, "--decode"))
+                o.decode = (uint32_t)x;
+            else
+                o.seed = x;
         } else if (!strcmp(a, "--threads")) {
             char *end;
             long t1 = strtol(v, &end, 10), t2 = 0;
@@ -50,7 +66,8 @@ static int engine(int argc, char **argv) {
             if (*end || t1 <= 0 || t1 > 256 || t2 < 0 || t2 > 256)
                 return cli_usage_error("bench", "--threads wants N or N,M (e.g. 1,2), got '%s'", v);
             o.threads[0] = (int)t1, o.threads[1] = (int)t2;
-        } else return cli_usage_error("bench", "unknown option '%s'", a);
+        } else
+            return cli_usage_error("bench", "unknown option '%s'", a);
         i++;
     }
     ikv_engine_bench_result r;

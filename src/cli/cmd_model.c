@@ -2,8 +2,8 @@
  * isokv model: write a checkpoint with deterministic random weights (and optionally a matching
  * tokenizer), or describe a checkpoint.
  *
- *     isokv model init --config tiny|stories15m|small|base --seed S -o model.bin [--tokenizer-out tok.bin]
- *     isokv model info model.bin
+ *     isokv model init --config tiny|stories15m|small|base --seed S -o model.bin [--tokenizer-out
+ * tok.bin] isokv model info model.bin
  */
 #include "cli.h"
 #include "isokv/model.h"
@@ -12,14 +12,16 @@
 #include <string.h>
 
 static void help(FILE *f) {
-    fprintf(f, "usage: isokv model init --config NAME [--seed S] -o MODEL.bin [--tokenizer-out TOK.bin]\n"
-               "       isokv model info MODEL.bin\n\n"
-               "init  writes a llama2.c-format checkpoint with deterministic random weights (same seed,\n"
-               "      same bytes), scaled so activations stay of order one through all layers.\n"
-               "      Configs: %s. --tokenizer-out also writes a matching synthetic\n"
-               "      tokenizer.bin (llama2.c format) of the model's vocabulary size.\n"
-               "info  prints the shape, parameter count and KV bytes per token of a checkpoint.\n",
-            ikv_model_config_names());
+    fprintf(
+        f,
+        "usage: isokv model init --config NAME [--seed S] -o MODEL.bin [--tokenizer-out TOK.bin]\n"
+        "       isokv model info MODEL.bin\n\n"
+        "init  writes a llama2.c-format checkpoint with deterministic random weights (same seed,\n"
+        "      same bytes), scaled so activations stay of order one through all layers.\n"
+        "      Configs: %s. --tokenizer-out also writes a matching synthetic\n"
+        "      tokenizer.bin (llama2.c format) of the model's vocabulary size.\n"
+        "info  prints the shape, parameter count and KV bytes per token of a checkpoint.\n",
+        ikv_model_config_names());
 }
 
 static int init(int argc, char **argv) {
@@ -27,23 +29,30 @@ static int init(int argc, char **argv) {
     uint64_t seed = 1;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--config") && v) cfgname = v, i++;
-        else if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && v) out = v, i++;
-        else if (!strcmp(a, "--tokenizer-out") && v) tok = v, i++;
+        if (!strcmp(a, "--config") && v)
+            cfgname = v, i++;
+        else if ((!strcmp(a, "-o") || !strcmp(a, "--output")) && v)
+            out = v, i++;
+        else if (!strcmp(a, "--tokenizer-out") && v)
+            tok = v, i++;
         else if (!strcmp(a, "--seed") && v) {
-            if (cli_parse_u64(v, &seed)) return cli_usage_error("model", "--seed '%s' is not a number", v);
+            if (cli_parse_u64(v, &seed))
+                return cli_usage_error("model", "--seed '%s' is not a number", v);
             i++;
-        } else return cli_usage_error("model", "unknown or incomplete option '%s'", a);
+        } else
+            return cli_usage_error("model", "unknown or incomplete option '%s'", a);
     }
-    if (!cfgname) return cli_usage_error("model", "init needs --config (%s)", ikv_model_config_names());
+    if (!cfgname)
+        return cli_usage_error("model", "init needs --config (%s)", ikv_model_config_names());
     if (!out) return cli_usage_error("model", "init needs -o MODEL.bin");
     ikv_model_config c;
     if (ikv_model_config_named(cfgname, &c)) return cli_usage_error("model", "%s", ikv_errdetail());
     if (ikv_model_write_random(out, &c, seed)) return cli_fail("model", "%s", ikv_errdetail());
     if (tok && ikv_tokenizer_write_synthetic(tok, (uint32_t)c.vocab_size, seed))
         return cli_fail("model", "%s", ikv_errdetail());
-    printf("wrote %s: config %s, seed %llu, %.2fM parameters, %llu bytes\n", out, cfgname, (unsigned long long)seed,
-           (double)ikv_model_params(&c) / 1e6, (unsigned long long)ikv_model_file_bytes(&c));
+    printf("wrote %s: config %s, seed %llu, %.2fM parameters, %llu bytes\n", out, cfgname,
+           (unsigned long long)seed, (double)ikv_model_params(&c) / 1e6,
+           (unsigned long long)ikv_model_file_bytes(&c));
     if (tok) printf("wrote %s: synthetic tokenizer, %d pieces\n", tok, (int)c.vocab_size);
     return IKV_EXIT_OK;
 }
@@ -54,16 +63,19 @@ static int info(int argc, char **argv) {
     if (ikv_model_load(argv[2], &m)) return cli_fail("model", "%s", ikv_errdetail());
     const ikv_model_config *c = ikv_model_cfg(m);
     printf("%s: llama2.c checkpoint\n", argv[2]);
-    printf("  dim %d, hidden %d, layers %d, heads %d, kv heads %d, head dim %d, vocab %d, seq_len %d\n",
+    printf("  dim %d, hidden %d, layers %d, heads %d, kv heads %d, head dim %d, vocab %d, seq_len "
+           "%d\n",
            (int)c->dim, (int)c->hidden_dim, (int)c->n_layers, (int)c->n_heads, (int)c->n_kv_heads,
            (int)(c->dim / c->n_heads), (int)c->vocab_size, (int)c->seq_len);
     printf("  classifier: %s\n", c->shared_classifier ? "tied to the token embedding" : "separate");
-    printf("  parameters: %llu (%.2fM), %llu bytes on disk\n", (unsigned long long)ikv_model_params(c),
-           (double)ikv_model_params(c) / 1e6, (unsigned long long)ikv_model_file_bytes(c));
+    printf("  parameters: %llu (%.2fM), %llu bytes on disk\n",
+           (unsigned long long)ikv_model_params(c), (double)ikv_model_params(c) / 1e6,
+           (unsigned long long)ikv_model_file_bytes(c));
     printf("  KV bytes per token: %llu (fp32 K and V, all layers); per 16-token block: %llu\n",
            (unsigned long long)ikv_model_kv_bytes_per_token(c),
            (unsigned long long)ikv_model_kv_bytes_per_token(c) * 16);
-    printf("  weight bytes read per decode step: %llu\n", (unsigned long long)ikv_model_decode_bytes(c));
+    printf("  weight bytes read per decode step: %llu\n",
+           (unsigned long long)ikv_model_decode_bytes(c));
     ikv_model_destroy(m);
     return IKV_EXIT_OK;
 }

@@ -17,16 +17,23 @@
 #include <string.h>
 
 static void help(FILE *f) {
-    fprintf(f,
-            "usage: isokv run --model M.bin [--tokenizer T.bin] --prompt TEXT [-n 64] [--temp 0] [--topp 0.9]\n"
-            "                 [--seed S] [--threads T] [--kv-mem BYTES] [--policy NAME] [--tenant NAME]\n"
-            "                 [--public N] [--repeat R]\n\n"
-            "Encodes the prompt (BOS first; byte-level when no tokenizer is given), prefills it through\n"
-            "the prefix cache, then decodes up to -n tokens (stopping at BOS/EOS or seq_len) and prints\n"
-            "the text. temperature 0 is greedy. --public N declares the first N prompt tokens shared\n"
-            "across tenants; the rest is scoped to --tenant. --repeat R runs the request R times on one\n"
-            "engine (the later runs hit the cache). --kv-mem sizes the KV pool (k/M/G suffixes; default:\n"
-            "5 full-length sequences). Figures printed on stderr are measured wall-clock times.\n");
+    fprintf(
+        f,
+        "usage: isokv run --model M.bin [--tokenizer T.bin] --prompt TEXT [-n 64] [--temp 0] "
+        "[--topp 0.9]\n"
+        "                 [--seed S] [--threads T] [--kv-mem BYTES] [--policy NAME] [--tenant "
+        "NAME]\n"
+        "                 [--public N] [--repeat R]\n\n"
+        "Encodes the prompt (BOS first; byte-level when no tokenizer is given), prefills it "
+        "through\n"
+        "the prefix cache, then decodes up to -n tokens (stopping at BOS/EOS or seq_len) and "
+        "prints\n"
+        "the text. temperature 0 is greedy. --public N declares the first N prompt tokens shared\n"
+        "across tenants; the rest is scoped to --tenant. --repeat R runs the request R times on "
+        "one\n"
+        "engine (the later runs hit the cache). --kv-mem sizes the KV pool (k/M/G suffixes; "
+        "default:\n"
+        "5 full-length sequences). Figures printed on stderr are measured wall-clock times.\n");
 }
 
 int ikv_cmd_run(int argc, char **argv) {
@@ -43,20 +50,34 @@ int ikv_cmd_run(int argc, char **argv) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!v) return cli_usage_error("run", "option '%s' needs a value", a);
-        if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--tokenizer")) tokp = v;
-        else if (!strcmp(a, "--prompt")) text = v;
-        else if (!strcmp(a, "--tenant")) tenant = v;
-        else if (!strcmp(a, "--policy")) eo.policy = v;
-        else if (!strcmp(a, "-n")) bad = cli_parse_u64(v, &steps);
-        else if (!strcmp(a, "--seed")) bad = cli_parse_u64(v, &seed);
-        else if (!strcmp(a, "--threads")) bad = cli_parse_u64(v, &threads) || threads == 0 || threads > 256;
-        else if (!strcmp(a, "--kv-mem")) bad = cli_parse_count(v, &kvmem);
-        else if (!strcmp(a, "--public")) bad = cli_parse_u64(v, &pub);
-        else if (!strcmp(a, "--repeat")) bad = cli_parse_u64(v, &repeat) || repeat == 0 || repeat > 1000;
-        else if (!strcmp(a, "--temp")) bad = cli_parse_double(v, &temp) || temp < 0;
-        else if (!strcmp(a, "--topp")) bad = cli_parse_double(v, &topp) || topp < 0 || topp > 1;
-        else return cli_usage_error("run", "unknown option '%s'", a);
+        if (!strcmp(a, "--model"))
+            model = v;
+        else if (!strcmp(a, "--tokenizer"))
+            tokp = v;
+        else if (!strcmp(a, "--prompt"))
+            text = v;
+        else if (!strcmp(a, "--tenant"))
+            tenant = v;
+        else if (!strcmp(a, "--policy"))
+            eo.policy = v;
+        else if (!strcmp(a, "-n"))
+            bad = cli_parse_u64(v, &steps);
+        else if (!strcmp(a, "--seed"))
+            bad = cli_parse_u64(v, &seed);
+        else if (!strcmp(a, "--threads"))
+            bad = cli_parse_u64(v, &threads) || threads == 0 || threads > 256;
+        else if (!strcmp(a, "--kv-mem"))
+            bad = cli_parse_count(v, &kvmem);
+        else if (!strcmp(a, "--public"))
+            bad = cli_parse_u64(v, &pub);
+        else if (!strcmp(a, "--repeat"))
+            bad = cli_parse_u64(v, &repeat) || repeat == 0 || repeat > 1000;
+        else if (!strcmp(a, "--temp"))
+            bad = cli_parse_double(v, &temp) || temp < 0;
+        else if (!strcmp(a, "--topp"))
+            bad = cli_parse_double(v, &topp) || topp < 0 || topp > 1;
+        else
+            return cli_usage_error("run", "unknown option '%s'", a);
         if (bad) return cli_usage_error("run", "bad value '%s' for %s", v, a);
         i++;
     }
@@ -88,7 +109,8 @@ int ikv_cmd_run(int argc, char **argv) {
         goto out;
     }
     if (n > (size_t)c->seq_len) {
-        cli_fail("run", "the prompt is %zu tokens, longer than the model's seq_len %d", n, (int)c->seq_len);
+        cli_fail("run", "the prompt is %zu tokens, longer than the model's seq_len %d", n,
+                 (int)c->seq_len);
         goto out;
     }
     if (ikv_engine_create(m, &eo, &e)) {
@@ -141,10 +163,12 @@ int ikv_cmd_run(int argc, char **argv) {
         fflush(stdout); /* the text, then the figures on stderr */
         ikv_engine_end(e, s);
         fprintf(stderr,
-                "[run %llu] measured on %llu BLAS thread(s): prompt %zu tokens (%zu from the cache, %zu computed), "
+                "[run %llu] measured on %llu BLAS thread(s): prompt %zu tokens (%zu from the "
+                "cache, %zu computed), "
                 "TTFT %.2f ms, prefill %.0f tok/s; decode %zu tokens at %.1f tok/s\n",
-                (unsigned long long)r + 1, (unsigned long long)threads, n, info.cached_tokens, info.computed_tokens,
-                info.seconds * 1e3, info.seconds > 0 ? (double)info.computed_tokens / info.seconds : 0.0, gen,
+                (unsigned long long)r + 1, (unsigned long long)threads, n, info.cached_tokens,
+                info.computed_tokens, info.seconds * 1e3,
+                info.seconds > 0 ? (double)info.computed_tokens / info.seconds : 0.0, gen,
                 gen > 1 && dt > 0 ? (double)(gen - 1) / dt : 0.0);
     }
     rc = IKV_EXIT_OK;

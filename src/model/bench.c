@@ -23,13 +23,16 @@
 
 static double best_sgemm(int n) {
     size_t nn = (size_t)n * (size_t)n;
-    float *a = ikv_malloc(sizeof(float) * nn), *b = ikv_malloc(sizeof(float) * nn), *c = ikv_malloc(sizeof(float) * nn);
+    float *a = ikv_malloc(sizeof(float) * nn), *b = ikv_malloc(sizeof(float) * nn),
+          *c = ikv_malloc(sizeof(float) * nn);
     double best = 0;
     if (a && b && c) {
-        for (size_t i = 0; i < nn; i++) a[i] = (float)(i % 13) * 0.01f, b[i] = (float)(i % 7) * 0.02f;
+        for (size_t i = 0; i < nn; i++)
+            a[i] = (float)(i % 13) * 0.01f, b[i] = (float)(i % 7) * 0.02f;
         for (int r = 0; r < 4; r++) {
             double t = ikv_now();
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c, n);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
+                        c, n);
             t = ikv_now() - t;
             double g = 2.0 * n * (double)n * n / t / 1e9;
             if (r && g > best) best = g; /* the first call warms up threads and pages */
@@ -43,7 +46,8 @@ static double best_read_gbs(void) {
     size_t n = (size_t)64 << 20; /* 64 Mi floats = 256 MiB */
     float *x = ikv_malloc(sizeof(float) * n);
     if (!x) return 0;
-    for (size_t i = 0; i < n; i++) x[i] = 1.0f;
+    for (size_t i = 0; i < n; i++)
+        x[i] = 1.0f;
     double best = 0;
     volatile float sink = 0;
     for (int r = 0; r < 3; r++) {
@@ -84,8 +88,9 @@ int ikv_engine_bench(const ikv_engine_bench_options *o, ikv_engine_bench_result 
     size_t n = (size_t)o->prefix + o->suffix;
     if (o->suffix == 0) return ikv_error(IKV_EINVAL, "bench: need a suffix of at least one token");
     if (n + o->decode > (size_t)r->cfg.seq_len)
-        return ikv_error(IKV_ETOOLONG, "bench: %zu prompt + %u decode tokens exceed seq_len %d of '%s'", n, o->decode,
-                         (int)r->cfg.seq_len, o->config);
+        return ikv_error(IKV_ETOOLONG,
+                         "bench: %zu prompt + %u decode tokens exceed seq_len %d of '%s'", n,
+                         o->decode, (int)r->cfg.seq_len, o->config);
     ikv_model *m;
     if ((rc = ikv_model_random(&r->cfg, o->seed, &m))) return rc;
     uint32_t *a = ikv_malloc(sizeof(uint32_t) * n), *b = ikv_malloc(sizeof(uint32_t) * n);
@@ -148,43 +153,60 @@ out:
 void ikv_engine_bench_print(const ikv_engine_bench_result *r, FILE *f, int json) {
     const ikv_model_config *c = &r->cfg;
     if (json) {
-        fprintf(f, "{\"what\": \"measured, wall clock\", \"cores\": %ld, \"model\": {\"dim\": %d, \"hidden\": %d, "
-                   "\"layers\": %d, \"heads\": %d, \"kv_heads\": %d, \"vocab\": %d, \"seq_len\": %d, \"params\": %llu}, "
-                   "\"prefix\": %u, \"suffix\": %u, \"decode\": %u, \"rows\": [",
-                r->cores, (int)c->dim, (int)c->hidden_dim, (int)c->n_layers, (int)c->n_heads, (int)c->n_kv_heads,
-                (int)c->vocab_size, (int)c->seq_len, (unsigned long long)ikv_model_params(c), r->prefix, r->suffix,
-                r->decode);
+        fprintf(f,
+                "{\"what\": \"measured, wall clock\", \"cores\": %ld, \"model\": {\"dim\": %d, "
+                "\"hidden\": %d, "
+                "\"layers\": %d, \"heads\": %d, \"kv_heads\": %d, \"vocab\": %d, \"seq_len\": %d, "
+                "\"params\": %llu}, "
+                "\"prefix\": %u, \"suffix\": %u, \"decode\": %u, \"rows\": [",
+                r->cores, (int)c->dim, (int)c->hidden_dim, (int)c->n_layers, (int)c->n_heads,
+                (int)c->n_kv_heads, (int)c->vocab_size, (int)c->seq_len,
+                (unsigned long long)ikv_model_params(c), r->prefix, r->suffix, r->decode);
         for (size_t i = 0; i < r->n_rows; i++) {
             const ikv_engine_bench_row *w = &r->rows[i];
-            fprintf(f, "%s{\"threads\": %d, \"ttft_cold_s\": %.6f, \"ttft_warm_s\": %.6f, \"warm_over_cold\": %.5f, "
-                       "\"warm_cached_tokens\": %zu, \"prefill_tok_s\": %.1f, \"prefill_gflops\": %.2f, "
-                       "\"sgemm_peak_gflops\": %.2f, \"prefill_over_peak\": %.4f, \"decode_tok_s\": %.2f, "
-                       "\"read_gbs\": %.2f, \"decode_bound_tok_s\": %.2f, \"decode_over_bound\": %.4f}",
-                    i ? ", " : "", w->threads, w->ttft_cold_s, w->ttft_warm_s, w->ttft_warm_s / w->ttft_cold_s,
-                    w->warm_cached_tokens, w->prefill_tok_s, w->prefill_gflops, w->sgemm_peak_gflops,
-                    w->prefill_gflops / w->sgemm_peak_gflops, w->decode_tok_s, w->read_gbs, w->decode_bound_tok_s,
-                    w->decode_tok_s / w->decode_bound_tok_s);
+            fprintf(
+                f,
+                "%s{\"threads\": %d, \"ttft_cold_s\": %.6f, \"ttft_warm_s\": %.6f, "
+                "\"warm_over_cold\": %.5f, "
+                "\"warm_cached_tokens\": %zu, \"prefill_tok_s\": %.1f, \"prefill_gflops\": %.2f, "
+                "\"sgemm_peak_gflops\": %.2f, \"prefill_over_peak\": %.4f, \"decode_tok_s\": %.2f, "
+                "\"read_gbs\": %.2f, \"decode_bound_tok_s\": %.2f, \"decode_over_bound\": %.4f}",
+                i ? ", " : "", w->threads, w->ttft_cold_s, w->ttft_warm_s,
+                w->ttft_warm_s / w->ttft_cold_s, w->warm_cached_tokens, w->prefill_tok_s,
+                w->prefill_gflops, w->sgemm_peak_gflops, w->prefill_gflops / w->sgemm_peak_gflops,
+                w->decode_tok_s, w->read_gbs, w->decode_bound_tok_s,
+                w->decode_tok_s / w->decode_bound_tok_s);
         }
         fprintf(f, "]}\n");
         return;
     }
-    fprintf(f, "engine benchmark (measured, wall clock, on %ld cores): model dim %d, hidden %d, %d layers, "
-               "%d heads / %d kv heads, vocab %d (%.1fM params, random weights)\n",
-            r->cores, (int)c->dim, (int)c->hidden_dim, (int)c->n_layers, (int)c->n_heads, (int)c->n_kv_heads,
-            (int)c->vocab_size, (double)ikv_model_params(c) / 1e6);
-    fprintf(f, "request: %u-token shared public prefix + %u-token private suffix; %u decode steps\n", r->prefix,
-            r->suffix, r->decode);
+    fprintf(f,
+            "engine benchmark (measured, wall clock, on %ld cores): model dim %d, hidden %d, %d "
+            "layers, "
+            "%d heads / %d kv heads, vocab %d (%.1fM params, random weights)\n",
+            r->cores, (int)c->dim, (int)c->hidden_dim, (int)c->n_layers, (int)c->n_heads,
+            (int)c->n_kv_heads, (int)c->vocab_size, (double)ikv_model_params(c) / 1e6);
+    fprintf(f,
+            "request: %u-token shared public prefix + %u-token private suffix; %u decode steps\n",
+            r->prefix, r->suffix, r->decode);
     for (size_t i = 0; i < r->n_rows; i++) {
         const ikv_engine_bench_row *w = &r->rows[i];
         fprintf(f, "threads %d:\n", w->threads);
-        fprintf(f, "  TTFT cold %.1f ms, warm %.1f ms (%zu tokens from the cache): warm/cold = 1/%.1f\n",
-                w->ttft_cold_s * 1e3, w->ttft_warm_s * 1e3, w->warm_cached_tokens, w->ttft_cold_s / w->ttft_warm_s);
-        fprintf(f, "  prefill %.0f tok/s, %.1f GFLOP/s useful = %.0f%% of the measured sgemm peak %.1f GFLOP/s\n",
+        fprintf(
+            f,
+            "  TTFT cold %.1f ms, warm %.1f ms (%zu tokens from the cache): warm/cold = 1/%.1f\n",
+            w->ttft_cold_s * 1e3, w->ttft_warm_s * 1e3, w->warm_cached_tokens,
+            w->ttft_cold_s / w->ttft_warm_s);
+        fprintf(f,
+                "  prefill %.0f tok/s, %.1f GFLOP/s useful = %.0f%% of the measured sgemm peak "
+                "%.1f GFLOP/s\n",
                 w->prefill_tok_s, w->prefill_gflops, 100 * w->prefill_gflops / w->sgemm_peak_gflops,
                 w->sgemm_peak_gflops);
-        fprintf(f, "  decode %.1f tok/s = %.0f%% of the bandwidth bound %.1f tok/s (%.1f GB/s measured read, %.1f MB "
-                   "of weights per token)\n",
-                w->decode_tok_s, 100 * w->decode_tok_s / w->decode_bound_tok_s, w->decode_bound_tok_s, w->read_gbs,
-                (double)ikv_model_decode_bytes(c) / 1e6);
+        fprintf(f,
+                "  decode %.1f tok/s = %.0f%% of the bandwidth bound %.1f tok/s (%.1f GB/s "
+                "measured read, %.1f MB "
+                "of weights per token)\n",
+                w->decode_tok_s, 100 * w->decode_tok_s / w->decode_bound_tok_s,
+                w->decode_bound_tok_s, w->read_gbs, (double)ikv_model_decode_bytes(c) / 1e6);
     }
 }

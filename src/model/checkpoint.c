@@ -67,45 +67,52 @@ const char *ikv_model_config_names(void) {
 }
 
 /* Limits that keep every size product far inside uint64 and reject garbage headers. */
-#define LIM_DIM 65536
+#define LIM_DIM    65536
 #define LIM_HIDDEN 1048576
 #define LIM_LAYERS 1024
-#define LIM_VOCAB (1 << 22)
-#define LIM_SEQ (1 << 20)
+#define LIM_VOCAB  (1 << 22)
+#define LIM_SEQ    (1 << 20)
 
 static int field(const char *name, int32_t v, int32_t lim) {
     if (v <= 0) return ikv_error(IKV_EFORMAT, "%s = %d: must be positive", name, (int)v);
-    if (v > lim) return ikv_error(IKV_EFORMAT, "%s = %d: larger than the limit %d", name, (int)v, (int)lim);
+    if (v > lim)
+        return ikv_error(IKV_EFORMAT, "%s = %d: larger than the limit %d", name, (int)v, (int)lim);
     return 0;
 }
 
 int ikv_model_config_check(const ikv_model_config *c) {
     int rc;
-    if ((rc = field("dim", c->dim, LIM_DIM)) || (rc = field("hidden_dim", c->hidden_dim, LIM_HIDDEN)) ||
-        (rc = field("n_layers", c->n_layers, LIM_LAYERS)) || (rc = field("n_heads", c->n_heads, c->dim)) ||
+    if ((rc = field("dim", c->dim, LIM_DIM)) ||
+        (rc = field("hidden_dim", c->hidden_dim, LIM_HIDDEN)) ||
+        (rc = field("n_layers", c->n_layers, LIM_LAYERS)) ||
+        (rc = field("n_heads", c->n_heads, c->dim)) ||
         (rc = field("n_kv_heads", c->n_kv_heads, c->n_heads)) ||
-        (rc = field("vocab_size", c->vocab_size, LIM_VOCAB)) || (rc = field("seq_len", c->seq_len, LIM_SEQ)))
+        (rc = field("vocab_size", c->vocab_size, LIM_VOCAB)) ||
+        (rc = field("seq_len", c->seq_len, LIM_SEQ)))
         return rc;
     if (c->dim % c->n_heads)
-        return ikv_error(IKV_EFORMAT, "dim %d is not a multiple of n_heads %d", (int)c->dim, (int)c->n_heads);
+        return ikv_error(IKV_EFORMAT, "dim %d is not a multiple of n_heads %d", (int)c->dim,
+                         (int)c->n_heads);
     if (c->n_heads % c->n_kv_heads)
-        return ikv_error(IKV_EFORMAT, "n_heads %d is not a multiple of n_kv_heads %d", (int)c->n_heads,
-                         (int)c->n_kv_heads);
+        return ikv_error(IKV_EFORMAT, "n_heads %d is not a multiple of n_kv_heads %d",
+                         (int)c->n_heads, (int)c->n_kv_heads);
     if ((c->dim / c->n_heads) % 2)
-        return ikv_error(IKV_EFORMAT, "head_dim %d is odd (RoPE rotates pairs)", (int)(c->dim / c->n_heads));
+        return ikv_error(IKV_EFORMAT, "head_dim %d is odd (RoPE rotates pairs)",
+                         (int)(c->dim / c->n_heads));
     return 0;
 }
 
 uint64_t ikv__ckpt_floats(const ikv_model_config *c) {
     uint64_t d = (uint64_t)c->dim, h = (uint64_t)c->hidden_dim, L = (uint64_t)c->n_layers;
-    uint64_t hd = d / (uint64_t)c->n_heads, kv = hd * (uint64_t)c->n_kv_heads, V = (uint64_t)c->vocab_size;
-    uint64_t f = V * d;                       /* embedding */
-    f += L * d * 2;                           /* rms_att, rms_ffn */
-    f += L * (d * d + 2 * kv * d + d * d);    /* wq, wk, wv, wo */
-    f += L * 3 * d * h;                       /* w1, w2, w3 */
-    f += d;                                   /* rms_final */
-    f += (uint64_t)c->seq_len * hd;           /* freq_cis real + imag */
-    if (!c->shared_classifier) f += V * d;    /* wcls */
+    uint64_t hd = d / (uint64_t)c->n_heads, kv = hd * (uint64_t)c->n_kv_heads,
+             V = (uint64_t)c->vocab_size;
+    uint64_t f = V * d;                    /* embedding */
+    f += L * d * 2;                        /* rms_att, rms_ffn */
+    f += L * (d * d + 2 * kv * d + d * d); /* wq, wk, wv, wo */
+    f += L * 3 * d * h;                    /* w1, w2, w3 */
+    f += d;                                /* rms_final */
+    f += (uint64_t)c->seq_len * hd;        /* freq_cis real + imag */
+    if (!c->shared_classifier) f += V * d; /* wcls */
     return f;
 }
 
@@ -155,13 +162,15 @@ void ikv__model_bind(struct ikv_model *m, const ikv_model_config *c) {
 /* Parses and checks the header of an image of `bytes` bytes named `path`; fills *c. */
 static int parse_header(const char *path, const void *image, size_t bytes, ikv_model_config *c) {
     if (bytes < IKV__CKPT_HEADER_BYTES)
-        return ikv_error(IKV_ETRUNC, "%s: %zu bytes, shorter than the 28-byte llama2.c header", path, bytes);
+        return ikv_error(IKV_ETRUNC, "%s: %zu bytes, shorter than the 28-byte llama2.c header",
+                         path, bytes);
     int32_t h[7];
     memcpy(h, image, sizeof h);
     if ((uint32_t)h[0] == 0x616b3432u)
         return ikv_error(IKV_EFORMAT,
                          "%s: llama2.c version-1/2 export (magic \"ak42\"); only the legacy "
-                         "version-0 layout is supported (export with --version 0)", path);
+                         "version-0 layout is supported (export with --version 0)",
+                         path);
     memset(c, 0, sizeof *c);
     c->dim = h[0], c->hidden_dim = h[1], c->n_layers = h[2], c->n_heads = h[3];
     c->n_kv_heads = h[4], c->seq_len = h[6];
@@ -175,12 +184,16 @@ static int parse_header(const char *path, const void *image, size_t bytes, ikv_m
     }
     uint64_t want = ikv_model_file_bytes(c);
     if ((uint64_t)bytes < want)
-        return ikv_error(IKV_ETRUNC, "%s: truncated: %zu bytes, the header (dim %d, hidden %d, %d layers, "
-                         "vocab %d, seq_len %d) implies %llu", path, bytes, (int)c->dim, (int)c->hidden_dim,
-                         (int)c->n_layers, (int)c->vocab_size, (int)c->seq_len, (unsigned long long)want);
+        return ikv_error(IKV_ETRUNC,
+                         "%s: truncated: %zu bytes, the header (dim %d, hidden %d, %d layers, "
+                         "vocab %d, seq_len %d) implies %llu",
+                         path, bytes, (int)c->dim, (int)c->hidden_dim, (int)c->n_layers,
+                         (int)c->vocab_size, (int)c->seq_len, (unsigned long long)want);
     if ((uint64_t)bytes > want)
-        return ikv_error(IKV_EFORMAT, "%s: size does not match the header: %zu bytes, the header implies %llu "
-                         "(%llu trailing bytes)", path, bytes, (unsigned long long)want,
+        return ikv_error(IKV_EFORMAT,
+                         "%s: size does not match the header: %zu bytes, the header implies %llu "
+                         "(%llu trailing bytes)",
+                         path, bytes, (unsigned long long)want,
                          (unsigned long long)((uint64_t)bytes - want));
     return 0;
 }
@@ -196,7 +209,8 @@ int ikv_model_load(const char *path, ikv_model **out) {
     size_t bytes = (size_t)st.st_size;
     if (bytes < IKV__CKPT_HEADER_BYTES) {
         close(fd);
-        return ikv_error(IKV_ETRUNC, "%s: %zu bytes, shorter than the 28-byte llama2.c header", path, bytes);
+        return ikv_error(IKV_ETRUNC, "%s: %zu bytes, shorter than the 28-byte llama2.c header",
+                         path, bytes);
     }
     void *img = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
@@ -238,7 +252,8 @@ static void fill_uniform(float *p, size_t n, float stddev, uint64_t *s) {
 }
 
 static void fill_const(float *p, size_t n, float v) {
-    for (size_t i = 0; i < n; i++) p[i] = v;
+    for (size_t i = 0; i < n; i++)
+        p[i] = v;
 }
 
 int ikv_model_random(const ikv_model_config *cin, uint64_t seed, ikv_model **out) {
@@ -247,7 +262,8 @@ int ikv_model_random(const ikv_model_config *cin, uint64_t seed, ikv_model **out
     ikv_model_config c = *cin;
     c.shared_classifier = c.shared_classifier ? 1 : 0;
     uint64_t bytes = ikv_model_file_bytes(&c);
-    if (bytes > (uint64_t)SIZE_MAX / 2) return ikv_error(IKV_ENOMEM, "model of %llu bytes", (unsigned long long)bytes);
+    if (bytes > (uint64_t)SIZE_MAX / 2)
+        return ikv_error(IKV_ENOMEM, "model of %llu bytes", (unsigned long long)bytes);
     ikv_model *m = ikv_calloc(1, sizeof *m);
     void *img = ikv_malloc((size_t)bytes);
     if (!m || !img) {
@@ -255,14 +271,16 @@ int ikv_model_random(const ikv_model_config *cin, uint64_t seed, ikv_model **out
         ikv_free(img);
         return ikv_error(IKV_ENOMEM, "model image of %llu bytes", (unsigned long long)bytes);
     }
-    int32_t h[7] = {c.dim, c.hidden_dim, c.n_layers, c.n_heads, c.n_kv_heads,
-                    c.shared_classifier ? c.vocab_size : -c.vocab_size, c.seq_len};
+    int32_t h[7] = {c.dim,     c.hidden_dim, c.n_layers,
+                    c.n_heads, c.n_kv_heads, c.shared_classifier ? c.vocab_size : -c.vocab_size,
+                    c.seq_len};
     memcpy(img, h, sizeof h);
     m->image = img;
     m->image_bytes = (size_t)bytes;
     ikv__model_bind(m, &c);
 
-    size_t d = (size_t)c.dim, hid = (size_t)c.hidden_dim, L = (size_t)c.n_layers, V = (size_t)c.vocab_size;
+    size_t d = (size_t)c.dim, hid = (size_t)c.hidden_dim, L = (size_t)c.n_layers,
+           V = (size_t)c.vocab_size;
     size_t q = (size_t)m->q_dim, kv = (size_t)m->kv_dim, hd = (size_t)m->head_dim;
     float res = 1.0f / sqrtf(2.0f * (float)L);
     uint64_t s = seed;
@@ -311,7 +329,8 @@ int ikv_model_write_random(const char *path, const ikv_model_config *c, uint64_t
         size_t wrote = fwrite(m->image, 1, m->image_bytes, f);
         int bad = wrote != m->image_bytes;
         if (fclose(f) != 0) bad = 1;
-        if (bad) rc = ikv_error(IKV_EIO, "%s: write failed: %s", tmp, strerror(errno));
+        if (bad)
+            rc = ikv_error(IKV_EIO, "%s: write failed: %s", tmp, strerror(errno));
         else if (rename(tmp, path) != 0)
             rc = ikv_error(IKV_EIO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
         if (rc) unlink(tmp);
@@ -323,8 +342,10 @@ int ikv_model_write_random(const char *path, const ikv_model_config *c, uint64_t
 
 void ikv_model_destroy(ikv_model *m) {
     if (!m) return;
-    if (m->mapped) munmap(m->image, m->image_bytes);
-    else ikv_free(m->image);
+    if (m->mapped)
+        munmap(m->image, m->image_bytes);
+    else
+        ikv_free(m->image);
     ikv_free(m);
 }
 

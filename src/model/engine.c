@@ -86,10 +86,13 @@ void ikv_engine_destroy(ikv_engine *e) {
             ikv_free(e->seqs[i].locked);
             ikv_free(e->seqs[i].logits);
         }
-    void *bufs[] = {e->kv, e->state, e->bnode, e->bdepth, e->bparent, e->btokens, e->bkey, e->free_stack,
-                    e->node2blk, e->seqs, e->keys, e->nodes, e->x, e->xb, e->q, e->k, e->v, e->att,
-                    e->hb, e->hb2, e->S, e->qg, e->Kc, e->Vc, e->rope_cos, e->rope_sin, e->xfinal};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ikv_free(bufs[i]);
+    void *bufs[] = {e->kv,       e->state,      e->bnode,    e->bdepth, e->bparent, e->btokens,
+                    e->bkey,     e->free_stack, e->node2blk, e->seqs,   e->keys,    e->nodes,
+                    e->x,        e->xb,         e->q,        e->k,      e->v,       e->att,
+                    e->hb,       e->hb2,        e->S,        e->qg,     e->Kc,      e->Vc,
+                    e->rope_cos, e->rope_sin,   e->xfinal};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        ikv_free(bufs[i]);
     ikv_free(e);
 }
 
@@ -100,14 +103,18 @@ static size_t at_least1(size_t n) {
 
 int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_engine **out) {
     ikv_engine_options o;
-    if (oin) o = *oin;
-    else ikv_engine_options_default(&o);
+    if (oin)
+        o = *oin;
+    else
+        ikv_engine_options_default(&o);
     if (!o.policy) o.policy = "lru";
     const ikv_model_config *c = &m->cfg;
     if (o.block_tokens == 0 || o.block_tokens > 4096)
         return ikv_error(IKV_EINVAL, "block_tokens %u not in 1..4096", o.block_tokens);
-    if (o.tile == 0 || o.tile > 4096) return ikv_error(IKV_EINVAL, "tile %u not in 1..4096", o.tile);
-    if (o.max_seqs == 0 || o.max_seqs > 4096) return ikv_error(IKV_EINVAL, "max_seqs %u not in 1..4096", o.max_seqs);
+    if (o.tile == 0 || o.tile > 4096)
+        return ikv_error(IKV_EINVAL, "tile %u not in 1..4096", o.tile);
+    if (o.max_seqs == 0 || o.max_seqs > 4096)
+        return ikv_error(IKV_EINVAL, "max_seqs %u not in 1..4096", o.max_seqs);
     if (o.threads < 0) return ikv_error(IKV_EINVAL, "threads %d < 0", o.threads);
 
     uint32_t bt = o.block_tokens;
@@ -117,11 +124,13 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     if (o.kv_mem == 0) o.kv_mem = (reserve + 4ull * max_blocks) * block_bytes;
     uint64_t nblocks = o.kv_mem / block_bytes;
     if (nblocks < reserve + 1 || nblocks > UINT32_MAX - 1)
-        return ikv_error(IKV_EINVAL,
-                         "kv-mem %llu bytes holds %llu blocks of %llu bytes; the engine needs %llu private "
-                         "blocks (%u sequences x %u blocks of %u tokens) plus at least 1 for the cache",
-                         (unsigned long long)o.kv_mem, (unsigned long long)nblocks,
-                         (unsigned long long)block_bytes, (unsigned long long)reserve, o.max_seqs, max_blocks, bt);
+        return ikv_error(
+            IKV_EINVAL,
+            "kv-mem %llu bytes holds %llu blocks of %llu bytes; the engine needs %llu private "
+            "blocks (%u sequences x %u blocks of %u tokens) plus at least 1 for the cache",
+            (unsigned long long)o.kv_mem, (unsigned long long)nblocks,
+            (unsigned long long)block_bytes, (unsigned long long)reserve, o.max_seqs, max_blocks,
+            bt);
 
     ikv_engine *e = ikv_calloc(1, sizeof *e);
     if (!e) return ikv_error(IKV_ENOMEM, "engine");
@@ -154,27 +163,31 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
              ALLOC(e->bnode, nblocks) && ALLOC(e->bdepth, nblocks) && ALLOC(e->bparent, nblocks) &&
              ALLOC(e->btokens, (size_t)nblocks * bt) && ALLOC(e->bkey, nblocks) &&
              ALLOC(e->free_stack, nblocks) && ALLOC(e->node2blk, e->node_limit) &&
-             ALLOC(e->seqs, o.max_seqs) && ALLOC(e->keys, max_blocks) && ALLOC(e->nodes, max_blocks) &&
-             ALLOC(e->x, T * D) && ALLOC(e->xb, T * D) && ALLOC(e->q, T * q) && ALLOC(e->k, T * kvd) &&
-             ALLOC(e->v, T * kvd) && ALLOC(e->att, T * q) && ALLOC(e->hb, T * hid) && ALLOC(e->hb2, T * hid) &&
+             ALLOC(e->seqs, o.max_seqs) && ALLOC(e->keys, max_blocks) &&
+             ALLOC(e->nodes, max_blocks) && ALLOC(e->x, T * D) && ALLOC(e->xb, T * D) &&
+             ALLOC(e->q, T * q) && ALLOC(e->k, T * kvd) && ALLOC(e->v, T * kvd) &&
+             ALLOC(e->att, T * q) && ALLOC(e->hb, T * hid) && ALLOC(e->hb2, T * hid) &&
              ALLOC(e->S, T * (size_t)(c->n_heads / c->n_kv_heads) * e->Lmax) &&
-             ALLOC(e->qg, T * (size_t)(c->n_heads / c->n_kv_heads) * hd) && ALLOC(e->Kc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
+             ALLOC(e->qg, T * (size_t)(c->n_heads / c->n_kv_heads) * hd) &&
+             ALLOC(e->Kc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
              ALLOC(e->Vc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
-             ALLOC(e->rope_cos, (size_t)c->seq_len * hd / 2) && ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) &&
-             ALLOC(e->xfinal, D);
+             ALLOC(e->rope_cos, (size_t)c->seq_len * hd / 2) &&
+             ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) && ALLOC(e->xfinal, D);
     for (uint32_t i = 0; ok && i < o.max_seqs; i++)
         ok = ALLOC(e->seqs[i].table, max_blocks) && ALLOC(e->seqs[i].locked, max_blocks) &&
              ALLOC(e->seqs[i].logits, V);
     if (!ok) {
         ikv_engine_destroy(e);
-        return ikv_error(IKV_ENOMEM, "engine buffers (KV pool %llu bytes)", (unsigned long long)o.kv_mem);
+        return ikv_error(IKV_ENOMEM, "engine buffers (KV pool %llu bytes)",
+                         (unsigned long long)o.kv_mem);
     }
     for (uint32_t b = 0; b < e->nblocks; b++) {
         e->bnode[b] = IKV_NIL;
         e->free_stack[b] = e->nblocks - 1 - b; /* pop hands out block 0 first */
     }
     e->n_free = e->nblocks;
-    for (uint64_t i = 0; i < e->node_limit; i++) e->node2blk[i] = IKV_NIL;
+    for (uint64_t i = 0; i < e->node_limit; i++)
+        e->node2blk[i] = IKV_NIL;
     ikv__rope_init(e);
     if (o.threads > 0) openblas_set_num_threads(o.threads);
     *out = e;
@@ -210,9 +223,12 @@ static int add_private(ikv_engine *e, ikv_seq *s, uint32_t j) {
 }
 
 /* Is the cached block b exactly block j of this prompt, following block `parent`? */
-static int block_matches(const ikv_engine *e, uint32_t b, uint32_t j, uint32_t parent, const uint32_t *tokens) {
-    return b != IKV_NIL && e->state[b] == IKV__BLK_READY && e->bdepth[b] == j && e->bparent[b] == parent &&
-           !memcmp(e->btokens + (size_t)b * e->bt, tokens + (size_t)j * e->bt, sizeof(uint32_t) * e->bt);
+static int block_matches(const ikv_engine *e, uint32_t b, uint32_t j, uint32_t parent,
+                         const uint32_t *tokens) {
+    return b != IKV_NIL && e->state[b] == IKV__BLK_READY && e->bdepth[b] == j &&
+           e->bparent[b] == parent &&
+           !memcmp(e->btokens + (size_t)b * e->bt, tokens + (size_t)j * e->bt,
+                   sizeof(uint32_t) * e->bt);
 }
 
 int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_prefill_info *info) {
@@ -220,12 +236,12 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
     const ikv_model_config *c = &e->m->cfg;
     if (!r || !r->tokens || r->n == 0) return ikv_error(IKV_EINVAL, "empty prompt");
     if (r->n > (size_t)c->seq_len)
-        return ikv_error(IKV_ETOOLONG, "prompt of %zu tokens is longer than the model's seq_len %d", r->n,
-                         (int)c->seq_len);
+        return ikv_error(IKV_ETOOLONG, "prompt of %zu tokens is longer than the model's seq_len %d",
+                         r->n, (int)c->seq_len);
     for (size_t i = 0; i < r->n; i++)
         if (r->tokens[i] >= (uint32_t)c->vocab_size)
-            return ikv_error(IKV_EINVAL, "prompt token %zu is %u, outside the vocabulary of %d", i, r->tokens[i],
-                             (int)c->vocab_size);
+            return ikv_error(IKV_EINVAL, "prompt token %zu is %u, outside the vocabulary of %d", i,
+                             r->tokens[i], (int)c->vocab_size);
     ikv_seq *s = NULL;
     for (uint32_t i = 0; i < e->opt.max_seqs && !s; i++)
         if (!e->seqs[i].active) s = &e->seqs[i];
@@ -245,7 +261,8 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
         uint64_t pub = ikv_scope_salt(e->opt.key_seed, NULL);
         for (uint32_t j = 0; j < nfull; j++) {
             uint64_t salt = (uint64_t)(j + 1) * bt <= r->public_tokens ? pub : tenant;
-            e->keys[j] = ikv_key_chain(e->opt.key_seed, j ? &e->keys[j - 1] : NULL, r->tokens + (size_t)j * bt, bt, salt);
+            e->keys[j] = ikv_key_chain(e->opt.key_seed, j ? &e->keys[j - 1] : NULL,
+                                       r->tokens + (size_t)j * bt, bt, salt);
         }
         size_t core_m = 0;
         ikv_cache_match(e->cache, e->keys, nfull, e->nodes, NULL, &core_m);
@@ -263,7 +280,8 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
         if (m) {
             rc = ikv_cache_lock(e->cache, e->nodes, m);
             IKV_ASSERT(rc == 0);
-            (void)ikv_cache_hit(e->cache, e->nodes, m, &acc); /* EFULL: promotion only; still a hit */
+            (void)ikv_cache_hit(e->cache, e->nodes, m,
+                                &acc); /* EFULL: promotion only; still a hit */
             for (uint32_t j = 0; j < m; j++) {
                 s->locked[j] = e->nodes[j];
                 s->table[j] = e->node2blk[e->nodes[j]];
@@ -289,7 +307,8 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
                 e->bdepth[b] = j;
                 e->bparent[b] = j ? s->table[j - 1] : IKV_NIL;
                 e->bkey[b] = e->keys[j];
-                memcpy(e->btokens + (size_t)b * bt, r->tokens + (size_t)j * bt, sizeof(uint32_t) * bt);
+                memcpy(e->btokens + (size_t)b * bt, r->tokens + (size_t)j * bt,
+                       sizeof(uint32_t) * bt);
                 e->node2blk[node] = b;
                 s->table[j] = b;
                 s->n_blocks = j + 1;
@@ -301,7 +320,8 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
         if ((rc = add_private(e, s, j))) goto fail;
     for (uint32_t j = m + inserted; j < nblk; j++) {
         size_t cnt = (size_t)(j + 1) * bt <= n ? bt : n - (size_t)j * bt;
-        memcpy(e->btokens + (size_t)s->table[j] * bt, r->tokens + (size_t)j * bt, sizeof(uint32_t) * cnt);
+        memcpy(e->btokens + (size_t)s->table[j] * bt, r->tokens + (size_t)j * bt,
+               sizeof(uint32_t) * cnt);
     }
 
     /* prefill positions [m*bt, n) tile by tile */
@@ -311,13 +331,17 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
             size_t lo = first > t0 ? first : t0, hi = n < t0 + T ? n : t0 + T;
             ikv__prefill_tile(e, s, r->tokens, t0, lo, hi);
             if (r->logits_all)
-                for (size_t p = lo; p < hi; p++) ikv__logits_row(e, e->x + (p - t0) * D, r->logits_all + p * V);
+                for (size_t p = lo; p < hi; p++)
+                    ikv__logits_row(e, e->x + (p - t0) * D, r->logits_all + p * V);
             if (hi == n) {
-                if (r->logits_all) memcpy(s->logits, r->logits_all + (n - 1) * V, sizeof(float) * V);
-                else ikv__logits_row(e, e->x + (n - 1 - t0) * D, s->logits);
+                if (r->logits_all)
+                    memcpy(s->logits, r->logits_all + (n - 1) * V, sizeof(float) * V);
+                else
+                    ikv__logits_row(e, e->x + (n - 1 - t0) * D, s->logits);
             }
         }
-        for (uint32_t j = m; j < m + inserted; j++) e->state[s->table[j]] = IKV__BLK_READY;
+        for (uint32_t j = m; j < m + inserted; j++)
+            e->state[s->table[j]] = IKV__BLK_READY;
         inf.cached_tokens = first;
         inf.computed_tokens = n - first;
     }
@@ -343,7 +367,8 @@ int ikv_engine_decode(ikv_engine *e, ikv_seq *s, uint32_t token, const float **l
     const ikv_model_config *c = &e->m->cfg;
     IKV_ASSERT(s && s->active);
     if (token >= (uint32_t)c->vocab_size)
-        return ikv_error(IKV_EINVAL, "token %u outside the vocabulary of %d", token, (int)c->vocab_size);
+        return ikv_error(IKV_EINVAL, "token %u outside the vocabulary of %d", token,
+                         (int)c->vocab_size);
     if (s->n >= (uint32_t)c->seq_len)
         return ikv_error(IKV_ETOOLONG, "sequence reached the model's seq_len %d", (int)c->seq_len);
     size_t pos = s->n;
@@ -376,7 +401,8 @@ size_t ikv_seq_len(const ikv_seq *s) {
 int ikv_seq_kv(const ikv_engine *e, const ikv_seq *s, size_t pos, int layer, float *k, float *v) {
     const struct ikv_model *m = e->m;
     if (pos >= s->n || layer < 0 || layer >= m->cfg.n_layers)
-        return ikv_error(IKV_ERANGE, "position %zu / layer %d outside the sequence (%u positions)", pos, layer, s->n);
+        return ikv_error(IKV_ERANGE, "position %zu / layer %d outside the sequence (%u positions)",
+                         pos, layer, s->n);
     uint32_t b = s->table[pos / e->bt], slot = (uint32_t)(pos % e->bt);
     size_t hd = (size_t)m->head_dim;
     for (int g = 0; g < m->cfg.n_kv_heads; g++) {
@@ -391,8 +417,10 @@ void ikv_engine_stats_get(const ikv_engine *e, ikv_engine_stats *st) {
     st->pool_blocks = e->nblocks;
     st->free_blocks = e->n_free;
     for (uint32_t b = 0; b < e->nblocks; b++) {
-        if (e->state[b] == IKV__BLK_PRIVATE) st->private_blocks++;
-        else if (e->state[b] != IKV__BLK_FREE) st->cached_blocks++;
+        if (e->state[b] == IKV__BLK_PRIVATE)
+            st->private_blocks++;
+        else if (e->state[b] != IKV__BLK_FREE)
+            st->cached_blocks++;
     }
     st->block_bytes = e->block_floats * 4;
     st->cache_capacity = e->capacity;
@@ -414,51 +442,74 @@ int ikv_engine_check(const ikv_engine *e) {
     uint64_t nfree = 0, npriv = 0, ncached = 0;
     for (uint32_t b = 0; b < e->nblocks; b++) {
         switch (e->state[b]) {
-        case IKV__BLK_FREE: nfree++; break;
-        case IKV__BLK_PRIVATE: npriv++; break;
+        case IKV__BLK_FREE:
+            nfree++;
+            break;
+        case IKV__BLK_PRIVATE:
+            npriv++;
+            break;
         case IKV__BLK_PENDING:
         case IKV__BLK_READY: {
             ncached++;
             uint32_t node = e->bnode[b];
             if (node >= e->node_limit || e->node2blk[node] != b)
-                return ikv_error(IKV_EINVAL, "cached block %u: node %u does not map back to it", b, node);
+                return ikv_error(IKV_EINVAL, "cached block %u: node %u does not map back to it", b,
+                                 node);
             if (ikv_cache_node_tier(e->cache, node) != 0)
-                return ikv_error(IKV_EINVAL, "cached block %u: node %u is not resident in tier 0", b, node);
+                return ikv_error(IKV_EINVAL, "cached block %u: node %u is not resident in tier 0",
+                                 b, node);
             if (!ikv_key_eq(ikv_cache_node_key(e->cache, node), e->bkey[b]))
                 return ikv_error(IKV_EINVAL, "cached block %u: node %u has another key", b, node);
             break;
         }
-        default: return ikv_error(IKV_EINVAL, "block %u: bad state %u", b, e->state[b]);
+        default:
+            return ikv_error(IKV_EINVAL, "block %u: bad state %u", b, e->state[b]);
         }
     }
-    if (nfree != e->n_free) return ikv_error(IKV_EINVAL, "%llu free blocks, free stack holds %u", (unsigned long long)nfree, e->n_free);
+    if (nfree != e->n_free)
+        return ikv_error(IKV_EINVAL, "%llu free blocks, free stack holds %u",
+                         (unsigned long long)nfree, e->n_free);
     for (uint32_t i = 0; i < e->n_free; i++)
         if (e->state[e->free_stack[i]] != IKV__BLK_FREE)
-            return ikv_error(IKV_EINVAL, "free stack entry %u (block %u) is not free", i, e->free_stack[i]);
+            return ikv_error(IKV_EINVAL, "free stack entry %u (block %u) is not free", i,
+                             e->free_stack[i]);
     uint64_t mapped = 0;
     for (uint64_t nd = 0; nd < e->node_limit; nd++)
         if (e->node2blk[nd] != IKV_NIL) mapped++;
-    if (mapped != ncached) return ikv_error(IKV_EINVAL, "%llu nodes map to blocks, %llu blocks cached", (unsigned long long)mapped, (unsigned long long)ncached);
-    if (ncached > e->capacity) return ikv_error(IKV_EINVAL, "%llu cached blocks exceed capacity %llu", (unsigned long long)ncached, (unsigned long long)e->capacity);
+    if (mapped != ncached)
+        return ikv_error(IKV_EINVAL, "%llu nodes map to blocks, %llu blocks cached",
+                         (unsigned long long)mapped, (unsigned long long)ncached);
+    if (ncached > e->capacity)
+        return ikv_error(IKV_EINVAL, "%llu cached blocks exceed capacity %llu",
+                         (unsigned long long)ncached, (unsigned long long)e->capacity);
     uint64_t owned = 0;
     for (uint32_t i = 0; i < e->opt.max_seqs; i++) {
         const ikv_seq *s = &e->seqs[i];
         if (!s->active) continue;
-        if (s->n_blocks < (s->n + e->bt - 1) / e->bt) return ikv_error(IKV_EINVAL, "sequence %u: block table shorter than its positions", i);
+        if (s->n_blocks < (s->n + e->bt - 1) / e->bt)
+            return ikv_error(IKV_EINVAL, "sequence %u: block table shorter than its positions", i);
         for (uint32_t j = 0; j < s->n_blocks; j++)
-            if (e->state[s->table[j]] == IKV__BLK_PRIVATE) owned++;
-            else if (e->state[s->table[j]] == IKV__BLK_FREE) return ikv_error(IKV_EINVAL, "sequence %u: block %u is free", i, s->table[j]);
-        if (s->n_blocks > e->max_blocks) return ikv_error(IKV_EINVAL, "sequence %u: %u blocks", i, s->n_blocks);
+            if (e->state[s->table[j]] == IKV__BLK_PRIVATE)
+                owned++;
+            else if (e->state[s->table[j]] == IKV__BLK_FREE)
+                return ikv_error(IKV_EINVAL, "sequence %u: block %u is free", i, s->table[j]);
+        if (s->n_blocks > e->max_blocks)
+            return ikv_error(IKV_EINVAL, "sequence %u: %u blocks", i, s->n_blocks);
     }
-    if (owned != npriv) return ikv_error(IKV_EINVAL, "%llu private blocks, sequences own %llu", (unsigned long long)npriv, (unsigned long long)owned);
+    if (owned != npriv)
+        return ikv_error(IKV_EINVAL, "%llu private blocks, sequences own %llu",
+                         (unsigned long long)npriv, (unsigned long long)owned);
     return 1;
 }
 
 void ikv_engine_dump(const ikv_engine *e, FILE *f) {
     ikv_engine_stats st;
     ikv_engine_stats_get(e, &st);
-    fprintf(f, "engine pool: %llu blocks of %u tokens (%llu bytes each): %llu free, %llu cached (capacity %llu), "
-               "%llu private; tile %u; %llu requests, %llu cached / %llu computed tokens, %llu rejected blocks\n",
+    fprintf(f,
+            "engine pool: %llu blocks of %u tokens (%llu bytes each): %llu free, %llu cached "
+            "(capacity %llu), "
+            "%llu private; tile %u; %llu requests, %llu cached / %llu computed tokens, %llu "
+            "rejected blocks\n",
             (unsigned long long)st.pool_blocks, e->bt, (unsigned long long)st.block_bytes,
             (unsigned long long)st.free_blocks, (unsigned long long)st.cached_blocks,
             (unsigned long long)st.cache_capacity, (unsigned long long)st.private_blocks, e->T,
@@ -468,15 +519,17 @@ void ikv_engine_dump(const ikv_engine *e, FILE *f) {
     for (uint32_t b = 0; b < e->nblocks; b++) {
         if (e->state[b] != IKV__BLK_PENDING && e->state[b] != IKV__BLK_READY) continue;
         const uint32_t *t = e->btokens + (size_t)b * e->bt;
-        fprintf(f, "  block %u %s node %u depth %u parent %d tokens %u %u %u ...\n", b, names[e->state[b]],
-                e->bnode[b], e->bdepth[b], e->bparent[b] == IKV_NIL ? -1 : (int)e->bparent[b], t[0],
-                e->bt > 1 ? t[1] : 0, e->bt > 2 ? t[2] : 0);
+        fprintf(f, "  block %u %s node %u depth %u parent %d tokens %u %u %u ...\n", b,
+                names[e->state[b]], e->bnode[b], e->bdepth[b],
+                e->bparent[b] == IKV_NIL ? -1 : (int)e->bparent[b], t[0], e->bt > 1 ? t[1] : 0,
+                e->bt > 2 ? t[2] : 0);
     }
     for (uint32_t i = 0; i < e->opt.max_seqs; i++) {
         const ikv_seq *s = &e->seqs[i];
         if (!s->active) continue;
         fprintf(f, "  sequence %u: %u positions, %u locked nodes, table:", i, s->n, s->n_locked);
-        for (uint32_t j = 0; j < s->n_blocks; j++) fprintf(f, " %u%s", s->table[j], e->state[s->table[j]] == IKV__BLK_PRIVATE ? "p" : "");
+        for (uint32_t j = 0; j < s->n_blocks; j++)
+            fprintf(f, " %u%s", s->table[j], e->state[s->table[j]] == IKV__BLK_PRIVATE ? "p" : "");
         fprintf(f, "\n");
     }
 }

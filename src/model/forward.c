@@ -53,8 +53,8 @@
  * attention entry; this is 4 entries per few instructions. */
 #define EXP_LOG2E 1.44269504088896341f
 #define EXP_MAGIC 12582912.0f /* 1.5 * 2^23: adding it rounds to an integer */
-#define EXP_C1 0.693359375f
-#define EXP_C2 -2.12194440e-4f
+#define EXP_C1    0.693359375f
+#define EXP_C2    -2.12194440e-4f
 
 static inline float exp_neg_scalar(float r) {
     r = r > -87.0f ? r : -87.0f;
@@ -79,7 +79,8 @@ static inline __m128 exp_neg4(__m128 r) {
     r = _mm_max_ps(r, _mm_set1_ps(-87.0f));
     const __m128 mag = _mm_set1_ps(EXP_MAGIC);
     __m128 nn = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(r, _mm_set1_ps(EXP_LOG2E)), mag), mag);
-    __m128 f = _mm_sub_ps(_mm_sub_ps(r, _mm_mul_ps(nn, _mm_set1_ps(EXP_C1))), _mm_mul_ps(nn, _mm_set1_ps(EXP_C2)));
+    __m128 f = _mm_sub_ps(_mm_sub_ps(r, _mm_mul_ps(nn, _mm_set1_ps(EXP_C1))),
+                          _mm_mul_ps(nn, _mm_set1_ps(EXP_C2)));
     __m128 p = _mm_set1_ps(1.9875691500e-4f);
     p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(1.3981999507e-3f));
     p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(8.3334519073e-3f));
@@ -100,14 +101,16 @@ static void softmax_row(float *row, size_t n) {
 #if defined(__SSE2__)
     if (n >= 8) {
         __m128 m4 = _mm_loadu_ps(row);
-        for (i = 4; i + 4 <= n; i += 4) m4 = _mm_max_ps(m4, _mm_loadu_ps(row + i));
+        for (i = 4; i + 4 <= n; i += 4)
+            m4 = _mm_max_ps(m4, _mm_loadu_ps(row + i));
         float l[4];
         _mm_storeu_ps(l, m4);
         mx = l[0] > l[1] ? l[0] : l[1];
         mx = mx > l[2] ? mx : l[2];
         mx = mx > l[3] ? mx : l[3];
     }
-    for (; i < n; i++) mx = row[i] > mx ? row[i] : mx;
+    for (; i < n; i++)
+        mx = row[i] > mx ? row[i] : mx;
     const __m128 vmx = _mm_set1_ps(mx);
     __m128 s4 = _mm_setzero_ps();
     for (i = 0; i + 4 <= n; i += 4) {
@@ -119,7 +122,8 @@ static void softmax_row(float *row, size_t n) {
     _mm_storeu_ps(l, s4);
     sum = (l[0] + l[1]) + (l[2] + l[3]);
 #else
-    for (i = 1; i < n; i++) mx = row[i] > mx ? row[i] : mx;
+    for (i = 1; i < n; i++)
+        mx = row[i] > mx ? row[i] : mx;
     i = 0;
 #endif
     for (; i < n; i++) {
@@ -127,7 +131,8 @@ static void softmax_row(float *row, size_t n) {
         sum += row[i];
     }
     float inv = 1.0f / sum;
-    for (i = 0; i < n; i++) row[i] *= inv;
+    for (i = 0; i < n; i++)
+        row[i] *= inv;
 }
 
 void ikv__rope_init(struct ikv_engine *e) {
@@ -149,20 +154,23 @@ static inline float dot(const float *a, const float *b, int n) {
     float r = 0.0f;
 #if defined(__SSE2__)
     /* four independent accumulators: the add latency chain is what bounds a short dot */
-    __m128 s0 = _mm_setzero_ps(), s1 = _mm_setzero_ps(), s2 = _mm_setzero_ps(), s3 = _mm_setzero_ps();
+    __m128 s0 = _mm_setzero_ps(), s1 = _mm_setzero_ps(), s2 = _mm_setzero_ps(),
+           s3 = _mm_setzero_ps();
     for (; i + 16 <= n; i += 16) {
         s0 = _mm_add_ps(s0, _mm_mul_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
         s1 = _mm_add_ps(s1, _mm_mul_ps(_mm_loadu_ps(a + i + 4), _mm_loadu_ps(b + i + 4)));
         s2 = _mm_add_ps(s2, _mm_mul_ps(_mm_loadu_ps(a + i + 8), _mm_loadu_ps(b + i + 8)));
         s3 = _mm_add_ps(s3, _mm_mul_ps(_mm_loadu_ps(a + i + 12), _mm_loadu_ps(b + i + 12)));
     }
-    for (; i + 4 <= n; i += 4) s0 = _mm_add_ps(s0, _mm_mul_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
+    for (; i + 4 <= n; i += 4)
+        s0 = _mm_add_ps(s0, _mm_mul_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
     __m128 s4 = _mm_add_ps(_mm_add_ps(s0, s1), _mm_add_ps(s2, s3));
     float l[4];
     _mm_storeu_ps(l, s4);
     r = (l[0] + l[1]) + (l[2] + l[3]);
 #endif
-    for (; i < n; i++) r += a[i] * b[i];
+    for (; i < n; i++)
+        r += a[i] * b[i];
     return r;
 }
 
@@ -171,31 +179,37 @@ static inline void axpy(float *y, float a, const float *x, int n) {
     int i = 0;
 #if defined(__SSE2__)
     __m128 a4 = _mm_set1_ps(a);
-    for (; i + 4 <= n; i += 4) _mm_storeu_ps(y + i, _mm_add_ps(_mm_loadu_ps(y + i), _mm_mul_ps(a4, _mm_loadu_ps(x + i))));
+    for (; i + 4 <= n; i += 4)
+        _mm_storeu_ps(y + i, _mm_add_ps(_mm_loadu_ps(y + i), _mm_mul_ps(a4, _mm_loadu_ps(x + i))));
 #endif
-    for (; i < n; i++) y[i] += a * x[i];
+    for (; i < n; i++)
+        y[i] += a * x[i];
 }
 
 /* Asks for the n floats at p to be brought into cache: the next KV block lies elsewhere in the
  * pool, where the hardware prefetcher does not follow. */
 static inline void prefetch_chunk(const float *p, size_t n) {
-    for (size_t i = 0; i < n; i += 16) __builtin_prefetch(p + i, 0, 3);
+    for (size_t i = 0; i < n; i += 16)
+        __builtin_prefetch(p + i, 0, 3);
 }
 
 /* RMSNorm of one row: o = w * (x / sqrt(mean(x^2) + 1e-5)). */
 static void rmsnorm(float *o, const float *x, const float *w, int n) {
     float ss = 0.0f;
-    for (int j = 0; j < n; j++) ss += x[j] * x[j];
+    for (int j = 0; j < n; j++)
+        ss += x[j] * x[j];
     ss /= (float)n;
     ss += 1e-5f;
     ss = 1.0f / sqrtf(ss);
-    for (int j = 0; j < n; j++) o[j] = w[j] * (ss * x[j]);
+    for (int j = 0; j < n; j++)
+        o[j] = w[j] * (ss * x[j]);
 }
 
 /* Rotates the (2i, 2i+1) pairs of every head of vec (width `width`) by position pos. */
 static void rope(const struct ikv_engine *e, float *vec, int width, size_t pos) {
     int hs = e->m->head_dim;
-    const float *c = e->rope_cos + pos * (size_t)(hs / 2), *sn = e->rope_sin + pos * (size_t)(hs / 2);
+    const float *c = e->rope_cos + pos * (size_t)(hs / 2),
+                *sn = e->rope_sin + pos * (size_t)(hs / 2);
     for (int i = 0; i < width; i += 2) {
         int j = (i % hs) / 2;
         float v0 = vec[i], v1 = vec[i + 1];
@@ -244,8 +258,8 @@ static inline uint32_t blk_of(const struct ikv_engine *e, const struct ikv_seq *
     return s->table[p / e->bt];
 }
 
-void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t t0, size_t lo,
-                       size_t hi) {
+void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t t0,
+                       size_t lo, size_t hi) {
     const struct ikv_model *m = e->m;
     const ikv__weights *w = &m->w;
     const int T = (int)e->T, dim = m->cfg.dim, hid = m->cfg.hidden_dim, L = m->cfg.n_layers;
@@ -260,7 +274,8 @@ void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *
         memcpy(e->x + (p - t0) * D, w->emb + (size_t)tokens[p] * D, sizeof(float) * D);
 
     for (int l = 0; l < L; l++) {
-        for (int i = 0; i < T; i++) rmsnorm(e->xb + (size_t)i * D, e->x + (size_t)i * D, w->rms_att + (size_t)l * D, dim);
+        for (int i = 0; i < T; i++)
+            rmsnorm(e->xb + (size_t)i * D, e->x + (size_t)i * D, w->rms_att + (size_t)l * D, dim);
         gemm_xwt(T, qd, dim, e->xb, w->wq + (size_t)l * (size_t)qd * D, e->q);
         gemm_xwt(T, kvd, dim, e->xb, w->wk + (size_t)l * (size_t)kvd * D, e->k);
         gemm_xwt(T, kvd, dim, e->xb, w->wv + (size_t)l * (size_t)kvd * D, e->v);
@@ -270,33 +285,39 @@ void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *
             rope(e, e->k + i * (size_t)kvd, kvd, p);
             uint32_t b = blk_of(e, s, p), slot = (uint32_t)(p % e->bt);
             for (int g = 0; g < nkv; g++) {
-                memcpy(ikv__kv_at(e, b, l, 0, g, slot), e->k + i * (size_t)kvd + (size_t)g * (size_t)hd,
-                       sizeof(float) * (size_t)hd);
-                memcpy(ikv__kv_at(e, b, l, 1, g, slot), e->v + i * (size_t)kvd + (size_t)g * (size_t)hd,
-                       sizeof(float) * (size_t)hd);
+                memcpy(ikv__kv_at(e, b, l, 0, g, slot),
+                       e->k + i * (size_t)kvd + (size_t)g * (size_t)hd, sizeof(float) * (size_t)hd);
+                memcpy(ikv__kv_at(e, b, l, 1, g, slot),
+                       e->v + i * (size_t)kvd + (size_t)g * (size_t)hd, sizeof(float) * (size_t)hd);
             }
         }
         /* gather K/V of positions [0, hi) block by block; zero [hi, W) */
         for (int g = 0; g < nkv; g++) {
-            float *kc = e->Kc + (size_t)g * e->Lmax * (size_t)hd, *vc = e->Vc + (size_t)g * e->Lmax * (size_t)hd;
+            float *kc = e->Kc + (size_t)g * e->Lmax * (size_t)hd,
+                  *vc = e->Vc + (size_t)g * e->Lmax * (size_t)hd;
             for (size_t p0 = 0; p0 < hi; p0 += e->bt) {
                 size_t cnt = hi - p0 < e->bt ? hi - p0 : e->bt;
                 uint32_t b = blk_of(e, s, p0);
-                memcpy(kc + p0 * (size_t)hd, ikv__kv_at(e, b, l, 0, g, 0), sizeof(float) * cnt * (size_t)hd);
-                memcpy(vc + p0 * (size_t)hd, ikv__kv_at(e, b, l, 1, g, 0), sizeof(float) * cnt * (size_t)hd);
+                memcpy(kc + p0 * (size_t)hd, ikv__kv_at(e, b, l, 0, g, 0),
+                       sizeof(float) * cnt * (size_t)hd);
+                memcpy(vc + p0 * (size_t)hd, ikv__kv_at(e, b, l, 1, g, 0),
+                       sizeof(float) * cnt * (size_t)hd);
             }
             memset(kc + hi * (size_t)hd, 0, sizeof(float) * ((size_t)W - hi) * (size_t)hd);
             memset(vc + hi * (size_t)hd, 0, sizeof(float) * ((size_t)W - hi) * (size_t)hd);
         }
         /* per kv head: the kvmul query heads that share it are stacked into one sgemm */
         for (int g = 0; g < nkv; g++) {
-            const float *kc = e->Kc + (size_t)g * e->Lmax * (size_t)hd, *vc = e->Vc + (size_t)g * e->Lmax * (size_t)hd;
+            const float *kc = e->Kc + (size_t)g * e->Lmax * (size_t)hd,
+                        *vc = e->Vc + (size_t)g * e->Lmax * (size_t)hd;
             const int M = kvmul * T;
             for (int j = 0; j < kvmul; j++)
                 for (int i = 0; i < T; i++)
                     memcpy(e->qg + ((size_t)j * (size_t)T + (size_t)i) * (size_t)hd,
-                           e->q + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * (size_t)hd, sizeof(float) * (size_t)hd);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, W, hd, scale, e->qg, hd, kc, hd, 0.0f, e->S, W);
+                           e->q + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * (size_t)hd,
+                           sizeof(float) * (size_t)hd);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, W, hd, scale, e->qg, hd, kc, hd,
+                        0.0f, e->S, W);
             for (int r = 0; r < M; r++) {
                 float *row = e->S + (size_t)r * (size_t)W;
                 size_t p = t0 + (size_t)(r % T);
@@ -308,21 +329,26 @@ void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *
                 softmax_row(row, nk);
                 memset(row + nk, 0, sizeof(float) * ((size_t)W - nk));
             }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, W, 1.0f, e->S, W, vc, hd, 0.0f, e->qg, hd);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, W, 1.0f, e->S, W, vc, hd,
+                        0.0f, e->qg, hd);
             for (int j = 0; j < kvmul; j++)
                 for (int i = 0; i < T; i++)
                     memcpy(e->att + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * (size_t)hd,
-                           e->qg + ((size_t)j * (size_t)T + (size_t)i) * (size_t)hd, sizeof(float) * (size_t)hd);
+                           e->qg + ((size_t)j * (size_t)T + (size_t)i) * (size_t)hd,
+                           sizeof(float) * (size_t)hd);
         }
         gemm_xwt(T, dim, qd, e->att, w->wo + (size_t)l * D * (size_t)qd, e->xb);
-        for (size_t i = 0; i < (size_t)T * D; i++) e->x[i] += e->xb[i];
+        for (size_t i = 0; i < (size_t)T * D; i++)
+            e->x[i] += e->xb[i];
 
-        for (int i = 0; i < T; i++) rmsnorm(e->xb + (size_t)i * D, e->x + (size_t)i * D, w->rms_ffn + (size_t)l * D, dim);
+        for (int i = 0; i < T; i++)
+            rmsnorm(e->xb + (size_t)i * D, e->x + (size_t)i * D, w->rms_ffn + (size_t)l * D, dim);
         gemm_xwt(T, hid, dim, e->xb, w->w1 + (size_t)l * (size_t)hid * D, e->hb);
         gemm_xwt(T, hid, dim, e->xb, w->w3 + (size_t)l * (size_t)hid * D, e->hb2);
         swiglu(e->hb, e->hb2, (size_t)T * (size_t)hid);
         gemm_xwt(T, dim, hid, e->hb, w->w2 + (size_t)l * D * (size_t)hid, e->xb);
-        for (size_t i = 0; i < (size_t)T * D; i++) e->x[i] += e->xb[i];
+        for (size_t i = 0; i < (size_t)T * D; i++)
+            e->x[i] += e->xb[i];
     }
 }
 
@@ -352,8 +378,10 @@ void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, s
         rope(e, q, qd, pos);
         rope(e, k, kvd, pos);
         for (int g = 0; g < nkv; g++) {
-            memcpy(ikv__kv_at(e, b, l, 0, g, slot), k + (size_t)g * (size_t)hd, sizeof(float) * (size_t)hd);
-            memcpy(ikv__kv_at(e, b, l, 1, g, slot), v + (size_t)g * (size_t)hd, sizeof(float) * (size_t)hd);
+            memcpy(ikv__kv_at(e, b, l, 0, g, slot), k + (size_t)g * (size_t)hd,
+                   sizeof(float) * (size_t)hd);
+            memcpy(ikv__kv_at(e, b, l, 1, g, slot), v + (size_t)g * (size_t)hd,
+                   sizeof(float) * (size_t)hd);
         }
         /* attention, per kv head: scores of its query heads against each key, read block by
          * block through the table; softmax; then the weighted sum of the values */
@@ -362,11 +390,14 @@ void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, s
             for (size_t p0 = 0; p0 < nk; p0 += bt) {
                 size_t cnt = nk - p0 < bt ? nk - p0 : bt;
                 const float *kb = ikv__kv_at(e, blk_of(e, s, p0), l, 0, g, 0);
-                if (p0 + bt < nk) prefetch_chunk(ikv__kv_at(e, blk_of(e, s, p0 + bt), l, 0, g, 0), bt * (size_t)hd);
+                if (p0 + bt < nk)
+                    prefetch_chunk(ikv__kv_at(e, blk_of(e, s, p0 + bt), l, 0, g, 0),
+                                   bt * (size_t)hd);
                 for (size_t t = 0; t < cnt; t++)
                     for (int j = 0; j < kvmul; j++)
                         sc[(size_t)j * e->Lmax + p0 + t] =
-                            dot(q + (size_t)(g * kvmul + j) * (size_t)hd, kb + t * (size_t)hd, hd) * scale;
+                            dot(q + (size_t)(g * kvmul + j) * (size_t)hd, kb + t * (size_t)hd, hd) *
+                            scale;
             }
             for (int j = 0; j < kvmul; j++) {
                 softmax_row(sc + (size_t)j * e->Lmax, nk);
@@ -375,21 +406,25 @@ void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, s
             for (size_t p0 = 0; p0 < nk; p0 += bt) {
                 size_t cnt = nk - p0 < bt ? nk - p0 : bt;
                 const float *vb = ikv__kv_at(e, blk_of(e, s, p0), l, 1, g, 0);
-                if (p0 + bt < nk) prefetch_chunk(ikv__kv_at(e, blk_of(e, s, p0 + bt), l, 1, g, 0), bt * (size_t)hd);
+                if (p0 + bt < nk)
+                    prefetch_chunk(ikv__kv_at(e, blk_of(e, s, p0 + bt), l, 1, g, 0),
+                                   bt * (size_t)hd);
                 for (size_t t = 0; t < cnt; t++)
                     for (int j = 0; j < kvmul; j++)
-                        axpy(att + (size_t)(g * kvmul + j) * (size_t)hd, sc[(size_t)j * e->Lmax + p0 + t],
-                             vb + t * (size_t)hd, hd);
+                        axpy(att + (size_t)(g * kvmul + j) * (size_t)hd,
+                             sc[(size_t)j * e->Lmax + p0 + t], vb + t * (size_t)hd, hd);
             }
         }
         gemv(dim, qd, w->wo + (size_t)l * D * (size_t)qd, att, xb);
-        for (size_t i = 0; i < D; i++) x[i] += xb[i];
+        for (size_t i = 0; i < D; i++)
+            x[i] += xb[i];
         rmsnorm(xb, x, w->rms_ffn + (size_t)l * D, dim);
         gemv(hid, dim, w->w1 + (size_t)l * (size_t)hid * D, xb, e->hb);
         gemv(hid, dim, w->w3 + (size_t)l * (size_t)hid * D, xb, e->hb2);
         swiglu(e->hb, e->hb2, (size_t)hid);
         gemv(dim, hid, w->w2 + (size_t)l * D * (size_t)hid, e->hb, xb);
-        for (size_t i = 0; i < D; i++) x[i] += xb[i];
+        for (size_t i = 0; i < D; i++)
+            x[i] += xb[i];
     }
     ikv__logits_row(e, x, s->logits);
 }

@@ -34,7 +34,7 @@ struct ikv_model {
     int head_dim, q_dim, kv_dim; /* head_dim = dim / n_heads; q_dim = dim; kv_dim */
     void *image;                 /* the whole checkpoint image */
     size_t image_bytes;
-    int mapped;                  /* 1: image is an mmap; 0: ikv_malloc'd */
+    int mapped; /* 1: image is an mmap; 0: ikv_malloc'd */
 };
 
 /* Number of fp32 values in each section, for a valid config (u64, cannot overflow for
@@ -50,53 +50,53 @@ enum { IKV__BLK_FREE = 0, IKV__BLK_PRIVATE, IKV__BLK_PENDING, IKV__BLK_READY };
 
 struct ikv_seq {
     int active;
-    uint32_t n;         /* positions written so far */
-    uint32_t n_blocks;  /* entries used in table */
-    uint32_t *table;    /* [max_blocks] physical block of each block index */
-    uint32_t *locked;   /* [max_blocks] cache node ids this sequence holds locked */
+    uint32_t n;        /* positions written so far */
+    uint32_t n_blocks; /* entries used in table */
+    uint32_t *table;   /* [max_blocks] physical block of each block index */
+    uint32_t *locked;  /* [max_blocks] cache node ids this sequence holds locked */
     uint32_t n_locked;
-    float *logits;      /* [vocab] logits of the last position */
+    float *logits; /* [vocab] logits of the last position */
 };
 
 struct ikv_engine {
     const ikv_model *m;
     ikv_engine_options opt;
-    uint32_t bt;           /* tokens per block */
-    uint32_t T;            /* prefill tile rows */
-    uint32_t max_blocks;   /* blocks of one full-length sequence: ceil(seq_len / bt) */
-    uint32_t Lmax;         /* seq_len rounded up to a multiple of T: widest attention row */
+    uint32_t bt;         /* tokens per block */
+    uint32_t T;          /* prefill tile rows */
+    uint32_t max_blocks; /* blocks of one full-length sequence: ceil(seq_len / bt) */
+    uint32_t Lmax;       /* seq_len rounded up to a multiple of T: widest attention row */
 
     /* KV pool: nblocks blocks of block_floats floats, laid out per block as
      * [layer][k|v][kv_head][token (bt)][head_dim]. */
     float *kv;
     uint32_t nblocks;
     size_t block_floats;
-    uint8_t *state;        /* [nblocks] IKV__BLK_* */
-    uint32_t *bnode;       /* [nblocks] cache node of a cached block */
-    uint32_t *bdepth;      /* [nblocks] block index in its sequence */
-    uint32_t *bparent;     /* [nblocks] physical block of the previous block (IKV_NIL for 0) */
-    uint32_t *btokens;     /* [nblocks][bt] token ids the block holds */
-    ikv_key *bkey;         /* [nblocks] key of a cached block */
-    uint32_t *free_stack;  /* [nblocks] */
+    uint8_t *state;       /* [nblocks] IKV__BLK_* */
+    uint32_t *bnode;      /* [nblocks] cache node of a cached block */
+    uint32_t *bdepth;     /* [nblocks] block index in its sequence */
+    uint32_t *bparent;    /* [nblocks] physical block of the previous block (IKV_NIL for 0) */
+    uint32_t *btokens;    /* [nblocks][bt] token ids the block holds */
+    ikv_key *bkey;        /* [nblocks] key of a cached block */
+    uint32_t *free_stack; /* [nblocks] */
     uint32_t n_free;
-    uint32_t *node2blk;    /* [node_limit] physical block of each cache node, IKV_NIL if none */
+    uint32_t *node2blk; /* [node_limit] physical block of each cache node, IKV_NIL if none */
     uint64_t node_limit;
 
     ikv_cache *cache;
-    uint64_t clock;        /* logical time: one tick per request */
-    uint64_t capacity;     /* cache capacity, blocks */
+    uint64_t clock;    /* logical time: one tick per request */
+    uint64_t capacity; /* cache capacity, blocks */
 
-    ikv_seq *seqs;         /* [max_seqs] */
-    ikv_key *keys;         /* [max_blocks] request scratch */
-    uint32_t *nodes;       /* [max_blocks] */
+    ikv_seq *seqs;   /* [max_seqs] */
+    ikv_key *keys;   /* [max_blocks] request scratch */
+    uint32_t *nodes; /* [max_blocks] */
 
     /* forward scratch (T rows each unless said) */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2; /* [T][dim|q_dim|kv_dim|hidden] */
-    float *S;              /* [kvmul * T][Lmax] attention scores / probabilities */
-    float *qg;             /* [kvmul * T][head_dim] stacked queries (then outputs) of one kv head */
-    float *Kc, *Vc;        /* [n_kv_heads][Lmax][head_dim] K/V gathered through the table */
+    float *S;       /* [kvmul * T][Lmax] attention scores / probabilities */
+    float *qg;      /* [kvmul * T][head_dim] stacked queries (then outputs) of one kv head */
+    float *Kc, *Vc; /* [n_kv_heads][Lmax][head_dim] K/V gathered through the table */
     float *rope_cos, *rope_sin; /* [seq_len][head_dim / 2] */
-    float *xfinal;         /* [dim] */
+    float *xfinal;              /* [dim] */
 
     uint64_t n_requests, n_cached_tokens, n_computed_tokens, n_rejected;
 };

@@ -25,11 +25,14 @@ struct ikv_sampler {
     cand *cands; /* [vocab] */
 };
 
-int ikv_sampler_create(uint32_t vocab, float temperature, float topp, uint64_t seed, ikv_sampler **out) {
+int ikv_sampler_create(uint32_t vocab, float temperature, float topp, uint64_t seed,
+                       ikv_sampler **out) {
     if (vocab == 0) return ikv_error(IKV_EINVAL, "sampler: empty vocabulary");
     if (!(temperature >= 0.0f) || !isfinite(temperature))
-        return ikv_error(IKV_EINVAL, "sampler: temperature %g must be a finite number >= 0", (double)temperature);
-    if (!(topp >= 0.0f && topp <= 1.0f)) return ikv_error(IKV_EINVAL, "sampler: top-p %g must be in [0, 1]", (double)topp);
+        return ikv_error(IKV_EINVAL, "sampler: temperature %g must be a finite number >= 0",
+                         (double)temperature);
+    if (!(topp >= 0.0f && topp <= 1.0f))
+        return ikv_error(IKV_EINVAL, "sampler: top-p %g must be in [0, 1]", (double)topp);
     ikv_sampler *s = ikv_calloc(1, sizeof *s);
     cand *c = ikv_calloc(vocab, sizeof *c);
     if (!s || !c) {
@@ -79,7 +82,8 @@ uint32_t ikv_sampler_sample(ikv_sampler *s, float *logits) {
         logits[i] = expf((logits[i] - mx) / s->temperature);
         sum += logits[i];
     }
-    for (uint32_t i = 0; i < n; i++) logits[i] /= sum;
+    for (uint32_t i = 0; i < n; i++)
+        logits[i] /= sum;
     float r = coin(s);
     if (s->topp <= 0.0f || s->topp >= 1.0f) {
         float cdf = 0.0f;
@@ -94,7 +98,8 @@ uint32_t ikv_sampler_sample(ikv_sampler *s, float *logits) {
     for (uint32_t i = 0; i < n; i++)
         if (logits[i] >= cutoff) s->cands[m].p = logits[i], s->cands[m].id = i, m++;
     if (m == 0) { /* all below the cutoff: cannot happen for a distribution, but stay total */
-        for (uint32_t i = 0; i < n; i++) s->cands[i].p = logits[i], s->cands[i].id = i;
+        for (uint32_t i = 0; i < n; i++)
+            s->cands[i].p = logits[i], s->cands[i].id = i;
         m = n;
     }
     qsort(s->cands, m, sizeof *s->cands, by_prob_desc);

@@ -30,16 +30,16 @@
 
 struct ikv_tokenizer {
     uint32_t vocab;
-    uint32_t max_len;    /* longest piece, bytes */
-    char **piece;        /* [vocab], NUL-terminated */
-    float *score;        /* [vocab] */
+    uint32_t max_len; /* longest piece, bytes */
+    char **piece;     /* [vocab], NUL-terminated */
+    float *score;     /* [vocab] */
     struct sorted_piece {
         const char *s;
         uint32_t id;
-    } *sorted;           /* pieces sorted by strcmp, for lookup */
-    char *pool;          /* storage of all pieces */
-    int bytes_only;      /* byte-level: no merges, no dummy prefix */
-    char bytes[256][2];  /* one-byte strings for byte tokens */
+    } * sorted;         /* pieces sorted by strcmp, for lookup */
+    char *pool;         /* storage of all pieces */
+    int bytes_only;     /* byte-level: no merges, no dummy prefix */
+    char bytes[256][2]; /* one-byte strings for byte tokens */
 };
 
 static int cmp_piece(const void *a, const void *b) {
@@ -55,8 +55,10 @@ static long lookup(const ikv_tokenizer *t, const char *s) {
         size_t mid = lo + (hi - lo) / 2;
         int c = strcmp(s, t->sorted[mid].s);
         if (c == 0) return (long)t->sorted[mid].id;
-        if (c < 0) hi = mid;
-        else lo = mid + 1;
+        if (c < 0)
+            hi = mid;
+        else
+            lo = mid + 1;
     }
     return -1;
 }
@@ -69,7 +71,8 @@ static ikv_tokenizer *alloc_tok(uint32_t vocab, size_t pool_bytes) {
     t->score = ikv_calloc(vocab, sizeof *t->score);
     t->sorted = ikv_calloc(vocab, sizeof *t->sorted);
     t->pool = ikv_malloc(pool_bytes ? pool_bytes : 1);
-    for (int b = 0; b < 256; b++) t->bytes[b][0] = (char)b, t->bytes[b][1] = 0;
+    for (int b = 0; b < 256; b++)
+        t->bytes[b][0] = (char)b, t->bytes[b][1] = 0;
     if (!t->piece || !t->score || !t->sorted || !t->pool) {
         ikv_tokenizer_destroy(t);
         return NULL;
@@ -78,12 +81,15 @@ static ikv_tokenizer *alloc_tok(uint32_t vocab, size_t pool_bytes) {
 }
 
 static void finish_sort(ikv_tokenizer *t) {
-    for (uint32_t i = 0; i < t->vocab; i++) t->sorted[i].s = t->piece[i], t->sorted[i].id = i;
+    for (uint32_t i = 0; i < t->vocab; i++)
+        t->sorted[i].s = t->piece[i], t->sorted[i].id = i;
     qsort(t->sorted, t->vocab, sizeof *t->sorted, cmp_piece);
 }
 
 int ikv_tokenizer_load(const char *path, uint32_t vocab, ikv_tokenizer **out) {
-    if (vocab < 259) return ikv_error(IKV_EINVAL, "%s: vocab_size %u is below 259 (3 specials + 256 bytes)", path, vocab);
+    if (vocab < 259)
+        return ikv_error(IKV_EINVAL, "%s: vocab_size %u is below 259 (3 specials + 256 bytes)",
+                         path, vocab);
     FILE *f = fopen(path, "rb");
     if (!f) return ikv_error(IKV_EIO, "%s: cannot open: %s", path, strerror(errno));
     if (fseek(f, 0, SEEK_END) != 0) {
@@ -112,7 +118,8 @@ int ikv_tokenizer_load(const char *path, uint32_t vocab, ikv_tokenizer **out) {
     int rc = 0;
     ikv_tokenizer *t = NULL;
     if (maxlen <= 0 || maxlen > 65536) {
-        rc = ikv_error(IKV_EFORMAT, "%s: max_token_length %d is not in 1..65536", path, (int)maxlen);
+        rc =
+            ikv_error(IKV_EFORMAT, "%s: max_token_length %d is not in 1..65536", path, (int)maxlen);
         goto done;
     }
     /* The pieces need at most fsz bytes plus a NUL each. */
@@ -125,7 +132,8 @@ int ikv_tokenizer_load(const char *path, uint32_t vocab, ikv_tokenizer **out) {
     size_t off = 4, poff = 0;
     for (uint32_t i = 0; i < vocab; i++) {
         if ((size_t)fsz - off < 8) {
-            rc = ikv_error(IKV_ETRUNC, "%s: truncated at piece %u of %u (offset %zu)", path, i, vocab, off);
+            rc = ikv_error(IKV_ETRUNC, "%s: truncated at piece %u of %u (offset %zu)", path, i,
+                           vocab, off);
             goto done;
         }
         int32_t len;
@@ -133,12 +141,14 @@ int ikv_tokenizer_load(const char *path, uint32_t vocab, ikv_tokenizer **out) {
         memcpy(&len, buf + off + 4, 4);
         off += 8;
         if (len < 0 || len > maxlen) {
-            rc = ikv_error(IKV_EFORMAT, "%s: piece %u has length %d (max_token_length %d) at offset %zu", path, i,
-                           (int)len, (int)maxlen, off - 4);
+            rc = ikv_error(IKV_EFORMAT,
+                           "%s: piece %u has length %d (max_token_length %d) at offset %zu", path,
+                           i, (int)len, (int)maxlen, off - 4);
             goto done;
         }
         if ((size_t)fsz - off < (size_t)len) {
-            rc = ikv_error(IKV_ETRUNC, "%s: truncated inside piece %u (needs %d bytes at offset %zu)", path, i,
+            rc = ikv_error(IKV_ETRUNC,
+                           "%s: truncated inside piece %u (needs %d bytes at offset %zu)", path, i,
                            (int)len, off);
             goto done;
         }
@@ -153,7 +163,8 @@ int ikv_tokenizer_load(const char *path, uint32_t vocab, ikv_tokenizer **out) {
         off += (size_t)len;
     }
     if (off != (size_t)fsz) {
-        rc = ikv_error(IKV_EFORMAT, "%s: %zu trailing bytes after %u pieces (wrong vocab_size for this model?)",
+        rc = ikv_error(IKV_EFORMAT,
+                       "%s: %zu trailing bytes after %u pieces (wrong vocab_size for this model?)",
                        path, (size_t)fsz - off, vocab);
         goto done;
     }
@@ -178,17 +189,23 @@ done:
 }
 
 int ikv_tokenizer_bytes(uint32_t vocab, ikv_tokenizer **out) {
-    if (vocab < 259) return ikv_error(IKV_EINVAL, "byte tokenizer needs vocab_size >= 259, model has %u", vocab);
+    if (vocab < 259)
+        return ikv_error(IKV_EINVAL, "byte tokenizer needs vocab_size >= 259, model has %u", vocab);
     ikv_tokenizer *t = alloc_tok(vocab, (size_t)vocab * 16);
     if (!t) return ikv_error(IKV_ENOMEM, "byte tokenizer");
     size_t poff = 0;
     for (uint32_t i = 0; i < vocab; i++) {
         char *p = t->pool + poff;
-        if (i == IKV_TOK_UNK) strcpy(p, "<unk>");
-        else if (i == IKV_TOK_BOS) strcpy(p, "\n<s>\n");
-        else if (i == IKV_TOK_EOS) strcpy(p, "\n</s>\n");
-        else if (i < 259) snprintf(p, 16, "<0x%02X>", i - IKV_TOK_BYTE0);
-        else snprintf(p, 16, "<tok%u>", i);
+        if (i == IKV_TOK_UNK)
+            strcpy(p, "<unk>");
+        else if (i == IKV_TOK_BOS)
+            strcpy(p, "\n<s>\n");
+        else if (i == IKV_TOK_EOS)
+            strcpy(p, "\n</s>\n");
+        else if (i < 259)
+            snprintf(p, 16, "<0x%02X>", i - IKV_TOK_BYTE0);
+        else
+            snprintf(p, 16, "<tok%u>", i);
         t->piece[i] = p;
         poff += strlen(p) + 1;
     }
@@ -241,7 +258,8 @@ int ikv_tokenizer_encode(const ikv_tokenizer *t, const char *text, int bos, int 
         /* one UTF-8 code point: a lead byte and its continuation bytes (at most 4 in all) */
         size_t k = 0;
         cp[k++] = (char)*s++;
-        while (*s && (*s & 0xC0) == 0x80 && k < 4) cp[k++] = (char)*s++;
+        while (*s && (*s & 0xC0) == 0x80 && k < 4)
+            cp[k++] = (char)*s++;
         cp[k] = 0;
         long id = lookup(t, cp);
         if (id >= 0) {
@@ -276,7 +294,8 @@ int ikv_tokenizer_encode(const ikv_tokenizer *t, const char *text, int bos, int 
     return 0;
 }
 
-const char *ikv_tokenizer_decode(const ikv_tokenizer *t, uint32_t prev, uint32_t token, size_t *len) {
+const char *ikv_tokenizer_decode(const ikv_tokenizer *t, uint32_t prev, uint32_t token,
+                                 size_t *len) {
     if (token >= t->vocab) {
         *len = 0;
         return "";
@@ -302,7 +321,8 @@ typedef struct strset {
 
 static uint64_t fnv(const char *s) {
     uint64_t h = UINT64_C(1469598103934665603);
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * UINT64_C(1099511628211);
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * UINT64_C(1099511628211);
     return h;
 }
 
@@ -323,12 +343,14 @@ static uint64_t xs(uint64_t *s) {
 }
 
 int ikv_tokenizer_write_synthetic(const char *path, uint32_t vocab, uint64_t seed) {
-    if (vocab < 259) return ikv_error(IKV_EINVAL, "tokenizer needs vocab_size >= 259, got %u", vocab);
+    if (vocab < 259)
+        return ikv_error(IKV_EINVAL, "tokenizer needs vocab_size >= 259, got %u", vocab);
     const uint32_t maxlen = 16;
     char *pool = ikv_calloc(vocab, maxlen + 1);
     char **piece = ikv_calloc(vocab, sizeof *piece);
     size_t cap = 1;
-    while (cap < 2 * (size_t)vocab) cap <<= 1;
+    while (cap < 2 * (size_t)vocab)
+        cap <<= 1;
     strset ss = {ikv_calloc(cap, sizeof(char *)), cap};
     if (!pool || !piece || !ss.slot) {
         ikv_free(pool), ikv_free(piece), ikv_free(ss.slot);
@@ -339,10 +361,12 @@ int ikv_tokenizer_write_synthetic(const char *path, uint32_t vocab, uint64_t see
     strcpy(NEXT(), "<unk>"), n++;
     strcpy(NEXT(), "\n<s>\n"), n++;
     strcpy(NEXT(), "\n</s>\n"), n++;
-    for (int b = 0; b < 256; b++) snprintf(NEXT(), maxlen + 1, "<0x%02X>", b), strset_add(&ss, piece[n]), n++;
+    for (int b = 0; b < 256; b++)
+        snprintf(NEXT(), maxlen + 1, "<0x%02X>", b), strset_add(&ss, piece[n]), n++;
     /* printable ASCII, most frequent English letters first */
     const char *freq = " etaoinshrdlcumwfgypbvkjxqz";
-    for (const char *c = freq; *c && n < vocab; c++) NEXT()[0] = *c, strset_add(&ss, piece[n]), n++;
+    for (const char *c = freq; *c && n < vocab; c++)
+        NEXT()[0] = *c, strset_add(&ss, piece[n]), n++;
     for (int c = 33; c < 127 && n < vocab; c++) {
         NEXT()[0] = (char)c;
         if (strset_add(&ss, piece[n])) n++;
@@ -366,7 +390,8 @@ int ikv_tokenizer_write_synthetic(const char *path, uint32_t vocab, uint64_t see
         memcpy(p, pa, la), p[la] = add, p[la + 1] = 0;
         if (strset_add(&ss, p)) n++;
     }
-    for (; n < vocab; n++) snprintf(NEXT(), maxlen + 1, "<x%u>", n); /* tiny vocab spill */
+    for (; n < vocab; n++)
+        snprintf(NEXT(), maxlen + 1, "<x%u>", n); /* tiny vocab spill */
 #undef NEXT
     size_t plen = strlen(path);
     char *tmp = ikv_malloc(plen + 16);
@@ -392,8 +417,10 @@ int ikv_tokenizer_write_synthetic(const char *path, uint32_t vocab, uint64_t see
               fwrite(piece[i], 1, (size_t)len, f) != (size_t)len;
     }
     if (fclose(f) != 0) bad = 1;
-    if (bad) rc = ikv_error(IKV_EIO, "%s: write failed", tmp);
-    else if (rename(tmp, path) != 0) rc = ikv_error(IKV_EIO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+    if (bad)
+        rc = ikv_error(IKV_EIO, "%s: write failed", tmp);
+    else if (rename(tmp, path) != 0)
+        rc = ikv_error(IKV_EIO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
     if (rc) unlink(tmp);
 out:
     ikv_free(tmp);
