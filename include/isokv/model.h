@@ -188,8 +188,9 @@ typedef struct ikv_prefill_info {
  * *seq is an in-flight sequence whose last-position logits are ikv_seq_logits(). Returns 0,
  * IKV_EINVAL (empty prompt, token >= vocab), IKV_ETOOLONG (prompt longer than seq_len),
  * IKV_EBUSY (max_seqs sequences already in flight), IKV_EFULL (no pool block: cannot happen
- * while the pool invariant holds). A failed call changes nothing the caller can observe except
- * cache recency. Does not allocate. */
+ * while the pool invariant holds). A call rejected for its input changes nothing; one that fails
+ * after inserting blocks (IKV_EFULL, or an unexpected cache error) releases the sequence but
+ * leaves those blocks in the cache as pending, never matched, until evicted. Does not allocate. */
 int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **seq, ikv_prefill_info *info);
 
 /* Appends `token` at the next position and runs one decode step (matrix-vector products).
