@@ -666,6 +666,34 @@ static void test_history_grows(void **st) {
     free(buf);
 }
 
+/* With user_rate the load grows with the number of users: ten times the users, about ten
+ * times the arrival rate (same request count, so about a tenth of the time span). */
+static void test_user_rate_scales_load(void **st) {
+    (void)st;
+    double span[2];
+    for (int k = 0; k < 2; k++) {
+        ikv_gen_opts o;
+        small_opts(&o);
+        o.rate = 1000; /* ignored when user_rate is set */
+        o.user_rate = 36;
+        o.users = k ? 1000 : 100; /* 1 or 10 requests per second */
+        o.requests = 2000;
+        char *buf = gen_mem(&o, NULL);
+        char **lines = calloc(2100, sizeof *lines);
+        size_t nl = split_lines(buf, lines, 2100);
+        assert_int_equal(nl, 2001);
+        line_req r;
+        parse_req(lines[nl - 1], &r);
+        span[k] = r.time;
+        cJSON_Delete(r.j);
+        free(lines);
+        free(buf);
+    }
+    /* 2000 requests at 1/s and 10/s: about 2000 s and 200 s (Poisson noise is a few %) */
+    assert_true(span[0] > 1500 && span[0] < 2600);
+    assert_true(span[1] > 150 && span[1] < 260);
+}
+
 static void test_bad_knobs(void **st) {
     (void)st;
     ikv_gen_opts o;
@@ -1017,6 +1045,7 @@ int main(void) {
         cmocka_unit_test(test_layout_moves_divergence),
         cmocka_unit_test(test_memory_drift_fraction),
         cmocka_unit_test(test_history_grows),
+        cmocka_unit_test(test_user_rate_scales_load),
         cmocka_unit_test(test_bad_knobs),
         cmocka_unit_test(test_docs_distinct),
         cmocka_unit_test(test_gen_alloc_failure),

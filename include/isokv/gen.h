@@ -119,6 +119,9 @@ typedef struct ikv_gen_opts {
     uint32_t turns;               /* [4] turns per session; history grows with each */
     double think;                 /* [30] mean think time between turns (exponential) */
     double rate;                  /* [10] mean requests per second (sessions start at rate/T) */
+    double user_rate;             /* [0] > 0: requests per user per hour; then the total rate
+                                     is users * user_rate / 3600 (load grows with users) and
+                                     `rate` is ignored */
     double duration;              /* [0] keep requests arriving before this time (0 = no bound) */
     uint64_t requests;            /* [10000 if duration is 0, else 0] keep the first R requests */
     uint64_t intents;             /* [1000] Zipf head of query intents ... */

@@ -42,6 +42,7 @@ static const knob knobs[] = {
     {"turns", K_U32, OFF(turns), "T turns per session; history grows with each"},
     {"think", K_DBL, OFF(think), "mean think time between turns, seconds (exponential)"},
     {"rate", K_DBL, OFF(rate), "mean requests per second (Poisson session starts)"},
+    {"user-rate", K_DBL, OFF(user_rate), "requests per user per hour; > 0 overrides --rate"},
     {"duration", K_DBL, OFF(duration), "keep requests arriving before this time (s; 0 = none)"},
     {"requests", K_U64, OFF(requests), "keep the first R requests (0 = none; needs --duration)"},
     {"intents", K_U64, OFF(intents), "size of the Zipf head of query intents"},

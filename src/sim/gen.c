@@ -5,10 +5,11 @@
  *
  *   - N users (tenants "u0".."u<N-1>"), each in one of A apps (app = hash(seed, user) mod A).
  *     Each app has a public system prompt (S tokens) and a public tool schema.
- *   - Sessions start as a Poisson process of rate `rate / turns`; each belongs to a user drawn
- *     uniformly (or Zipf(user_alpha) over user ids) and has T turns separated by exponential
- *     think times. Requests are emitted in arrival order; the first R, or those before the
- *     duration, are kept.
+ *   - Sessions start as a Poisson process of rate `rate / turns` (or, when user_rate is set,
+ *     users * user_rate / 3600 / turns: load that grows with users); each belongs to a user
+ *     drawn uniformly (or Zipf(user_alpha) over user ids) and has T turns separated by
+ *     exponential think times. Requests are emitted in arrival order; the first R, or those
+ *     before the duration, are kept.
  *   - Per-user memory: M tokens in items of memory_item_tokens, each item "m<i>.v<version>".
  *     At each new session of a user exactly round(drift * items) distinct items, drawn
  *     uniformly, get a new version (their tokens change); the first session starts at v0.
@@ -165,6 +166,7 @@ void ikv_gen_opts_default(ikv_gen_opts *o) {
     o->turns = 4;
     o->think = 30;
     o->rate = 10;
+    o->user_rate = 0;
     o->duration = 0;
     o->requests = 10000;
     o->intents = 1000;
@@ -178,6 +180,11 @@ void ikv_gen_opts_default(ikv_gen_opts *o) {
 static uint32_t memory_items(const ikv_gen_opts *o) {
     if (!o->memory_tokens) return 0;
     return (o->memory_tokens + o->memory_item_tokens - 1) / o->memory_item_tokens;
+}
+
+/* Mean requests per second of the whole trace. */
+static double total_rate(const ikv_gen_opts *o) {
+    return o->user_rate > 0 ? (double)o->users * o->user_rate / 3600.0 : o->rate;
 }
 
 #define BAD(...) return ikv_error(IKV_EPARAM, __VA_ARGS__)
@@ -203,11 +210,15 @@ int ikv_gen_opts_check(const ikv_gen_opts *o) {
     if (!o->turns || o->turns > 10000) BAD("gen: turns must be 1..10000");
     if (!(o->think >= 0 && o->think < 1e9)) BAD("gen: think must be >= 0 seconds");
     if (!(o->rate > 0 && o->rate < 1e9)) BAD("gen: rate must be > 0 requests per second");
+    if (!(o->user_rate >= 0 && o->user_rate < 1e9))
+        BAD("gen: user_rate must be >= 0 requests per user per hour");
+    if (o->user_rate > 0 && !(total_rate(o) < 1e9))
+        BAD("gen: users * user_rate / 3600 must be below 1e9 requests per second");
     if (!(o->duration >= 0 && o->duration < 1e12)) BAD("gen: duration must be >= 0 seconds");
     if (!o->requests && o->duration == 0) BAD("gen: give requests or duration (or both)");
     if (o->requests > MAX_REQUESTS)
         BAD("gen: requests must be at most %llu", (unsigned long long)MAX_REQUESTS);
-    if (!o->requests && o->rate * o->duration > (double)MAX_REQUESTS)
+    if (!o->requests && total_rate(o) * o->duration > (double)MAX_REQUESTS)
         BAD("gen: rate * duration must be at most %llu requests",
             (unsigned long long)MAX_REQUESTS);
     if (!o->intents || o->intents > MAX_TABLE)
@@ -335,7 +346,7 @@ static int add_session(gen *g, double start) {
  * contribute to the first R, so generation stops there. */
 static int generate(gen *g) {
     const ikv_gen_opts *o = g->o;
-    double session_rate = o->rate / o->turns, t = 0, bound = INFINITY;
+    double session_rate = total_rate(o) / o->turns, t = 0, bound = INFINITY;
     for (;;) {
         t += rng_exp(&g->r, session_rate);
         if (o->duration > 0 && t >= o->duration) break;
@@ -459,14 +470,15 @@ static void write_header(const ikv_gen_opts *o, FILE *f) {
             "\"seed\":%llu,\"users\":%llu,\"user_alpha\":%g,\"apps\":%u,\"system_tokens\":%u,"
             "\"tool_tokens\":%u,\"memory_tokens\":%u,\"memory_item_tokens\":%u,\"drift\":%g,"
             "\"docs_per_query\":%u,\"corpus\":%llu,\"doc_tokens\":%u,\"doc_alpha\":%g,"
-            "\"private_docs\":%s,\"turns\":%u,\"think\":%g,\"rate\":%g,\"duration\":%g,"
+            "\"private_docs\":%s,\"turns\":%u,\"think\":%g,\"rate\":%g,\"user_rate\":%g,"
+            "\"duration\":%g,"
             "\"requests\":%llu,\"intents\":%llu,\"intent_alpha\":%g,\"novelty\":%g,"
             "\"query_tokens\":%u,\"output_tokens\":%u,\"layout\":\"%s\"}}\n",
             o->block_tokens, (unsigned long long)o->seed, (unsigned long long)o->users,
             o->user_alpha, o->apps, o->system_tokens, o->tool_tokens, o->memory_tokens,
             o->memory_item_tokens, o->drift, o->docs_per_query, (unsigned long long)o->corpus,
             o->doc_tokens, o->doc_alpha, o->private_docs ? "true" : "false", o->turns, o->think,
-            o->rate, o->duration, (unsigned long long)o->requests,
+            o->rate, o->user_rate, o->duration, (unsigned long long)o->requests,
             (unsigned long long)o->intents, o->intent_alpha, o->novelty, o->query_tokens,
             o->output_tokens, ikv_gen_layout_name(o->layout));
 }
