@@ -181,7 +181,15 @@ typedef struct sweep_args {
     const char *out, *title;
     uint32_t jobs;
     int no_plot;
+    char vary_buf[2048], pol_buf[2048], cap_buf[2048]; /* the lists point into these */
 } sweep_args;
+
+/* Copies a list argument into buf (so it can be split in place). 0, or -1 if too long. */
+static int copy_list(char *buf, size_t n, const char *v) {
+    if (strlen(v) >= n) return -1;
+    memcpy(buf, v, strlen(v) + 1);
+    return 0;
+}
 
 static size_t split_list(char *s, char **out, size_t max) {
     size_t n = 0;
@@ -239,9 +247,9 @@ static int parse_args(int argc, char **argv, int first, sim_args *a, sweep_args 
         } else if (OPT("--capacity-tokens")) {
             NEED("--capacity-tokens");
             if (sw) {
-                char *dup = strdup(v);
-                if (!dup) return cli_fail(CMD, "out of memory");
-                sw->n_cap = split_list(dup, sw->caps, MAX_LIST);
+                if (copy_list(sw->cap_buf, sizeof sw->cap_buf, v))
+                    return cli_usage_error(CMD, "--capacity-tokens: list too long");
+                sw->n_cap = split_list(sw->cap_buf, sw->caps, MAX_LIST);
                 for (size_t k = 0; k < sw->n_cap; k++) {
                     uint64_t c;
                     if (parse_capacity(sw->caps[k], &c))
@@ -257,9 +265,9 @@ static int parse_args(int argc, char **argv, int first, sim_args *a, sweep_args 
         } else if (OPT("--policy")) {
             NEED("--policy");
             if (sw) {
-                char *dup = strdup(v);
-                if (!dup) return cli_fail(CMD, "out of memory");
-                sw->n_pol = split_list(dup, sw->policies, MAX_LIST);
+                if (copy_list(sw->pol_buf, sizeof sw->pol_buf, v))
+                    return cli_usage_error(CMD, "--policy: list too long");
+                sw->n_pol = split_list(sw->pol_buf, sw->policies, MAX_LIST);
                 for (size_t k = 0; k < sw->n_pol; k++)
                     if (!policy_known(sw->policies[k])) return policy_error(sw->policies[k]);
             } else {
@@ -308,9 +316,9 @@ static int parse_args(int argc, char **argv, int first, sim_args *a, sweep_args 
             if (!eq || eq == v || (size_t)(eq - v) >= sizeof sw->vary_key)
                 return cli_usage_error(CMD, "--vary: expected KEY=v1,v2,..., got '%s'", v);
             snprintf(sw->vary_key, sizeof sw->vary_key, "%.*s", (int)(eq - v), v);
-            char *dup = strdup(eq + 1);
-            if (!dup) return cli_fail(CMD, "out of memory");
-            sw->n_vary = split_list(dup, sw->vary_vals, MAX_LIST);
+            if (copy_list(sw->vary_buf, sizeof sw->vary_buf, eq + 1))
+                return cli_usage_error(CMD, "--vary: list too long");
+            sw->n_vary = split_list(sw->vary_buf, sw->vary_vals, MAX_LIST);
         } else if (sw && OPT("--out")) {
             NEED("--out");
             sw->out = v;
