@@ -226,6 +226,44 @@ static void test_tokenizer_roundtrip(void **st) {
     free(f1), free(f2);
 }
 
+/* The heap merge loop picks the same merges as llama2.c's rescan loop (the oracle), on random
+ * texts over a large and a small synthetic vocabulary, ASCII and UTF-8. */
+static void test_tokenizer_heap_vs_naive(void **st) {
+    (void)st;
+    const char *p = tmp_path("tok32k.bin");
+    uint32_t vocabs[] = {32000, 512};
+    const char *alpha[] = {"e", "t", "a", "o",  " ",        "th", "he", "in",
+                           "s", "r", ".", "\n", "\xc3\xa9", "q",  "z"};
+    uint64_t rs = 7;
+    for (int v = 0; v < 2; v++) {
+        assert_int_equal(ikv_tokenizer_write_synthetic(p, vocabs[v], 5), 0);
+        ikv_tokenizer *t;
+        assert_int_equal(ikv_tokenizer_load(p, vocabs[v], &t), 0);
+        for (int k = 0; k < 60; k++) {
+            char text[700];
+            size_t len = 0;
+            rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+            size_t words = 1 + (rs >> 33) % 200;
+            for (size_t w = 0; w < words && len + 3 < sizeof text; w++) {
+                rs = rs * 6364136223846793005ull + 1442695040888963407ull;
+                const char *a = alpha[(rs >> 33) % 15];
+                size_t al = strlen(a);
+                if (len + al + 1 >= sizeof text) break;
+                memcpy(text + len, a, al);
+                len += al;
+            }
+            text[len] = 0;
+            uint32_t x[800], y[800];
+            size_t nx, ny;
+            assert_int_equal(ikv__tokenizer_encode_with(t, text, 1, 0, x, 800, &nx, 0), 0);
+            assert_int_equal(ikv__tokenizer_encode_with(t, text, 1, 0, y, 800, &ny, 1), 0);
+            assert_int_equal(nx, ny);
+            assert_memory_equal(x, y, nx * sizeof *x);
+        }
+        ikv_tokenizer_destroy(t);
+    }
+}
+
 static void expect_bad_tok(const void *buf, size_t n, uint32_t vocab, int rc, const char *word) {
     const char *p = tmp_path("badtok.bin");
     write_bytes(p, buf, n);
@@ -961,6 +999,7 @@ int main(void) {
         cmocka_unit_test(test_checkpoint_roundtrip),
         cmocka_unit_test(test_checkpoint_malformed),
         cmocka_unit_test(test_tokenizer_roundtrip),
+        cmocka_unit_test(test_tokenizer_heap_vs_naive),
         cmocka_unit_test(test_tokenizer_malformed),
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_reference_forward),

@@ -114,7 +114,7 @@ uint32_t ikv_tokenizer_vocab(const ikv_tokenizer *t);
 /* Encodes UTF-8 text as llama2.c does: optional BOS, a dummy-prefix space, code points looked
  * up as pieces (bytes through byte fallback), then the highest-scoring adjacent merge
  * repeatedly; optional EOS. Writes at most max tokens; *n gets the count. Returns 0 or
- * IKV_ETOOLONG (more than max tokens), IKV_ENOMEM. Cost O(n^2 log V) in the text length. */
+ * IKV_ETOOLONG (more than max tokens), IKV_ENOMEM. Cost O(n log n log V) in the text length. */
 int ikv_tokenizer_encode(const ikv_tokenizer *t, const char *text, int bos, int eos, uint32_t *out,
                          size_t max, size_t *n);
 

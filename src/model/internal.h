@@ -44,6 +44,11 @@ uint64_t ikv__ckpt_floats(const ikv_model_config *c);
 /* Sets m->w and the derived sizes from an image whose header was already validated. */
 void ikv__model_bind(struct ikv_model *m, const ikv_model_config *c);
 
+/* ikv_tokenizer_encode with the merge loop chosen: naive = 1 is llama2.c's O(n^2) rescan, 0 the
+ * heap (same result, O(n log n)); the naive one is the tests' oracle. (tokenizer.c) */
+int ikv__tokenizer_encode_with(const ikv_tokenizer *t, const char *text, int bos, int eos,
+                               uint32_t *out, size_t max, size_t *n, int naive);
+
 /* ---- engine internals (engine.c: pool and request flow; forward.c: the math) ------------ */
 
 enum { IKV__BLK_FREE = 0, IKV__BLK_PRIVATE, IKV__BLK_PENDING, IKV__BLK_READY };

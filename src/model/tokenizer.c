@@ -16,7 +16,10 @@
  * looked up as a piece, or else its bytes as byte tokens (3 + byte); then, repeatedly, the
  * adjacent pair whose concatenation is a piece with the highest score is merged (first such
  * pair on ties), until no pair merges; optional EOS. Lookup is a binary search over the
- * pieces sorted once at load. Cost: O(n^2 log V) for n initial tokens.
+ * pieces sorted once at load. llama2.c rescans every pair after each merge (O(n^2) lookups);
+ * here the candidate pairs live in a heap ordered by (score, leftmost), checked for staleness
+ * when popped, which picks the same merge at every step in O(n log n) lookups (a test compares
+ * the two on random text).
  *
  * Decoding: the piece, without its leading space right after BOS; "<0xHH>" pieces as the byte.
  */
@@ -236,9 +239,131 @@ static int push(uint32_t *out, size_t max, size_t *n, uint32_t id) {
     return 0;
 }
 
+/* The id of the piece a ‖ b (its score above the -1e10 floor), or -1. buf holds 2 max_len + 1. */
+static long pair_id(const ikv_tokenizer *t, uint32_t a, uint32_t b, char *buf) {
+    const char *pa = t->piece[a], *pb = t->piece[b];
+    size_t la = strlen(pa), lb = strlen(pb);
+    if (la + lb > 2 * (size_t)t->max_len) return -1;
+    memcpy(buf, pa, la);
+    memcpy(buf + la, pb, lb + 1);
+    long id = lookup(t, buf);
+    return id >= 0 && t->score[id] > -1e10f ? id : -1;
+}
+
+/* Reference merge loop (llama2.c's): rescan all pairs, merge the best (leftmost on ties), repeat.
+ * O(n^2) lookups; kept as the oracle of the heap version in tests. */
+static int merge_naive(const ikv_tokenizer *t, uint32_t *tok, size_t n, size_t *out_n) {
+    char *buf = ikv_malloc(2 * (size_t)t->max_len + 2);
+    if (!buf) return ikv_error(IKV_ENOMEM, "encode buffer");
+    for (;;) {
+        float best = -1e10f;
+        long best_id = -1;
+        size_t best_i = 0;
+        for (size_t i = 0; i + 1 < n; i++) {
+            long id = pair_id(t, tok[i], tok[i + 1], buf);
+            if (id >= 0 && t->score[id] > best) best = t->score[id], best_id = id, best_i = i;
+        }
+        if (best_id < 0) break;
+        tok[best_i] = (uint32_t)best_id;
+        memmove(tok + best_i + 1, tok + best_i + 2, (n - best_i - 2) * sizeof *tok);
+        n--;
+    }
+    ikv_free(buf);
+    *out_n = n;
+    return 0;
+}
+
+/* A candidate merge of the live token at `left` with its right neighbour, valid while both
+ * still hold lid and rid. Order: higher score first, then leftmost (the naive loop's choice). */
+typedef struct cand {
+    float score;
+    uint32_t left, lid, rid, id;
+} cand;
+
+static int cand_first(const cand *a, const cand *b) {
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+static void heap_push(cand *h, size_t *hn, cand c) {
+    size_t i = (*hn)++;
+    while (i && cand_first(&c, &h[(i - 1) / 2]))
+        h[i] = h[(i - 1) / 2], i = (i - 1) / 2;
+    h[i] = c;
+}
+
+static cand heap_pop(cand *h, size_t *hn) {
+    cand top = h[0], last = h[--(*hn)];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *hn) break;
+        if (c + 1 < *hn && cand_first(&h[c + 1], &h[c])) c++;
+        if (!cand_first(&h[c], &last)) break;
+        h[i] = h[c], i = c;
+    }
+    if (*hn) h[i] = last;
+    return top;
+}
+
+/* The same merges as merge_naive, in O(n log n): tokens form a linked list, candidate pairs
+ * sit in a max-heap keyed by (score, -position) and are checked for staleness when popped.
+ * Each merge adds at most two candidates, so the heap never holds more than 3n. */
+static int merge_heap(const ikv_tokenizer *t, uint32_t *tok, size_t n, size_t *out_n) {
+    if (n < 2) {
+        *out_n = n;
+        return 0;
+    }
+    uint32_t *nxt = ikv_malloc(sizeof *nxt * n), *prv = ikv_malloc(sizeof *prv * n);
+    cand *h = ikv_malloc(sizeof *h * 3 * n);
+    char *buf = ikv_malloc(2 * (size_t)t->max_len + 2);
+    if (!nxt || !prv || !h || !buf) {
+        ikv_free(nxt), ikv_free(prv), ikv_free(h), ikv_free(buf);
+        return ikv_error(IKV_ENOMEM, "encode buffers for %zu tokens", n);
+    }
+    const uint32_t NONE = UINT32_MAX;
+    size_t hn = 0;
+    for (size_t i = 0; i < n; i++)
+        nxt[i] = i + 1 < n ? (uint32_t)i + 1 : NONE, prv[i] = i ? (uint32_t)i - 1 : NONE;
+#define CONSIDER(l)                                                                                \
+    do {                                                                                           \
+        uint32_t l_ = (l), r_ = nxt[l_];                                                           \
+        long id_ = r_ == NONE ? -1 : pair_id(t, tok[l_], tok[r_], buf);                            \
+        if (id_ >= 0)                                                                              \
+            heap_push(h, &hn, (cand){t->score[id_], l_, tok[l_], tok[r_], (uint32_t)id_});         \
+    } while (0)
+    for (size_t i = 0; i + 1 < n; i++)
+        CONSIDER((uint32_t)i);
+    while (hn) {
+        cand c = heap_pop(h, &hn);
+        uint32_t r = nxt[c.left];
+        if (tok[c.left] != c.lid || r == NONE || tok[r] != c.rid || prv[r] != c.left)
+            continue; /* stale */
+        tok[c.left] = c.id;
+        nxt[c.left] = nxt[r];
+        if (nxt[r] != NONE) prv[nxt[r]] = c.left;
+        tok[r] = UINT32_MAX; /* dead */
+        prv[r] = NONE;
+        if (prv[c.left] != NONE) CONSIDER(prv[c.left]);
+        CONSIDER(c.left);
+    }
+#undef CONSIDER
+    size_t m = 0;
+    for (uint32_t i = 0; i != NONE; i = nxt[i])
+        tok[m++] = tok[i];
+    ikv_free(nxt), ikv_free(prv), ikv_free(h), ikv_free(buf);
+    *out_n = m;
+    return 0;
+}
+
 int ikv_tokenizer_encode(const ikv_tokenizer *t, const char *text, int bos, int eos, uint32_t *out,
                          size_t max, size_t *n) {
+    return ikv__tokenizer_encode_with(t, text, bos, eos, out, max, n, 0);
+}
+
+int ikv__tokenizer_encode_with(const ikv_tokenizer *t, const char *text, int bos, int eos,
+                               uint32_t *out, size_t max, size_t *n, int naive) {
     *n = 0;
+    size_t m = 0;
     int rc;
     if (bos && (rc = push(out, max, n, IKV_TOK_BOS))) return rc;
     const unsigned char *s = (const unsigned char *)text;
@@ -269,27 +394,10 @@ int ikv_tokenizer_encode(const ikv_tokenizer *t, const char *text, int bos, int 
                 if ((rc = push(out, max, n, IKV_TOK_BYTE0 + (unsigned char)cp[i]))) return rc;
         }
     }
-    char *pair = ikv_malloc(2 * (size_t)t->max_len + 2);
-    if (!pair) return ikv_error(IKV_ENOMEM, "encode buffer");
-    for (;;) {
-        float best = -1e10f;
-        long best_id = -1;
-        size_t best_i = 0;
-        for (size_t i = start; i + 1 < *n; i++) {
-            const char *a = t->piece[out[i]], *b = t->piece[out[i + 1]];
-            size_t la = strlen(a), lb = strlen(b);
-            if (la + lb > 2 * (size_t)t->max_len) continue;
-            memcpy(pair, a, la);
-            memcpy(pair + la, b, lb + 1);
-            long id = lookup(t, pair);
-            if (id >= 0 && t->score[id] > best) best = t->score[id], best_id = id, best_i = i;
-        }
-        if (best_id < 0) break;
-        out[best_i] = (uint32_t)best_id;
-        memmove(out + best_i + 1, out + best_i + 2, (*n - best_i - 2) * sizeof *out);
-        (*n)--;
-    }
-    ikv_free(pair);
+    rc = naive ? merge_naive(t, out + start, *n - start, &m)
+               : merge_heap(t, out + start, *n - start, &m);
+    if (rc) return rc;
+    *n = start + m;
     if (eos && (rc = push(out, max, n, IKV_TOK_EOS))) return rc;
     return 0;
 }
