@@ -17,7 +17,7 @@
 # Results: OUTDIR/NAME.csv, and plots OUTDIR/NAME-<layout>.{svg,png} (and NAME-layouts.{svg,png}
 # comparing the two layouts when both are run). Knobs (environment): SYN_NAME (synthetic),
 # SYN_USERS (list), SYN_LAYOUTS, SYN_CONFIGS (subsets of the lists above), SYN_REQUESTS,
-# SYN_CAPACITY, SYN_JOBS, SYN_GEN (isokv gen flags; default "--block-tokens 64 --user-rate 4":
+# SYN_CAPACITY, SYN_JOBS, SYN_PLOT_ONLY=1 (redraw from an existing CSV), SYN_GEN (isokv gen flags; default "--block-tokens 64 --user-rate 4":
 # every segment size is a multiple of 64, and load grows with users). Hit ratios are exact counts of a
 # simulated replay; the only measured figure is the wall time printed at the end.
 set -euo pipefail
@@ -39,6 +39,8 @@ mkdir -p "$OUT/traces" "$RUNS"
 rm -f "$RUNS"/*.csv
 start=$(date +%s.%N)
 
+csv="$OUT/$NAME.csv"
+if [ "${SYN_PLOT_ONLY:-0}" != 1 ]; then
 # 1. traces (cheap: ~0.2 s each)
 for layout in $LAYOUTS; do
   for n in $USERS; do
@@ -85,11 +87,11 @@ for layout in $LAYOUTS; do
   done
 done | xargs -P "$JOBS" -L 1 bash -c 'run_one "$@"' _
 
-csv="$OUT/$NAME.csv"
 {
   echo "layout,users,config,requests,input_tokens,token_hit_ratio,chunk_hit_tokens,evictions,thrash_ratio,pins"
   cat "$RUNS"/*.csv | sort -t, -k1,1 -k3,3 -k2,2n
 } >"$csv"
+fi # SYN_PLOT_ONLY
 
 # 3. the table (users across, configurations down) and the plots
 for layout in $LAYOUTS; do
@@ -129,10 +131,10 @@ if command -v gnuplot >/dev/null; then
   }
   header() { # terminal, output, title
     printf '%s\n' "$1" "set output '$2'"
-    printf 'set title "%s\\n(%s requests, one %s-token tier, gen %s; simulated replay, order mode)" noenhanced\n' \
-      "$3" "$REQUESTS" "$CAPACITY" "${GENFLAGS:-defaults}"
+    printf 'set title "%s\\n%s requests, one %s-token tier; simulated replay, order mode\\nisokv gen %s" noenhanced\n' \
+      "$3" "$REQUESTS" "$CAPACITY" "${GENFLAGS:-(defaults)}"
     printf '%s\n' "set xlabel 'users (N)'" "set ylabel 'token hit ratio'" "set logscale x" \
-      "set yrange [0:1]" "set grid" "set key outside right noenhanced"
+      "set yrange [0:1]" "set grid" "set key below noenhanced"
   }
   plot_layout() { # layout, terminal, output
     header "$2" "$3" "Synthetic workload, $1 layout: token hit ratio vs users"
@@ -144,24 +146,23 @@ if command -v gnuplot >/dev/null; then
     echo
   }
   plot_layouts() { # terminal, output
-    header "$1" "$2" "Synthetic workload: personal-first (solid) vs shared-first (dashed)"
-    local sep="plot" last dt lc
+    header "$1" "$2" "Synthetic workload: personal-first (filled, thick) vs shared-first (open, thin)"
+    local sep="plot" last lw pt lc
     last=$(echo "$CONFIGS" | tr ' ' '\n' | grep -v unlimited | tail -1)
     for layout in $LAYOUTS; do
       for cfg in lru "$last"; do
-        dt=1
-        [ "$layout" = shared-first ] && dt=2
-        lc=1
+        lw=3 pt=7 lc=1
+        [ "$layout" = shared-first ] && lw=1 pt=6
         [ "$cfg" = lru ] || lc=7
-        printf '%s "%s" w lp lw 2 dt %s pt 7 lc %s t "%s, %s"' "$sep" "$dat/$layout-$cfg.dat" \
-          "$dt" "$lc" "$layout" "$cfg"
+        printf '%s "%s" w lp lw %s pt %s ps 1.5 lc %s t "%s, %s"' "$sep" "$dat/$layout-$cfg.dat" \
+          "$lw" "$pt" "$lc" "$layout" "$cfg"
         sep=", "
       done
     done
     echo
   }
-  svg="set terminal svg size 960,540 dynamic font 'sans,12'"
-  png="set terminal png size 960,540"
+  svg="set terminal svg size 900,620 dynamic font 'sans,12'"
+  png="set terminal png size 900,620"
   for layout in $LAYOUTS; do
     plot_layout "$layout" "$svg" "$OUT/$NAME-$layout.svg" | gnuplot
     plot_layout "$layout" "$png" "$OUT/$NAME-$layout.png" | gnuplot
