@@ -88,7 +88,7 @@ static void usage(FILE *f) {
             "  --per-tenant          list every tenant's hit ratio (always in JSON for segments)\n"
             "sweep:\n"
             "  --vary KEY=LIST       conversations, window, servers, capacity-tokens, max-requests\n"
-            "  --policy LIST         comma-separated policies\n"
+            "  --policy LIST         comma-separated policies (lru,value:fmax=3,cexp=0,opt)\n"
             "  --capacity-tokens LIST  comma-separated capacities ('unlimited' allowed)\n"
             "  --out DIR             writes sweep.csv, sweep.json, sweep.svg, sweep.png\n"
             "  --jobs J              parallel runs (default: online cores)\n"
@@ -191,6 +191,34 @@ static int copy_list(char *buf, size_t n, const char *v) {
     return 0;
 }
 
+/* Splits a policy list: "lru,value:fmax=3,cexp=0,opt" -> lru | value:fmax=3,cexp=0 | opt (a
+ * piece of the form k=v without ':' continues the previous policy's parameters). */
+static size_t split_policies(char *s, char **out, size_t max) {
+    size_t n = 0;
+    char *p = s;
+    while (*p && n < max) {
+        out[n++] = p;
+        char *q = p;
+        for (;;) {
+            char *comma = strchr(q, ',');
+            if (!comma) {
+                p = q + strlen(q);
+                break;
+            }
+            char *next = comma + 1, *end = strchr(next, ',');
+            size_t len = end ? (size_t)(end - next) : strlen(next);
+            int param = memchr(next, '=', len) && !memchr(next, ':', len) && strchr(out[n - 1], ':');
+            if (!param) {
+                *comma = 0;
+                p = next;
+                break;
+            }
+            q = next;
+        }
+    }
+    return n;
+}
+
 static size_t split_list(char *s, char **out, size_t max) {
     size_t n = 0;
     for (char *save = NULL, *tok = strtok_r(s, ",", &save); tok && n < max; tok = strtok_r(NULL, ",", &save))
@@ -267,7 +295,7 @@ static int parse_args(int argc, char **argv, int first, sim_args *a, sweep_args 
             if (sw) {
                 if (copy_list(sw->pol_buf, sizeof sw->pol_buf, v))
                     return cli_usage_error(CMD, "--policy: list too long");
-                sw->n_pol = split_list(sw->pol_buf, sw->policies, MAX_LIST);
+                sw->n_pol = split_policies(sw->pol_buf, sw->policies, MAX_LIST);
                 for (size_t k = 0; k < sw->n_pol; k++)
                     if (!policy_known(sw->policies[k])) return policy_error(sw->policies[k]);
             } else {
@@ -858,7 +886,7 @@ static int run_sweep(int argc, char **argv) {
             continue;
         }
         const ikv_replay_result *r = &j->r;
-        CSV("%s,%s,%s,%llu,%llu,%.0f,%.6f,%.6f,%llu,%.6f,%.6g,%.6g,%.6g,%.4f\n", j->vary_val,
+        CSV("%s,\"%s\",\"%s\",%llu,%llu,%.0f,%.6f,%.6f,%llu,%.6f,%.6g,%.6g,%.6g,%.4f\n", j->vary_val,
             j->policy, j->cap, (unsigned long long)r->requests, (unsigned long long)r->input_tokens,
             r->hit_tokens, r->token_hit_ratio, r->block_hit_ratio, (unsigned long long)r->evictions,
             r->thrash_ratio, r->prefill_flops_saved, r->ttft_p50, r->ttft_p99, r->replay_seconds);
