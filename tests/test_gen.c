@@ -77,7 +77,8 @@ static void parse_req(const char *line, line_req *r) {
 /* Leading blocks two key lists share. */
 static size_t common_prefix(const ikv_key *a, size_t na, const ikv_key *b, size_t nb) {
     size_t i = 0;
-    while (i < na && i < nb && ikv_key_eq(a[i], b[i])) i++;
+    while (i < na && i < nb && ikv_key_eq(a[i], b[i]))
+        i++;
     return i;
 }
 
@@ -170,8 +171,8 @@ static void test_public_prefix_and_straddle(void **st) {
     assert_true(ikv_key_eq(k0, rb.keys[0]));
     assert_true(ikv_key_eq(k1, rb.keys[1]));
     /* a public segment after a private one is keyed privately */
-    ikv_segment s2[3] = {{IKV_SEG_SYSTEM, "sys", 32, 1}, {IKV_SEG_MEMORY, "m", 16, 0},
-                         {IKV_SEG_DOC, "d", 32, 1}};
+    ikv_segment s2[3] = {
+        {IKV_SEG_SYSTEM, "sys", 32, 1}, {IKV_SEG_MEMORY, "m", 16, 0}, {IKV_SEG_DOC, "d", 32, 1}};
     assert_int_equal(ikv_seg_build(b, "alice", s2, 3, &ra), 0);
     assert_int_equal(ra.n_public_blocks, 2);
     /* an all-public request: every block public, including the partial last */
@@ -197,7 +198,8 @@ static void test_private_segments_never_share_keys(void **st) {
     assert_int_equal(ra.n_public_blocks, 0);
     assert_int_equal(ikv_seg_build(b, "u2", s, 4, &rb), 0);
     for (size_t i = 0; i < na; i++)
-        for (size_t j = 0; j < rb.n_blocks; j++) assert_false(ikv_key_eq(ka[i], rb.keys[j]));
+        for (size_t j = 0; j < rb.n_blocks; j++)
+            assert_false(ikv_key_eq(ka[i], rb.keys[j]));
     /* and the private doc's position-independent keys differ too */
     assert_int_equal(rb.n_chunks, 1);
     ikv_key dk = rb.chunks[0].doc_keys[0];
@@ -212,9 +214,8 @@ static void test_chunk_doc_keys_position_independent(void **st) {
     ikv_seg_builder *b;
     assert_int_equal(ikv_seg_builder_create(3, 16, &b), 0);
     /* doc d1 (100 tokens) at offset 16 (aligned) and at offset 45 (not aligned) */
-    ikv_segment s1[3] = {{IKV_SEG_SYSTEM, "a", 16, 1},
-                         {IKV_SEG_DOC, "d1", 100, 1},
-                         {IKV_SEG_QUERY, "q", 10, 0}};
+    ikv_segment s1[3] = {
+        {IKV_SEG_SYSTEM, "a", 16, 1}, {IKV_SEG_DOC, "d1", 100, 1}, {IKV_SEG_QUERY, "q", 10, 0}};
     ikv_segment s2[4] = {{IKV_SEG_SYSTEM, "b", 40, 1},
                          {IKV_SEG_MEMORY, "m", 5, 0},
                          {IKV_SEG_DOC, "d1", 100, 1},
@@ -241,7 +242,8 @@ static void test_chunk_doc_keys_position_independent(void **st) {
     ikv_seg_tokens(ikv_seg_identity(IKV_SEG_DOC, "d1", NULL, 1), tok, 100);
     ikv_key ref[6];
     ikv_keys_of_tokens(3, tok, 100, 16, IKV_SCOPE_PUBLIC, 0, ref, 6);
-    for (size_t i = 0; i < 6; i++) assert_true(ikv_key_eq(ref[i], d1[i]));
+    for (size_t i = 0; i < 6; i++)
+        assert_true(ikv_key_eq(ref[i], d1[i]));
     /* a doc shorter than a block, or covering no whole block, has no chunk */
     ikv_segment s3[2] = {{IKV_SEG_SYSTEM, "a", 10, 1}, {IKV_SEG_DOC, "d2", 20, 1}};
     assert_int_equal(ikv_seg_build(b, "x", s3, 2, &r1), 0);
@@ -271,9 +273,8 @@ static void test_build_rejects_bad_input(void **st) {
  * later build with memory succeeds. */
 static void test_build_alloc_failure(void **st) {
     (void)st;
-    ikv_segment s[3] = {{IKV_SEG_SYSTEM, "a", 300, 1},
-                        {IKV_SEG_DOC, "d", 500, 1},
-                        {IKV_SEG_QUERY, "q", 30, 0}};
+    ikv_segment s[3] = {
+        {IKV_SEG_SYSTEM, "a", 300, 1}, {IKV_SEG_DOC, "d", 500, 1}, {IKV_SEG_QUERY, "q", 30, 0}};
     for (size_t n = 0;; n++) {
         ikv_seg_builder *b = NULL;
         ikv_alloc_fail_after(n);
@@ -347,7 +348,8 @@ static void test_request_count_is_a_prefix(void **st) {
     char **la = calloc(1000, sizeof *la), **lb = calloc(1000, sizeof *lb);
     assert_int_equal(split_lines(a, la, 1000), 151);
     assert_int_equal(split_lines(b, lb, 1000), 601);
-    for (size_t i = 1; i <= 150; i++) assert_string_equal(la[i], lb[i]);
+    for (size_t i = 1; i <= 150; i++)
+        assert_string_equal(la[i], lb[i]);
     /* duration: every request before it, none after */
     o.requests = 0;
     o.duration = 30;
@@ -363,8 +365,10 @@ static void test_request_count_is_a_prefix(void **st) {
         parse_req(lb[i], &r);
         int before = r.time < 30;
         cJSON_Delete(r.j);
-        if (before) assert_string_equal(lc[i], lb[i]);
-        else assert_int_equal(nc, i);
+        if (before)
+            assert_string_equal(lc[i], lb[i]);
+        else
+            assert_int_equal(nc, i);
     }
     free(la);
     free(lb);
@@ -392,7 +396,7 @@ static void count_blocks(const ikv_gen_opts *o, size_t *n_private, size_t *n_pub
     assert_int_equal(ikv_seg_builder_create(o->seed, o->block_tokens, &b), 0);
     size_t kcap = 1 << 22, nk = 0, np = 0;
     ikv_key *priv = malloc(kcap * sizeof *priv), *pub = malloc(kcap * sizeof *pub);
-    char (*tenants)[16] = calloc(nl, 16);
+    char(*tenants)[16] = calloc(nl, 16);
     size_t nt = 0;
     for (size_t i = 1; i < nl; i++) {
         line_req r;
@@ -409,7 +413,8 @@ static void count_blocks(const ikv_gen_opts *o, size_t *n_private, size_t *n_pub
             }
         }
         size_t t = 0;
-        while (t < nt && strcmp(tenants[t], r.tenant)) t++;
+        while (t < nt && strcmp(tenants[t], r.tenant))
+            t++;
         if (t == nt) snprintf(tenants[nt++], 16, "%s", r.tenant);
         cJSON_Delete(r.j);
     }
@@ -600,10 +605,12 @@ static void test_memory_drift_fraction(void **st) {
             assert_int_equal(items, 10);
             assert_int_equal(mem_tokens, 1000);
             if (!seen[u]) {
-                for (size_t k = 0; k < 10; k++) assert_non_null(strstr(cur[k], ".v0"));
+                for (size_t k = 0; k < 10; k++)
+                    assert_non_null(strstr(cur[k], ".v0"));
             } else {
                 size_t changed = 0;
-                for (size_t k = 0; k < 10; k++) changed += strcmp(cur[k], prev[u][k]) != 0;
+                for (size_t k = 0; k < 10; k++)
+                    changed += strcmp(cur[k], prev[u][k]) != 0;
                 assert_int_equal(changed, (size_t)floor(drifts[d] * 10 + 0.5));
                 pairs++;
             }
@@ -738,7 +745,8 @@ static void test_docs_distinct(void **st) {
                 assert_int_equal(seen[d], 0);
                 seen[d] = 1;
             }
-        for (int d = 0; d < 5; d++) assert_int_equal(seen[d], 1);
+        for (int d = 0; d < 5; d++)
+            assert_int_equal(seen[d], 1);
         cJSON_Delete(r.j);
     }
     free(buf);
@@ -817,7 +825,8 @@ static void test_reader_round_trip(void **st) {
         line_req r;
         parse_req(lines[i + 1], &r);
         uint32_t sum = 0;
-        for (size_t k = 0; k < r.n; k++) sum += r.segs[k].tokens;
+        for (size_t k = 0; k < r.n; k++)
+            sum += r.segs[k].tokens;
         assert_int_equal(q.index, i);
         assert_int_equal(q.input_tokens, sum);
         assert_int_equal(q.output_tokens, o.output_tokens);
@@ -842,11 +851,13 @@ static void test_reader_round_trip(void **st) {
         ikv_key *k1 = copy_keys(&q);
         ikv_request q2;
         assert_int_equal(ikv_seg_build(b, r.tenant, r.segs, r.n, &q2), 0);
-        for (size_t k = 0; k < q.n_blocks; k++) assert_true(ikv_key_eq(k1[k], q2.keys[k]));
+        for (size_t k = 0; k < q.n_blocks; k++)
+            assert_true(ikv_key_eq(k1[k], q2.keys[k]));
         free(k1);
         /* dense tenant indices in order of first appearance */
         size_t ti = 0;
-        while (ti < nt && strcmp(tenants[ti], r.tenant)) ti++;
+        while (ti < nt && strcmp(tenants[ti], r.tenant))
+            ti++;
         if (ti == nt) snprintf(tenants[nt++], 16, "%s", r.tenant);
         assert_int_equal(q.tenant, ti);
         cJSON_Delete(r.j);
@@ -873,7 +884,8 @@ static void test_reader_round_trip(void **st) {
 
 static const char *good =
     "{\"time\":1,\"tenant\":\"a\",\"session\":1,\"output\":5,\"segments\":[{\"kind\":\"system\","
-    "\"id\":\"s\",\"tokens\":40,\"public\":true},{\"kind\":\"query\",\"id\":\"q\",\"tokens\":9}]}\n";
+    "\"id\":\"s\",\"tokens\":40,\"public\":true},{\"kind\":\"query\",\"id\":\"q\",\"tokens\":9}]}"
+    "\n";
 
 static void expect_strict_error(const char *text, const char *where, const char *what) {
     const char *p = tmp_path("bad.jsonl");
@@ -905,13 +917,16 @@ static void test_malformed_lines(void **st) {
     struct {
         const char *line, *what;
     } cases[] = {
-        {"{\"time\":2,\"tenant\":\"a\",\"segments\":[{\"kind\":\"blob\",\"id\":\"x\",\"tokens\":3}]}",
+        {"{\"time\":2,\"tenant\":\"a\",\"segments\":[{\"kind\":\"blob\",\"id\":\"x\",\"tokens\":3}]"
+         "}",
          "\"kind\""},
-        {"{\"time\":2,\"tenant\":\"a\",\"segments\":[{\"kind\":\"doc\",\"id\":\"x\",\"tokens\":0}]}",
+        {"{\"time\":2,\"tenant\":\"a\",\"segments\":[{\"kind\":\"doc\",\"id\":\"x\",\"tokens\":0}]"
+         "}",
          "segments[0] \"tokens\""},
         {"{\"time\":2,\"tenant\":\"a\",\"segments\":[{\"kind\":\"doc\",\"tokens\":4}]}", "\"id\""},
         {"{\"time\":2,\"segments\":[{\"kind\":\"doc\",\"id\":\"x\",\"tokens\":4}]}", "\"tenant\""},
-        {"{\"time\":0.5,\"tenant\":\"a\",\"segments\":[{\"kind\":\"doc\",\"id\":\"x\",\"tokens\":4}]}",
+        {"{\"time\":0.5,\"tenant\":\"a\",\"segments\":[{\"kind\":\"doc\",\"id\":\"x\",\"tokens\":4}"
+         "]}",
          "goes back"},
         {"{\"time\":2,\"tenant\":\"a\",\"segments\":[]}", "empty"},
         {"{\"time\":2,\"tenant\":\"a\",\"segments\":[{\"kind\":\"doc\",\"id\":\"x\",\"tokens\":4,"
@@ -920,7 +935,8 @@ static void test_malformed_lines(void **st) {
         {"{\"time\":2,\"tenant\":\"a\",\"segments\":[{\"kind\":\"doc\",\"id\":\"x\",\"tokens\":9,",
          "JSON"},
         {"{\"format\":\"isokv-segments\",\"version\":1}", "header"},
-        {"{\"time\":-1,\"tenant\":\"a\",\"segments\":[{\"kind\":\"doc\",\"id\":\"x\",\"tokens\":4}]}",
+        {"{\"time\":-1,\"tenant\":\"a\",\"segments\":[{\"kind\":\"doc\",\"id\":\"x\",\"tokens\":4}]"
+         "}",
          "\"time\""},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -932,8 +948,7 @@ static void test_malformed_lines(void **st) {
     expect_strict_error("{\"format\":\"isokv-segments\",\"version\":2}\n", ":1:", "version");
 
     /* default mode: skipped and counted, the first message kept */
-    snprintf(text, sizeof text, "%s%s%s\n%s%s\n", good, good, cases[0].line, good,
-             cases[3].line);
+    snprintf(text, sizeof text, "%s%s%s\n%s%s\n", good, good, cases[0].line, good, cases[3].line);
     const char *p = tmp_path("skip.jsonl");
     write_file(p, text);
     ikv_trace *t = NULL;
@@ -941,7 +956,8 @@ static void test_malformed_lines(void **st) {
     assert_int_equal(ikv_trace_block_tokens(t), 16);
     ikv_request q;
     int n = 0, rc;
-    while ((rc = ikv_trace_next(t, &q)) == 1) n++;
+    while ((rc = ikv_trace_next(t, &q)) == 1)
+        n++;
     assert_int_equal(rc, 0);
     assert_int_equal(n, 3);
     assert_int_equal(ikv_trace_skipped(t), 2);

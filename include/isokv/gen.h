@@ -32,9 +32,9 @@ extern "C" {
 
 /* ---- segments ---------------------------------------------------------------------------- */
 
-#define IKV_SEG_VOCAB 32000u              /* token ids derived from identities lie in [0, this) */
-#define IKV_SEG_MAX_TOKENS (1u << 24)     /* tokens per request, all segments together */
-#define IKV_SEG_DEFAULT_BLOCK 16u         /* block size of a trace with no header */
+#define IKV_SEG_VOCAB         32000u     /* token ids derived from identities lie in [0, this) */
+#define IKV_SEG_MAX_TOKENS    (1u << 24) /* tokens per request, all segments together */
+#define IKV_SEG_DEFAULT_BLOCK 16u        /* block size of a trace with no header */
 
 typedef enum ikv_seg_kind {
     IKV_SEG_SYSTEM = 0,
@@ -53,9 +53,9 @@ int ikv_seg_kind_parse(const char *name, ikv_seg_kind *out);
 
 typedef struct ikv_segment {
     ikv_seg_kind kind;
-    const char *id;      /* any string; borrowed for the duration of the call that takes it */
-    uint32_t tokens;     /* > 0 */
-    int is_public;       /* shared across tenants: identity excludes the tenant */
+    const char *id;  /* any string; borrowed for the duration of the call that takes it */
+    uint32_t tokens; /* > 0 */
+    int is_public;   /* shared across tenants: identity excludes the tenant */
 } ikv_segment;
 
 /* The 64-bit identity of a segment (formula above); `tenant` is ignored for public segments. */
@@ -101,35 +101,35 @@ int ikv_gen_layout_parse(const char *name, ikv_gen_layout *out);
 /* Knobs; ikv_gen_opts_default() gives the defaults named in brackets. All token counts are
  * tokens, all times seconds. */
 typedef struct ikv_gen_opts {
-    uint64_t seed;                /* [1] every random choice derives from it */
-    uint32_t block_tokens;        /* [16] written to the header; readers cut blocks with it */
-    uint64_t users;               /* [100] tenants u0..u(N-1) */
-    double user_alpha;            /* [0] Zipf exponent of user activity (0 = uniform) */
-    uint32_t apps;                /* [4] user u belongs to app hash(u) mod A */
-    uint32_t system_tokens;       /* [2048] per-app public system prompt */
-    uint32_t tool_tokens;         /* [256] per-app public tool schema (0 = none) */
-    uint32_t memory_tokens;       /* [1024] per-user memory (0 = none) ... */
-    uint32_t memory_item_tokens;  /* [128] ... in items of this size (the last may be shorter) */
-    double drift;                 /* [0.25] fraction of memory items rewritten per new session */
-    uint32_t docs_per_query;      /* [4] k documents retrieved per query (0 = none) */
-    uint64_t corpus;              /* [10000] V documents */
-    uint32_t doc_tokens;          /* [512] tokens per document */
-    double doc_alpha;             /* [1.0] Zipf exponent of document popularity */
-    int private_docs;             /* [0] 1: documents are per-tenant, not public */
-    uint32_t turns;               /* [4] turns per session; history grows with each */
-    double think;                 /* [30] mean think time between turns (exponential) */
-    double rate;                  /* [10] mean requests per second (sessions start at rate/T) */
-    double user_rate;             /* [0] > 0: requests per user per hour; then the total rate
-                                     is users * user_rate / 3600 (load grows with users) and
-                                     `rate` is ignored */
-    double duration;              /* [0] keep requests arriving before this time (0 = no bound) */
-    uint64_t requests;            /* [10000 if duration is 0, else 0] keep the first R requests */
-    uint64_t intents;             /* [1000] Zipf head of query intents ... */
-    double intent_alpha;          /* [1.0] ... with this exponent ... */
-    double novelty;               /* [0.2] ... and this probability of a new, unique intent */
-    uint32_t query_tokens;        /* [64] tokens per query */
-    uint32_t output_tokens;       /* [256] tokens per answer (output length) */
-    ikv_gen_layout layout;        /* [personal-first] */
+    uint64_t seed;               /* [1] every random choice derives from it */
+    uint32_t block_tokens;       /* [16] written to the header; readers cut blocks with it */
+    uint64_t users;              /* [100] tenants u0..u(N-1) */
+    double user_alpha;           /* [0] Zipf exponent of user activity (0 = uniform) */
+    uint32_t apps;               /* [4] user u belongs to app hash(u) mod A */
+    uint32_t system_tokens;      /* [2048] per-app public system prompt */
+    uint32_t tool_tokens;        /* [256] per-app public tool schema (0 = none) */
+    uint32_t memory_tokens;      /* [1024] per-user memory (0 = none) ... */
+    uint32_t memory_item_tokens; /* [128] ... in items of this size (the last may be shorter) */
+    double drift;                /* [0.25] fraction of memory items rewritten per new session */
+    uint32_t docs_per_query;     /* [4] k documents retrieved per query (0 = none) */
+    uint64_t corpus;             /* [10000] V documents */
+    uint32_t doc_tokens;         /* [512] tokens per document */
+    double doc_alpha;            /* [1.0] Zipf exponent of document popularity */
+    int private_docs;            /* [0] 1: documents are per-tenant, not public */
+    uint32_t turns;              /* [4] turns per session; history grows with each */
+    double think;                /* [30] mean think time between turns (exponential) */
+    double rate;                 /* [10] mean requests per second (sessions start at rate/T) */
+    double user_rate;            /* [0] > 0: requests per user per hour; then the total rate
+                                    is users * user_rate / 3600 (load grows with users) and
+                                    `rate` is ignored */
+    double duration;             /* [0] keep requests arriving before this time (0 = no bound) */
+    uint64_t requests;           /* [10000 if duration is 0, else 0] keep the first R requests */
+    uint64_t intents;            /* [1000] Zipf head of query intents ... */
+    double intent_alpha;         /* [1.0] ... with this exponent ... */
+    double novelty;              /* [0.2] ... and this probability of a new, unique intent */
+    uint32_t query_tokens;       /* [64] tokens per query */
+    uint32_t output_tokens;      /* [256] tokens per answer (output length) */
+    ikv_gen_layout layout;       /* [personal-first] */
 } ikv_gen_opts;
 
 void ikv_gen_opts_default(ikv_gen_opts *o);

@@ -57,11 +57,21 @@ static const knob knobs[] = {
 static void knob_default(const ikv_gen_opts *d, const knob *k, char *buf, size_t n) {
     const char *p = (const char *)d + k->off;
     switch (k->type) {
-    case K_U64: snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)p); break;
-    case K_U32: snprintf(buf, n, "%u", *(const uint32_t *)p); break;
-    case K_DBL: snprintf(buf, n, "%g", *(const double *)p); break;
-    case K_FLAG: snprintf(buf, n, "%s", *(const int *)p ? "on" : "off"); break;
-    case K_LAYOUT: snprintf(buf, n, "%s", ikv_gen_layout_name(*(const ikv_gen_layout *)p)); break;
+    case K_U64:
+        snprintf(buf, n, "%llu", (unsigned long long)*(const uint64_t *)p);
+        break;
+    case K_U32:
+        snprintf(buf, n, "%u", *(const uint32_t *)p);
+        break;
+    case K_DBL:
+        snprintf(buf, n, "%g", *(const double *)p);
+        break;
+    case K_FLAG:
+        snprintf(buf, n, "%s", *(const int *)p ? "on" : "off");
+        break;
+    case K_LAYOUT:
+        snprintf(buf, n, "%s", ikv_gen_layout_name(*(const ikv_gen_layout *)p));
+        break;
     }
 }
 
@@ -78,8 +88,7 @@ static void help(void) {
     for (size_t i = 0; i < N_KNOBS; i++) {
         char def[64], flag[48];
         knob_default(&d, &knobs[i], def, sizeof def);
-        snprintf(flag, sizeof flag, "--%s%s", knobs[i].name,
-                 knobs[i].type == K_FLAG ? "" : " X");
+        snprintf(flag, sizeof flag, "--%s%s", knobs[i].name, knobs[i].type == K_FLAG ? "" : " X");
         printf("  %-24s %s [%s]\n", flag, knobs[i].help, def);
     }
     printf("\nCounts accept k/M/G suffixes (--users 100k). If --duration is given without\n"
@@ -104,8 +113,10 @@ static int set_knob(const knob *k, ikv_gen_opts *o, const char *v) {
         if (cli_parse_double(v, &x)) return -1;
         *(double *)p = x;
         return 0;
-    case K_LAYOUT: return ikv_gen_layout_parse(v, (ikv_gen_layout *)p) ? -1 : 0;
-    case K_FLAG: return -1;
+    case K_LAYOUT:
+        return ikv_gen_layout_parse(v, (ikv_gen_layout *)p) ? -1 : 0;
+    case K_FLAG:
+        return -1;
     }
     return -1;
 }
@@ -148,8 +159,7 @@ int ikv_cmd_gen(int argc, char **argv) {
         }
         const char *v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
         if (!v) return cli_usage_error("gen", "--%s needs a value", k->name);
-        if (set_knob(k, &o, v))
-            return cli_usage_error("gen", "--%s: bad value '%s'", k->name, v);
+        if (set_knob(k, &o, v)) return cli_usage_error("gen", "--%s: bad value '%s'", k->name, v);
         saw_requests |= k->off == OFF(requests);
         saw_duration |= k->off == OFF(duration);
     }

@@ -39,15 +39,15 @@
 #include <string.h>
 #include <unistd.h>
 
-#define GOLDEN UINT64_C(0x9E3779B97F4A7C15)
-#define STREAM_MAIN UINT64_C(0x6d61696e)   /* "main" */
-#define STREAM_DOCS UINT64_C(0x646f6373)   /* "docs" */
-#define STREAM_APPS UINT64_C(0x61707073)   /* "apps" */
-#define NOVEL_BIT (UINT64_C(1) << 63)
-#define MAX_REQUESTS UINT64_C(100000000)   /* 1e8: keeps the session table in memory */
-#define MAX_TABLE UINT64_C(10000000)       /* 1e7: users, corpus, intents */
+#define GOLDEN             UINT64_C(0x9E3779B97F4A7C15)
+#define STREAM_MAIN        UINT64_C(0x6d61696e) /* "main" */
+#define STREAM_DOCS        UINT64_C(0x646f6373) /* "docs" */
+#define STREAM_APPS        UINT64_C(0x61707073) /* "apps" */
+#define NOVEL_BIT          (UINT64_C(1) << 63)
+#define MAX_REQUESTS       UINT64_C(100000000) /* 1e8: keeps the session table in memory */
+#define MAX_TABLE          UINT64_C(10000000)  /* 1e7: users, corpus, intents */
 #define MAX_DOCS_PER_QUERY 64u
-#define MAX_MEMORY_ITEMS 4096u
+#define MAX_MEMORY_ITEMS   4096u
 
 /* ---- random numbers ---------------------------------------------------------------------- */
 
@@ -64,7 +64,8 @@ static uint64_t splitmix(uint64_t *x) {
 
 static void rng_seed(rng *r, uint64_t seed, uint64_t stream, uint64_t sub) {
     uint64_t x = seed ^ (stream * GOLDEN) ^ splitmix(&sub);
-    for (int i = 0; i < 4; i++) r->s[i] = splitmix(&x);
+    for (int i = 0; i < 4; i++)
+        r->s[i] = splitmix(&x);
 }
 
 static inline uint64_t rotl(uint64_t x, int k) {
@@ -111,8 +112,10 @@ static int zipf_init(zipf *z, uint64_t n, double alpha) {
     z->cdf = ikv_malloc(n * sizeof *z->cdf);
     if (!z->cdf) return IKV_ENOMEM;
     double sum = 0;
-    for (uint64_t i = 0; i < n; i++) z->cdf[i] = (sum += pow((double)(i + 1), -alpha));
-    for (uint64_t i = 0; i < n; i++) z->cdf[i] /= sum;
+    for (uint64_t i = 0; i < n; i++)
+        z->cdf[i] = (sum += pow((double)(i + 1), -alpha));
+    for (uint64_t i = 0; i < n; i++)
+        z->cdf[i] /= sum;
     z->cdf[n - 1] = 1.0;
     return 0;
 }
@@ -123,8 +126,10 @@ static uint64_t zipf_draw(const zipf *z, rng *r) {
     uint64_t lo = 0, hi = z->n - 1; /* first i with cdf[i] > u */
     while (lo < hi) {
         uint64_t mid = lo + (hi - lo) / 2;
-        if (z->cdf[mid] > u) hi = mid;
-        else lo = mid + 1;
+        if (z->cdf[mid] > u)
+            hi = mid;
+        else
+            lo = mid + 1;
     }
     return lo;
 }
@@ -191,8 +196,8 @@ static double total_rate(const ikv_gen_opts *o) {
 
 int ikv_gen_opts_check(const ikv_gen_opts *o) {
     if (!o->block_tokens || o->block_tokens > 65536) BAD("gen: block_tokens must be 1..65536");
-    if (!o->users || o->users > MAX_TABLE) BAD("gen: users must be 1..%llu",
-                                               (unsigned long long)MAX_TABLE);
+    if (!o->users || o->users > MAX_TABLE)
+        BAD("gen: users must be 1..%llu", (unsigned long long)MAX_TABLE);
     if (!(o->user_alpha >= 0 && o->user_alpha <= 10)) BAD("gen: user_alpha must be 0..10");
     if (!o->apps || o->apps > 1000000) BAD("gen: apps must be 1..1000000");
     if (!o->system_tokens) BAD("gen: system_tokens must be > 0");
@@ -219,8 +224,7 @@ int ikv_gen_opts_check(const ikv_gen_opts *o) {
     if (o->requests > MAX_REQUESTS)
         BAD("gen: requests must be at most %llu", (unsigned long long)MAX_REQUESTS);
     if (!o->requests && total_rate(o) * o->duration > (double)MAX_REQUESTS)
-        BAD("gen: rate * duration must be at most %llu requests",
-            (unsigned long long)MAX_REQUESTS);
+        BAD("gen: rate * duration must be at most %llu requests", (unsigned long long)MAX_REQUESTS);
     if (!o->intents || o->intents > MAX_TABLE)
         BAD("gen: intents must be 1..%llu", (unsigned long long)MAX_TABLE);
     if (!(o->intent_alpha >= 0 && o->intent_alpha <= 10)) BAD("gen: intent_alpha must be 0..10");
@@ -240,11 +244,11 @@ int ikv_gen_opts_check(const ikv_gen_opts *o) {
 /* ---- generation -------------------------------------------------------------------------- */
 
 typedef struct session {
-    double start;      /* seconds */
+    double start; /* seconds */
     uint64_t user;
-    uint64_t id;       /* 1-based, in start order */
-    size_t mem;        /* offset of this session's memory versions in gen.versions */
-    size_t turn;       /* offset of this session's turns in gen.intents / gen.times */
+    uint64_t id; /* 1-based, in start order */
+    size_t mem;  /* offset of this session's memory versions in gen.versions */
+    size_t turn; /* offset of this session's turns in gen.intents / gen.times */
 } session;
 
 typedef struct req_ref {
@@ -257,24 +261,25 @@ typedef struct gen {
     const ikv_gen_opts *o;
     rng r;
     zipf users, docs, intents;
-    uint32_t items;            /* memory items per user */
+    uint32_t items; /* memory items per user */
     session *sessions;
     size_t n_sessions, cap_sessions;
-    uint32_t *versions;        /* (sessions, items) memory item versions at session start */
+    uint32_t *versions; /* (sessions, items) memory item versions at session start */
     size_t cap_versions;
-    uint64_t *intent_of;       /* (sessions, turns) intent code (NOVEL_BIT | n for novel) */
+    uint64_t *intent_of; /* (sessions, turns) intent code (NOVEL_BIT | n for novel) */
     size_t cap_intents;
     req_ref *reqs;
     size_t n_reqs, cap_reqs;
-    uint32_t *last;            /* (users) 1 + index of the user's latest session; 0 = none */
-    uint32_t *perm;            /* (items) scratch for drift */
-    uint64_t novel;            /* novel intents so far */
+    uint32_t *last; /* (users) 1 + index of the user's latest session; 0 = none */
+    uint32_t *perm; /* (items) scratch for drift */
+    uint64_t novel; /* novel intents so far */
 } gen;
 
 static int grow(void **p, size_t *cap, size_t need, size_t size) {
     if (need <= *cap) return 0;
     size_t n = *cap ? *cap : 256;
-    while (n < need) n *= 2;
+    while (n < need)
+        n *= 2;
     void *q = ikv_realloc(*p, n * size);
     if (!q) return IKV_ENOMEM;
     *p = q;
@@ -317,7 +322,8 @@ static int add_session(gen *g, double start) {
         memcpy(v, g->versions + g->sessions[prev - 1].mem, g->items * sizeof *v);
         /* exactly round(drift * items) distinct items, by a partial Fisher-Yates shuffle */
         uint32_t k = (uint32_t)floor(o->drift * g->items + 0.5);
-        for (uint32_t i = 0; i < g->items; i++) g->perm[i] = i;
+        for (uint32_t i = 0; i < g->items; i++)
+            g->perm[i] = i;
         for (uint32_t i = 0; i < k; i++) {
             uint32_t j = i + (uint32_t)rng_below(&g->r, g->items - i);
             uint32_t t = g->perm[i];
@@ -330,8 +336,8 @@ static int add_session(gen *g, double start) {
     double t = start;
     for (size_t j = 0; j < T; j++) {
         if (j) t += o->think > 0 ? rng_exp(&g->r, 1.0 / o->think) : 0;
-        uint64_t intent = rng_unit(&g->r) < o->novelty ? (NOVEL_BIT | g->novel++)
-                                                       : zipf_draw(&g->intents, &g->r);
+        uint64_t intent =
+            rng_unit(&g->r) < o->novelty ? (NOVEL_BIT | g->novel++) : zipf_draw(&g->intents, &g->r);
         g->intent_of[s->turn + j] = intent;
         req_ref *q = &g->reqs[g->n_reqs++];
         q->time = t;
@@ -361,7 +367,8 @@ static int generate(gen *g) {
     qsort(g->reqs, g->n_reqs, sizeof *g->reqs, cmp_req);
     size_t keep = g->n_reqs;
     if (o->duration > 0)
-        while (keep && g->reqs[keep - 1].time >= o->duration) keep--;
+        while (keep && g->reqs[keep - 1].time >= o->duration)
+            keep--;
     if (o->requests && keep > o->requests) keep = o->requests;
     g->n_reqs = keep;
     return 0;
@@ -380,11 +387,13 @@ static void docs_of(const gen *g, uint64_t intent, uint64_t *out) {
         for (int tries = 0; tries < 64 && !ok; tries++) {
             d = zipf_draw(&g->docs, &r);
             ok = 1;
-            for (uint32_t j = 0; j < i; j++) ok &= out[j] != d;
+            for (uint32_t j = 0; j < i; j++)
+                ok &= out[j] != d;
         }
         for (d = ok ? d : 0; !ok; d++) {
             ok = 1;
-            for (uint32_t j = 0; j < i; j++) ok &= out[j] != d;
+            for (uint32_t j = 0; j < i; j++)
+                ok &= out[j] != d;
             if (ok) break;
         }
         out[i] = d;
@@ -404,8 +413,10 @@ static void put_seg(FILE *f, int *first, const char *kind, const char *id, uint6
 }
 
 static void intent_id(uint64_t intent, char *buf, size_t n) {
-    if (intent & NOVEL_BIT) snprintf(buf, n, "n%llu", (unsigned long long)(intent & ~NOVEL_BIT));
-    else snprintf(buf, n, "q%llu", (unsigned long long)intent);
+    if (intent & NOVEL_BIT)
+        snprintf(buf, n, "n%llu", (unsigned long long)(intent & ~NOVEL_BIT));
+    else
+        snprintf(buf, n, "q%llu", (unsigned long long)intent);
 }
 
 static void write_memory(const gen *g, FILE *f, int *first, const session *s) {
@@ -435,8 +446,9 @@ static void write_request(const gen *g, FILE *f, const req_ref *q) {
     uint32_t app = app_of(g, s->user);
     char id[64];
     int first = 1;
-    fprintf(f, "{\"time\":%.6f,\"tenant\":\"u%llu\",\"session\":%llu,\"turn\":%u,\"output\":%u,"
-               "\"segments\":[",
+    fprintf(f,
+            "{\"time\":%.6f,\"tenant\":\"u%llu\",\"session\":%llu,\"turn\":%u,\"output\":%u,"
+            "\"segments\":[",
             q->time, (unsigned long long)s->user, (unsigned long long)s->id, q->turn,
             o->output_tokens);
     snprintf(id, sizeof id, "app%u", app);
@@ -525,8 +537,7 @@ int ikv_gen_write(const ikv_gen_opts *o, FILE *f, ikv_progress *progress, uint64
     if (progress) ikv_progress_update(progress, g.n_reqs);
     if (n_requests) *n_requests = g.n_reqs;
     gen_free(&g);
-    if (fflush(f) || ferror(f)) return ikv_error(IKV_EIO, "gen: write failed: %s",
-                                                 strerror(errno));
+    if (fflush(f) || ferror(f)) return ikv_error(IKV_EIO, "gen: write failed: %s", strerror(errno));
     return 0;
 }
 
@@ -545,8 +556,7 @@ int ikv_gen_write_file(const ikv_gen_opts *o, const char *path, ikv_progress *pr
         return rc;
     }
     rc = ikv_gen_write(o, f, progress, n_requests);
-    if (fclose(f) && !rc) rc = ikv_error(IKV_EIO, "gen: cannot write %s: %s", tmp,
-                                         strerror(errno));
+    if (fclose(f) && !rc) rc = ikv_error(IKV_EIO, "gen: cannot write %s: %s", tmp, strerror(errno));
     if (!rc && rename(tmp, path))
         rc = ikv_error(IKV_EIO, "gen: cannot rename %s to %s: %s", tmp, path, strerror(errno));
     if (rc) remove(tmp);

@@ -34,10 +34,10 @@
 #include <xxhash.h>
 
 #define SEG_ID_SEED UINT64_C(0x69736f6b76736567) /* "isokvseg" */
-#define GOLDEN UINT64_C(0x9E3779B97F4A7C15)
+#define GOLDEN      UINT64_C(0x9E3779B97F4A7C15)
 
 static const char *const kind_names[IKV_SEG_KIND_COUNT] = {"system", "tool",    "memory",
-                                                            "doc",    "history", "query"};
+                                                           "doc",    "history", "query"};
 
 const char *ikv_seg_kind_name(ikv_seg_kind k) {
     return (unsigned)k < IKV_SEG_KIND_COUNT ? kind_names[k] : NULL;
@@ -84,9 +84,9 @@ struct ikv_seg_builder {
     uint32_t block_tokens;
     uint32_t *tok; /* (input_tokens) concatenated tokens of the last build */
     size_t tok_cap;
-    ikv_key *keys;     /* (n_blocks) */
+    ikv_key *keys; /* (n_blocks) */
     size_t key_cap;
-    uint32_t *ntok;    /* (n_blocks) */
+    uint32_t *ntok; /* (n_blocks) */
     size_t ntok_cap;
     ikv_chunk *chunks; /* (n_chunks) */
     size_t chunk_cap;
@@ -123,7 +123,8 @@ const uint32_t *ikv_seg_builder_tokens(const ikv_seg_builder *b) {
 static int grow(void **p, size_t *cap, size_t need, size_t size) {
     if (need <= *cap) return 0;
     size_t n = *cap ? *cap : 64;
-    while (n < need) n *= 2;
+    while (n < need)
+        n *= 2;
     void *q = ikv_realloc(*p, n * size);
     if (!q) return IKV_ENOMEM;
     *p = q;
@@ -147,8 +148,10 @@ int ikv_seg_build(ikv_seg_builder *b, const char *tenant, const ikv_segment *seg
             return ikv_error(IKV_ETOOLONG, "segments: request longer than %u tokens",
                              IKV_SEG_MAX_TOKENS);
         total += segs[i].tokens;
-        if (leading && segs[i].is_public) pub_end = total;
-        else leading = 0;
+        if (leading && segs[i].is_public)
+            pub_end = total;
+        else
+            leading = 0;
         if (segs[i].kind == IKV_SEG_DOC && segs[i].tokens >= B) {
             n_docs++;
             dk_need += segs[i].tokens / B;
@@ -173,8 +176,8 @@ int ikv_seg_build(ikv_seg_builder *b, const char *tenant, const ikv_segment *seg
             size_t count = end > first ? end - first : 0;
             if (count) {
                 uint64_t dsalt = s->is_public ? IKV_SCOPE_PUBLIC : salt;
-                ikv_keys_of_tokens(b->seed, b->tok + off, s->tokens, B, dsalt, 0,
-                                   b->doc_keys + dk, count);
+                ikv_keys_of_tokens(b->seed, b->tok + off, s->tokens, B, dsalt, 0, b->doc_keys + dk,
+                                   count);
                 ikv_chunk *c = &b->chunks[n_chunks++];
                 c->first = first;
                 c->count = count;

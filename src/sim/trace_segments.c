@@ -26,20 +26,20 @@
 #include <string.h>
 #include <xxhash.h>
 
-#define HEADER_FORMAT "isokv-segments"
-#define HEADER_VERSION 1
+#define HEADER_FORMAT    "isokv-segments"
+#define HEADER_VERSION   1
 #define MAX_BLOCK_TOKENS 65536u
-#define MAX_TENANTS UINT32_MAX
+#define MAX_TENANTS      UINT32_MAX
 
 typedef struct seg_state {
     ikv_seg_builder *b;
-    int has_header;        /* line 1 is a header */
-    ikv_segment *segs;     /* (n) scratch for the current line */
+    int has_header;    /* line 1 is a header */
+    ikv_segment *segs; /* (n) scratch for the current line */
     size_t segs_cap;
-    double last_time;      /* of the last request handed out (non-decreasing check) */
+    double last_time; /* of the last request handed out (non-decreasing check) */
     /* tenant names -> dense indices: open addressing, linear probing, power-of-two size */
-    char **names;          /* (n_tenants) owned, in index order */
-    uint32_t *slots;       /* (slot_cap) 1 + tenant index, 0 = empty */
+    char **names;    /* (n_tenants) owned, in index order */
+    uint32_t *slots; /* (slot_cap) 1 + tenant index, 0 = empty */
     size_t slot_cap;
     uint32_t n_tenants;
 } seg_state;
@@ -87,7 +87,8 @@ static void seg_close(ikv_trace *t) {
     if (!s) return;
     ikv_seg_builder_destroy(s->b);
     ikv_free(s->segs);
-    for (uint32_t i = 0; i < s->n_tenants; i++) ikv_free(s->names[i]);
+    for (uint32_t i = 0; i < s->n_tenants; i++)
+        ikv_free(s->names[i]);
     ikv_free(s->names);
     ikv_free(s->slots);
     ikv_free(s);
@@ -139,7 +140,8 @@ static int tenant_index(seg_state *s, const char *name, uint32_t *out) {
         for (uint32_t k = 0; k < s->n_tenants; k++) {
             const char *nm = s->names[k];
             size_t i = XXH3_64bits(nm, strlen(nm)) & (cap - 1);
-            while (slots[i]) i = (i + 1) & (cap - 1);
+            while (slots[i])
+                i = (i + 1) & (cap - 1);
             slots[i] = k + 1;
         }
         ikv_free(s->slots);
@@ -150,7 +152,8 @@ static int tenant_index(seg_state *s, const char *name, uint32_t *out) {
     if (!copy) return IKV_ENOMEM;
     memcpy(copy, name, len + 1);
     size_t i = h & (s->slot_cap - 1);
-    while (s->slots[i]) i = (i + 1) & (s->slot_cap - 1);
+    while (s->slots[i])
+        i = (i + 1) & (s->slot_cap - 1);
     s->names[s->n_tenants] = copy;
     s->slots[i] = ++s->n_tenants;
     *out = s->n_tenants - 1;
@@ -165,7 +168,8 @@ static const char *parse_segments(seg_state *s, const cJSON *arr, size_t *n, cha
     if (!count) return "\"segments\" is empty";
     if (count > s->segs_cap) {
         size_t cap = s->segs_cap ? s->segs_cap : 64;
-        while (cap < count) cap *= 2;
+        while (cap < count)
+            cap *= 2;
         ikv_segment *p = ikv_realloc(s->segs, cap * sizeof *p);
         if (!p) {
             *nomem = 1;
@@ -184,14 +188,16 @@ static const char *parse_segments(seg_state *s, const cJSON *arr, size_t *n, cha
         const cJSON *pub = cJSON_GetObjectItemCaseSensitive(it, "public");
         uint64_t tok = 0;
         const char *bad = NULL;
-        if (!cJSON_IsObject(it)) bad = "is not an object";
+        if (!cJSON_IsObject(it))
+            bad = "is not an object";
         else if (!cJSON_IsString(kind) || ikv_seg_kind_parse(kind->valuestring, &g->kind))
             bad = "\"kind\" is not one of system, tool, memory, doc, history, query";
         else if (!cJSON_IsString(id) || !id->valuestring[0])
             bad = "\"id\" missing or not a non-empty string";
         else if (ikv__json_uint(it, "tokens", IKV_SEG_MAX_TOKENS, &tok) || tok == 0)
             bad = "\"tokens\" missing or not an integer 1..16777216";
-        else if (pub && !cJSON_IsBool(pub)) bad = "\"public\" is not true or false";
+        else if (pub && !cJSON_IsBool(pub))
+            bad = "\"public\" is not true or false";
         if (bad) {
             snprintf(why, why_len, "segments[%zu] %s", i, bad);
             return why;
@@ -229,7 +235,8 @@ static int seg_next(ikv_trace *t, ikv_request *req) {
         const char *bad = NULL;
         int nomem = 0;
         size_t n = 0;
-        if (is_header(j)) bad = "a header line is allowed only as line 1";
+        if (is_header(j))
+            bad = "a header line is allowed only as line 1";
         else if (ikv__json_double(j, "time", &time) || time < 0)
             bad = "\"time\" (seconds) missing or negative";
         else if (time < s->last_time) {
@@ -244,8 +251,10 @@ static int seg_next(ikv_trace *t, ikv_request *req) {
         else if (cJSON_GetObjectItemCaseSensitive(j, "output") &&
                  ikv__json_uint(j, "output", UINT32_MAX, &output))
             bad = "\"output\" is not a token count";
-        else if (!cJSON_IsArray(segs)) bad = "\"segments\" missing or not an array";
-        else bad = parse_segments(s, segs, &n, why, sizeof why, &nomem);
+        else if (!cJSON_IsArray(segs))
+            bad = "\"segments\" missing or not an array";
+        else
+            bad = parse_segments(s, segs, &n, why, sizeof why, &nomem);
         if (nomem) {
             cJSON_Delete(j);
             return IKV_ENOMEM;
