@@ -821,6 +821,68 @@ static void test_cli_sweep(void **state) {
     }
 }
 
+/* ---- segments traces: pins, chunk reuse, tenants ------------------------------------------ */
+
+static void test_segments_remedies(void **state) {
+    (void)state;
+    char path[512], args[1024];
+    tmp_path(path, sizeof path, "gen.jsonl");
+    snprintf(args, sizeof args, "gen -o %s --users 20 --requests 400 --duration 3600", path);
+    int st;
+    char *out = run_cmd(args, &st);
+    assert_int_equal(st, 0);
+    free(out);
+    ikv_trace_opts to = {0};
+    ikv_replay_opts ro;
+    ikv_replay_result base, chunk, pin, tight;
+    ikv_replay_opts_default(&ro);
+    ro.capacity_tokens = 100000;
+    ro.check_every = 50;
+    assert_int_equal(replay_file(path, &to, &ro, &base), 0);
+    assert_true(base.n_tenants <= 20 && base.n_tenants > 1);
+    uint64_t reqs = 0, in = 0;
+    for (uint32_t i = 0; i < base.n_tenants; i++) {
+        reqs += base.tenant_requests[i];
+        in += base.tenant_input_tokens[i];
+    }
+    assert_int_equal(reqs, base.requests);
+    assert_int_equal(in, base.input_tokens);
+    assert_int_equal(base.chunk_hit_blocks, 0);
+    /* chunk reuse: doc chunks hit at other positions, (1 - R) of their tokens counted */
+    ro.chunk_reuse = 0.15;
+    assert_int_equal(replay_file(path, &to, &ro, &chunk), 0);
+    assert_true(chunk.chunk_hit_blocks > 0);
+    assert_true(chunk.chunk_hit_tokens > 0);
+    assert_true(fabs(chunk.hit_tokens - ((double)chunk.prefix_hit_tokens + chunk.chunk_hit_tokens)) < 1e-6);
+    assert_true(chunk.chunk_hit_tokens <= 0.85 * (double)chunk.chunk_hit_blocks * 16 + 1e-6);
+    assert_true(chunk.token_hit_ratio > base.token_hit_ratio);
+    /* pins: the public prefixes are pinned once each; a tiny budget is counted, not fatal */
+    ro.chunk_reuse = -1;
+    ro.pin_public = 1;
+    assert_int_equal(replay_file(path, &to, &ro, &pin), 0);
+    assert_true(pin.pins > 0);
+    assert_int_equal(pin.pin_budget_errors, 0);
+    ro.pin_budget = 0.0001;
+    assert_int_equal(replay_file(path, &to, &ro, &tight), 0);
+    assert_int_equal(tight.pins, 0);
+    assert_true(tight.pin_budget_errors > 0);
+    assert_int_equal(tight.requests, base.requests);
+    ikv_replay_result_free(&base);
+    ikv_replay_result_free(&chunk);
+    ikv_replay_result_free(&pin);
+    ikv_replay_result_free(&tight);
+    /* the CLI lists tenants for segments traces */
+    snprintf(args, sizeof args, "sim %s --json --capacity-tokens 100k --chunk-reuse", path);
+    out = run_cmd(args, &st);
+    assert_int_equal(st, 0);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    assert_true(cJSON_GetArraySize(cJSON_GetObjectItem(j, "tenants")) > 1);
+    assert_true(cJSON_GetObjectItem(j, "chunk_hit_blocks")->valuedouble > 0);
+    cJSON_Delete(j);
+    free(out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mooncake_reader),
@@ -835,6 +897,7 @@ int main(void) {
         cmocka_unit_test(test_tiers_order),
         cmocka_unit_test(test_cli_json),
         cmocka_unit_test(test_cli_sweep),
+        cmocka_unit_test(test_segments_remedies),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }
