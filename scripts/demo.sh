@@ -69,7 +69,7 @@ demo_sim() {
   "$ISOKV" sim sweep "$weka" --vary conversations=1,16,64,355 --policy lru,arc,value:fmax=3,cexp=0,opt \
     --capacity-tokens 2M --out out/sim-weka --title 'WEKA sessions, one 2M-token cache'
   section "simulator: the same 355 conversations in timed mode, tiers hbm 2M + dram 16M tokens (SIMULATED times)"
-  "$ISOKV" sim "$weka" --mode timed --tiers hbm=2M,dram=16M --policy value:fmax=3,cexp=0 --servers 8
+  "$ISOKV" sim "$weka" --mode timed --tiers hbm=2M,dram=16M --policy value:fmax=3,cexp=0 --servers 32
   echo "plots: out/sim-weka/sweep.svg, out/sim-weka/sweep.png"
 }
 # ---- end demo_sim ----
