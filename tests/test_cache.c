@@ -1132,6 +1132,34 @@ static void test_regress_opt_float_ties(void **st) {
     ikv_cache_destroy(c);
 }
 
+/* Regression: unlock used to count repeated ids in O(n^2) and skipped the repeat check past 64
+ * blocks. Now a long path with a bad id at its end changes nothing, and repeats count twice. */
+static void test_regress_unlock_long_path(void **st) {
+    (void)st;
+    enum { N = 300 };
+    ikv_cache *c = make(N + 10, "lru");
+    uint32_t toks[N], nodes[N + 1];
+    ikv_key k[N];
+    for (int i = 0; i < N; i++) toks[i] = (uint32_t)i;
+    chain(toks, N, 0, k);
+    size_t n;
+    assert_int_equal(ikv_cache_insert(c, k, N, 0, NULL, 1, nodes, &n), 0);
+    assert_int_equal(n, N);
+    nodes[N] = nodes[0]; /* nodes[0] twice: its single lock cannot be released twice */
+    assert_int_equal(ikv_cache_unlock(c, nodes, N + 1), IKV_ENOTLOCKED);
+    ikv_cache_stats s;
+    ikv_cache_stats_get(c, &s);
+    assert_int_equal(s.locked, N);
+    assert_int_equal(s.evictable[0], 0);
+    CHECKED(c);
+    assert_int_equal(ikv_cache_unlock(c, nodes, N), 0);
+    ikv_cache_stats_get(c, &s);
+    assert_int_equal(s.locked, 0);
+    assert_int_equal(s.evictable[0], 1);
+    CHECKED(c);
+    ikv_cache_destroy(c);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_match_insert),      cmocka_unit_test(test_bad_input),
@@ -1139,7 +1167,8 @@ int main(void) {
         cmocka_unit_test(test_scopes),            cmocka_unit_test(test_pins),
         cmocka_unit_test(test_softpin),           cmocka_unit_test(test_tiers),
         cmocka_unit_test(test_fuzz_all_policies), cmocka_unit_test(test_alloc_failure),
-        cmocka_unit_test(test_bytes_per_block),  cmocka_unit_test(test_regress_opt_float_ties),   cmocka_unit_test(test_fifo_order),
+        cmocka_unit_test(test_bytes_per_block),  cmocka_unit_test(test_regress_opt_float_ties),
+        cmocka_unit_test(test_regress_unlock_long_path),   cmocka_unit_test(test_fifo_order),
         cmocka_unit_test(test_lfu_order),         cmocka_unit_test(test_gdsf_cost),
         cmocka_unit_test(test_sieve_visited),     cmocka_unit_test(test_s3fifo_small_and_ghost),
         cmocka_unit_test(test_arc_adapts),        cmocka_unit_test(test_policy_params),

@@ -588,17 +588,19 @@ int ikv_cache_lock(ikv_cache *c, const uint32_t *nodes, size_t n) {
 }
 
 int ikv_cache_unlock(ikv_cache *c, const uint32_t *nodes, size_t n) {
-    /* Check first (counting repeats), so a bad call changes nothing. */
+    /* Take the counts down first and roll back at the first block that is not locked (a
+     * repeated id counts twice), so a bad call changes nothing; O(n). Queues are refreshed
+     * only once the whole call is known to be valid (refresh is idempotent). */
     for (size_t i = 0; i < n; i++) {
-        if (nodes[i] >= c->node_limit || c->nodes[nodes[i]].tier == IKV__FREE)
-            return ikv_error(IKV_ENOTLOCKED, "unlock: block %zu is not resident", i);
-        size_t uses = 0;
-        for (size_t j = 0; j <= i; j++) uses += nodes[j] == nodes[i];
-        if (n > 64) uses = 1; /* long paths are chains: ids are distinct */
-        if (c->nodes[nodes[i]].lock < uses)
-            return ikv_error(IKV_ENOTLOCKED, "unlock: block %zu is not locked", i);
+        uint32_t id = nodes[i];
+        if (id >= c->node_limit || c->nodes[id].tier == IKV__FREE || c->nodes[id].lock == 0) {
+            for (size_t j = 0; j < i; j++)
+                if (c->nodes[nodes[j]].lock++ == 0) c->locked++;
+            return ikv_error(IKV_ENOTLOCKED, "unlock: block %zu of %zu is not locked", i, n);
+        }
+        if (--c->nodes[id].lock == 0) c->locked--;
     }
-    for (size_t i = 0; i < n; i++) unlock_node(c, nodes[i]);
+    for (size_t i = 0; i < n; i++) refresh(c, nodes[i]);
     return 0;
 }
 
