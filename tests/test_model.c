@@ -508,11 +508,15 @@ static void test_reference_forward(void **st) {
     int V = c.vocab_size;
     uint32_t toks[N];
     make_prompt(toks, N, 11, (uint32_t)V);
-    uint32_t tiles[] = {64, 16, 48};
-    for (size_t ti = 0; ti < 3; ti++) {
+    /* the last two run the forward pass on 2 and 3 threads (uneven partitions of the 2 kv heads,
+     * 64 rows and 176 hidden columns) */
+    uint32_t tiles[] = {64, 16, 48, 64, 16};
+    int threads[] = {1, 1, 1, 2, 3};
+    for (size_t ti = 0; ti < 5; ti++) {
         ikv_engine_options o;
         ikv_engine_options_default(&o);
         o.tile = tiles[ti];
+        o.threads = threads[ti];
         ikv_engine *e;
         assert_int_equal(ikv_engine_create(m, &o, &e), 0);
         float *all = calloc((size_t)N * V, 4);
@@ -620,14 +624,16 @@ static void test_exact_with_cache(void **st) {
     memcpy(b, a, sizeof b);
     make_prompt(b + 40, 160, 2, (uint32_t)V); /* shares 40 tokens (2 full blocks) with a */
     memcpy(f, a, sizeof f);                   /* 160 = 10 full blocks, all of them in a */
-    /* tile sizes: aligned and unaligned with the 16-token blocks; the last config runs BLAS on
-     * two threads (bit exactness holds for any fixed thread count) */
-    uint32_t tiles[] = {64, 16, 48, 7, 64};
-    for (size_t ti = 0; ti < 5; ti++) {
+    /* tile sizes: aligned and unaligned with the 16-token blocks; the last configs run the
+     * forward pass on 2 and 3 threads (bit exactness holds for any fixed thread count; 3 gives
+     * uneven row and column splits and a thread with no kv head) */
+    uint32_t tiles[] = {64, 16, 48, 7, 64, 16, 7};
+    int threads[] = {1, 1, 1, 1, 2, 3, 2};
+    for (size_t ti = 0; ti < 7; ti++) {
         ikv_engine_options o;
         ikv_engine_options_default(&o);
         o.tile = tiles[ti];
-        o.threads = ti == 4 ? 2 : 1;
+        o.threads = threads[ti];
         ikv_engine *e;
         assert_int_equal(ikv_engine_create(m, &o, &e), 0);
         run_out cold, ref_a, warm_a, ref_b, part_b, ref_f, full_f;
@@ -673,6 +679,98 @@ static void test_exact_with_cache(void **st) {
     }
     openblas_set_num_threads(1);
     ikv_model_destroy(m);
+}
+
+/* Decode reads K/V, runs matrix-vector products row by row and attention head by head, each
+ * with one fixed summation order, so given the same K/V it gives the same bits at any thread
+ * count (prefill does not: its sgemm calls are split by columns per thread). Two engines at 1
+ * and 3 threads prefill the same prompt; the second's K/V pool is overwritten with the first's
+ * (same request flow, same block tables); then every decode step must agree bit for bit. */
+static void test_decode_thread_invariant(void **st) {
+    (void)st;
+    ikv_model_config c = tiny();
+    ikv_model *m;
+    assert_int_equal(ikv_model_random(&c, 9, &m), 0);
+    const int V = c.vocab_size;
+    uint32_t toks[90];
+    make_prompt(toks, 90, 4, (uint32_t)V);
+    ikv_engine *e[3];
+    ikv_seq *s[3];
+    int threads[] = {1, 3, 2};
+    for (int i = 0; i < 3; i++) {
+        ikv_engine_options o;
+        ikv_engine_options_default(&o);
+        o.threads = threads[i];
+        assert_int_equal(ikv_engine_create(m, &o, &e[i]), 0);
+        ikv_request rq = {.tokens = toks, .n = 90};
+        assert_int_equal(ikv_engine_begin(e[i], &rq, &s[i], NULL), 0);
+        if (i) {
+            assert_int_equal(e[i]->nblocks, e[0]->nblocks);
+            assert_memory_equal(s[i]->table, s[0]->table, sizeof(uint32_t) * s[0]->n_blocks);
+            memcpy(e[i]->kv, e[0]->kv, sizeof(float) * e[0]->nblocks * e[0]->block_floats);
+        }
+    }
+    uint32_t next = argmax(ikv_seq_logits(s[0]), V);
+    for (int d = 0; d < 40; d++) {
+        const float *lg[3];
+        for (int i = 0; i < 3; i++)
+            assert_int_equal(ikv_engine_decode(e[i], s[i], next, &lg[i]), 0);
+        assert_memory_equal(lg[1], lg[0], sizeof(float) * (size_t)V);
+        assert_memory_equal(lg[2], lg[0], sizeof(float) * (size_t)V);
+        next = argmax(lg[0], V);
+    }
+    for (int i = 0; i < 3; i++) {
+        ikv_engine_end(e[i], s[i]);
+        ikv_engine_destroy(e[i]);
+    }
+    openblas_set_num_threads(1);
+    ikv_model_destroy(m);
+}
+
+/* The worker pool runs every thread index exactly once per region, regions in order, at any
+ * size; bad sizes are refused. */
+typedef struct pool_probe {
+    int n;
+    int region;
+    int seen[8];     /* regions thread t ran */
+    int order_ok[8]; /* thread t saw region numbers 0, 1, 2, ... in order */
+    int nthreads_ok;
+} pool_probe;
+
+static void pool_task(void *ctx, int t, int n) {
+    pool_probe *p = ctx;
+    if (n != p->n) p->nthreads_ok = 0;
+    if (p->seen[t] != p->region) p->order_ok[t] = 0;
+    p->seen[t]++;
+}
+
+static void test_pool(void **st) {
+    (void)st;
+    ikv__pool *pool;
+    assert_int_equal(ikv__pool_create(0, &pool), IKV_EINVAL);
+    assert_int_equal(ikv__pool_create(257, &pool), IKV_EINVAL);
+    int sizes[] = {1, 2, 5, 8};
+    for (int si = 0; si < 4; si++) {
+        pool_probe p;
+        memset(&p, 0, sizeof p);
+        p.n = sizes[si];
+        p.nthreads_ok = 1;
+        for (int t = 0; t < 8; t++)
+            p.order_ok[t] = 1;
+        assert_int_equal(ikv__pool_create(p.n, &pool), 0);
+        assert_int_equal(ikv__pool_size(pool), p.n);
+        for (p.region = 0; p.region < 1000; p.region++) {
+            ikv__pool_run(pool, pool_task, &p);
+            if (p.region == 500) usleep(20000); /* let the workers fall asleep once */
+        }
+        for (int t = 0; t < 8; t++) {
+            assert_int_equal(p.seen[t], t < p.n ? 1000 : 0);
+            assert_true(p.order_ok[t]);
+        }
+        assert_true(p.nthreads_ok);
+        ikv__pool_destroy(pool);
+    }
+    ikv__pool_destroy(NULL);
 }
 
 static void test_tenants(void **st) {
@@ -962,18 +1060,23 @@ static void test_alloc_failure(void **st) {
     assert_int_equal(ikv_model_random(&c, 6, &m), 0);
     const char *tp = tmp_path("tok_af.bin");
     assert_int_equal(ikv_tokenizer_write_synthetic(tp, 512, 3), 0);
-    for (size_t k = 0;; k++) {
-        ikv_alloc_fail_after(k);
-        ikv_engine *e = NULL;
-        int rc = ikv_engine_create(m, NULL, &e);
-        ikv_alloc_fail_after(SIZE_MAX);
-        if (rc == 0) {
-            ikv_engine_destroy(e);
-            break;
+    for (int threads = 0; threads <= 3; threads += 3)
+        for (size_t k = 0;; k++) {
+            ikv_engine_options o;
+            ikv_engine_options_default(&o);
+            o.threads = threads; /* 3: the worker pool's allocations fail too */
+            ikv_alloc_fail_after(k);
+            ikv_engine *e = NULL;
+            int rc = ikv_engine_create(m, &o, &e);
+            ikv_alloc_fail_after(SIZE_MAX);
+            if (rc == 0) {
+                ikv_engine_destroy(e);
+                break;
+            }
+            assert_int_equal(rc, IKV_ENOMEM);
+            assert_true(k < 200);
         }
-        assert_int_equal(rc, IKV_ENOMEM);
-        assert_true(k < 200);
-    }
+    openblas_set_num_threads(1);
     for (size_t k = 0;; k++) {
         ikv_alloc_fail_after(k);
         ikv_tokenizer *t = NULL;
@@ -1004,6 +1107,8 @@ int main(void) {
         cmocka_unit_test(test_sampler),
         cmocka_unit_test(test_reference_forward),
         cmocka_unit_test(test_exact_with_cache),
+        cmocka_unit_test(test_decode_thread_invariant),
+        cmocka_unit_test(test_pool),
         cmocka_unit_test(test_tenants),
         cmocka_unit_test(test_collision_is_miss),
         cmocka_unit_test(test_fuzz_against_oracle),

@@ -151,7 +151,10 @@ typedef struct ikv_engine_options {
                               positions (64) */
     uint32_t max_seqs;     /* sequences in flight at once (1) */
     const char *policy;    /* cache eviction policy, "NAME[:k=v]" ("lru") */
-    int threads;           /* BLAS threads; 0 = leave the library's setting */
+    int threads;           /* forward-pass threads (the caller + threads - 1 workers started
+                              at create), each calling single-threaded BLAS on a fixed share
+                              of every step; sets OpenBLAS to 1 thread (process-wide).
+                              0 = one thread, OpenBLAS's own thread setting left alone */
     uint64_t key_seed;     /* secret seed of block keys and scope salts */
 } ikv_engine_options;
 

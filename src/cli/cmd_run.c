@@ -163,7 +163,7 @@ int ikv_cmd_run(int argc, char **argv) {
         fflush(stdout); /* the text, then the figures on stderr */
         ikv_engine_end(e, s);
         fprintf(stderr,
-                "[run %llu] measured on %llu BLAS thread(s): prompt %zu tokens (%zu from the "
+                "[run %llu] measured on %llu thread(s): prompt %zu tokens (%zu from the "
                 "cache, %zu computed), "
                 "TTFT %.2f ms, prefill %.0f tok/s; decode %zu tokens at %.1f tok/s\n",
                 (unsigned long long)r + 1, (unsigned long long)threads, n, info.cached_tokens,

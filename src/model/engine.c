@@ -79,6 +79,7 @@ static void on_evict(void *ctx, uint32_t node, ikv_key key, int from_tier, int t
 
 void ikv_engine_destroy(ikv_engine *e) {
     if (!e) return;
+    ikv__pool_destroy(e->pool);
     ikv_cache_destroy(e->cache);
     if (e->seqs)
         for (uint32_t i = 0; i < e->opt.max_seqs; i++) {
@@ -90,7 +91,7 @@ void ikv_engine_destroy(ikv_engine *e) {
                     e->bkey,     e->free_stack, e->node2blk, e->seqs,   e->keys,    e->nodes,
                     e->x,        e->xb,         e->q,        e->k,      e->v,       e->att,
                     e->hb,       e->hb2,        e->S,        e->qg,     e->Kc,      e->Vc,
-                    e->rope_cos, e->rope_sin,   e->xfinal};
+                    e->rope_cos, e->rope_sin,   e->xn};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         ikv_free(bufs[i]);
     ikv_free(e);
@@ -115,7 +116,8 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
         return ikv_error(IKV_EINVAL, "tile %u not in 1..4096", o.tile);
     if (o.max_seqs == 0 || o.max_seqs > 4096)
         return ikv_error(IKV_EINVAL, "max_seqs %u not in 1..4096", o.max_seqs);
-    if (o.threads < 0) return ikv_error(IKV_EINVAL, "threads %d < 0", o.threads);
+    if (o.threads < 0 || o.threads > 256)
+        return ikv_error(IKV_EINVAL, "threads %d not in 0..256", o.threads);
 
     uint32_t bt = o.block_tokens;
     uint32_t max_blocks = (uint32_t)(((uint64_t)c->seq_len + bt - 1) / bt);
@@ -144,6 +146,7 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     e->nblocks = (uint32_t)nblocks;
     e->capacity = nblocks - reserve;
     e->block_floats = (size_t)(block_bytes / 4);
+    e->nth = o.threads > 0 ? o.threads : 1;
 
     ikv_cache_config cc;
     ikv_cache_config_default(&cc, e->capacity, o.policy);
@@ -157,7 +160,10 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     }
     e->node_limit = ikv_cache_node_limit(e->cache);
 
-    size_t T = o.tile, D = (size_t)c->dim, hid = (size_t)c->hidden_dim, q = (size_t)m->q_dim;
+    e->S_rows = (size_t)(c->n_heads / c->n_kv_heads) *
+                (o.tile > (uint32_t)c->n_kv_heads ? o.tile : (uint32_t)c->n_kv_heads);
+    size_t T = o.tile, P = (size_t)e->nth, D = (size_t)c->dim, hid = (size_t)c->hidden_dim,
+           q = (size_t)m->q_dim;
     size_t kvd = (size_t)m->kv_dim, hd = (size_t)m->head_dim, V = (size_t)c->vocab_size;
     int ok = ALLOC(e->kv, (size_t)nblocks * e->block_floats) && ALLOC(e->state, nblocks) &&
              ALLOC(e->bnode, nblocks) && ALLOC(e->bdepth, nblocks) && ALLOC(e->bparent, nblocks) &&
@@ -167,12 +173,12 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
              ALLOC(e->nodes, max_blocks) && ALLOC(e->x, T * D) && ALLOC(e->xb, T * D) &&
              ALLOC(e->q, T * q) && ALLOC(e->k, T * kvd) && ALLOC(e->v, T * kvd) &&
              ALLOC(e->att, T * q) && ALLOC(e->hb, T * hid) && ALLOC(e->hb2, T * hid) &&
-             ALLOC(e->S, T * (size_t)(c->n_heads / c->n_kv_heads) * e->Lmax) &&
-             ALLOC(e->qg, T * (size_t)(c->n_heads / c->n_kv_heads) * hd) &&
+             ALLOC(e->S, P * e->S_rows * e->Lmax) &&
+             ALLOC(e->qg, P * T * (size_t)(c->n_heads / c->n_kv_heads) * hd) &&
              ALLOC(e->Kc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
              ALLOC(e->Vc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
              ALLOC(e->rope_cos, (size_t)c->seq_len * hd / 2) &&
-             ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) && ALLOC(e->xfinal, D);
+             ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) && ALLOC(e->xn, P * D);
     for (uint32_t i = 0; ok && i < o.max_seqs; i++)
         ok = ALLOC(e->seqs[i].table, max_blocks) && ALLOC(e->seqs[i].locked, max_blocks) &&
              ALLOC(e->seqs[i].logits, V);
@@ -188,8 +194,13 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     e->n_free = e->nblocks;
     for (uint64_t i = 0; i < e->node_limit; i++)
         e->node2blk[i] = IKV_NIL;
+    if ((rc = ikv__pool_create(e->nth, &e->pool))) {
+        ikv_engine_destroy(e);
+        return rc;
+    }
     ikv__rope_init(e);
-    if (o.threads > 0) openblas_set_num_threads(o.threads);
+    /* the forward pass splits work over its own threads, each calling single-threaded BLAS */
+    if (o.threads > 0) openblas_set_num_threads(1);
     *out = e;
     return 0;
 }

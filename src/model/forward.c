@@ -14,26 +14,54 @@
  * zero through every layer (RMSNorm of 0 is 0, SwiGLU of 0 is 0, their attention rows are
  * zeroed), so they cost FLOPs but never produce NaNs.
  *
- * Per tile and layer:
+ * Threads. Both passes run on the engine's worker pool (pool.c: nth threads, the caller being
+ * thread 0) as a fixed sequence of fork-join regions; in each, thread t takes a share of the
+ * work given only by (t, nth) and the shapes, never by timing, and calls single-threaded
+ * BLAS on it. So for a fixed thread count every call has a fixed shape and every row a fixed
+ * place in its call, and the argument above holds per thread count. Per tile and layer
+ * (regions separated by ---; "cols" = output columns of the sgemm split in nth contiguous
+ * ranges, "rows" = tile rows split likewise, "heads" = kv heads split likewise):
  *
- *   xb = RMSNorm(x)                          all T rows
- *   q, k, v = xb Wq^T, xb Wk^T, xb Wv^T      sgemm, M = T
- *   RoPE(q, k) at each row's position        computed rows only
- *   K/V of computed rows -> their blocks     through the sequence's block table
- *   Kc, Vc = K/V of positions [0, kT+T)      gathered through the block table (from the
- *                                            blocks, whether cached or just written); zero
- *                                            past the last computed row
- *   for each kv head g, with the query heads that share it stacked (kvmul = n_heads / n_kv_heads):
- *     S = (Q_g Kc^T) / sqrt(head_dim)        sgemm, (kvmul T) x (kT + T)
+ *   rows:  (layer 0: embedding rows) xb = RMSNorm(x)
+ *   ---
+ *   cols of [q|k|v], at head boundaries:     q, k, v = xb Wq^T, xb Wk^T, xb Wv^T (sgemm, M = T)
+ *   ---
+ *   heads: for each kv head g of the thread, with its kvmul = n_heads / n_kv_heads query heads:
+ *     RoPE(q heads of g, k head g) at each computed row's position
+ *     K/V of g of computed rows -> their blocks, through the sequence's block table
+ *     Kc, Vc = K/V of g at positions [0, kT+T), gathered through the block table (from the
+ *              blocks, whether cached or just written); zero past the last computed row
+ *     S = (Q_g Kc^T) / sqrt(head_dim)        sgemm, (kvmul T) x (kT + T), the query heads stacked
  *     causal softmax of each computed row    fixed-order loops (softmax_row); masked and pad
  *                                            entries exactly 0
  *     att_g = S Vc                           sgemm
- *   x += att Wo^T ; x += W2 (silu(xb W1^T) * (xb W3^T)) with xb = RMSNorm(x)
+ *   ---
+ *   cols:  x += att Wo^T
+ *   ---
+ *   rows:  xb = RMSNorm(x)
+ *   ---
+ *   cols:  hb = silu(xb W1^T) * (xb W3^T)    two sgemm on the same columns, SwiGLU on them
+ *   ---
+ *   cols:  x += hb W2^T
  *
- * Decode is one position: matrix-vector products (sgemv) for every weight; attention reads
- * each key and value once, block by block through the table, for all the query heads that
- * share its kv head (4-lane SSE2 dot products and axpys in a fixed order; BLAS sgemv on a
- * 16 x head_dim block costs more in call overhead than it saves). Nothing here allocates.
+ * (7 regions per tile and layer: about 1.3 us each with 2 threads on this machine, against
+ * ~4 ms of work.) RoPE rotates pairs within a head, so doing it head by head is the same
+ * arithmetic as doing it row by row.
+ *
+ * Decode is one position: matrix-vector products by an SSE2 loop (gemv_rows) with one fixed
+ * summation order per row, split by output rows; attention split by kv heads reads each key
+ * and value once, block by block through the table with a software prefetch ahead, for all
+ * the query heads that share its kv head (4-lane SSE2 dot products, then the value rows of a
+ * block accumulated in registers, in position order). Each output element is computed the
+ * same way whichever thread computes it, so given the same K/V decode gives the same bits at
+ * any thread count (tested). The RMSNorm before a projection is computed by every thread
+ * into its own buffer (the same bits everywhere), which saves a region. Per layer:
+ *
+ *   rows of [q|k|v] at head boundaries: RMSNorm; q, k, v; RoPE; K/V -> the block
+ *   --- heads: attention --- rows of dim: x += Wo att --- rows of hidden: RMSNorm, W1, W3,
+ *   SwiGLU --- rows of dim: x += W2 hb
+ *
+ * then the final RMSNorm and the classifier split by vocabulary rows. Nothing here allocates.
  */
 #include "internal.h"
 
@@ -174,16 +202,40 @@ static inline float dot(const float *a, const float *b, int n) {
     return r;
 }
 
-/* y[0..n) += a * x[0..n). */
-static inline void axpy(float *y, float a, const float *x, int n) {
-    int i = 0;
+/* o[0..n) += p[i] * V[i][0..n) for i = 0..cnt-1 in that order (V rows of stride n): the
+ * weighted sum of one block's values. Sixteen (then four) columns at a time stay in registers
+ * across the block's rows instead of being stored and reloaded per row; per element it is
+ * o = o + p[i] * v, in the order of i, whichever path handles the column. */
+static inline void pv_block(float *o, const float *p, const float *V, size_t cnt, int n) {
+    int c = 0;
 #if defined(__SSE2__)
-    __m128 a4 = _mm_set1_ps(a);
-    for (; i + 4 <= n; i += 4)
-        _mm_storeu_ps(y + i, _mm_add_ps(_mm_loadu_ps(y + i), _mm_mul_ps(a4, _mm_loadu_ps(x + i))));
+    for (; c + 16 <= n; c += 16) {
+        __m128 o0 = _mm_loadu_ps(o + c), o1 = _mm_loadu_ps(o + c + 4), o2 = _mm_loadu_ps(o + c + 8),
+               o3 = _mm_loadu_ps(o + c + 12);
+        for (size_t i = 0; i < cnt; i++) {
+            const float *v = V + i * (size_t)n + c;
+            __m128 a = _mm_set1_ps(p[i]);
+            o0 = _mm_add_ps(o0, _mm_mul_ps(a, _mm_loadu_ps(v)));
+            o1 = _mm_add_ps(o1, _mm_mul_ps(a, _mm_loadu_ps(v + 4)));
+            o2 = _mm_add_ps(o2, _mm_mul_ps(a, _mm_loadu_ps(v + 8)));
+            o3 = _mm_add_ps(o3, _mm_mul_ps(a, _mm_loadu_ps(v + 12)));
+        }
+        _mm_storeu_ps(o + c, o0), _mm_storeu_ps(o + c + 4, o1);
+        _mm_storeu_ps(o + c + 8, o2), _mm_storeu_ps(o + c + 12, o3);
+    }
+    for (; c + 4 <= n; c += 4) {
+        __m128 o0 = _mm_loadu_ps(o + c);
+        for (size_t i = 0; i < cnt; i++)
+            o0 = _mm_add_ps(o0, _mm_mul_ps(_mm_set1_ps(p[i]), _mm_loadu_ps(V + i * (size_t)n + c)));
+        _mm_storeu_ps(o + c, o0);
+    }
 #endif
-    for (; i < n; i++)
-        y[i] += a * x[i];
+    for (; c < n; c++) {
+        float o0 = o[c];
+        for (size_t i = 0; i < cnt; i++)
+            o0 = o0 + p[i] * V[i * (size_t)n + (size_t)c];
+        o[c] = o0;
+    }
 }
 
 /* Asks for the n floats at p to be brought into cache: the next KV block lies elsewhere in the
@@ -218,14 +270,60 @@ static void rope(const struct ikv_engine *e, float *vec, int width, size_t pos) 
     }
 }
 
-/* Y[M][N] = X[M][K] W[N][K]^T (W row-major (out, in), as stored). */
-static void gemm_xwt(int M, int N, int K, const float *X, const float *W, float *Y) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, N, K, 1.0f, X, K, W, K, 0.0f, Y, N);
+/* ---- matrix products ------------------------------------------------------------------------ */
+
+/* Y[:, n0:n1) = X W[n0:n1)^T for X [M][K] and W [N][K] (row-major (out, in), as stored); Y has
+ * row stride ldy. One single-threaded BLAS call of shape M x (n1 - n0) x K. */
+static void gemm_cols(int M, int K, const float *X, const float *W, size_t n0, size_t n1, float *Y,
+                      int ldy) {
+    if (n1 <= n0) return;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, (int)(n1 - n0), K, 1.0f, X, K,
+                W + n0 * (size_t)K, K, 0.0f, Y + n0, ldy);
 }
 
-/* y[N] = W[N][K] x[K]. */
-static void gemv(int N, int K, const float *W, const float *x, float *y) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, N, K, 1.0f, W, K, x, 1, 0.0f, y, 1);
+/* y[r] = W[r] . x for rows r in [r0, r1) of W [N][K] (decode and logits). One row at a time,
+ * so W is read as one linear stream, which the hardware prefetcher follows (measured here:
+ * 4 rows at a time, sharing each load of x, made 4 short streams and read at 14-19 GB/s
+ * against 27-31 for this loop and for a plain streaming sum; OpenBLAS's sgemv reached 19-27).
+ * Four 4-lane partial sums (elements i mod 16 in 0..3, 4..7, 8..11, 12..15), then 4-wide
+ * steps into the first, a scalar tail, combined as ((s0 + s1) + (s2 + s3)) + tail over the
+ * lanes of (a0 + a1) + (a2 + a3): a row's result depends only on the row and x, never on the
+ * range it was computed in, so decode gives the same bits at any thread count. Does not
+ * allocate. */
+static void gemv_rows(const float *W, const float *x, float *y, size_t r0, size_t r1, int K) {
+    const size_t k16 = (size_t)K & ~(size_t)15, k4 = (size_t)K & ~(size_t)3;
+    for (size_t r = r0; r < r1; r++) {
+        const float *w = W + r * (size_t)K;
+        size_t i = 0;
+        float tail = 0.0f;
+#if defined(__SSE2__)
+        __m128 a0 = _mm_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (; i < k16; i += 16) {
+            a0 = _mm_add_ps(a0, _mm_mul_ps(_mm_loadu_ps(w + i), _mm_loadu_ps(x + i)));
+            a1 = _mm_add_ps(a1, _mm_mul_ps(_mm_loadu_ps(w + i + 4), _mm_loadu_ps(x + i + 4)));
+            a2 = _mm_add_ps(a2, _mm_mul_ps(_mm_loadu_ps(w + i + 8), _mm_loadu_ps(x + i + 8)));
+            a3 = _mm_add_ps(a3, _mm_mul_ps(_mm_loadu_ps(w + i + 12), _mm_loadu_ps(x + i + 12)));
+        }
+        for (; i < k4; i += 4)
+            a0 = _mm_add_ps(a0, _mm_mul_ps(_mm_loadu_ps(w + i), _mm_loadu_ps(x + i)));
+        float l[4];
+        _mm_storeu_ps(l, _mm_add_ps(_mm_add_ps(a0, a1), _mm_add_ps(a2, a3)));
+#else
+        float a[4][4] = {{0}}, l[4];
+        for (; i < k16; i += 16)
+            for (int u = 0; u < 4; u++)
+                for (int j = 0; j < 4; j++)
+                    a[u][j] += w[i + 4 * (size_t)u + (size_t)j] * x[i + 4 * (size_t)u + (size_t)j];
+        for (; i < k4; i += 4)
+            for (int j = 0; j < 4; j++)
+                a[0][j] += w[i + (size_t)j] * x[i + (size_t)j];
+        for (int j = 0; j < 4; j++)
+            l[j] = (a[0][j] + a[1][j]) + (a[2][j] + a[3][j]);
+#endif
+        for (; i < (size_t)K; i++)
+            tail += w[i] * x[i];
+        y[r] = ((l[0] + l[1]) + (l[2] + l[3])) + tail;
+    }
 }
 
 /* hb = silu(hb) * hb2, silu(a) = a * sigmoid(a), with sigmoid from t = e^-|a| <= 1 (never
@@ -253,178 +351,370 @@ static void swiglu(float *hb, const float *hb2, size_t n) {
     }
 }
 
+/* ---- fixed partitions ----------------------------------------------------------------------- */
+
+/* Part t of P of [0, n): [n t / P, n (t+1) / P), inner boundaries rounded down to a multiple of
+ * `align`. Depends only on (n, t, P, align), never on timing. */
+static inline void part(size_t n, int t, int P, size_t align, size_t *a, size_t *b) {
+    *a = t == 0 ? 0 : n * (size_t)t / (size_t)P / align * align;
+    *b = t == P - 1 ? n : n * (size_t)(t + 1) / (size_t)P / align * align;
+}
+
+/* What a region needs: the call's arguments. */
+typedef struct fwd {
+    struct ikv_engine *e;
+    struct ikv_seq *s;
+    const uint32_t *tokens;
+    size_t t0, lo, hi; /* prefill tile */
+    size_t pos;        /* decode position */
+    int l;             /* layer */
+    const float *xrow; /* logits: residual row */
+    float *out;        /* logits: [vocab] */
+} fwd;
+
 /* Position p's block and slot in a sequence. */
 static inline uint32_t blk_of(const struct ikv_engine *e, const struct ikv_seq *s, size_t p) {
     return s->table[p / e->bt];
 }
 
-void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t t0,
-                       size_t lo, size_t hi) {
+/* ---- prefill regions (one tile, layer c->l) -------------------------------------------------- */
+
+/* Rows split: (layer 0: embedding rows, zero for padding) xb = RMSNorm(x) with rms_att. */
+static void pf_norm_att(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
-    const ikv__weights *w = &m->w;
-    const int T = (int)e->T, dim = m->cfg.dim, hid = m->cfg.hidden_dim, L = m->cfg.n_layers;
-    const int nh = m->cfg.n_heads, nkv = m->cfg.n_kv_heads, hd = m->head_dim;
-    const int qd = m->q_dim, kvd = m->kv_dim, kvmul = nh / nkv;
-    const int W = (int)(t0 + (size_t)T); /* attention width: keys [0, t0 + T) */
-    const float scale = 1.0f / sqrtf((float)hd);
-    const size_t D = (size_t)dim;
-
-    memset(e->x, 0, sizeof(float) * (size_t)T * D);
-    for (size_t p = lo; p < hi; p++)
-        memcpy(e->x + (p - t0) * D, w->emb + (size_t)tokens[p] * D, sizeof(float) * D);
-
-    for (int l = 0; l < L; l++) {
-        for (int i = 0; i < T; i++)
-            rmsnorm(e->xb + (size_t)i * D, e->x + (size_t)i * D, w->rms_att + (size_t)l * D, dim);
-        gemm_xwt(T, qd, dim, e->xb, w->wq + (size_t)l * (size_t)qd * D, e->q);
-        gemm_xwt(T, kvd, dim, e->xb, w->wk + (size_t)l * (size_t)kvd * D, e->k);
-        gemm_xwt(T, kvd, dim, e->xb, w->wv + (size_t)l * (size_t)kvd * D, e->v);
-        for (size_t p = lo; p < hi; p++) {
-            size_t i = p - t0;
-            rope(e, e->q + i * (size_t)qd, qd, p);
-            rope(e, e->k + i * (size_t)kvd, kvd, p);
-            uint32_t b = blk_of(e, s, p), slot = (uint32_t)(p % e->bt);
-            for (int g = 0; g < nkv; g++) {
-                memcpy(ikv__kv_at(e, b, l, 0, g, slot),
-                       e->k + i * (size_t)kvd + (size_t)g * (size_t)hd, sizeof(float) * (size_t)hd);
-                memcpy(ikv__kv_at(e, b, l, 1, g, slot),
-                       e->v + i * (size_t)kvd + (size_t)g * (size_t)hd, sizeof(float) * (size_t)hd);
-            }
+    const size_t D = (size_t)m->cfg.dim;
+    size_t a, b;
+    part(e->T, t, P, 1, &a, &b);
+    for (size_t i = a; i < b; i++) {
+        float *x = e->x + i * D;
+        if (c->l == 0) {
+            size_t p = c->t0 + i;
+            if (p >= c->lo && p < c->hi)
+                memcpy(x, m->w.emb + (size_t)c->tokens[p] * D, sizeof(float) * D);
+            else
+                memset(x, 0, sizeof(float) * D);
         }
-        /* gather K/V of positions [0, hi) block by block; zero [hi, W) */
-        for (int g = 0; g < nkv; g++) {
-            float *kc = e->Kc + (size_t)g * e->Lmax * (size_t)hd,
-                  *vc = e->Vc + (size_t)g * e->Lmax * (size_t)hd;
-            for (size_t p0 = 0; p0 < hi; p0 += e->bt) {
-                size_t cnt = hi - p0 < e->bt ? hi - p0 : e->bt;
-                uint32_t b = blk_of(e, s, p0);
-                memcpy(kc + p0 * (size_t)hd, ikv__kv_at(e, b, l, 0, g, 0),
-                       sizeof(float) * cnt * (size_t)hd);
-                memcpy(vc + p0 * (size_t)hd, ikv__kv_at(e, b, l, 1, g, 0),
-                       sizeof(float) * cnt * (size_t)hd);
-            }
-            memset(kc + hi * (size_t)hd, 0, sizeof(float) * ((size_t)W - hi) * (size_t)hd);
-            memset(vc + hi * (size_t)hd, 0, sizeof(float) * ((size_t)W - hi) * (size_t)hd);
-        }
-        /* per kv head: the kvmul query heads that share it are stacked into one sgemm */
-        for (int g = 0; g < nkv; g++) {
-            const float *kc = e->Kc + (size_t)g * e->Lmax * (size_t)hd,
-                        *vc = e->Vc + (size_t)g * e->Lmax * (size_t)hd;
-            const int M = kvmul * T;
-            for (int j = 0; j < kvmul; j++)
-                for (int i = 0; i < T; i++)
-                    memcpy(e->qg + ((size_t)j * (size_t)T + (size_t)i) * (size_t)hd,
-                           e->q + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * (size_t)hd,
-                           sizeof(float) * (size_t)hd);
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, W, hd, scale, e->qg, hd, kc, hd,
-                        0.0f, e->S, W);
-            for (int r = 0; r < M; r++) {
-                float *row = e->S + (size_t)r * (size_t)W;
-                size_t p = t0 + (size_t)(r % T);
-                if (p < lo || p >= hi) {
-                    memset(row, 0, sizeof(float) * (size_t)W);
-                    continue;
-                }
-                size_t nk = p + 1; /* keys 0..p */
-                softmax_row(row, nk);
-                memset(row + nk, 0, sizeof(float) * ((size_t)W - nk));
-            }
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, W, 1.0f, e->S, W, vc, hd,
-                        0.0f, e->qg, hd);
-            for (int j = 0; j < kvmul; j++)
-                for (int i = 0; i < T; i++)
-                    memcpy(e->att + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * (size_t)hd,
-                           e->qg + ((size_t)j * (size_t)T + (size_t)i) * (size_t)hd,
-                           sizeof(float) * (size_t)hd);
-        }
-        gemm_xwt(T, dim, qd, e->att, w->wo + (size_t)l * D * (size_t)qd, e->xb);
-        for (size_t i = 0; i < (size_t)T * D; i++)
-            e->x[i] += e->xb[i];
-
-        for (int i = 0; i < T; i++)
-            rmsnorm(e->xb + (size_t)i * D, e->x + (size_t)i * D, w->rms_ffn + (size_t)l * D, dim);
-        gemm_xwt(T, hid, dim, e->xb, w->w1 + (size_t)l * (size_t)hid * D, e->hb);
-        gemm_xwt(T, hid, dim, e->xb, w->w3 + (size_t)l * (size_t)hid * D, e->hb2);
-        swiglu(e->hb, e->hb2, (size_t)T * (size_t)hid);
-        gemm_xwt(T, dim, hid, e->hb, w->w2 + (size_t)l * D * (size_t)hid, e->xb);
-        for (size_t i = 0; i < (size_t)T * D; i++)
-            e->x[i] += e->xb[i];
+        rmsnorm(e->xb + i * D, x, m->w.rms_att + (size_t)c->l * D, (int)D);
     }
 }
 
-void ikv__logits_row(struct ikv_engine *e, const float *xrow, float *out) {
+/* Columns of [q | k | v] split (at head boundaries): q, k, v = xb Wq^T, xb Wk^T, xb Wv^T. */
+static void pf_qkv(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
-    rmsnorm(e->xfinal, xrow, m->w.rms_final, m->cfg.dim);
-    gemv(m->cfg.vocab_size, m->cfg.dim, m->w.wcls, e->xfinal, out);
+    const ikv__weights *w = &m->w;
+    const int T = (int)e->T, dim = m->cfg.dim, qd = m->q_dim, kvd = m->kv_dim;
+    const size_t D = (size_t)dim, l = (size_t)c->l, nq = (size_t)qd, nkv = (size_t)kvd;
+    size_t a, b;
+    part(nq + 2 * nkv, t, P, (size_t)m->head_dim, &a, &b);
+    gemm_cols(T, dim, e->xb, w->wq + l * nq * D, a < nq ? a : nq, b < nq ? b : nq, e->q, qd);
+    size_t ka = a > nq ? a - nq : 0, kb = b > nq ? b - nq : 0;
+    gemm_cols(T, dim, e->xb, w->wk + l * nkv * D, ka < nkv ? ka : nkv, kb < nkv ? kb : nkv, e->k,
+              kvd);
+    size_t va = a > nq + nkv ? a - nq - nkv : 0, vb = b > nq + nkv ? b - nq - nkv : 0;
+    gemm_cols(T, dim, e->xb, w->wv + l * nkv * D, va, vb, e->v, kvd);
+}
+
+/* Kv heads split: for each kv head g of this thread, RoPE its query heads and its key at each
+ * computed row, write its K/V of the computed rows into their blocks, gather its K/V of
+ * positions [0, hi) (zero up to t0 + T), then scores, causal softmax and P V for the stacked
+ * query heads of g; results into att. */
+static void pf_attn(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const int T = (int)e->T, nh = m->cfg.n_heads, nkv = m->cfg.n_kv_heads, hd = m->head_dim;
+    const int qd = m->q_dim, kvd = m->kv_dim, kvmul = nh / nkv, l = c->l;
+    const size_t t0 = c->t0, lo = c->lo, hi = c->hi, H = (size_t)hd, bt = e->bt;
+    const int W = (int)(t0 + (size_t)T); /* attention width: keys [0, t0 + T) */
+    const int M = kvmul * T;
+    const float scale = 1.0f / sqrtf((float)hd);
+    float *S = e->S + (size_t)t * e->S_rows * e->Lmax, *qg = e->qg + (size_t)t * (size_t)M * H;
+    size_t g0, g1;
+    part((size_t)nkv, t, P, 1, &g0, &g1);
+    for (size_t gi = g0; gi < g1; gi++) {
+        const int g = (int)gi;
+        for (size_t p = lo; p < hi; p++) {
+            size_t i = p - t0;
+            for (int j = 0; j < kvmul; j++)
+                rope(e, e->q + i * (size_t)qd + (size_t)(g * kvmul + j) * H, hd, p);
+            float *kr = e->k + i * (size_t)kvd + (size_t)g * H;
+            rope(e, kr, hd, p);
+            uint32_t b = blk_of(e, c->s, p), slot = (uint32_t)(p % bt);
+            memcpy(ikv__kv_at(e, b, l, 0, g, slot), kr, sizeof(float) * H);
+            memcpy(ikv__kv_at(e, b, l, 1, g, slot), e->v + i * (size_t)kvd + (size_t)g * H,
+                   sizeof(float) * H);
+        }
+        float *kc = e->Kc + gi * e->Lmax * H, *vc2 = e->Vc + gi * e->Lmax * H;
+        for (size_t p0 = 0; p0 < hi; p0 += bt) {
+            size_t cnt = hi - p0 < bt ? hi - p0 : bt;
+            uint32_t b = blk_of(e, c->s, p0);
+            memcpy(kc + p0 * H, ikv__kv_at(e, b, l, 0, g, 0), sizeof(float) * cnt * H);
+            memcpy(vc2 + p0 * H, ikv__kv_at(e, b, l, 1, g, 0), sizeof(float) * cnt * H);
+        }
+        memset(kc + hi * H, 0, sizeof(float) * ((size_t)W - hi) * H);
+        memset(vc2 + hi * H, 0, sizeof(float) * ((size_t)W - hi) * H);
+        for (int j = 0; j < kvmul; j++)
+            for (int i = 0; i < T; i++)
+                memcpy(qg + ((size_t)j * (size_t)T + (size_t)i) * H,
+                       e->q + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * H,
+                       sizeof(float) * H);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, W, hd, scale, qg, hd, kc, hd, 0.0f,
+                    S, W);
+        for (int r = 0; r < M; r++) {
+            float *row = S + (size_t)r * (size_t)W;
+            size_t p = t0 + (size_t)(r % T);
+            if (p < lo || p >= hi) {
+                memset(row, 0, sizeof(float) * (size_t)W);
+                continue;
+            }
+            size_t nk = p + 1; /* keys 0..p */
+            softmax_row(row, nk);
+            memset(row + nk, 0, sizeof(float) * ((size_t)W - nk));
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, W, 1.0f, S, W, vc2, hd, 0.0f,
+                    qg, hd);
+        for (int j = 0; j < kvmul; j++)
+            for (int i = 0; i < T; i++)
+                memcpy(e->att + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * H,
+                       qg + ((size_t)j * (size_t)T + (size_t)i) * H, sizeof(float) * H);
+    }
+}
+
+/* Columns of dim split: x += att Wo^T on this thread's columns. */
+static void pf_wo(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const int T = (int)e->T, dim = m->cfg.dim, qd = m->q_dim;
+    const size_t D = (size_t)dim;
+    size_t a, b;
+    part(D, t, P, 16, &a, &b);
+    gemm_cols(T, qd, e->att, m->w.wo + (size_t)c->l * D * (size_t)qd, a, b, e->xb, dim);
+    for (size_t i = 0; i < (size_t)T; i++)
+        for (size_t j = a; j < b; j++)
+            e->x[i * D + j] += e->xb[i * D + j];
+}
+
+/* Rows split: xb = RMSNorm(x) with rms_ffn. */
+static void pf_norm_ffn(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const size_t D = (size_t)e->m->cfg.dim;
+    size_t a, b;
+    part(e->T, t, P, 1, &a, &b);
+    for (size_t i = a; i < b; i++)
+        rmsnorm(e->xb + i * D, e->x + i * D, e->m->w.rms_ffn + (size_t)c->l * D, (int)D);
+}
+
+/* Columns of hidden split: hb = silu(xb W1^T) * (xb W3^T) on this thread's columns. */
+static void pf_ffn13(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const int T = (int)e->T, dim = m->cfg.dim, hid = m->cfg.hidden_dim;
+    const size_t D = (size_t)dim, H = (size_t)hid, l = (size_t)c->l;
+    size_t a, b;
+    part(H, t, P, 16, &a, &b);
+    gemm_cols(T, dim, e->xb, m->w.w1 + l * H * D, a, b, e->hb, hid);
+    gemm_cols(T, dim, e->xb, m->w.w3 + l * H * D, a, b, e->hb2, hid);
+    for (size_t i = 0; i < (size_t)T; i++)
+        swiglu(e->hb + i * H + a, e->hb2 + i * H + a, b - a);
+}
+
+/* Columns of dim split: x += hb W2^T on this thread's columns. */
+static void pf_w2(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const int T = (int)e->T, dim = m->cfg.dim, hid = m->cfg.hidden_dim;
+    const size_t D = (size_t)dim;
+    size_t a, b;
+    part(D, t, P, 16, &a, &b);
+    gemm_cols(T, hid, e->hb, m->w.w2 + (size_t)c->l * D * (size_t)hid, a, b, e->xb, dim);
+    for (size_t i = 0; i < (size_t)T; i++)
+        for (size_t j = a; j < b; j++)
+            e->x[i * D + j] += e->xb[i * D + j];
+}
+
+void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t t0,
+                       size_t lo, size_t hi) {
+    fwd c = {.e = e, .s = s, .tokens = tokens, .t0 = t0, .lo = lo, .hi = hi};
+    static const ikv__task layer[] = {pf_norm_att, pf_qkv,   pf_attn, pf_wo,
+                                      pf_norm_ffn, pf_ffn13, pf_w2};
+    for (c.l = 0; c.l < e->m->cfg.n_layers; c.l++)
+        for (size_t r = 0; r < sizeof layer / sizeof layer[0]; r++)
+            ikv__pool_run(e->pool, layer[r], &c);
+}
+
+/* ---- logits --------------------------------------------------------------------------------- */
+
+/* Vocabulary rows split: each thread normalizes the row into its own buffer (the same bits on
+ * every thread) and computes its rows of the classifier. */
+static void logits_task(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const size_t D = (size_t)m->cfg.dim;
+    float *xn = e->xn + (size_t)t * D;
+    size_t a, b;
+    part((size_t)m->cfg.vocab_size, t, P, 16, &a, &b);
+    rmsnorm(xn, c->xrow, m->w.rms_final, (int)D);
+    gemv_rows(m->w.wcls, xn, c->out, a, b, (int)D);
+}
+
+void ikv__logits_row(struct ikv_engine *e, const float *xrow, float *out) {
+    fwd c = {.e = e, .xrow = xrow, .out = out};
+    ikv__pool_run(e->pool, logits_task, &c);
+}
+
+/* ---- decode regions (position c->pos, layer c->l) -------------------------------------------- */
+
+/* Rows of [q | k | v] split at head boundaries: each thread normalizes x into its own buffer,
+ * computes its rows, applies RoPE to its heads and writes its K and V heads into the block. */
+static void dc_qkv(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const ikv__weights *w = &m->w;
+    const size_t D = (size_t)m->cfg.dim, H = (size_t)m->head_dim, l = (size_t)c->l;
+    const size_t nq = (size_t)m->q_dim, nkv = (size_t)m->kv_dim, pos = c->pos;
+    float *xn = e->xn + (size_t)t * D;
+    size_t a, b;
+    part(nq + 2 * nkv, t, P, H, &a, &b);
+    rmsnorm(xn, e->x, w->rms_att + l * D, (int)D);
+    uint32_t blk = blk_of(e, c->s, pos), slot = (uint32_t)(pos % e->bt);
+    for (size_t h = a; h < b; h += H) {
+        if (h < nq) { /* a query head */
+            gemv_rows(w->wq + l * nq * D, xn, e->q, h, h + H, (int)D);
+            rope(e, e->q + h, (int)H, pos);
+        } else if (h < nq + nkv) { /* a key head */
+            size_t r = h - nq;
+            gemv_rows(w->wk + l * nkv * D, xn, e->k, r, r + H, (int)D);
+            rope(e, e->k + r, (int)H, pos);
+            memcpy(ikv__kv_at(e, blk, (int)l, 0, (int)(r / H), slot), e->k + r, sizeof(float) * H);
+        } else { /* a value head */
+            size_t r = h - nq - nkv;
+            gemv_rows(w->wv + l * nkv * D, xn, e->v, r, r + H, (int)D);
+            memcpy(ikv__kv_at(e, blk, (int)l, 1, (int)(r / H), slot), e->v + r, sizeof(float) * H);
+        }
+    }
+}
+
+/* Kv heads split. Each thread reads, block by block through the table, the K (then V) of its
+ * kv heads [g0, g1). Blocks are scattered in the pool (one (layer, K|V, kv head) is a 16 x
+ * head_dim run of 4 KiB on `small`, the next one 256 KiB away), where the hardware prefetcher
+ * loses the stream at every run; so, while it reads a run, it prefetches the same run of the
+ * block KV_AHEAD blocks ahead, a key's row at a time (measured on 34 MB in 4 KiB runs: 13 GB/s
+ * with no prefetch, 26-33 with this, 32 for a linear read; prefetching whole runs at once
+ * stalls on full miss buffers). Scores of each kv head's query heads against each key (4-lane
+ * dot products), softmax per query head, then the weighted sum of the values in position
+ * order: per head the same operations in the same order whatever the thread count. */
+#ifndef KV_AHEAD
+#define KV_AHEAD 2
+#endif
+static void dc_attn(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const int nh = m->cfg.n_heads, nkv = m->cfg.n_kv_heads, hd = m->head_dim;
+    const int kvmul = nh / nkv, l = c->l;
+    const size_t bt = e->bt, H = (size_t)hd, nk = c->pos + 1, Lm = e->Lmax;
+    const size_t nb = (nk + bt - 1) / bt;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const struct ikv_seq *s = c->s;
+    float *sc = e->S + (size_t)t * e->S_rows * Lm, *q = e->q, *att = e->att;
+    size_t g0, g1;
+    part((size_t)nkv, t, P, 1, &g0, &g1);
+    for (int kv = 0; kv < 2; kv++) {
+        if (kv == 1)
+            for (size_t g = g0; g < g1; g++) {
+                for (int j = 0; j < kvmul; j++)
+                    softmax_row(sc + ((g - g0) * (size_t)kvmul + (size_t)j) * Lm, nk);
+                memset(att + g * (size_t)kvmul * H, 0, sizeof(float) * (size_t)kvmul * H);
+            }
+        for (size_t g = g0; g < g1; g++) {
+            float *scg = sc + (g - g0) * (size_t)kvmul * Lm;
+            const float *qh = q + g * (size_t)kvmul * H;
+            float *ah = att + g * (size_t)kvmul * H;
+            for (size_t jb = 0; jb < nb && jb < KV_AHEAD; jb++)
+                prefetch_chunk(ikv__kv_at(e, s->table[jb], l, kv, (int)g, 0), bt * H);
+            for (size_t jb = 0; jb < nb; jb++) {
+                size_t p0 = jb * bt, cnt = nk - p0 < bt ? nk - p0 : bt;
+                const float *kb = ikv__kv_at(e, s->table[jb], l, kv, (int)g, 0);
+                const float *nx = jb + KV_AHEAD < nb
+                                      ? ikv__kv_at(e, s->table[jb + KV_AHEAD], l, kv, (int)g, 0)
+                                      : NULL;
+                if (kv == 0) {
+                    for (size_t i = 0; i < cnt; i++) {
+                        if (nx) prefetch_chunk(nx + i * H, H);
+                        for (int j = 0; j < kvmul; j++)
+                            scg[(size_t)j * Lm + p0 + i] =
+                                dot(qh + (size_t)j * H, kb + i * H, hd) * scale;
+                    }
+                } else {
+                    if (nx) prefetch_chunk(nx, bt * H);
+                    for (int j = 0; j < kvmul; j++)
+                        pv_block(ah + (size_t)j * H, scg + (size_t)j * Lm + p0, kb, cnt, hd);
+                }
+            }
+        }
+    }
+}
+
+/* Rows of dim split: x += Wo att on this thread's rows. */
+static void dc_wo(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const size_t D = (size_t)m->cfg.dim, qd = (size_t)m->q_dim;
+    size_t a, b;
+    part(D, t, P, 16, &a, &b);
+    gemv_rows(m->w.wo + (size_t)c->l * D * qd, e->att, e->xb, a, b, (int)qd);
+    for (size_t i = a; i < b; i++)
+        e->x[i] += e->xb[i];
+}
+
+/* Rows of hidden split: each thread normalizes x into its own buffer, then its rows of
+ * hb = silu(W1 xn) * (W3 xn). */
+static void dc_ffn13(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const size_t D = (size_t)m->cfg.dim, Hd = (size_t)m->cfg.hidden_dim, l = (size_t)c->l;
+    float *xn = e->xn + (size_t)t * D;
+    size_t a, b;
+    part(Hd, t, P, 16, &a, &b);
+    rmsnorm(xn, e->x, m->w.rms_ffn + l * D, (int)D);
+    gemv_rows(m->w.w1 + l * Hd * D, xn, e->hb, a, b, (int)D);
+    gemv_rows(m->w.w3 + l * Hd * D, xn, e->hb2, a, b, (int)D);
+    swiglu(e->hb + a, e->hb2 + a, b - a);
+}
+
+/* Rows of dim split: x += W2 hb on this thread's rows. */
+static void dc_w2(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const size_t D = (size_t)m->cfg.dim, Hd = (size_t)m->cfg.hidden_dim;
+    size_t a, b;
+    part(D, t, P, 16, &a, &b);
+    gemv_rows(m->w.w2 + (size_t)c->l * D * Hd, e->hb, e->xb, a, b, (int)Hd);
+    for (size_t i = a; i < b; i++)
+        e->x[i] += e->xb[i];
 }
 
 void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, size_t pos) {
     const struct ikv_model *m = e->m;
-    const ikv__weights *w = &m->w;
-    const int dim = m->cfg.dim, hid = m->cfg.hidden_dim, L = m->cfg.n_layers;
-    const int nh = m->cfg.n_heads, nkv = m->cfg.n_kv_heads, hd = m->head_dim;
-    const int qd = m->q_dim, kvd = m->kv_dim, kvmul = nh / nkv;
-    const size_t D = (size_t)dim, bt = e->bt;
-    const float scale = 1.0f / sqrtf((float)hd);
-    float *x = e->x, *xb = e->xb, *q = e->q, *k = e->k, *v = e->v, *att = e->att, *sc = e->S;
-
-    memcpy(x, w->emb + (size_t)token * D, sizeof(float) * D);
-    uint32_t b = blk_of(e, s, pos), slot = (uint32_t)(pos % bt);
-    for (int l = 0; l < L; l++) {
-        rmsnorm(xb, x, w->rms_att + (size_t)l * D, dim);
-        gemv(qd, dim, w->wq + (size_t)l * (size_t)qd * D, xb, q);
-        gemv(kvd, dim, w->wk + (size_t)l * (size_t)kvd * D, xb, k);
-        gemv(kvd, dim, w->wv + (size_t)l * (size_t)kvd * D, xb, v);
-        rope(e, q, qd, pos);
-        rope(e, k, kvd, pos);
-        for (int g = 0; g < nkv; g++) {
-            memcpy(ikv__kv_at(e, b, l, 0, g, slot), k + (size_t)g * (size_t)hd,
-                   sizeof(float) * (size_t)hd);
-            memcpy(ikv__kv_at(e, b, l, 1, g, slot), v + (size_t)g * (size_t)hd,
-                   sizeof(float) * (size_t)hd);
-        }
-        /* attention, per kv head: scores of its query heads against each key, read block by
-         * block through the table; softmax; then the weighted sum of the values */
-        const size_t nk = pos + 1;
-        for (int g = 0; g < nkv; g++) {
-            for (size_t p0 = 0; p0 < nk; p0 += bt) {
-                size_t cnt = nk - p0 < bt ? nk - p0 : bt;
-                const float *kb = ikv__kv_at(e, blk_of(e, s, p0), l, 0, g, 0);
-                if (p0 + bt < nk)
-                    prefetch_chunk(ikv__kv_at(e, blk_of(e, s, p0 + bt), l, 0, g, 0),
-                                   bt * (size_t)hd);
-                for (size_t t = 0; t < cnt; t++)
-                    for (int j = 0; j < kvmul; j++)
-                        sc[(size_t)j * e->Lmax + p0 + t] =
-                            dot(q + (size_t)(g * kvmul + j) * (size_t)hd, kb + t * (size_t)hd, hd) *
-                            scale;
-            }
-            for (int j = 0; j < kvmul; j++) {
-                softmax_row(sc + (size_t)j * e->Lmax, nk);
-                memset(att + (size_t)(g * kvmul + j) * (size_t)hd, 0, sizeof(float) * (size_t)hd);
-            }
-            for (size_t p0 = 0; p0 < nk; p0 += bt) {
-                size_t cnt = nk - p0 < bt ? nk - p0 : bt;
-                const float *vb = ikv__kv_at(e, blk_of(e, s, p0), l, 1, g, 0);
-                if (p0 + bt < nk)
-                    prefetch_chunk(ikv__kv_at(e, blk_of(e, s, p0 + bt), l, 1, g, 0),
-                                   bt * (size_t)hd);
-                for (size_t t = 0; t < cnt; t++)
-                    for (int j = 0; j < kvmul; j++)
-                        axpy(att + (size_t)(g * kvmul + j) * (size_t)hd,
-                             sc[(size_t)j * e->Lmax + p0 + t], vb + t * (size_t)hd, hd);
-            }
-        }
-        gemv(dim, qd, w->wo + (size_t)l * D * (size_t)qd, att, xb);
-        for (size_t i = 0; i < D; i++)
-            x[i] += xb[i];
-        rmsnorm(xb, x, w->rms_ffn + (size_t)l * D, dim);
-        gemv(hid, dim, w->w1 + (size_t)l * (size_t)hid * D, xb, e->hb);
-        gemv(hid, dim, w->w3 + (size_t)l * (size_t)hid * D, xb, e->hb2);
-        swiglu(e->hb, e->hb2, (size_t)hid);
-        gemv(dim, hid, w->w2 + (size_t)l * D * (size_t)hid, e->hb, xb);
-        for (size_t i = 0; i < D; i++)
-            x[i] += xb[i];
-    }
-    ikv__logits_row(e, x, s->logits);
+    const size_t D = (size_t)m->cfg.dim;
+    fwd c = {.e = e, .s = s, .pos = pos};
+    static const ikv__task layer[] = {dc_qkv, dc_attn, dc_wo, dc_ffn13, dc_w2};
+    memcpy(e->x, m->w.emb + (size_t)token * D, sizeof(float) * D);
+    for (c.l = 0; c.l < m->cfg.n_layers; c.l++)
+        for (size_t r = 0; r < sizeof layer / sizeof layer[0]; r++)
+            ikv__pool_run(e->pool, layer[r], &c);
+    ikv__logits_row(e, e->x, s->logits);
 }

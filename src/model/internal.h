@@ -49,6 +49,22 @@ void ikv__model_bind(struct ikv_model *m, const ikv_model_config *c);
 int ikv__tokenizer_encode_with(const ikv_tokenizer *t, const char *text, int bos, int eos,
                                uint32_t *out, size_t max, size_t *n, int naive);
 
+/* ---- worker pool (pool.c) ----------------------------------------------------------------- */
+
+/* One fork-join region: fn(ctx, t, n) runs on every thread t of n; t = 0 is the caller. */
+typedef void (*ikv__task)(void *ctx, int tid, int nthreads);
+typedef struct ikv__pool ikv__pool;
+
+/* Starts n - 1 worker threads (n in 1..256; n = 1 starts none). Returns 0, IKV_EINVAL,
+ * IKV_ENOMEM (allocation or pthread_create failed; nothing is left running). */
+int ikv__pool_create(int n, ikv__pool **out);
+/* Stops and joins the workers. Takes NULL. */
+void ikv__pool_destroy(ikv__pool *p);
+/* Runs one region and returns when every thread has finished it. Not reentrant: one caller
+ * thread drives a pool. Does not allocate. */
+void ikv__pool_run(ikv__pool *p, ikv__task fn, void *ctx);
+int ikv__pool_size(const ikv__pool *p);
+
 /* ---- engine internals (engine.c: pool and request flow; forward.c: the math) ------------ */
 
 enum { IKV__BLK_FREE = 0, IKV__BLK_PRIVATE, IKV__BLK_PENDING, IKV__BLK_READY };
@@ -95,13 +111,19 @@ struct ikv_engine {
     ikv_key *keys;   /* [max_blocks] request scratch */
     uint32_t *nodes; /* [max_blocks] */
 
+    /* forward pass: nth threads (the caller and nth - 1 pool workers), each with its own
+     * slice of the per-thread scratch below; forward.c partitions every region by thread
+     * index with fixed boundaries */
+    int nth;
+    ikv__pool *pool;
     /* forward scratch (T rows each unless said) */
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2; /* [T][dim|q_dim|kv_dim|hidden] */
-    float *S;       /* [kvmul * T][Lmax] attention scores / probabilities */
-    float *qg;      /* [kvmul * T][head_dim] stacked queries (then outputs) of one kv head */
+    float *S;       /* [nth][S_rows][Lmax] attention scores / probabilities, per thread */
+    size_t S_rows;  /* kvmul * max(T, n_kv_heads): a prefill tile's or a decode step's rows */
+    float *qg;      /* [nth][kvmul * T][head_dim] stacked queries (then outputs) of one kv head */
     float *Kc, *Vc; /* [n_kv_heads][Lmax][head_dim] K/V gathered through the table */
     float *rope_cos, *rope_sin; /* [seq_len][head_dim / 2] */
-    float *xfinal;              /* [dim] */
+    float *xn;                  /* [nth][dim] each thread's copy of a normed row (decode, logits) */
 
     uint64_t n_requests, n_cached_tokens, n_computed_tokens, n_rejected;
 };

@@ -1,0 +1,188 @@
+/*
+ * A small persistent worker pool for the forward pass: n - 1 threads started once, at engine
+ * creation, plus the calling thread as thread 0. ikv__pool_run(fn, ctx) runs fn(ctx, t, n) on
+ * every thread t = 0..n-1 and returns when all have finished (a fork-join region); the
+ * forward pass is a fixed sequence of such regions, each with a fixed partition of its work
+ * by thread index, so which thread computes what never depends on timing and results are
+ * the same bits run after run.
+ *
+ *     caller (t = 0)            workers (t = 1..n-1)
+ *     fn, ctx; gen++   ----->   see gen change (spin, then sleep on work_cv)
+ *     fn(ctx, 0, n)             fn(ctx, t, n); pending--
+ *     wait pending == 0 <-----  the last one wakes the caller if it sleeps
+ *
+ * Waiting spins for a bounded number of pause instructions first (regions are short: tens of
+ * microseconds to milliseconds, and a futex wake costs several microseconds), then yields the
+ * CPU a bounded number of times (more threads than free cores: the thread waited for may need
+ * this CPU), then sleeps on a condition variable, so an idle engine burns no CPU. Measured here
+ * on 2 cores: about 1.3 us per empty region with 2 threads. Posting a region and finishing one cost
+ * a few atomic operations; the mutex is taken only when someone sleeps: a sleeper first
+ * announces itself in an atomic counter and then rechecks under the mutex, and the other side
+ * publishes (gen or pending) before it reads that counter, both sequentially consistent, so a
+ * wake-up cannot be lost. ikv__pool_run does not allocate.
+ */
+#include "internal.h"
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+#define SPIN_PAUSES 4000 /* pause instructions before yielding (~50-200 us) */
+#define SPIN_YIELDS 50   /* sched_yield calls before sleeping */
+
+struct worker {
+    struct ikv__pool *pool;
+    int tid;
+};
+
+struct ikv__pool {
+    int n; /* threads, the caller included */
+    pthread_t *th;
+    struct worker *w;
+    int started; /* worker threads running */
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    atomic_uint gen;     /* region counter: a change means new work (or stop) */
+    atomic_int pending;  /* workers that have not finished the current region */
+    atomic_int sleepers; /* workers about to sleep or sleeping on work_cv */
+    atomic_int caller_asleep;
+    atomic_int stop;
+    ikv__task fn; /* current region; written before gen++ */
+    void *ctx;
+};
+
+/* One round of waiting: a pause for the first SPIN_PAUSES rounds, then sched_yield (with more
+ * threads than free cores, the thread being waited for may be off-CPU: spinning would only
+ * delay it). Returns 0 once the caller should sleep instead. */
+static inline int relax(int round) {
+    if (round < SPIN_PAUSES) {
+#if defined(__SSE2__)
+        _mm_pause();
+#endif
+        return 1;
+    }
+    if (round < SPIN_PAUSES + SPIN_YIELDS) {
+        sched_yield();
+        return 1;
+    }
+    return 0;
+}
+
+static void *worker_main(void *arg) {
+    struct worker *w = arg;
+    struct ikv__pool *p = w->pool;
+    unsigned seen = 0;
+    for (;;) {
+        unsigned g = atomic_load(&p->gen);
+        for (int i = 0; g == seen && relax(i); i++)
+            g = atomic_load(&p->gen);
+        if (g == seen) {
+            atomic_fetch_add(&p->sleepers, 1);
+            pthread_mutex_lock(&p->mu);
+            while ((g = atomic_load(&p->gen)) == seen)
+                pthread_cond_wait(&p->work_cv, &p->mu);
+            pthread_mutex_unlock(&p->mu);
+            atomic_fetch_sub(&p->sleepers, 1);
+        }
+        seen = g;
+        if (atomic_load(&p->stop)) return NULL;
+        p->fn(p->ctx, w->tid, p->n);
+        if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_asleep)) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->done_cv);
+            pthread_mutex_unlock(&p->mu);
+        }
+    }
+}
+
+/* Publishes a new generation and wakes sleeping workers. */
+static void post(struct ikv__pool *p) {
+    atomic_fetch_add(&p->gen, 1);
+    if (atomic_load(&p->sleepers)) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->work_cv);
+        pthread_mutex_unlock(&p->mu);
+    }
+}
+
+void ikv__pool_run(struct ikv__pool *p, ikv__task fn, void *ctx) {
+    if (p->n == 1) {
+        fn(ctx, 0, 1);
+        return;
+    }
+    p->fn = fn;
+    p->ctx = ctx;
+    atomic_store(&p->pending, p->n - 1);
+    post(p);
+    fn(ctx, 0, p->n);
+    for (int i = 0; atomic_load(&p->pending) && relax(i); i++)
+        ;
+    if (atomic_load(&p->pending)) {
+        atomic_store(&p->caller_asleep, 1);
+        pthread_mutex_lock(&p->mu);
+        while (atomic_load(&p->pending))
+            pthread_cond_wait(&p->done_cv, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+        atomic_store(&p->caller_asleep, 0);
+    }
+}
+
+int ikv__pool_size(const struct ikv__pool *p) {
+    return p->n;
+}
+
+void ikv__pool_destroy(struct ikv__pool *p) {
+    if (!p) return;
+    if (p->started) {
+        atomic_store(&p->stop, 1);
+        pthread_mutex_lock(&p->mu);
+        atomic_fetch_add(&p->gen, 1);
+        pthread_cond_broadcast(&p->work_cv);
+        pthread_mutex_unlock(&p->mu);
+        for (int i = 0; i < p->started; i++)
+            pthread_join(p->th[i], NULL);
+    }
+    pthread_cond_destroy(&p->done_cv);
+    pthread_cond_destroy(&p->work_cv);
+    pthread_mutex_destroy(&p->mu);
+    ikv_free(p->th);
+    ikv_free(p->w);
+    ikv_free(p);
+}
+
+int ikv__pool_create(int n, struct ikv__pool **out) {
+    if (n < 1 || n > 256) return ikv_error(IKV_EINVAL, "pool of %d threads not in 1..256", n);
+    struct ikv__pool *p = ikv_calloc(1, sizeof *p);
+    if (!p) return ikv_error(IKV_ENOMEM, "worker pool");
+    p->n = n;
+    atomic_init(&p->gen, 0);
+    atomic_init(&p->pending, 0);
+    atomic_init(&p->sleepers, 0);
+    atomic_init(&p->caller_asleep, 0);
+    atomic_init(&p->stop, 0);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->work_cv, NULL);
+    pthread_cond_init(&p->done_cv, NULL);
+    if (n > 1) {
+        p->th = ikv_calloc((size_t)n - 1, sizeof *p->th);
+        p->w = ikv_calloc((size_t)n - 1, sizeof *p->w);
+        if (!p->th || !p->w) {
+            ikv__pool_destroy(p);
+            return ikv_error(IKV_ENOMEM, "worker pool of %d threads", n);
+        }
+        for (int i = 0; i < n - 1; i++) {
+            p->w[i].pool = p;
+            p->w[i].tid = i + 1;
+            if (pthread_create(&p->th[i], NULL, worker_main, &p->w[i])) {
+                ikv__pool_destroy(p);
+                return ikv_error(IKV_ENOMEM, "cannot start worker thread %d of %d", i + 1, n);
+            }
+            p->started = i + 1;
+        }
+    }
+    *out = p;
+    return 0;
+}
