@@ -1,12 +1,14 @@
 /*
  * bench_engine: the engine benchmark as a stand-alone program (same as `isokv bench engine`).
  *
- *     bench_engine [CONFIG [PREFIX [SUFFIX [DECODE]]]] [--json]      defaults: small 2048 32 32
+ *     bench_engine [CONFIG [PREFIX [SUFFIX [DECODE [REPEAT]]]]] [--json]
+ *                                                           defaults: small 2048 32 32 3
  *
  * Measures, at 1 and 2 BLAS threads: TTFT cold vs warm for a PREFIX-token shared public prefix
  * plus a SUFFIX-token private suffix (the warm request is another tenant's), prefill tokens/s
  * and useful GFLOP/s against the measured sgemm peak, decode tokens/s against the bandwidth
- * bound. All figures are measured wall-clock times on this machine (core count printed).
+ * bound; each figure the best of REPEAT repetitions. All figures are measured wall-clock times
+ * on this machine (core count printed).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,7 +22,8 @@ int main(int argc, char **argv) {
                                   .suffix = 32,
                                   .decode = 32,
                                   .threads = {1, 2},
-                                  .seed = 1};
+                                  .seed = 1,
+                                  .repeat = 3};
     int json = 0, pos = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) {
@@ -28,7 +31,7 @@ int main(int argc, char **argv) {
             continue;
         }
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: bench_engine [CONFIG [PREFIX [SUFFIX [DECODE]]]] [--json]\n");
+            printf("usage: bench_engine [CONFIG [PREFIX [SUFFIX [DECODE [REPEAT]]]]] [--json]\n");
             return 0;
         }
         switch (pos++) {
@@ -43,6 +46,9 @@ int main(int argc, char **argv) {
             break;
         case 3:
             o.decode = (uint32_t)strtoul(argv[i], NULL, 10);
+            break;
+        case 4:
+            o.repeat = (uint32_t)strtoul(argv[i], NULL, 10);
             break;
         default:
             fprintf(stderr, "bench_engine: too many arguments\n");

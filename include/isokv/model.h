@@ -239,6 +239,7 @@ typedef struct ikv_engine_bench_options {
     uint32_t decode;    /* decode steps measured (32) */
     int threads[2];     /* thread counts to measure (1, 2); 0 ends the list */
     uint64_t seed;
+    uint32_t repeat; /* repetitions per thread count; each figure is the best (0 = 1) */
 } ikv_engine_bench_options;
 
 typedef struct ikv_engine_bench_row {
@@ -246,15 +247,18 @@ typedef struct ikv_engine_bench_row {
     double ttft_cold_s, ttft_warm_s; /* measured, wall clock */
     size_t warm_cached_tokens;
     double prefill_tok_s, prefill_gflops; /* cold prefill, useful FLOPs only */
-    double sgemm_peak_gflops;             /* measured: square sgemm, best of 3 */
+    double sgemm_peak_gflops; /* measured: square 1536^3 sgemm, OpenBLAS-threaded or one per
+                                 pool thread at once, the better */
     double decode_tok_s;
-    double read_gbs;           /* measured read bandwidth (cblas_sasum on 256 MiB) */
+    double read_gbs;           /* measured read bandwidth over 256 MiB: the best of a streaming
+                                  sum per pool thread, sasum per pool thread, threaded sasum */
     double decode_bound_tok_s; /* read_gbs / weight bytes per token */
+    const char *peak_how, *read_how; /* which probe gave the peak / the bandwidth (static) */
 } ikv_engine_bench_row;
 
 typedef struct ikv_engine_bench_result {
     ikv_model_config cfg;
-    uint32_t prefix, suffix, decode;
+    uint32_t prefix, suffix, decode, repeat;
     long cores;
     size_t n_rows;
     ikv_engine_bench_row rows[2];

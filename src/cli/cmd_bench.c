@@ -2,7 +2,7 @@
  * isokv bench: built-in benchmarks that need no input files. Targets:
  *
  *     isokv bench engine [--config small] [--prefix 2048] [--suffix 32] [--decode 32]
- *                        [--threads 1,2] [--seed S] [--json]
+ *                        [--threads 1,2] [--repeat 3] [--seed S] [--json]
  *
  * Every figure is measured (wall clock) on this machine; see docs/benchmarks.md.
  */
@@ -17,7 +17,7 @@ static void help(FILE *f) {
     fprintf(
         f,
         "usage: isokv bench engine [--config small] [--prefix 2048] [--suffix 32] [--decode 32]\n"
-        "                          [--threads 1,2] [--seed S] [--json]\n\n"
+        "                          [--threads 1,2] [--repeat 3] [--seed S] [--json]\n\n"
         "engine: builds a random-weight model of the config in memory and measures, at each "
         "thread\n"
         "count, TTFT cold vs warm for a P-token shared public prefix + Q-token private suffix "
@@ -26,7 +26,9 @@ static void help(FILE *f) {
         "and\n"
         "GFLOP/s against the measured sgemm peak, and decode tokens/s against the "
         "memory-bandwidth\n"
-        "bound (weight bytes per token over the measured read bandwidth). All figures measured.\n");
+        "bound (weight bytes per token over the measured read bandwidth). All figures measured.\n"
+        "--repeat R runs the probes and requests R times per thread count and reports the best\n"
+        "of each figure (the machine may be shared).\n");
 }
 
 static int engine(int argc, char **argv) {
@@ -35,7 +37,8 @@ static int engine(int argc, char **argv) {
                                   .suffix = 32,
                                   .decode = 32,
                                   .threads = {1, 2},
-                                  .seed = 1};
+                                  .seed = 1,
+                                  .repeat = 3};
     int json = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -48,7 +51,7 @@ static int engine(int argc, char **argv) {
         if (!strcmp(a, "--config"))
             o.config = v;
         else if (!strcmp(a, "--prefix") || !strcmp(a, "--suffix") || !strcmp(a, "--decode") ||
-                 !strcmp(a, "--seed")) {
+                 !strcmp(a, "--seed") || !strcmp(a, "--repeat")) {
             if (cli_parse_u64(v, &x) || (strcmp(a, "--seed") && x > 1000000))
                 return cli_usage_error("bench", "bad value '%s' for %s", v, a);
             if (!strcmp(a, "--prefix"))
@@ -57,7 +60,11 @@ static int engine(int argc, char **argv) {
                 o.suffix = (uint32_t)x;
             else if (!strcmp(a, "--decode"))
                 o.decode = (uint32_t)x;
-            else
+            else if (!strcmp(a, "--repeat")) {
+                if (x == 0 || x > 100)
+                    return cli_usage_error("bench", "--repeat wants 1..100, got '%s'", v);
+                o.repeat = (uint32_t)x;
+            } else
                 o.seed = x;
         } else if (!strcmp(a, "--threads")) {
             char *end;
