@@ -37,7 +37,7 @@ demo_engine() {
   "$ISOKV" run --model out/small.bin --tokenizer out/small-tok.bin --prompt "$sys Question: what is a prefix cache?" \
     -n 12 --repeat 2
   echo "# cold vs warm TTFT: tenant A then tenant B, same 1024-token public prefix, own 32-token suffix"
-  "$ISOKV" bench engine --config small --prefix 1024 --suffix 32 --decode 16 --threads 1
+  "$ISOKV" bench engine --config small --prefix 1024 --suffix 32 --decode 16 --threads 1 --repeat 1
 }
 # ---- end demo_engine ----
 
