@@ -686,8 +686,7 @@ static void test_exact_with_cache(void **st) {
  * count (prefill does not: its sgemm calls are split by columns per thread). Two engines at 1
  * and 3 threads prefill the same prompt; the second's K/V pool is overwritten with the first's
  * (same request flow, same block tables); then every decode step must agree bit for bit. */
-static void test_decode_thread_invariant(void **st) {
-    (void)st;
+static void decode_thread_invariant(void) {
     ikv_model_config c = tiny();
     ikv_model *m;
     assert_int_equal(ikv_model_random(&c, 9, &m), 0);
@@ -725,6 +724,17 @@ static void test_decode_thread_invariant(void **st) {
     }
     openblas_set_num_threads(1);
     ikv_model_destroy(m);
+}
+
+/* ... with the kernels this CPU picks, and with the SSE2 ones forced (the fallback of a CPU
+ * without AVX2), which must also agree with the reference forward. */
+static void test_decode_thread_invariant(void **st) {
+    (void)st;
+    decode_thread_invariant();
+    ikv__simd_force(0);
+    decode_thread_invariant();
+    test_reference_forward(NULL);
+    ikv__simd_force(-1);
 }
 
 /* The worker pool runs every thread index exactly once per region, regions in order, at any

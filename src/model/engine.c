@@ -92,7 +92,7 @@ void ikv_engine_destroy(ikv_engine *e) {
                     e->bkey,     e->free_stack, e->node2blk, e->seqs,   e->keys,    e->nodes,
                     e->x,        e->xb,         e->q,        e->k,      e->v,       e->att,
                     e->hb,       e->hb2,        e->S,        e->qg,     e->Kc,      e->Vc,
-                    e->rope_cos, e->rope_sin,   e->xn};
+                    e->rope_cos, e->rope_sin,   e->xn,       e->rinv};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         ikv_free(bufs[i]);
     ikv_free(e);
@@ -189,7 +189,7 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
              ALLOC(e->nodes, max_blocks) && ALLOC(e->x, T * D) && ALLOC(e->xb, T * D) &&
              ALLOC(e->q, T * q) && ALLOC(e->k, T * kvd) && ALLOC(e->v, T * kvd) &&
              ALLOC(e->att, T * q) && ALLOC(e->hb, T * hid) && ALLOC(e->hb2, T * hid) &&
-             ALLOC(e->S, P * e->S_rows * e->Lmax) &&
+             ALLOC(e->S, P * e->S_rows * e->Lmax) && ALLOC(e->rinv, P * e->S_rows) &&
              ALLOC(e->qg, P * T * (size_t)(c->n_heads / c->n_kv_heads) * hd) &&
              ALLOC(e->Kc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
              ALLOC(e->Vc, (size_t)c->n_kv_heads * e->Lmax * hd) &&

@@ -121,9 +121,9 @@ static inline __m128 exp_neg4(__m128 r) {
 }
 #endif
 
-/* row[0..n) = softmax(row[0..n)) in place. Max and sum use 4 partial lanes combined in a
- * fixed order: deterministic for a given n. Does not allocate. */
-static void softmax_row(float *row, size_t n) {
+/* row[0..n) = exp(row[i] - max(row)) in place; returns their sum. Max and sum use 4 partial
+ * lanes combined in a fixed order: deterministic for a given n. Does not allocate. */
+static float softmax_exp_sse(float *row, size_t n) {
     size_t i = 0;
     float mx = row[0], sum = 0.0f;
 #if defined(__SSE2__)
@@ -158,8 +158,96 @@ static void softmax_row(float *row, size_t n) {
         row[i] = exp_neg_scalar(row[i] - mx);
         sum += row[i];
     }
-    float inv = 1.0f / sum;
-    for (i = 0; i < n; i++)
+    return sum;
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_AVX2_PATH 1
+/* exp_neg_scalar on 8 lanes, operation for operation (AVX2 without FMA: a separate multiply
+ * and add, as the scalar code rounds them). */
+__attribute__((target("avx2"))) static inline __m256 exp_neg8(__m256 r) {
+    r = _mm256_max_ps(r, _mm256_set1_ps(-87.0f));
+    const __m256 mag = _mm256_set1_ps(EXP_MAGIC);
+    __m256 nn = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(r, _mm256_set1_ps(EXP_LOG2E)), mag), mag);
+    __m256 f = _mm256_sub_ps(_mm256_sub_ps(r, _mm256_mul_ps(nn, _mm256_set1_ps(EXP_C1))),
+                             _mm256_mul_ps(nn, _mm256_set1_ps(EXP_C2)));
+    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+    p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(1.3981999507e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(8.3334519073e-3f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(4.1665795894e-2f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(1.6666665459e-1f));
+    p = _mm256_add_ps(_mm256_mul_ps(p, f), _mm256_set1_ps(5.0000001201e-1f));
+    p = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(p, _mm256_mul_ps(f, f)), f),
+                      _mm256_set1_ps(1.0f));
+    __m256i e =
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(nn), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* softmax_exp_sse on 8 lanes: max over 8 partial lanes, exp, sum over 8 partial lanes, each
+ * combined in a fixed order, then the scalar tail. Deterministic for a given n (a different
+ * function from the SSE2 one: a machine uses one of them for everything). */
+__attribute__((target("avx2"))) static float softmax_exp_avx2(float *row, size_t n) {
+    size_t i = 0;
+    float mx = row[0], sum = 0.0f, l[8];
+    if (n >= 16) {
+        __m256 m8 = _mm256_loadu_ps(row);
+        for (i = 8; i + 8 <= n; i += 8)
+            m8 = _mm256_max_ps(m8, _mm256_loadu_ps(row + i));
+        _mm256_storeu_ps(l, m8);
+        mx = l[0];
+        for (int j = 1; j < 8; j++)
+            mx = mx > l[j] ? mx : l[j];
+    }
+    for (; i < n; i++)
+        mx = row[i] > mx ? row[i] : mx;
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 s8 = _mm256_setzero_ps();
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 v = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(row + i), vmx));
+        _mm256_storeu_ps(row + i, v);
+        s8 = _mm256_add_ps(s8, v);
+    }
+    _mm256_storeu_ps(l, s8);
+    sum = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    for (; i < n; i++) {
+        row[i] = exp_neg_scalar(row[i] - mx);
+        sum += row[i];
+    }
+    return sum;
+}
+#endif
+
+/* Whether this CPU takes the AVX2 paths: decided once per process (so every row of every run
+ * takes the same path), or forced by ikv__simd_force (tests, before any engine runs). */
+static int avx2_mode = -1;
+
+void ikv__simd_force(int avx2) {
+    avx2_mode = avx2 < 0 ? -1 : avx2 ? 1 : 0;
+}
+
+static int use_avx2(void) {
+#ifdef HAVE_AVX2_PATH
+    if (avx2_mode < 0) avx2_mode = __builtin_cpu_supports("avx2") ? 1 : 0;
+    return avx2_mode;
+#else
+    return 0;
+#endif
+}
+
+/* row[0..n) = exp(row - max) unnormalized; returns the sum. */
+static float softmax_exp(float *row, size_t n) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) return softmax_exp_avx2(row, n);
+#endif
+    return softmax_exp_sse(row, n);
+}
+
+/* row[0..n) = softmax(row[0..n)) in place. Deterministic for a given n. Does not allocate. */
+static void softmax_row(float *row, size_t n) {
+    float inv = 1.0f / softmax_exp(row, n);
+    for (size_t i = 0; i < n; i++)
         row[i] *= inv;
 }
 
@@ -364,7 +452,44 @@ static void gemm_cols(int M, int K, const float *X, const float *W, size_t n0, s
  * lanes of (a0 + a1) + (a2 + a3): a row's result depends only on the row and x, never on the
  * range it was computed in, so decode gives the same bits at any thread count. Does not
  * allocate. */
+#ifdef HAVE_AVX2_PATH
+/* gemv_rows with 8-lane partial sums (elements i mod 32 in four groups of 8), then 8-wide
+ * steps into the first, a scalar tail; combined as ((s0 + s1) + (s2 + s3)) + ((s4 + s5) +
+ * (s6 + s7)) + tail over the lanes of (a0 + a1) + (a2 + a3). One path per row as well. */
+__attribute__((target("avx2"))) static void gemv_rows_avx2(const float *W, const float *x, float *y,
+                                                           size_t r0, size_t r1, int K) {
+    const size_t k32 = (size_t)K & ~(size_t)31, k8 = (size_t)K & ~(size_t)7;
+    for (size_t r = r0; r < r1; r++) {
+        const float *w = W + r * (size_t)K;
+        size_t i = 0;
+        float tail = 0.0f, l[8];
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (; i < k32; i += 32) {
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i)));
+            a1 = _mm256_add_ps(
+                a1, _mm256_mul_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8)));
+            a2 = _mm256_add_ps(
+                a2, _mm256_mul_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16)));
+            a3 = _mm256_add_ps(
+                a3, _mm256_mul_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24)));
+        }
+        for (; i < k8; i += 8)
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i)));
+        _mm256_storeu_ps(l, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+        for (; i < (size_t)K; i++)
+            tail += w[i] * x[i];
+        y[r] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) + tail;
+    }
+}
+#endif
+
 static void gemv_rows(const float *W, const float *x, float *y, size_t r0, size_t r1, int K) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) {
+        gemv_rows_avx2(W, x, y, r0, r1, K);
+        return;
+    }
+#endif
     const size_t k16 = (size_t)K & ~(size_t)15, k4 = (size_t)K & ~(size_t)3;
     for (size_t r = r0; r < r1; r++) {
         const float *w = W + r * (size_t)K;
@@ -403,8 +528,30 @@ static void gemv_rows(const float *W, const float *x, float *y, size_t r0, size_
 /* hb = silu(hb) * hb2, silu(a) = a * sigmoid(a), with sigmoid from t = e^-|a| <= 1 (never
  * overflows): 1 / (1 + t) for a >= 0, t / (1 + t) otherwise. SSE2 lanes and the scalar tail do
  * the same operations. */
+#ifdef HAVE_AVX2_PATH
+/* swiglu's lanes on 8 lanes (the same operations per element); returns how many it did. */
+__attribute__((target("avx2"))) static size_t swiglu_avx2(float *hb, const float *hb2, size_t n) {
+    const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps(),
+                 sign = _mm256_set1_ps(-0.0f);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 a = _mm256_loadu_ps(hb + i);
+        __m256 t = exp_neg8(_mm256_sub_ps(zero, _mm256_andnot_ps(sign, a)));
+        __m256 d = _mm256_div_ps(one, _mm256_add_ps(one, t));
+        __m256 pos = _mm256_cmp_ps(a, zero, _CMP_GE_OQ);
+        __m256 sig =
+            _mm256_or_ps(_mm256_and_ps(pos, d), _mm256_andnot_ps(pos, _mm256_mul_ps(t, d)));
+        _mm256_storeu_ps(hb + i, _mm256_mul_ps(_mm256_mul_ps(a, sig), _mm256_loadu_ps(hb2 + i)));
+    }
+    return i;
+}
+#endif
+
 static void swiglu(float *hb, const float *hb2, size_t n) {
     size_t i = 0;
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) i = swiglu_avx2(hb, hb2, n);
+#endif
 #if defined(__SSE2__)
     const __m128 one = _mm_set1_ps(1.0f), zero = _mm_setzero_ps(), sign = _mm_set1_ps(-0.0f);
     for (; i + 4 <= n; i += 4) {
@@ -506,6 +653,7 @@ static void pf_attn(void *vc, int t, int P) {
     const int W = (int)(t0 + (size_t)T); /* attention width: keys [0, t0 + T) */
     const int M = kvmul * T;
     const float scale = 1.0f / sqrtf((float)hd);
+    float *rinv = e->rinv + (size_t)t * e->S_rows; /* 1 / softmax sum of each row */
     float *S = e->S + (size_t)t * e->S_rows * e->Lmax, *qg = e->qg + (size_t)t * (size_t)M * H;
     size_t g0, g1;
     part((size_t)nkv, t, P, 1, &g0, &g1);
@@ -543,18 +691,25 @@ static void pf_attn(void *vc, int t, int P) {
             size_t p = t0 + (size_t)(r % T);
             if (p < lo || p >= hi) {
                 memset(row, 0, sizeof(float) * (size_t)W);
+                rinv[r] = 0.0f;
                 continue;
             }
             size_t nk = p + 1; /* keys 0..p */
-            softmax_row(row, nk);
+            rinv[r] = 1.0f / softmax_exp(row, nk);
             memset(row + nk, 0, sizeof(float) * ((size_t)W - nk));
         }
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, M, hd, W, 1.0f, S, W, vc2, hd, 0.0f,
                     qg, hd);
+        /* the softmax's normalization, applied to the head_dim outputs of a row instead of to
+         * its up to seq_len probabilities */
         for (int j = 0; j < kvmul; j++)
-            for (int i = 0; i < T; i++)
-                memcpy(e->att + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * H,
-                       qg + ((size_t)j * (size_t)T + (size_t)i) * H, sizeof(float) * H);
+            for (int i = 0; i < T; i++) {
+                float *dst = e->att + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * H;
+                const float *src = qg + ((size_t)j * (size_t)T + (size_t)i) * H;
+                const float inv = rinv[j * T + i];
+                for (size_t d = 0; d < H; d++)
+                    dst[d] = src[d] * inv;
+            }
     }
 }
 

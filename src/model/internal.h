@@ -120,6 +120,7 @@ struct ikv_engine {
     float *x, *xb, *q, *k, *v, *att, *hb, *hb2; /* [T][dim|q_dim|kv_dim|hidden] */
     float *S;       /* [nth][S_rows][Lmax] attention scores / probabilities, per thread */
     size_t S_rows;  /* kvmul * max(T, n_kv_heads): a prefill tile's or a decode step's rows */
+    float *rinv;    /* [nth][S_rows] 1 / softmax sum of each prefill score row, per thread */
     float *qg;      /* [nth][kvmul * T][head_dim] stacked queries (then outputs) of one kv head */
     float *Kc, *Vc; /* [n_kv_heads][Lmax][head_dim] K/V gathered through the table */
     float *rope_cos, *rope_sin; /* [seq_len][head_dim / 2] */
@@ -146,6 +147,10 @@ void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *
 void ikv__logits_row(struct ikv_engine *e, const float *xrow, float *out);
 /* One decode step of `token` at position pos = s->n (its block already in the table). */
 void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, size_t pos);
+/* Forces the SSE2 (avx2 = 0) or AVX2 (1, only where the CPU has it) kernels of softmax, SwiGLU
+ * and decode's matrix-vector products, or back to detection (-1). For tests, before any engine
+ * runs: results are only comparable within one setting. Not thread-safe. */
+void ikv__simd_force(int avx2);
 /* Fills the RoPE tables. */
 void ikv__rope_init(struct ikv_engine *e);
 
