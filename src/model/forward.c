@@ -292,8 +292,8 @@ static inline float dot(const float *a, const float *b, int n) {
 
 /* dot(a0, b, n) and dot(a1, b, n) at once, sharing each load of b: the same operations in the
  * same order as dot() for each, so the same bits. */
-static inline void dot2(const float *a0, const float *a1, const float *b, int n, float *r0,
-                        float *r1) {
+static inline void dot2_sse(const float *a0, const float *a1, const float *b, int n, float *r0,
+                            float *r1) {
     int i = 0;
     float x0 = 0.0f, x1 = 0.0f;
 #if defined(__SSE2__)
@@ -365,8 +365,8 @@ static inline void pv_block(float *o, const float *p, const float *V, size_t cnt
 
 /* pv_block for two outputs with their own weights over the same value rows, sharing each load
  * of V: per element the same operations in the same order as pv_block. */
-static inline void pv_block2(float *o, float *u, const float *p, const float *pu, const float *V,
-                             size_t cnt, int n) {
+static inline void pv_block2_sse(float *o, float *u, const float *p, const float *pu,
+                                 const float *V, size_t cnt, int n) {
     int c = 0;
 #if defined(__SSE2__)
     for (; c + 16 <= n; c += 16) {
@@ -398,6 +398,113 @@ static inline void pv_block2(float *o, float *u, const float *p, const float *pu
         pv_block(o + c, p, V + c, cnt, n - c, n);
         pv_block(u + c, pu, V + c, cnt, n - c, n);
     }
+}
+
+#ifdef HAVE_AVX2_PATH
+/* Horizontal sum of 8 lanes in a fixed order. */
+__attribute__((target("avx2"))) static inline float hsum8(__m256 v) {
+    float l[8];
+    _mm256_storeu_ps(l, v);
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/* dot2 on 8 lanes: per product, 4 partial sums of 8 lanes (elements i mod 32), 8-wide steps
+ * into the first, a scalar tail. Decode's scores on an AVX2 machine; one path per process. */
+__attribute__((target("avx2"))) static void dot2_avx2(const float *a0, const float *a1,
+                                                      const float *b, int n, float *r0, float *r1) {
+    int i = 0;
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0, t0 = s0, t1 = s0, t2 = s0, t3 = s0;
+    for (; i + 32 <= n; i += 32) {
+        __m256 b0 = _mm256_loadu_ps(b + i), b1 = _mm256_loadu_ps(b + i + 8),
+               b2 = _mm256_loadu_ps(b + i + 16), b3 = _mm256_loadu_ps(b + i + 24);
+        s0 = _mm256_add_ps(s0, _mm256_mul_ps(_mm256_loadu_ps(a0 + i), b0));
+        s1 = _mm256_add_ps(s1, _mm256_mul_ps(_mm256_loadu_ps(a0 + i + 8), b1));
+        s2 = _mm256_add_ps(s2, _mm256_mul_ps(_mm256_loadu_ps(a0 + i + 16), b2));
+        s3 = _mm256_add_ps(s3, _mm256_mul_ps(_mm256_loadu_ps(a0 + i + 24), b3));
+        t0 = _mm256_add_ps(t0, _mm256_mul_ps(_mm256_loadu_ps(a1 + i), b0));
+        t1 = _mm256_add_ps(t1, _mm256_mul_ps(_mm256_loadu_ps(a1 + i + 8), b1));
+        t2 = _mm256_add_ps(t2, _mm256_mul_ps(_mm256_loadu_ps(a1 + i + 16), b2));
+        t3 = _mm256_add_ps(t3, _mm256_mul_ps(_mm256_loadu_ps(a1 + i + 24), b3));
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 b0 = _mm256_loadu_ps(b + i);
+        s0 = _mm256_add_ps(s0, _mm256_mul_ps(_mm256_loadu_ps(a0 + i), b0));
+        t0 = _mm256_add_ps(t0, _mm256_mul_ps(_mm256_loadu_ps(a1 + i), b0));
+    }
+    float x0 = hsum8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    float x1 = hsum8(_mm256_add_ps(_mm256_add_ps(t0, t1), _mm256_add_ps(t2, t3)));
+    for (; i < n; i++)
+        x0 += a0[i] * b[i], x1 += a1[i] * b[i];
+    *r0 = x0, *r1 = x1;
+}
+
+/* pv_block2 on 8 lanes, 32 then 8 columns at a time; per element the same operations in the
+ * same order as pv_block (o = o + p[i] * v, no FMA), so the same bits as the SSE2 path. */
+__attribute__((target("avx2"))) static void pv_block2_avx2(float *o, float *u, const float *p,
+                                                           const float *pu, const float *V,
+                                                           size_t cnt, int n) {
+    int c = 0;
+    for (; c + 32 <= n; c += 32) {
+        __m256 o0 = _mm256_loadu_ps(o + c), o1 = _mm256_loadu_ps(o + c + 8),
+               o2 = _mm256_loadu_ps(o + c + 16), o3 = _mm256_loadu_ps(o + c + 24);
+        __m256 u0 = _mm256_loadu_ps(u + c), u1 = _mm256_loadu_ps(u + c + 8),
+               u2 = _mm256_loadu_ps(u + c + 16), u3 = _mm256_loadu_ps(u + c + 24);
+        for (size_t i = 0; i < cnt; i++) {
+            const float *v = V + i * (size_t)n + c;
+            __m256 a = _mm256_set1_ps(p[i]), b = _mm256_set1_ps(pu[i]);
+            __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8),
+                   v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+            o0 = _mm256_add_ps(o0, _mm256_mul_ps(a, v0));
+            o1 = _mm256_add_ps(o1, _mm256_mul_ps(a, v1));
+            o2 = _mm256_add_ps(o2, _mm256_mul_ps(a, v2));
+            o3 = _mm256_add_ps(o3, _mm256_mul_ps(a, v3));
+            u0 = _mm256_add_ps(u0, _mm256_mul_ps(b, v0));
+            u1 = _mm256_add_ps(u1, _mm256_mul_ps(b, v1));
+            u2 = _mm256_add_ps(u2, _mm256_mul_ps(b, v2));
+            u3 = _mm256_add_ps(u3, _mm256_mul_ps(b, v3));
+        }
+        _mm256_storeu_ps(o + c, o0), _mm256_storeu_ps(o + c + 8, o1);
+        _mm256_storeu_ps(o + c + 16, o2), _mm256_storeu_ps(o + c + 24, o3);
+        _mm256_storeu_ps(u + c, u0), _mm256_storeu_ps(u + c + 8, u1);
+        _mm256_storeu_ps(u + c + 16, u2), _mm256_storeu_ps(u + c + 24, u3);
+    }
+    for (; c + 8 <= n; c += 8) {
+        __m256 o0 = _mm256_loadu_ps(o + c), u0 = _mm256_loadu_ps(u + c);
+        for (size_t i = 0; i < cnt; i++) {
+            __m256 v0 = _mm256_loadu_ps(V + i * (size_t)n + c);
+            o0 = _mm256_add_ps(o0, _mm256_mul_ps(_mm256_set1_ps(p[i]), v0));
+            u0 = _mm256_add_ps(u0, _mm256_mul_ps(_mm256_set1_ps(pu[i]), v0));
+        }
+        _mm256_storeu_ps(o + c, o0), _mm256_storeu_ps(u + c, u0);
+    }
+    if (c < n) {
+        pv_block(o + c, p, V + c, cnt, n - c, n);
+        pv_block(u + c, pu, V + c, cnt, n - c, n);
+    }
+}
+#endif
+
+/* The two-query kernels of decode attention, on the path this CPU takes. */
+static inline void dot2(const float *a0, const float *a1, const float *b, int n, float *r0,
+                        float *r1) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) {
+        dot2_avx2(a0, a1, b, n, r0, r1);
+        return;
+    }
+#endif
+    dot2_sse(a0, a1, b, n, r0, r1);
+}
+
+static inline void pv_block2(float *o, float *u, const float *p, const float *pu, const float *V,
+                             size_t cnt, int n) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) {
+        pv_block2_avx2(o, u, p, pu, V, cnt, n);
+        return;
+    }
+#endif
+    pv_block2_sse(o, u, p, pu, V, cnt, n);
 }
 
 /* Asks for the n floats at p to be brought into cache: the next KV block lies elsewhere in the
