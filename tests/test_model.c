@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cblas.h>
@@ -783,6 +784,54 @@ static void test_pool(void **st) {
     ikv__pool_destroy(NULL);
 }
 
+/* Runs `isokv ARGS` (IKV_BIN), capturing stdout into out (at most cap bytes); returns the exit
+ * status. */
+static int run_isokv(const char *args, char *out, size_t cap) {
+    const char *bin = getenv("IKV_BIN");
+    assert_non_null(bin);
+    char cmd[1024];
+    snprintf(cmd, sizeof cmd, "'%s' %s 2>/dev/null", bin, args);
+    FILE *f = popen(cmd, "r");
+    assert_non_null(f);
+    size_t n = fread(out, 1, cap - 1, f);
+    out[n] = 0;
+    int st = pclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* isokv bench engine: usage errors exit 2; a small run on `tiny` at 2 threads, best of 2,
+ * prints one JSON row that says what it measured: the warm request took the whole prefix from
+ * the cache, every rate is positive, ratios are consistent with their parts. */
+static void test_bench_cli(void **st) {
+    (void)st;
+    static char out[8192];
+    assert_int_equal(run_isokv("bench engine --repeat 0", out, sizeof out), 2);
+    assert_int_equal(run_isokv("bench engine --threads 0", out, sizeof out), 2);
+    assert_int_equal(run_isokv("bench engine --config tiny --prefix 32 --suffix 8 --decode 4 "
+                               "--threads 2 --repeat 2 --json",
+                               out, sizeof out),
+                     0);
+    assert_non_null(strstr(out, "\"repeat\": 2"));
+    assert_non_null(strstr(out, "\"threads\": 2"));
+    assert_non_null(strstr(out, "\"warm_cached_tokens\": 32"));
+    assert_null(strstr(out, "\"threads\": 1"));
+    const char *p = strstr(out, "\"prefill_gflops\": ");
+    assert_non_null(p);
+    double gf = atof(p + strlen("\"prefill_gflops\": "));
+    p = strstr(out, "\"sgemm_peak_gflops\": ");
+    assert_non_null(p);
+    double peak = atof(p + strlen("\"sgemm_peak_gflops\": "));
+    p = strstr(out, "\"prefill_over_peak\": ");
+    assert_non_null(p);
+    double ratio = atof(p + strlen("\"prefill_over_peak\": "));
+    assert_true(gf > 0 && peak > 0);
+    assert_true(fabs(ratio - gf / peak) < 1e-3 * (1 + ratio));
+    p = strstr(out, "\"read_gbs\": ");
+    assert_non_null(p);
+    assert_true(atof(p + strlen("\"read_gbs\": ")) > 0);
+    assert_non_null(strstr(out, "\"read_by\": \""));
+}
+
 static void test_tenants(void **st) {
     (void)st;
     ikv_model_config c = tiny();
@@ -1119,6 +1168,7 @@ int main(void) {
         cmocka_unit_test(test_exact_with_cache),
         cmocka_unit_test(test_decode_thread_invariant),
         cmocka_unit_test(test_pool),
+        cmocka_unit_test(test_bench_cli),
         cmocka_unit_test(test_tenants),
         cmocka_unit_test(test_collision_is_miss),
         cmocka_unit_test(test_fuzz_against_oracle),
