@@ -812,6 +812,7 @@ static void test_bench_cli(void **st) {
                                out, sizeof out),
                      0);
     assert_non_null(strstr(out, "\"repeat\": 2"));
+    assert_non_null(strstr(out, "\"tile\": 64"));
     assert_non_null(strstr(out, "\"threads\": 2"));
     assert_non_null(strstr(out, "\"warm_cached_tokens\": 32"));
     assert_null(strstr(out, "\"threads\": 1"));

@@ -240,6 +240,7 @@ typedef struct ikv_engine_bench_options {
     int threads[2];     /* thread counts to measure (1, 2); 0 ends the list */
     uint64_t seed;
     uint32_t repeat; /* repetitions per thread count; each figure is the best (0 = 1) */
+    uint32_t tile;   /* prefill tile rows (0 = the engine's default, 64) */
 } ikv_engine_bench_options;
 
 typedef struct ikv_engine_bench_row {
@@ -258,7 +259,7 @@ typedef struct ikv_engine_bench_row {
 
 typedef struct ikv_engine_bench_result {
     ikv_model_config cfg;
-    uint32_t prefix, suffix, decode, repeat;
+    uint32_t prefix, suffix, decode, repeat, tile;
     long cores;
     size_t n_rows;
     ikv_engine_bench_row rows[2];

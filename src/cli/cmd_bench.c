@@ -2,7 +2,7 @@
  * isokv bench: built-in benchmarks that need no input files. Targets:
  *
  *     isokv bench engine [--config small] [--prefix 2048] [--suffix 32] [--decode 32]
- *                        [--threads 1,2] [--repeat 3] [--seed S] [--json]
+ *                        [--threads 1,2] [--repeat 3] [--tile 64] [--seed S] [--json]
  *
  * Every figure is measured (wall clock) on this machine; see docs/benchmarks.md.
  */
@@ -17,7 +17,7 @@ static void help(FILE *f) {
     fprintf(
         f,
         "usage: isokv bench engine [--config small] [--prefix 2048] [--suffix 32] [--decode 32]\n"
-        "                          [--threads 1,2] [--repeat 3] [--seed S] [--json]\n\n"
+        "                          [--threads 1,2] [--repeat 3] [--tile 64] [--seed S] [--json]\n\n"
         "engine: builds a random-weight model of the config in memory and measures, at each "
         "thread\n"
         "count, TTFT cold vs warm for a P-token shared public prefix + Q-token private suffix "
@@ -28,7 +28,7 @@ static void help(FILE *f) {
         "memory-bandwidth\n"
         "bound (weight bytes per token over the measured read bandwidth). All figures measured.\n"
         "--repeat R runs the probes and requests R times per thread count and reports the best\n"
-        "of each figure (the machine may be shared).\n");
+        "of each figure (the machine may be shared). --tile sets the prefill tile rows.\n");
 }
 
 static int engine(int argc, char **argv) {
@@ -51,7 +51,7 @@ static int engine(int argc, char **argv) {
         if (!strcmp(a, "--config"))
             o.config = v;
         else if (!strcmp(a, "--prefix") || !strcmp(a, "--suffix") || !strcmp(a, "--decode") ||
-                 !strcmp(a, "--seed") || !strcmp(a, "--repeat")) {
+                 !strcmp(a, "--seed") || !strcmp(a, "--repeat") || !strcmp(a, "--tile")) {
             if (cli_parse_u64(v, &x) || (strcmp(a, "--seed") && x > 1000000))
                 return cli_usage_error("bench", "bad value '%s' for %s", v, a);
             if (!strcmp(a, "--prefix"))
@@ -64,6 +64,10 @@ static int engine(int argc, char **argv) {
                 if (x == 0 || x > 100)
                     return cli_usage_error("bench", "--repeat wants 1..100, got '%s'", v);
                 o.repeat = (uint32_t)x;
+            } else if (!strcmp(a, "--tile")) {
+                if (x == 0 || x > 4096)
+                    return cli_usage_error("bench", "--tile wants 1..4096, got '%s'", v);
+                o.tile = (uint32_t)x;
             } else
                 o.seed = x;
         } else if (!strcmp(a, "--threads")) {

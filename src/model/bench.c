@@ -183,6 +183,11 @@ int ikv_engine_bench(const ikv_engine_bench_options *o, ikv_engine_bench_result 
     if (rc) return rc;
     r->prefix = o->prefix, r->suffix = o->suffix, r->decode = o->decode;
     r->repeat = o->repeat ? o->repeat : 1;
+    {
+        ikv_engine_options d;
+        ikv_engine_options_default(&d);
+        r->tile = o->tile ? o->tile : d.tile;
+    }
     r->cores = sysconf(_SC_NPROCESSORS_ONLN);
     size_t n = (size_t)o->prefix + o->suffix;
     if (o->suffix == 0) return ikv_error(IKV_EINVAL, "bench: need a suffix of at least one token");
@@ -206,6 +211,7 @@ int ikv_engine_bench(const ikv_engine_bench_options *o, ikv_engine_bench_result 
         ikv_engine_options eo;
         ikv_engine_options_default(&eo);
         eo.threads = row->threads;
+        eo.tile = r->tile;
         ikv_engine *e;
         if ((rc = ikv_engine_create(m, &eo, &e))) goto out;
         for (uint32_t rep = 0; rep < r->repeat && !rc; rep++) {
@@ -270,11 +276,12 @@ void ikv_engine_bench_print(const ikv_engine_bench_result *r, FILE *f, int json)
                 "\"hidden\": %d, "
                 "\"layers\": %d, \"heads\": %d, \"kv_heads\": %d, \"vocab\": %d, \"seq_len\": %d, "
                 "\"params\": %llu}, "
-                "\"prefix\": %u, \"suffix\": %u, \"decode\": %u, \"repeat\": %u, \"rows\": [",
+                "\"prefix\": %u, \"suffix\": %u, \"decode\": %u, \"repeat\": %u, \"tile\": %u, "
+                "\"rows\": [",
                 r->cores, (int)c->dim, (int)c->hidden_dim, (int)c->n_layers, (int)c->n_heads,
                 (int)c->n_kv_heads, (int)c->vocab_size, (int)c->seq_len,
-                (unsigned long long)ikv_model_params(c), r->prefix, r->suffix, r->decode,
-                r->repeat);
+                (unsigned long long)ikv_model_params(c), r->prefix, r->suffix, r->decode, r->repeat,
+                r->tile);
         for (size_t i = 0; i < r->n_rows; i++) {
             const ikv_engine_bench_row *w = &r->rows[i];
             fprintf(
@@ -302,8 +309,8 @@ void ikv_engine_bench_print(const ikv_engine_bench_result *r, FILE *f, int json)
             (int)c->n_kv_heads, (int)c->vocab_size, (double)ikv_model_params(c) / 1e6);
     fprintf(f,
             "request: %u-token shared public prefix + %u-token private suffix; %u decode steps; "
-            "each figure the best of %u repetition(s)\n",
-            r->prefix, r->suffix, r->decode, r->repeat);
+            "prefill tiles of %u rows; each figure the best of %u repetition(s)\n",
+            r->prefix, r->suffix, r->decode, r->tile, r->repeat);
     for (size_t i = 0; i < r->n_rows; i++) {
         const ikv_engine_bench_row *w = &r->rows[i];
         fprintf(f, "threads %d:\n", w->threads);
