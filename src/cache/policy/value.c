@@ -1,88 +1,105 @@
 /*
- * value: cost-aware eviction for prefix KV caches — keep the blocks whose loss would cost the
- * most recomputation per byte, weighted by how often they are reused, and let stale ones age out.
+ * value: the cost-aware eviction policy of isokv — evict the block whose next use is predicted
+ * farthest away, where a block's prediction comes from the reuse gaps of its own chain, a chain
+ * that has never been reused is predicted far, and a dearer block is predicted a little nearer.
  *
- * Priority of a block b, set at every access (insert or hit):
+ * Key of a block b, set at every access (insert or hit); the victim is the evictable leaf with
+ * the smallest key (min-heap, O(log n) per event):
  *
- *     H(b) = L + f(b)^beta * cost(b) / size(b)
+ *     K(b) = last(b) - gap(b) + cost * gbar * ln(c(b) / c0)
  *
- *   cost(b)  recompute cost of b: the prefill FLOPs of its tokens at its depth, from the cache's
- *            cost callback (the simulator and engine pass the roofline model's FLOPs). Attention
- *            makes a block at depth d cost ~ linear + d * attention, so deep blocks of long shared
- *            prefixes are dearer to lose than shallow ones of the same size.
- *   size(b)  the block's tokens (KV bytes are proportional to tokens).
- *   f(b)     decayed reuse frequency: f <- f * 2^(-(now - last)/halflife) + 1 at each hit
- *            (1 at insert); halflife = 0 turns decay off (plain counts, as GDSF).
- *   L        the GreedyDual "inflation" clock: on every eviction L rises to the victim's H. A
- *            block not touched for a while keeps its old, low H while new accesses are priced
- *            from the higher L, so stale blocks go first even when they were once valuable
- *            (recency), without touching every block at every eviction.
+ *   last(b)  the time of b's last access (ikv_access.now).
+ *   gap(b)   b's predicted inter-reference gap: at each hit, gap <- (1 - smooth) * gap +
+ *            smooth * (now - last) (the first hit sets it). A block inserted as part of a chain
+ *            inherits its parent's gap at admission: in a prefix cache the next use of a
+ *            conversation's new tail is that conversation's next request, which re-reads the
+ *            whole chain, so the chain's history is the tail's best predictor. A block whose
+ *            chain shows no reuse yet (a first block, or the new blocks under one) is
+ *            "unproven" and gets gap = new * gbar.
+ *   gbar     running mean of observed gaps, over all hit blocks (exponential, weight 2^-10 per
+ *            block hit: in a trace of long chains, the gaps of the last one or two requests).
+ *   c(b)/c0  b's recompute cost per token (the cache's cost callback at b's depth) over that of
+ *            a first full block: >= 1 with attention-shaped costs (up to ~3.4 at 128 k tokens of
+ *            context for llama3-70b on the roofline model; depth + 1 with the core's default).
+ *   cost     weight of the cost term (default 0.1): a block k times dearer per token is kept as
+ *            if it had been used cost * ln(k) mean gaps later.
  *
- * Victim: the evictable leaf with the smallest H (min-heap, O(log n) per event).
+ * Why. last - gap is the time of the block's previous-but-one use, smoothed: ordering by it is
+ * LRU-2 (O'Neil, O'Neil & Weikum, "The LRU-K page replacement algorithm", SIGMOD'93), read
+ * here as a Belady estimate (evict the farthest next use; Belady 1966) with next use = last +
+ * gap and a gap that is less trusted the older the block. On the WEKA agentic-coding trace
+ * (docs/simulator.md) the measured signal is mostly in the unproven/proven split, not in the
+ * gap's size: successive gaps of a conversation correlate weakly (0.2 in log), but when many
+ * ~100 k-token conversations interleave in a cache that holds a few, admitting every re-inserted
+ * chain at the front (LRU) makes every conversation lose; predicting unproven chains 4 mean gaps
+ * away keeps a stable set of conversations that keep coming back, as ARC's T1/T2 split and
+ * LIRS's HIR/LIR split do (Megiddo & Modha, FAST'03; Jiang & Zhang, SIGMETRICS'02), while the
+ * inherited gap keeps the new tails of those conversations with their chains (ARC would put
+ * them in T1 and evict them first). The cost term is GreedyDual's idea (Young 1994; Cao &
+ * Irani's GreedyDual-Size 1997; Cherkasova's GDSF 1998, which `gdsf` implements) in time
+ * units, with a logarithm so that a deep block's price buys bounded extra life: the previous
+ * `value` (GDSF with the depth cost) let deep tails of long conversations outlive live ones.
  *
- * This is GreedyDual-Size-Frequency (Cherkasova, "Improving WWW Proxies Performance with
- * Greedy-Dual-Size-Frequency Caching Policy", HP Labs TR 98-69, 1998; Young's GreedyDual, 1994)
- * with a depth-aware recompute cost in place of the fetch cost and an exponentially decayed
- * frequency so that yesterday's popularity fades.
+ * Measured (simulated, token hit ratio, WEKA order mode; docs/simulator.md): above lru, s3fifo
+ * and sieve at 0.5 M tokens for 64-355 conversations and at 2 M for 128-355; below lru at 2 M /
+ * 64 (capacity barely short) and below arc in places; opt is 7-19 points higher.
  *
- * Parameters: beta (frequency exponent, default 1), halflife (time units of ikv_access.now,
- * default 0 = no decay), fmax (cap on f, default 0 = none), cexp (cost exponent: cost^cexp
- * replaces cost, default 1; 0 prices every token alike).
+ * Parameters: new (unproven gap in mean gaps, default 4; 0 = no penalty), smooth (default
+ * 0.5; 1 = last gap only), cost (default 0.1; 0 = cost ignored), lru2 (weight of gap(b) for
+ * proven blocks, default 1; 0 orders proven blocks by recency alone).
  *
- * Why fmax and cexp (measured on the WEKA agentic-coding trace, docs/simulator.md): there,
- * every request of a conversation re-hits its whole prefix, so f grows with the conversation's
- * length and a finished conversation's chain keeps an H far above the clock L long after its
- * last use; and the depth-aware cost (up to ~3.4x more per token at 128 k tokens of context for
- * llama3-70b) protects the deep tails of long conversations over the recency signal. Both make
- * the defaults (= GDSF) lose to LRU in token hit ratio once the interleaved working set
- * exceeds the cache. Capping f at 3 (a block re-referenced a couple of times is protected a
- * little longer, popularity stops accumulating) and cexp = 0 beat LRU, S3-FIFO and SIEVE at
- * 64-355 interleaved conversations in 0.5 M and 2 M tokens; "value:fmax=3,cexp=0" is that
- * tuned setting. The defaults stay GDSF-equivalent (tests/test_cache.c pins them).
+ * Node fields: pol.u32[0] = gap (float, time units; -1 = unproven), pol.u32[1] = cost per token
+ * (float), pol.u32[3] = TAG when this policy wrote them (a block demoted from a tier run by
+ * another policy is recognised and starts unproven), pol.s.a = heap position, pol.f64[2] = K.
+ * Cost: O(log n) per event; 8 bytes of heap per block; nothing allocated after create.
  */
 #include "../internal.h"
 
 #include <math.h>
 #include <string.h>
 
+#define TAG      0x76616c75u  /* "valu" */
+#define UNPROVEN (-1.0f)      /* gap of a block whose chain shows no reuse yet */
+#define GBAR_W   (1.0 / 1024) /* weight of one block hit's gap in gbar */
+
 typedef struct value {
     ikv__heap h;
     ikv__node *nodes;
-    ikv_cost_fn cost;
+    ikv_cost_fn cost_fn;
     void *cost_ctx;
     const uint64_t *now;
     uint32_t block_tokens;
-    double L;
-    double beta, halflife;
-    double fmax;  /* frequency cap (0 = none) */
-    double cexp;  /* cost exponent: cost^cexp (1 = cost as is, 0 = every block the same) */
+    double c0;     /* cost per token of a first full block (> 0) */
+    double gbar;   /* running mean of observed gaps (time units); 0 until the first hit */
+    double newg;   /* unproven gap, in mean gaps */
+    double smooth; /* weight of the latest gap */
+    double cost;   /* weight of ln(c / c0), in mean gaps */
+    double lru2;   /* weight of a proven block's own gap */
 } value;
 
-/* pol: u32[0] = decayed frequency (float), u32[1] = recompute cost per token (float), s.a =
- * heap position, f64[2] = H (the heap key). */
-static inline float *freq_of(ikv__node *n) {
+static inline float *gap_of(ikv__node *n) {
     return (float *)&n->pol.u32[0];
 }
-static inline float *cost_of(ikv__node *n) {
+static inline float *cpt_of(ikv__node *n) {
     return (float *)&n->pol.u32[1];
 }
 
 static int set_param(void *ctx, const char *k, const char *v) {
     value *p = ctx;
-    if (!strcmp(k, "beta")) return ikv__param_double("value", k, v, 0, 8, &p->beta);
-    if (!strcmp(k, "halflife")) return ikv__param_double("value", k, v, 0, 1e18, &p->halflife);
-    if (!strcmp(k, "fmax")) return ikv__param_double("value", k, v, 0, 1e9, &p->fmax);
-    if (!strcmp(k, "cexp")) return ikv__param_double("value", k, v, 0, 4, &p->cexp);
-    return ikv_error(IKV_EPARAM, "value: unknown parameter '%s' (beta, halflife, fmax, cexp)", k);
+    if (!strcmp(k, "new")) return ikv__param_double("value", k, v, 0, 1e6, &p->newg);
+    if (!strcmp(k, "smooth")) return ikv__param_double("value", k, v, 0.001, 1, &p->smooth);
+    if (!strcmp(k, "cost")) return ikv__param_double("value", k, v, 0, 1e3, &p->cost);
+    if (!strcmp(k, "lru2")) return ikv__param_double("value", k, v, 0, 1e3, &p->lru2);
+    return ikv_error(IKV_EPARAM, "value: unknown parameter '%s' (new, smooth, cost, lru2)", k);
 }
 
 static int value_create(const ikv__policy_env *env, const char *params, void **out) {
     value *p = ikv_calloc(1, sizeof *p);
     if (!p) return IKV_ENOMEM;
-    p->beta = 1.0;
-    p->halflife = 0;
-    p->fmax = 0;
-    p->cexp = 1.0;
+    p->newg = 4;
+    p->smooth = 0.5;
+    p->cost = 0.1;
+    p->lru2 = 1;
     int rc = ikv__params_each(params, set_param, p);
     if (!rc && ikv__heap_init(&p->h, env->capacity)) rc = IKV_ENOMEM;
     if (rc) {
@@ -90,10 +107,12 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
         return rc;
     }
     p->nodes = env->nodes;
-    p->cost = env->cost;
+    p->cost_fn = env->cost;
     p->cost_ctx = env->cost_ctx;
     p->now = env->now;
     p->block_tokens = env->block_tokens;
+    p->c0 = p->cost_fn(p->cost_ctx, 0, p->block_tokens) / p->block_tokens;
+    if (!(p->c0 > 0)) p->c0 = 1;
     *out = p;
     return 0;
 }
@@ -105,31 +124,40 @@ static void value_destroy(void *s) {
     ikv_free(p);
 }
 
-static double priority(const value *p, ikv__node *n) {
-    double f = *freq_of(n);
-    if (p->fmax > 0 && f > p->fmax) f = p->fmax;
-    if (p->beta != 1.0) f = pow(f, p->beta);
-    double c = *cost_of(n);
-    if (p->cexp != 1.0) c = pow(c, p->cexp);
-    return p->L + f * c;
+/* K(b) for a block last accessed at `last` (see the header). */
+static double key_of(const value *p, ikv__node *n, uint64_t last) {
+    double g = *gap_of(n);
+    g = g < 0 ? p->newg * p->gbar : p->lru2 * g;
+    double k = (double)last - g;
+    double r = *cpt_of(n) / p->c0;
+    if (p->cost > 0 && r > 1) k += p->cost * (p->gbar > 1 ? p->gbar : 1) * log(r);
+    return k;
 }
 
-/* The per-token recompute cost is computed once, when the block is inserted; a block that
- * moves between tiers keeps it (and its frequency) when both tiers run this policy. */
+/* A new block (a != NULL) takes its cost per token from the callback and its gap from its
+ * parent when that is in this tier under this policy (chains are inserted top down, so the
+ * parent was just hit or inserted), else starts unproven. A block moving between tiers that
+ * both run this policy keeps both fields. */
 static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     value *p = s;
     ikv__node *n = &p->nodes[id];
     if (a) {
         uint32_t ntok = a->ntokens ? a->ntokens[pos] : p->block_tokens;
         if (!ntok) ntok = 1;
-        *freq_of(n) = 1.0f;
-        *cost_of(n) = (float)(p->cost(p->cost_ctx, n->depth, ntok) / (double)ntok);
-    } else if (!(*freq_of(n) >= 1.0f && *cost_of(n) > 0)) {
-        /* moved in from a tier run by another policy: its fields are not ours */
-        *freq_of(n) = 1.0f;
-        *cost_of(n) = (float)(p->cost(p->cost_ctx, n->depth, p->block_tokens) / p->block_tokens);
+        *cpt_of(n) = (float)(p->cost_fn(p->cost_ctx, n->depth, ntok) / (double)ntok);
+        float g = UNPROVEN;
+        if (n->parent != IKV_NIL) {
+            ikv__node *pa = &p->nodes[n->parent];
+            if (pa->pol.u32[3] == TAG && pa->tier == n->tier) g = *gap_of(pa);
+        }
+        *gap_of(n) = g;
+        n->pol.u32[3] = TAG;
+    } else if (n->pol.u32[3] != TAG) {
+        *gap_of(n) = UNPROVEN;
+        *cpt_of(n) = (float)(p->cost_fn(p->cost_ctx, n->depth, p->block_tokens) / p->block_tokens);
+        n->pol.u32[3] = TAG;
     }
-    IKV__HKEY(n) = priority(p, n);
+    IKV__HKEY(n) = key_of(p, n, n->last);
 }
 
 static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
@@ -137,12 +165,16 @@ static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     value *p = s;
     ikv__node *n = &p->nodes[id];
     /* node->last is still the previous access (the core sets it after this call) */
-    if (p->halflife > 0 && *p->now > n->last)
-        *freq_of(n) *= (float)exp2(-(double)(*p->now - n->last) / p->halflife);
-    *freq_of(n) += 1.0f;
-    double h = priority(p, n);
-    if (n->flags & IKV__QUEUED) ikv__heap_update(&p->h, p->nodes, id, h);
-    else IKV__HKEY(n) = h;
+    uint64_t now = *p->now;
+    double gap = now > n->last ? (double)(now - n->last) : 0;
+    float g = *gap_of(n);
+    *gap_of(n) = g < 0 ? (float)gap : (float)((1 - p->smooth) * g + p->smooth * gap);
+    p->gbar = p->gbar == 0 ? gap : (1 - GBAR_W) * p->gbar + GBAR_W * gap;
+    double k = key_of(p, n, now);
+    if (n->flags & IKV__QUEUED)
+        ikv__heap_update(&p->h, p->nodes, id, k);
+    else
+        IKV__HKEY(n) = k;
 }
 
 static void value_queue(void *s, uint32_t id) {
@@ -160,10 +192,7 @@ static void value_leave(void *s, uint32_t id) {
 }
 
 static uint32_t value_victim(void *s) {
-    value *p = s;
-    uint32_t v = ikv__heap_top(&p->h);
-    if (v != IKV_NIL && IKV__HKEY(&p->nodes[v]) > p->L) p->L = IKV__HKEY(&p->nodes[v]);
-    return v;
+    return ikv__heap_top(&((value *)s)->h);
 }
 
 static int value_check(const void *s) {
@@ -182,8 +211,8 @@ static size_t value_bytes(const void *s) {
 
 const ikv_policy_ops ikv_policy_value = {
     .name = "value",
-    .doc = "cost-aware: L + freq^beta * recompute cost / size, GreedyDual aging "
-           "(params beta, halflife)",
+    .doc = "cost-aware predicted next use: last - chain reuse gap (unproven chains: 4 mean "
+           "gaps) + cost * mean gap * ln(recompute cost/token) (params new, smooth, cost, lru2)",
     .create = value_create,
     .destroy = value_destroy,
     .admit = value_admit,
