@@ -549,13 +549,12 @@ static void test_arc_adapts(void **st) {
 
 static void test_policy_params(void **st) {
     (void)st;
-    static const char *bad[] = {"fifo:x=1",        "lfu:x=1",        "sieve:x=1",
-                                "arc:p=1",         "gdsf:cost=flops", "gdsf:beta=1",
-                                "s3fifo:small=0",  "s3fifo:small=1",  "s3fifo:small=x",
-                                "s3fifo:ghost=2",  "s3fifo:move=4",   "s3fifo:move=1.5",
-                                "s3fifo:size=0.1", "s3fifo:small",    "s3fifo:small=0.1,,x",
-                                "value:beta=1",    "value:new=-1",   "value:smooth=0",
-                                "value:cost=x",    "value:lru2=1e9"};
+    static const char *bad[] = {
+        "fifo:x=1",        "lfu:x=1",        "sieve:x=1",           "arc:p=1",
+        "gdsf:cost=flops", "gdsf:beta=1",    "s3fifo:small=0",      "s3fifo:small=1",
+        "s3fifo:small=x",  "s3fifo:ghost=2", "s3fifo:move=4",       "s3fifo:move=1.5",
+        "s3fifo:size=0.1", "s3fifo:small",   "s3fifo:small=0.1,,x", "value:beta=1",
+        "value:new=-1",    "value:smooth=0", "value:cost=x",        "value:lru2=1e9"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ikv_cache_config cfg;
         ikv_cache_config_default(&cfg, 10, bad[i]);
@@ -686,10 +685,10 @@ static void test_value_predicted_reuse(void **st) {
     (void)st;
     for (int use_lru = 0; use_lru < 2; use_lru++) {
         ikv_cache *c = make(2, use_lru ? "lru" : "value");
-        req1(c, 1, 1);                      /* A */
-        req1(c, 2, 18), req1(c, 2, 19);     /* B: reused after 1 -> next use predicted at 20 */
+        req1(c, 1, 1);                       /* A */
+        req1(c, 2, 18), req1(c, 2, 19);      /* B: reused after 1 -> next use predicted at 20 */
         assert_int_equal(req1(c, 1, 20), 1); /* A: reused after 19 -> next use predicted at 39 */
-        req1(c, 3, 21);                     /* needs room: A (value) or B (lru, less recent) */
+        req1(c, 3, 21);                      /* needs room: A (value) or B (lru, less recent) */
         assert_int_equal(resident1(c, 1), use_lru);
         assert_int_equal(resident1(c, 2), !use_lru);
         ikv_cache_destroy(c);
@@ -741,7 +740,7 @@ static void test_value_cost(void **st) {
         ikv_access acc = {.now = 1};
         ikv_access_result r;
         assert_int_equal(ikv_cache_access(c, kx, 2, &acc, &r), 0); /* x1: 10 per token */
-        req1(c, 7, 2);                                              /* 1 per token */
+        req1(c, 7, 2);                                             /* 1 per token */
         req1(c, 8, 3); /* key x1 = 1 + ln 10 = 3.3 > 7's 2 when priced; 1 < 2 when not */
         size_t m;
         ikv_cache_match(c, kx, 2, NULL, NULL, &m);
@@ -1241,18 +1240,29 @@ static void test_regress_unlock_long_path(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_match_insert),      cmocka_unit_test(test_bad_input),
-        cmocka_unit_test(test_locks),             cmocka_unit_test(test_lru_order),
-        cmocka_unit_test(test_scopes),            cmocka_unit_test(test_pins),
-        cmocka_unit_test(test_softpin),           cmocka_unit_test(test_tiers),
-        cmocka_unit_test(test_fuzz_all_policies), cmocka_unit_test(test_alloc_failure),
-        cmocka_unit_test(test_bytes_per_block),  cmocka_unit_test(test_regress_opt_float_ties),
-        cmocka_unit_test(test_regress_unlock_long_path),   cmocka_unit_test(test_fifo_order),
-        cmocka_unit_test(test_lfu_order),         cmocka_unit_test(test_gdsf_cost),
-        cmocka_unit_test(test_value_predicted_reuse), cmocka_unit_test(test_value_unproven_and_inherited),
+        cmocka_unit_test(test_match_insert),
+        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_locks),
+        cmocka_unit_test(test_lru_order),
+        cmocka_unit_test(test_scopes),
+        cmocka_unit_test(test_pins),
+        cmocka_unit_test(test_softpin),
+        cmocka_unit_test(test_tiers),
+        cmocka_unit_test(test_fuzz_all_policies),
+        cmocka_unit_test(test_alloc_failure),
+        cmocka_unit_test(test_bytes_per_block),
+        cmocka_unit_test(test_regress_opt_float_ties),
+        cmocka_unit_test(test_regress_unlock_long_path),
+        cmocka_unit_test(test_fifo_order),
+        cmocka_unit_test(test_lfu_order),
+        cmocka_unit_test(test_gdsf_cost),
+        cmocka_unit_test(test_value_predicted_reuse),
+        cmocka_unit_test(test_value_unproven_and_inherited),
         cmocka_unit_test(test_value_cost),
-        cmocka_unit_test(test_sieve_visited),     cmocka_unit_test(test_s3fifo_small_and_ghost),
-        cmocka_unit_test(test_arc_adapts),        cmocka_unit_test(test_policy_params),
+        cmocka_unit_test(test_sieve_visited),
+        cmocka_unit_test(test_s3fifo_small_and_ghost),
+        cmocka_unit_test(test_arc_adapts),
+        cmocka_unit_test(test_policy_params),
         cmocka_unit_test(test_golden_mooncake),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
