@@ -49,7 +49,7 @@ demo_sim() {
     section "simulator: public traces not found (set IKV_TRACES=DIR); replaying the bundled slices"
     mc=tests/data weka=tests/data/weka_5conv.jsonl.gz
     "$ISOKV" sim tests/data/mooncake_conv_300.jsonl --capacity-tokens 1.5M
-    "$ISOKV" sim sweep "$weka" --vary conversations=1,3,5 --policy lru,value:fmax=3,cexp=0,opt \
+    "$ISOKV" sim sweep "$weka" --vary conversations=1,3,5 --policy lru,value,opt \
       --capacity-tokens 50k --out out/sim-weka
     return
   fi
@@ -66,10 +66,10 @@ demo_sim() {
     awk -v a="$r3" -v b="$ru" 'BEGIN { printf "%12.1f%%\n", 100 * a / b }'
   done
   section "simulator: WEKA Claude Code sessions, N conversations interleaved in one hour through one 2M-token cache (order mode)"
-  "$ISOKV" sim sweep "$weka" --vary conversations=1,16,64,355 --policy lru,arc,value:fmax=3,cexp=0,opt \
+  "$ISOKV" sim sweep "$weka" --vary conversations=1,16,64,355 --policy lru,arc,value,opt \
     --capacity-tokens 2M --out out/sim-weka --title 'WEKA sessions, one 2M-token cache'
   section "simulator: the same 355 conversations in timed mode, tiers hbm 2M + dram 16M tokens (SIMULATED times)"
-  "$ISOKV" sim "$weka" --mode timed --tiers hbm=2M,dram=16M --policy value:fmax=3,cexp=0 --servers 32
+  "$ISOKV" sim "$weka" --mode timed --tiers hbm=2M,dram=16M --policy value --servers 32
   echo "plots: out/sim-weka/sweep.svg, out/sim-weka/sweep.png"
 }
 # ---- end demo_sim ----

@@ -58,7 +58,7 @@ typedef void (*ikv_evict_fn)(void *ctx, uint32_t node, ikv_key key, int from_tie
 typedef struct ikv_tier_config {
     const char *name;         /* "hbm", "dram", "ssd", "remote"... (copied) */
     uint64_t capacity;        /* blocks; must be > 0 */
-    const char *policy;       /* "NAME[:k=v,...]", e.g. "lru", "value:decay=0.5" (copied) */
+    const char *policy;       /* "NAME[:k=v,...]", e.g. "lru", "value:cost=0.5" (copied) */
     uint32_t admit_min_hits;  /* demotion INTO this tier admits blocks hit >= n times; 0 = all */
 } ikv_tier_config;
 

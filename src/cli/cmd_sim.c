@@ -88,7 +88,7 @@ static void usage(FILE *f) {
             "  --per-tenant          list every tenant's hit ratio (always in JSON for segments)\n"
             "sweep:\n"
             "  --vary KEY=LIST       conversations, window, servers, capacity-tokens, max-requests\n"
-            "  --policy LIST         comma-separated policies (lru,value:fmax=3,cexp=0,opt)\n"
+            "  --policy LIST         comma-separated policies (lru,value:new=4,cost=0,opt)\n"
             "  --capacity-tokens LIST  comma-separated capacities ('unlimited' allowed)\n"
             "  --out DIR             writes sweep.csv, sweep.json, sweep.svg, sweep.png\n"
             "  --jobs J              parallel runs (default: online cores)\n"
@@ -191,7 +191,7 @@ static int copy_list(char *buf, size_t n, const char *v) {
     return 0;
 }
 
-/* Splits a policy list: "lru,value:fmax=3,cexp=0,opt" -> lru | value:fmax=3,cexp=0 | opt (a
+/* Splits a policy list: "lru,value:new=4,cost=0,opt" -> lru | value:new=4,cost=0 | opt (a
  * piece of the form k=v without ':' continues the previous policy's parameters). */
 static size_t split_policies(char *s, char **out, size_t max) {
     size_t n = 0;
