@@ -14,9 +14,9 @@
  * H is recomputed at every access and at admission into the tier (with that tier's L).
  * Victim: the evictable leaf with the smallest H.
  *
- * This is the published algorithm, unchanged; the project's `value` policy generalises it
- * (frequency exponent, decayed frequency), and with value's defaults (beta=1, halflife=0) the
- * two choose the same victims.
+ * This is the published algorithm, unchanged. The project's `value` policy (value.c) used to be
+ * GDSF with extra parameters; it now predicts next use from chain reuse gaps and keeps only
+ * GreedyDual's cost credit, so `gdsf` is the reference point for the GreedyDual family.
  *
  * Leaf-only adaptation: the heap holds only evictable blocks; H is kept in the node
  * (pol.f64[2]) while a block is off the heap (locked, pinned, or with children), so a block
