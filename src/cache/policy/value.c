@@ -42,7 +42,16 @@
  *
  * Measured (simulated, token hit ratio, WEKA order mode; docs/simulator.md): above lru, s3fifo
  * and sieve at 0.5 M tokens for 64-355 conversations and at 2 M for 128-355; below lru at 2 M /
- * 64 (capacity barely short) and below arc in places; opt is 7-19 points higher.
+ * 64 (capacity barely short) and below arc in places; opt is 3-18 points higher.
+ *
+ * Tried and rejected on the same cells: ordering by last + gap (farthest predicted use first:
+ * overdue, finished chains are then kept; 0.09 at 2 M / 355); GreedyDual with 1/gap as the
+ * price (lru-like); the unproven penalty as a multiple of the cache's eviction age instead of
+ * gbar (it shrinks with itself: lru-like); adapting `new` from ghost hits, ARC-style (it drifts
+ * to the wrong end); a smoother gbar (weight 2^-14 or 2^-17 per block hit, or one sample per
+ * request: 0.36-0.39 at 2 M / 355 instead of 0.415, so the result depends on gbar following the
+ * last requests' gaps closely); the cost as a divisor of the gap, or as a credit in units of the
+ * eviction horizon (both cost 2-6 points of token hits).
  *
  * Parameters: new (unproven gap in mean gaps, default 4; 0 = no penalty), smooth (default
  * 0.5; 1 = last gap only), cost (default 0.1; 0 = cost ignored), lru2 (weight of gap(b) for
