@@ -51,7 +51,7 @@
  * to the wrong end); a smoother gbar (weight 2^-14 or 2^-17 per block hit, or one sample per
  * request: 0.36-0.39 at 2 M / 355 instead of 0.415, so the result depends on gbar following the
  * last requests' gaps closely); the cost as a divisor of the gap, or as a credit in units of the
- * eviction horizon (both cost 2-6 points of token hits).
+ * eviction horizon (up to 10 and 6 points of token hits lost at 2 M / 355).
  *
  * Parameters: new (unproven gap in mean gaps, default 4; 0 = no penalty), smooth (default
  * 0.5; 1 = last gap only), cost (default 0.1; 0 = cost ignored), lru2 (weight of gap(b) for
