@@ -191,8 +191,8 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
              ALLOC(e->att, T * q) && ALLOC(e->hb, T * hid) && ALLOC(e->hb2, T * hid) &&
              ALLOC(e->S, P * e->S_rows * e->Lmax) && ALLOC(e->rinv, P * e->S_rows) &&
              ALLOC(e->qg, P * T * (size_t)(c->n_heads / c->n_kv_heads) * hd) &&
-             ALLOC(e->Kc, (size_t)c->n_layers * (size_t)c->n_kv_heads * e->Lmax * hd) &&
-             ALLOC(e->Vc, (size_t)c->n_layers * (size_t)c->n_kv_heads * e->Lmax * hd) &&
+             ALLOC(e->Kc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
+             ALLOC(e->Vc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
              ALLOC(e->rope_cos, (size_t)c->seq_len * hd / 2) &&
              ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) && ALLOC(e->xn, P * D);
     for (uint32_t i = 0; ok && i < o.max_seqs; i++)
@@ -360,7 +360,7 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
         size_t first = (size_t)m * bt, T = e->T, V = (size_t)c->vocab_size, D = (size_t)c->dim;
         for (size_t t0 = first / T * T; t0 < n; t0 += T) {
             size_t lo = first > t0 ? first : t0, hi = n < t0 + T ? n : t0 + T;
-            ikv__prefill_tile(e, s, r->tokens, t0, lo, hi, t0 == first / T * T);
+            ikv__prefill_tile(e, s, r->tokens, t0, lo, hi);
             if (r->logits_all)
                 for (size_t p = lo; p < hi; p++)
                     ikv__logits_row(e, e->x + (p - t0) * D, r->logits_all + p * V);

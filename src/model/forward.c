@@ -694,7 +694,6 @@ typedef struct fwd {
     struct ikv_seq *s;
     const uint32_t *tokens;
     size_t t0, lo, hi; /* prefill tile */
-    int first;         /* prefill: the first tile of this call */
     size_t pos;        /* decode position */
     int l;             /* layer */
     const float *xrow; /* logits: residual row */
@@ -767,28 +766,23 @@ static void pf_attn(void *vc, int t, int P) {
     part((size_t)nkv, t, P, 1, &g0, &g1);
     for (size_t gi = g0; gi < g1; gi++) {
         const int g = (int)gi;
-        float *kc = e->Kc + ((size_t)l * (size_t)nkv + gi) * e->Lmax * H,
-              *vc2 = e->Vc + ((size_t)l * (size_t)nkv + gi) * e->Lmax * H;
-        /* first tile of the call: gather the cached positions [0, lo) of this layer and head
-         * from their blocks; later tiles find them, and the rows of earlier tiles, in place */
-        for (size_t p0 = 0; c->first && p0 < lo; p0 += bt) {
-            size_t cnt = lo - p0 < bt ? lo - p0 : bt;
-            uint32_t b = blk_of(e, c->s, p0);
-            memcpy(kc + p0 * H, ikv__kv_at(e, b, l, 0, g, 0), sizeof(float) * cnt * H);
-            memcpy(vc2 + p0 * H, ikv__kv_at(e, b, l, 1, g, 0), sizeof(float) * cnt * H);
-        }
         for (size_t p = lo; p < hi; p++) {
             size_t i = p - t0;
             for (int j = 0; j < kvmul; j++)
                 rope(e, e->q + i * (size_t)qd + (size_t)(g * kvmul + j) * H, hd, p);
-            float *kr = e->k + i * (size_t)kvd + (size_t)g * H,
-                  *vr = e->v + i * (size_t)kvd + (size_t)g * H;
+            float *kr = e->k + i * (size_t)kvd + (size_t)g * H;
             rope(e, kr, hd, p);
             uint32_t b = blk_of(e, c->s, p), slot = (uint32_t)(p % bt);
             memcpy(ikv__kv_at(e, b, l, 0, g, slot), kr, sizeof(float) * H);
-            memcpy(ikv__kv_at(e, b, l, 1, g, slot), vr, sizeof(float) * H);
-            memcpy(kc + p * H, kr, sizeof(float) * H);
-            memcpy(vc2 + p * H, vr, sizeof(float) * H);
+            memcpy(ikv__kv_at(e, b, l, 1, g, slot), e->v + i * (size_t)kvd + (size_t)g * H,
+                   sizeof(float) * H);
+        }
+        float *kc = e->Kc + gi * e->Lmax * H, *vc2 = e->Vc + gi * e->Lmax * H;
+        for (size_t p0 = 0; p0 < hi; p0 += bt) {
+            size_t cnt = hi - p0 < bt ? hi - p0 : bt;
+            uint32_t b = blk_of(e, c->s, p0);
+            memcpy(kc + p0 * H, ikv__kv_at(e, b, l, 0, g, 0), sizeof(float) * cnt * H);
+            memcpy(vc2 + p0 * H, ikv__kv_at(e, b, l, 1, g, 0), sizeof(float) * cnt * H);
         }
         memset(kc + hi * H, 0, sizeof(float) * ((size_t)W - hi) * H);
         memset(vc2 + hi * H, 0, sizeof(float) * ((size_t)W - hi) * H);
@@ -883,8 +877,8 @@ static void pf_w2(void *vc, int t, int P) {
 }
 
 void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t t0,
-                       size_t lo, size_t hi, int first) {
-    fwd c = {.e = e, .s = s, .tokens = tokens, .t0 = t0, .lo = lo, .hi = hi, .first = first};
+                       size_t lo, size_t hi) {
+    fwd c = {.e = e, .s = s, .tokens = tokens, .t0 = t0, .lo = lo, .hi = hi};
     static const ikv__task layer[] = {pf_norm_att, pf_qkv,   pf_attn, pf_wo,
                                       pf_norm_ffn, pf_ffn13, pf_w2};
     for (c.l = 0; c.l < e->m->cfg.n_layers; c.l++)

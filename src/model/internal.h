@@ -122,9 +122,7 @@ struct ikv_engine {
     size_t S_rows;  /* kvmul * max(T, n_kv_heads): a prefill tile's or a decode step's rows */
     float *rinv;    /* [nth][S_rows] 1 / softmax sum of each prefill score row, per thread */
     float *qg;      /* [nth][kvmul * T][head_dim] stacked queries (then outputs) of one kv head */
-    float *Kc, *Vc; /* [layer][n_kv_heads][Lmax][head_dim] K/V of the sequence being prefilled,
-                       contiguous (one full-length sequence of KV): gathered from its blocks at
-                       a call's first tile, then extended by each tile's computed rows */
+    float *Kc, *Vc; /* [n_kv_heads][Lmax][head_dim] K/V gathered through the table */
     float *rope_cos, *rope_sin; /* [seq_len][head_dim / 2] */
     float *xn;                  /* [nth][dim] each thread's copy of a normed row (decode, logits) */
 
@@ -142,10 +140,9 @@ static inline float *ikv__kv_at(const struct ikv_engine *e, uint32_t b, int laye
 
 /* Prefill one tile: rows of absolute positions [t0, t0 + T), of which [lo, hi) are computed
  * (the rest are zero padding); writes their K/V through s->table; leaves the final residual
- * rows in e->x. The tiles of one prefill come in order, the first with first = 1 (positions
- * [0, lo) then come from the blocks). Does not allocate. (forward.c) */
+ * rows in e->x. Does not allocate. (forward.c) */
 void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t t0,
-                       size_t lo, size_t hi, int first);
+                       size_t lo, size_t hi);
 /* Final RMSNorm of one residual row and the classifier (matrix-vector). */
 void ikv__logits_row(struct ikv_engine *e, const float *xrow, float *out);
 /* One decode step of `token` at position pos = s->n (its block already in the table). */
