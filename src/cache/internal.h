@@ -158,4 +158,19 @@ static inline uint32_t ikv__heap_top(const ikv__heap *h) {
 }
 int ikv__heap_check(const ikv__heap *h, const ikv__node *nodes);
 
+/* The head of every heap-ordered policy's state (value, gdsf, opt): the policy's struct starts
+ * with it, so these ops serve them all. A block's heap key is IKV__HKEY, which the policy sets
+ * at admit and hit; queue pushes it, dequeue removes it. */
+typedef struct ikv__heap_policy {
+    ikv__heap h;
+    ikv__node *nodes;
+} ikv__heap_policy;
+
+void ikv__hp_queue(void *s, uint32_t id);
+void ikv__hp_dequeue(void *s, uint32_t id);
+void ikv__hp_leave(void *s, uint32_t id);
+uint32_t ikv__hp_victim(void *s);
+int ikv__hp_check(const void *s);
+uint64_t ikv__hp_queued(const void *s);
+
 #endif

@@ -201,6 +201,35 @@ int ikv__heap_check(const ikv__heap *h, const ikv__node *nodes) {
     return 1;
 }
 
+/* ---- heap-ordered policies ------------------------------------------------------------------ */
+
+void ikv__hp_queue(void *s, uint32_t id) {
+    ikv__heap_policy *p = s;
+    ikv__heap_push(&p->h, p->nodes, id, IKV__HKEY(&p->nodes[id]));
+}
+
+void ikv__hp_dequeue(void *s, uint32_t id) {
+    ikv__heap_policy *p = s;
+    ikv__heap_remove(&p->h, p->nodes, id);
+}
+
+void ikv__hp_leave(void *s, uint32_t id) {
+    (void)s, (void)id;
+}
+
+uint32_t ikv__hp_victim(void *s) {
+    return ikv__heap_top(&((ikv__heap_policy *)s)->h);
+}
+
+int ikv__hp_check(const void *s) {
+    const ikv__heap_policy *p = s;
+    return ikv__heap_check(&p->h, p->nodes);
+}
+
+uint64_t ikv__hp_queued(const void *s) {
+    return ((const ikv__heap_policy *)s)->h.len;
+}
+
 /* ---- parameters ---------------------------------------------------------------------------- */
 
 int ikv__params_each(const char *params, int (*fn)(void *ctx, const char *k, const char *v),

@@ -36,8 +36,7 @@
 #include <string.h>
 
 typedef struct gdsf {
-    ikv__heap h;
-    ikv__node *nodes;
+    ikv__heap_policy hp; /* first: the shared heap ops (ikv__hp_*) take the state as this */
     ikv_cost_fn cost;
     void *cost_ctx;
     uint32_t block_tokens;
@@ -66,12 +65,12 @@ static int gdsf_create(const ikv__policy_env *env, const char *params, void **ou
     gdsf *p = ikv_calloc(1, sizeof *p);
     if (!p) return IKV_ENOMEM;
     int rc = ikv__params_each(params, set_param, p);
-    if (!rc && ikv__heap_init(&p->h, env->capacity)) rc = IKV_ENOMEM;
+    if (!rc && ikv__heap_init(&p->hp.h, env->capacity)) rc = IKV_ENOMEM;
     if (rc) {
         ikv_free(p);
         return rc;
     }
-    p->nodes = env->nodes;
+    p->hp.nodes = env->nodes;
     p->cost = env->cost;
     p->cost_ctx = env->cost_ctx;
     p->block_tokens = env->block_tokens ? env->block_tokens : 1;
@@ -82,7 +81,7 @@ static int gdsf_create(const ikv__policy_env *env, const char *params, void **ou
 static void gdsf_destroy(void *s) {
     gdsf *p = s;
     if (!p) return;
-    ikv__heap_free(&p->h);
+    ikv__heap_free(&p->hp.h);
     ikv_free(p);
 }
 
@@ -94,7 +93,7 @@ static double priority(const gdsf *p, ikv__node *n) {
  * policy; a block demoted from a gdsf tier keeps its price. */
 static void gdsf_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     gdsf *p = s;
-    ikv__node *n = &p->nodes[id];
+    ikv__node *n = &p->hp.nodes[id];
     if (a || n->pol.u32[3] != TAG) {
         uint32_t ntok = a && a->ntokens ? a->ntokens[pos] : p->block_tokens;
         if (!ntok) ntok = 1;
@@ -109,46 +108,23 @@ static void gdsf_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
 static void gdsf_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     (void)a, (void)pos;
     gdsf *p = s;
-    ikv__node *n = &p->nodes[id];
+    ikv__node *n = &p->hp.nodes[id];
     double h = priority(p, n);
-    if (n->flags & IKV__QUEUED) ikv__heap_update(&p->h, p->nodes, id, h);
+    if (n->flags & IKV__QUEUED) ikv__heap_update(&p->hp.h, p->hp.nodes, id, h);
     else IKV__HKEY(n) = h;
-}
-
-static void gdsf_queue(void *s, uint32_t id) {
-    gdsf *p = s;
-    ikv__heap_push(&p->h, p->nodes, id, IKV__HKEY(&p->nodes[id]));
-}
-
-static void gdsf_dequeue(void *s, uint32_t id) {
-    gdsf *p = s;
-    ikv__heap_remove(&p->h, p->nodes, id);
-}
-
-static void gdsf_leave(void *s, uint32_t id) {
-    (void)s, (void)id;
 }
 
 /* The smallest H; L rises to it (the core evicts the block it is given). */
 static uint32_t gdsf_victim(void *s) {
     gdsf *p = s;
-    uint32_t v = ikv__heap_top(&p->h);
-    if (v != IKV_NIL && IKV__HKEY(&p->nodes[v]) > p->L) p->L = IKV__HKEY(&p->nodes[v]);
+    uint32_t v = ikv__heap_top(&p->hp.h);
+    if (v != IKV_NIL && IKV__HKEY(&p->hp.nodes[v]) > p->L) p->L = IKV__HKEY(&p->hp.nodes[v]);
     return v;
-}
-
-static int gdsf_check(const void *s) {
-    const gdsf *p = s;
-    return ikv__heap_check(&p->h, p->nodes);
-}
-
-static uint64_t gdsf_queued(const void *s) {
-    return ((const gdsf *)s)->h.len;
 }
 
 static size_t gdsf_bytes(const void *s) {
     const gdsf *p = s;
-    return sizeof *p + (size_t)p->h.cap * sizeof(ikv__hslot);
+    return sizeof *p + (size_t)p->hp.h.cap * sizeof(ikv__hslot);
 }
 
 const ikv_policy_ops ikv_policy_gdsf = {
@@ -158,11 +134,11 @@ const ikv_policy_ops ikv_policy_gdsf = {
     .destroy = gdsf_destroy,
     .admit = gdsf_admit,
     .hit = gdsf_hit,
-    .queue = gdsf_queue,
-    .dequeue = gdsf_dequeue,
-    .leave = gdsf_leave,
+    .queue = ikv__hp_queue,
+    .dequeue = ikv__hp_dequeue,
+    .leave = ikv__hp_leave,
     .victim = gdsf_victim,
-    .check = gdsf_check,
-    .queued = gdsf_queued,
+    .check = ikv__hp_check,
+    .queued = ikv__hp_queued,
     .bytes = gdsf_bytes,
 };

@@ -14,8 +14,7 @@
 #include "../internal.h"
 
 typedef struct opt {
-    ikv__heap h;
-    ikv__node *nodes;
+    ikv__heap_policy hp; /* first: the shared heap ops (ikv__hp_*) take the state as this */
 } opt;
 
 #define NEXT(n) ((n)->pol.u64[0])
@@ -24,11 +23,11 @@ static int opt_create(const ikv__policy_env *env, const char *params, void **out
     if (params && *params) return ikv_error(IKV_EPARAM, "opt takes no parameters ('%s')", params);
     opt *p = ikv_calloc(1, sizeof *p);
     if (!p) return IKV_ENOMEM;
-    if (ikv__heap_init(&p->h, env->capacity)) {
+    if (ikv__heap_init(&p->hp.h, env->capacity)) {
         ikv_free(p);
         return IKV_ENOMEM;
     }
-    p->nodes = env->nodes;
+    p->hp.nodes = env->nodes;
     *out = p;
     return 0;
 }
@@ -36,7 +35,7 @@ static int opt_create(const ikv__policy_env *env, const char *params, void **out
 static void opt_destroy(void *s) {
     opt *p = s;
     if (!p) return;
-    ikv__heap_free(&p->h);
+    ikv__heap_free(&p->hp.h);
     ikv_free(p);
 }
 
@@ -46,46 +45,22 @@ static double key_of(uint64_t next) {
 
 static void opt_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     opt *p = s;
-    if (a) NEXT(&p->nodes[id]) = a->next_use ? a->next_use[pos] : IKV_NEVER;
+    ikv__node *n = &p->hp.nodes[id];
+    if (a) NEXT(n) = a->next_use ? a->next_use[pos] : IKV_NEVER;
+    IKV__HKEY(n) = key_of(NEXT(n));
 }
 
 static void opt_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     opt *p = s;
-    ikv__node *n = &p->nodes[id];
+    ikv__node *n = &p->hp.nodes[id];
     NEXT(n) = a && a->next_use ? a->next_use[pos] : IKV_NEVER;
-    if (n->flags & IKV__QUEUED) ikv__heap_update(&p->h, p->nodes, id, key_of(NEXT(n)));
-}
-
-static void opt_queue(void *s, uint32_t id) {
-    opt *p = s;
-    ikv__heap_push(&p->h, p->nodes, id, key_of(NEXT(&p->nodes[id])));
-}
-
-static void opt_dequeue(void *s, uint32_t id) {
-    opt *p = s;
-    ikv__heap_remove(&p->h, p->nodes, id);
-}
-
-static void opt_leave(void *s, uint32_t id) {
-    (void)s, (void)id;
-}
-
-static uint32_t opt_victim(void *s) {
-    return ikv__heap_top(&((opt *)s)->h);
-}
-
-static int opt_check(const void *s) {
-    const opt *p = s;
-    return ikv__heap_check(&p->h, p->nodes);
-}
-
-static uint64_t opt_queued(const void *s) {
-    return ((const opt *)s)->h.len;
+    if (n->flags & IKV__QUEUED) ikv__heap_update(&p->hp.h, p->hp.nodes, id, key_of(NEXT(n)));
+    else IKV__HKEY(n) = key_of(NEXT(n));
 }
 
 static size_t opt_bytes(const void *s) {
     const opt *p = s;
-    return sizeof *p + (size_t)p->h.cap * sizeof(ikv__hslot);
+    return sizeof *p + (size_t)p->hp.h.cap * sizeof(ikv__hslot);
 }
 
 const ikv_policy_ops ikv_policy_opt = {
@@ -95,11 +70,11 @@ const ikv_policy_ops ikv_policy_opt = {
     .destroy = opt_destroy,
     .admit = opt_admit,
     .hit = opt_hit,
-    .queue = opt_queue,
-    .dequeue = opt_dequeue,
-    .leave = opt_leave,
-    .victim = opt_victim,
-    .check = opt_check,
-    .queued = opt_queued,
+    .queue = ikv__hp_queue,
+    .dequeue = ikv__hp_dequeue,
+    .leave = ikv__hp_leave,
+    .victim = ikv__hp_victim,
+    .check = ikv__hp_check,
+    .queued = ikv__hp_queued,
     .bytes = opt_bytes,
 };

@@ -72,8 +72,7 @@
 #define GBAR_W   (1.0 / 1024) /* weight of one block hit's gap in gbar */
 
 typedef struct value {
-    ikv__heap h;
-    ikv__node *nodes;
+    ikv__heap_policy hp; /* first: the shared heap ops (ikv__hp_*) take the state as this */
     ikv_cost_fn cost_fn;
     void *cost_ctx;
     const uint64_t *now;
@@ -110,12 +109,12 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
     p->cost = 0.1;
     p->lru2 = 1;
     int rc = ikv__params_each(params, set_param, p);
-    if (!rc && ikv__heap_init(&p->h, env->capacity)) rc = IKV_ENOMEM;
+    if (!rc && ikv__heap_init(&p->hp.h, env->capacity)) rc = IKV_ENOMEM;
     if (rc) {
         ikv_free(p);
         return rc;
     }
-    p->nodes = env->nodes;
+    p->hp.nodes = env->nodes;
     p->cost_fn = env->cost;
     p->cost_ctx = env->cost_ctx;
     p->now = env->now;
@@ -129,7 +128,7 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
 static void value_destroy(void *s) {
     value *p = s;
     if (!p) return;
-    ikv__heap_free(&p->h);
+    ikv__heap_free(&p->hp.h);
     ikv_free(p);
 }
 
@@ -149,14 +148,14 @@ static double key_of(const value *p, ikv__node *n, uint64_t last) {
  * both run this policy keeps both fields. */
 static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     value *p = s;
-    ikv__node *n = &p->nodes[id];
+    ikv__node *n = &p->hp.nodes[id];
     if (a) {
         uint32_t ntok = a->ntokens ? a->ntokens[pos] : p->block_tokens;
         if (!ntok) ntok = 1;
         *cpt_of(n) = (float)(p->cost_fn(p->cost_ctx, n->depth, ntok) / (double)ntok);
         float g = UNPROVEN;
         if (n->parent != IKV_NIL) {
-            ikv__node *pa = &p->nodes[n->parent];
+            ikv__node *pa = &p->hp.nodes[n->parent];
             if (pa->pol.u32[3] == TAG && pa->tier == n->tier) g = *gap_of(pa);
         }
         *gap_of(n) = g;
@@ -172,7 +171,7 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
 static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     (void)a, (void)pos;
     value *p = s;
-    ikv__node *n = &p->nodes[id];
+    ikv__node *n = &p->hp.nodes[id];
     /* node->last is still the previous access (the core sets it after this call) */
     uint64_t now = *p->now;
     double gap = now > n->last ? (double)(now - n->last) : 0;
@@ -181,41 +180,14 @@ static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     p->gbar = p->gbar == 0 ? gap : (1 - GBAR_W) * p->gbar + GBAR_W * gap;
     double k = key_of(p, n, now);
     if (n->flags & IKV__QUEUED)
-        ikv__heap_update(&p->h, p->nodes, id, k);
+        ikv__heap_update(&p->hp.h, p->hp.nodes, id, k);
     else
         IKV__HKEY(n) = k;
 }
 
-static void value_queue(void *s, uint32_t id) {
-    value *p = s;
-    ikv__heap_push(&p->h, p->nodes, id, IKV__HKEY(&p->nodes[id]));
-}
-
-static void value_dequeue(void *s, uint32_t id) {
-    value *p = s;
-    ikv__heap_remove(&p->h, p->nodes, id);
-}
-
-static void value_leave(void *s, uint32_t id) {
-    (void)s, (void)id;
-}
-
-static uint32_t value_victim(void *s) {
-    return ikv__heap_top(&((value *)s)->h);
-}
-
-static int value_check(const void *s) {
-    const value *p = s;
-    return ikv__heap_check(&p->h, p->nodes);
-}
-
-static uint64_t value_queued(const void *s) {
-    return ((const value *)s)->h.len;
-}
-
 static size_t value_bytes(const void *s) {
     const value *p = s;
-    return sizeof *p + (size_t)p->h.cap * sizeof(ikv__hslot);
+    return sizeof *p + (size_t)p->hp.h.cap * sizeof(ikv__hslot);
 }
 
 const ikv_policy_ops ikv_policy_value = {
@@ -226,11 +198,11 @@ const ikv_policy_ops ikv_policy_value = {
     .destroy = value_destroy,
     .admit = value_admit,
     .hit = value_hit,
-    .queue = value_queue,
-    .dequeue = value_dequeue,
-    .leave = value_leave,
-    .victim = value_victim,
-    .check = value_check,
-    .queued = value_queued,
+    .queue = ikv__hp_queue,
+    .dequeue = ikv__hp_dequeue,
+    .leave = ikv__hp_leave,
+    .victim = ikv__hp_victim,
+    .check = ikv__hp_check,
+    .queued = ikv__hp_queued,
     .bytes = value_bytes,
 };
