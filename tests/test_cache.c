@@ -14,6 +14,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -52,6 +53,49 @@ static ikv_cache *make(uint64_t cap, const char *policy) {
     } while (0)
 
 /* ---- basic behaviour ---------------------------------------------------------------------- */
+
+/* Keys that share a bucket and a tag (the index links chains by tagged ids and reads a node
+ * only on a tag match): lookups must still tell them apart by the whole key, and unlinking one
+ * from the middle of its chain must keep the others. Bucket = high half of key.lo, tag = high
+ * bits of key.hi; the keys differ only in the low bits of key.hi. */
+static void test_hash_tag_collisions(void **st) {
+    (void)st;
+    enum { N = 6 };
+    ikv_cache *c = make(4, "lru");
+    ikv_key k[N];
+    for (int i = 0; i < N; i++) k[i] = (ikv_key){.lo = 0x123456789abcdefull, .hi = 0xfeed0000ull + i};
+    ikv_access acc = {0};
+    ikv_access_result r;
+    for (int i = 0; i < N; i++) {
+        acc.now = (uint64_t)i + 1;
+        assert_int_equal(ikv_cache_access(c, &k[i], 1, &acc, &r), 0);
+        assert_int_equal(r.matched, 0); /* a tag twin is not a hit */
+        assert_int_equal(r.inserted, 1);
+        CHECKED(c);
+    }
+    /* capacity 4, LRU: keys 2..5 are resident, 0 and 1 were evicted */
+    for (int i = 0; i < N; i++) {
+        size_t m;
+        ikv_cache_match(c, &k[i], 1, NULL, NULL, &m);
+        assert_int_equal(m, i >= 2 ? 1 : 0);
+    }
+    /* touch 2 and 4, then insert a twin: 3 (middle of the chain) goes */
+    acc.now = 10;
+    assert_int_equal(ikv_cache_access(c, &k[2], 1, &acc, &r), 0);
+    assert_int_equal(ikv_cache_access(c, &k[4], 1, &acc, &r), 0);
+    acc.now = 11;
+    assert_int_equal(ikv_cache_access(c, &k[0], 1, &acc, &r), 0);
+    CHECKED(c);
+    size_t m;
+    ikv_cache_match(c, &k[3], 1, NULL, NULL, &m);
+    assert_int_equal(m, 0);
+    for (int i = 0; i < N; i++)
+        if (i != 3 && i != 1) {
+            ikv_cache_match(c, &k[i], 1, NULL, NULL, &m);
+            assert_int_equal(m, 1);
+        }
+    ikv_cache_destroy(c);
+}
 
 static void test_match_insert(void **st) {
     (void)st;
@@ -1173,12 +1217,18 @@ static void test_alloc_failure(void **st) {
 
 static void test_bytes_per_block(void **st) {
     (void)st;
-    for (size_t p = 0; p < ikv_policy_count(); p++) {
-        ikv_cache *c = make(1 << 16, ikv_policy_name(p));
-        double b = ikv_cache_bytes_per_block(c);
-        if (b > 96.0) fail_msg("policy %s: %.1f bytes per block > 96", ikv_policy_name(p), b);
-        ikv_cache_destroy(c);
-    }
+    /* a power of two and a capacity just above one (no rounding of the bucket array) */
+    static const uint64_t caps[] = {1 << 16, (1 << 16) + 1, 100003};
+    for (size_t k = 0; k < sizeof caps / sizeof caps[0]; k++)
+        for (size_t p = 0; p < ikv_policy_count(); p++) {
+            ikv_cache *c = make(caps[k], ikv_policy_name(p));
+            double b = ikv_cache_bytes_per_block(c);
+            if (b > 96.0)
+                fail_msg("policy %s at %" PRIu64 " blocks: %.2f bytes per block > 96",
+                         ikv_policy_name(p), caps[k], b);
+            assert_true(b >= 84.0); /* node and bucket at least */
+            ikv_cache_destroy(c);
+        }
 }
 
 /* Regression: heap slots hold float keys; opt's next-use times past 2^24 round to equal floats
@@ -1251,6 +1301,7 @@ int main(void) {
         cmocka_unit_test(test_fuzz_all_policies),
         cmocka_unit_test(test_alloc_failure),
         cmocka_unit_test(test_bytes_per_block),
+        cmocka_unit_test(test_hash_tag_collisions),
         cmocka_unit_test(test_regress_opt_float_ties),
         cmocka_unit_test(test_regress_unlock_long_path),
         cmocka_unit_test(test_fifo_order),

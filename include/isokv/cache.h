@@ -162,7 +162,10 @@ const char *ikv_cache_policy_name(const ikv_cache *c, size_t tier);
 ikv_key ikv_cache_node_key(const ikv_cache *c, uint32_t node);
 int ikv_cache_node_tier(const ikv_cache *c, uint32_t node);  /* -1 if free */
 
-/* Metadata bytes per cached block, all included: node, hash slot, policy arrays. */
+/* Metadata bytes per block of the node pool: node, hash bucket, heap position (heap-ordered
+ * policies), the policies' per-block arrays (heap slots, ghost tables), soft-pin and pin
+ * state. What does not grow with capacity (the cache's and the policies' fixed structs, about
+ * 2 KB) is not spread over the blocks. */
 double ikv_cache_bytes_per_block(const ikv_cache *c);
 
 /* Walks every invariant; returns 1 if all hold, 0 (and an ikv_errdetail message) if not. */

@@ -1,11 +1,22 @@
 /*
  * The cache core: prefix index, tiers, locks, pins and soft pins over a fixed node pool.
  *
- * Storage. All nodes live in one array sized at creation (node_limit); free nodes are chained
- * through hnext. The hash map key -> node is an array of uint32 buckets (one per node of
- * the pool at least, a power of two) with chaining through hnext: the keys are already uniform 128-bit
- * hashes, so the bucket is the key's low bits. Nothing allocates after ikv_cache_create(),
- * except the pin list on the first pin.
+ * Storage. All nodes live in one array sized at creation (node_limit). The hash map key -> node
+ * is chained, but its links live outside the nodes, in two compact uint32 arrays: buckets
+ * (node_limit of them, so chains average at most one node) and hnext (one per node id). Each
+ * link is a tagged entry, the node id in the low `idbits` bits and, above them, a tag taken
+ * from the key's high word (14 bits at 2^17 blocks, 7 at 2^24). A lookup walks the chain
+ * comparing tags and reads a node only when its tag matches; unlinking a victim walks only the
+ * arrays. The node pool is far larger than the CPU caches, so each node read is a miss,
+ * while the two link arrays (8 bytes a block) stay mostly cached: a miss (every insert checks
+ * that its key is new) and an unlink (every eviction) cost no node reads. The bucket is the top
+ * half of the key's low word scaled to the bucket count (a multiply: no power-of-two rounding,
+ * exactly 4 bytes a block). Free nodes are chained through hnext with plain ids. Nothing
+ * allocates after ikv_cache_create(), except the pin list on the first pin.
+ *
+ * Insert prefetches the bucket and first link of the keys a few blocks ahead, and eviction
+ * prefetches the victim's parent and bucket before the policy's bookkeeping, so the misses
+ * that remain overlap.
  *
  * Evictability. A block is evictable from its tier t when no child is in tier t (children are
  * never in a faster tier), it is not locked and not pinned. After every change that can affect
@@ -45,8 +56,10 @@ typedef struct tier {
 
 struct ikv_cache {
     ikv__node *nodes;
-    uint32_t *buckets;
-    uint64_t mask; /* buckets - 1 */
+    uint32_t *buckets; /* tagged entry of each chain's first node, ENTRY_NIL if empty */
+    uint32_t *hnext;   /* per node id: tagged entry of the next node in its chain; free list */
+    uint64_t nbuckets; /* = node_limit */
+    uint32_t id_mask;  /* low bits of an entry: the node id; all ones = no node */
     uint64_t node_limit;
     uint32_t free_head;
     uint64_t used;
@@ -151,12 +164,14 @@ int ikv_cache_create(const ikv_cache_config *cfg, ikv_cache **out) {
     c->evict_ctx = cfg->evict_ctx;
     c->softpin_scopes = cfg->softpin_scopes;
     c->softpin_window = cfg->softpin_window;
-    uint64_t nb = 1;
-    while (nb < limit) nb <<= 1;
-    c->mask = nb - 1;
+    uint64_t nb = limit;
+    c->nbuckets = nb;
+    c->id_mask = 1;
+    while (c->id_mask < limit) c->id_mask = c->id_mask << 1 | 1; /* limit < 2^32 - 1 */
     c->nodes = ikv_malloc((size_t)limit * sizeof *c->nodes);
     c->buckets = ikv_malloc((size_t)nb * sizeof *c->buckets);
-    if (!c->nodes || !c->buckets) goto nomem;
+    c->hnext = ikv_malloc((size_t)limit * sizeof *c->hnext);
+    if (!c->nodes || !c->buckets || !c->hnext) goto nomem;
     if (c->softpin_scopes) {
         c->sp_bits = ikv_calloc((size_t)limit, sizeof *c->sp_bits);
         c->sp_epoch = ikv_calloc((size_t)limit, sizeof *c->sp_epoch);
@@ -166,7 +181,7 @@ int ikv_cache_create(const ikv_cache_config *cfg, ikv_cache **out) {
     for (uint64_t i = 0; i < limit; i++) {
         c->nodes[i].tier = IKV__FREE;
         c->nodes[i].flags = 0;
-        c->nodes[i].hnext = i + 1 < limit ? (uint32_t)(i + 1) : IKV_NIL;
+        c->hnext[i] = i + 1 < limit ? (uint32_t)(i + 1) : IKV_NIL;
     }
     c->free_head = 0;
     for (size_t t = 0; t < cfg->n_tiers; t++) {
@@ -189,6 +204,7 @@ void ikv_cache_destroy(ikv_cache *c) {
         if (c->tiers[t].pol) c->tiers[t].ops->destroy(c->tiers[t].pol);
     ikv_free(c->nodes);
     ikv_free(c->buckets);
+    ikv_free(c->hnext);
     ikv_free(c->pins);
     ikv_free(c->pin_exp);
     ikv_free(c->sp_bits);
@@ -198,20 +214,57 @@ void ikv_cache_destroy(ikv_cache *c) {
 
 /* ---- hash map --------------------------------------------------------------------------- */
 
+static inline uint64_t bucket_of(const ikv_cache *c, ikv_key k) {
+    return ((k.lo >> 32) * c->nbuckets) >> 32; /* nbuckets < 2^32 */
+}
+
+/* A chain entry: the node id under id_mask, the key's tag above it. ENTRY_NIL's id bits are
+ * all ones, which no node id reaches (ids < node_limit <= id_mask). */
+#define ENTRY_NIL UINT32_MAX
+
+static inline uint32_t tag_of(const ikv_cache *c, ikv_key k) {
+    return (uint32_t)(k.hi >> 32) & ~c->id_mask;
+}
+
+static inline int entry_nil(const ikv_cache *c, uint32_t e) {
+    return (e & c->id_mask) == c->id_mask;
+}
+
 static inline uint32_t find(const ikv_cache *c, ikv_key k) {
-    uint32_t id = c->buckets[k.lo & c->mask];
-    while (id != IKV_NIL) {
-        const ikv__node *n = &c->nodes[id];
-        if (n->key.lo == k.lo && n->key.hi == k.hi) return id;
-        id = n->hnext;
+    uint32_t tag = tag_of(c, k);
+    for (uint32_t e = c->buckets[bucket_of(c, k)]; !entry_nil(c, e);) {
+        uint32_t id = e & c->id_mask;
+        if ((e & ~c->id_mask) == tag) {
+            const ikv__node *n = &c->nodes[id];
+            if (n->key.lo == k.lo && n->key.hi == k.hi) return id;
+        }
+        e = c->hnext[id];
     }
     return IKV_NIL;
 }
 
+/* Prefetches: the bucket of key k, and the first node of its chain (read the bucket first, so
+ * call this a few keys after prefetch_bucket for the same key). The hash walks are cache misses
+ * into a node array far larger than the caches; issuing them ahead lets them overlap. */
+static inline void prefetch_bucket(const ikv_cache *c, ikv_key k) {
+    __builtin_prefetch(&c->buckets[bucket_of(c, k)]);
+}
+
+static inline void prefetch_chain(const ikv_cache *c, ikv_key k) {
+    uint32_t e = c->buckets[bucket_of(c, k)];
+    if (!entry_nil(c, e)) __builtin_prefetch(&c->hnext[e & c->id_mask]);
+}
+
+static void hash_insert(ikv_cache *c, uint32_t id, ikv_key k) {
+    uint32_t *slot = &c->buckets[bucket_of(c, k)];
+    c->hnext[id] = *slot;
+    *slot = tag_of(c, k) | id;
+}
+
 static void hash_remove(ikv_cache *c, uint32_t id) {
-    uint32_t *slot = &c->buckets[c->nodes[id].key.lo & c->mask];
-    while (*slot != id) slot = &c->nodes[*slot].hnext;
-    *slot = c->nodes[id].hnext;
+    uint32_t *slot = &c->buckets[bucket_of(c, c->nodes[id].key)];
+    while ((*slot & c->id_mask) != id) slot = &c->hnext[*slot & c->id_mask];
+    *slot = c->hnext[id];
 }
 
 /* ---- evictability ------------------------------------------------------------------------- */
@@ -278,7 +331,7 @@ static void free_node(ikv_cache *c, uint32_t id) {
     ikv__node *n = &c->nodes[id];
     n->tier = IKV__FREE;
     n->flags = 0;
-    n->hnext = c->free_head;
+    c->hnext[id] = c->free_head;
     c->free_head = id;
     c->used--;
 }
@@ -288,6 +341,9 @@ static void free_node(ikv_cache *c, uint32_t id) {
 static int evict_one(ikv_cache *c, uint32_t id) {
     ikv__node *n = &c->nodes[id];
     size_t t = n->tier;
+    /* the parent's counts and the victim's hash chain are needed after the policy's dequeue */
+    if (n->parent != IKV_NIL) __builtin_prefetch(&c->nodes[n->parent]);
+    prefetch_bucket(c, n->key);
     int has_children = 0;
     for (size_t u = t + 1; u < c->n_tiers; u++) has_children |= n->nchild[u] != 0;
     int demote = t + 1 < c->n_tiers &&
@@ -612,6 +668,9 @@ static int insert_chain(ikv_cache *c, uint32_t prev, const ikv_key *keys, size_t
     if (prev != IKV_NIL) lock_node(c, prev); /* hold the chain's tail while we make room */
     int rc = 0;
     for (size_t i = start; i < n; i++) {
+        /* the duplicate checks of the next keys are independent of this one: start them now */
+        if (i + 8 < n) prefetch_bucket(c, keys[i + 8]);
+        if (i + 4 < n) prefetch_chain(c, keys[i + 4]);
         uint32_t id = find(c, keys[i]);
         if (id != IKV_NIL) {
             if (c->nodes[id].parent != prev) {
@@ -630,16 +689,14 @@ static int insert_chain(ikv_cache *c, uint32_t prev, const ikv_key *keys, size_t
             if ((rc = make_room(c, 0))) break;
             id = c->free_head;
             ikv__node *nd = &c->nodes[id];
-            c->free_head = nd->hnext;
+            c->free_head = c->hnext[id];
             c->used++;
             memset(nd, 0, sizeof *nd);
             nd->key = keys[i];
             nd->parent = prev;
             nd->last = c->now;
             nd->depth = (uint32_t)i;
-            uint32_t *slot = &c->buckets[keys[i].lo & c->mask];
-            nd->hnext = *slot;
-            *slot = id;
+            hash_insert(c, id, keys[i]);
             enter_tier(c, id, 0, a, i);
             c->st.inserts++;
             if (c->softpin_scopes) {
@@ -754,8 +811,8 @@ int ikv_cache_node_tier(const ikv_cache *c, uint32_t id) {
 }
 
 double ikv_cache_bytes_per_block(const ikv_cache *c) {
-    double total = (double)sizeof(ikv_cache) + (double)c->node_limit * sizeof(ikv__node) +
-                   (double)(c->mask + 1) * sizeof(uint32_t);
+    double total = (double)c->node_limit * (sizeof(ikv__node) + sizeof *c->hnext) +
+                   (double)c->nbuckets * sizeof *c->buckets;
     for (size_t t = 0; t < c->n_tiers; t++) total += (double)c->tiers[t].ops->bytes(c->tiers[t].pol);
     if (c->sp_bits) total += (double)c->node_limit * (sizeof(uint64_t) + sizeof(uint32_t));
     if (c->pins) total += (double)c->pins_cap * (sizeof(uint32_t) + sizeof(uint64_t));
@@ -778,7 +835,7 @@ int ikv_cache_check(const ikv_cache *c) {
     if (!kids) return ikv_error(IKV_ENOMEM, "check: no memory"), 0;
     uint64_t resident[IKV_MAX_TIERS] = {0}, queued[IKV_MAX_TIERS] = {0},
              pinned[IKV_MAX_TIERS] = {0}, locked = 0, used = 0, free_count = 0;
-    for (uint32_t id = c->free_head; id != IKV_NIL; id = c->nodes[id].hnext) {
+    for (uint32_t id = c->free_head; id != IKV_NIL; id = c->hnext[id]) {
         CHECK(c->nodes[id].tier == IKV__FREE, "free list holds used node %u", id);
         CHECK(++free_count <= c->node_limit, "free list has a cycle");
     }
@@ -806,6 +863,19 @@ int ikv_cache_check(const ikv_cache *c) {
     CHECK(used == c->used && used + free_count == c->node_limit,
           "node counts: used %" PRIu64 " (tracked %" PRIu64 ") free %" PRIu64 " limit %" PRIu64,
           used, c->used, free_count, c->node_limit);
+    uint64_t linked = 0; /* every chain entry names a used node of its bucket, with its tag */
+    for (uint64_t b = 0; b < c->nbuckets; b++)
+        for (uint32_t e = c->buckets[b]; !entry_nil(c, e); e = c->hnext[e & c->id_mask]) {
+            uint32_t id = e & c->id_mask;
+            CHECK(id < c->node_limit && c->nodes[id].tier != IKV__FREE,
+                  "bucket %" PRIu64 " links a free or invalid node %u", b, id);
+            CHECK(bucket_of(c, c->nodes[id].key) == b && (e & ~c->id_mask) ==
+                  tag_of(c, c->nodes[id].key), "node %u is linked in bucket %" PRIu64
+                  " with a wrong bucket or tag", id, b);
+            CHECK(++linked <= used, "hash chains have a cycle or a node twice");
+        }
+    CHECK(linked == used, "hash chains link %" PRIu64 " nodes, %" PRIu64 " are used", linked,
+          used);
     for (uint64_t i = 0; i < c->node_limit; i++) {
         const ikv__node *n = &c->nodes[i];
         if (n->tier == IKV__FREE) continue;

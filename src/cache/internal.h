@@ -1,13 +1,13 @@
 /*
  * Cache core internals shared by index.c and the policy plug-ins.
  *
- * Node layout (80 bytes; with its share of the hash buckets (4-8 bytes: at least one uint32
- * bucket per node of the pool, so chains average at most one node) and a heap slot (4 bytes)
- * where a policy keeps a heap, a cached block costs at most 92 bytes of metadata):
+ * Node layout (80 bytes; with its hash bucket and chain link (8 bytes, in the core's compact
+ * arrays) and a heap slot (8 bytes) where a policy keeps a heap, a cached block costs at most
+ * 96 bytes of metadata):
  *
  *     key      16  128-bit prefix key
  *     parent    4  node id of the previous block, IKV_NIL for a first block
- *     hnext     4  next node in the same hash bucket (intrusive chaining)
+ *     hpos      4  heap position (heap-ordered policies; unused by the others)
  *     nchild   16  resident children per tier (children are in the same or a slower tier)
  *     last      8  logical time of the last access (insert or hit)
  *     depth     4  block index in its sequence (0 = first block)
@@ -48,7 +48,7 @@ typedef union ikv__pol {
 typedef struct ikv__node {
     ikv_key key;
     uint32_t parent;
-    uint32_t hnext;
+    uint32_t hpos;
     uint32_t nchild[IKV_MAX_TIERS];
     uint64_t last;
     uint32_t depth;
@@ -101,7 +101,8 @@ typedef struct ikv_policy_ops {
     uint32_t (*victim)(void *s);
     int (*check)(const void *s);           /* 1 if the policy's own invariants hold */
     uint64_t (*queued)(const void *s);     /* blocks on the eviction queue(s) */
-    size_t (*bytes)(const void *s);        /* heap bytes the policy owns beyond the nodes */
+    size_t (*bytes)(const void *s);        /* bytes of the policy's per-block arrays (heap
+                                              slots, ghosts), not its fixed-size state */
 } ikv_policy_ops;
 
 /* The registry (policy.c). */
@@ -135,9 +136,9 @@ int ikv__list_check(const ikv__list *l, const ikv__node *nodes, uint64_t *count)
 
 /* An indexed 4-ary min-heap of node ids. Each slot holds the id and a float copy of its key
  * (8 bytes a slot), so sifting reads only the heap array: four children share a cache line.
- * Equal floats are ordered by the exact key in the node, then by node id. A node's heap position is kept in pol.s.a; policies keep the
- * exact (double) key in the node, IKV__HKEY, which ikv__heap_push/update also set. Capacity
- * fixed at creation. */
+ * Equal floats are ordered by the exact key in the node, then by node id. A node's heap
+ * position is its hpos field. Policies keep the exact (double) key in the node, IKV__HKEY,
+ * which ikv__heap_push/update also set. Capacity (env->capacity) fixed at creation. */
 #define IKV__HKEY(n) ((n)->pol.f64[2])
 typedef struct ikv__hslot {
     float key;
@@ -148,7 +149,7 @@ typedef struct ikv__heap {
     uint64_t len, cap;
 } ikv__heap;
 
-int ikv__heap_init(ikv__heap *h, uint64_t cap);
+int ikv__heap_init(ikv__heap *h, const ikv__policy_env *env);
 void ikv__heap_free(ikv__heap *h);
 void ikv__heap_push(ikv__heap *h, ikv__node *nodes, uint32_t id, double key);
 void ikv__heap_remove(ikv__heap *h, ikv__node *nodes, uint32_t id);

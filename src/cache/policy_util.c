@@ -111,7 +111,8 @@ int ikv__list_check(const ikv__list *l, const ikv__node *nodes, uint64_t *count)
 
 /* ---- heap --------------------------------------------------------------------------------- */
 
-int ikv__heap_init(ikv__heap *h, uint64_t cap) {
+int ikv__heap_init(ikv__heap *h, const ikv__policy_env *env) {
+    uint64_t cap = env->capacity;
     h->slot = ikv_malloc((size_t)(cap ? cap : 1) * sizeof *h->slot);
     if (!h->slot) return IKV_ENOMEM;
     h->len = 0;
@@ -136,7 +137,7 @@ static inline int less(const ikv__node *nodes, ikv__hslot a, ikv__hslot b) {
 
 static inline void place(ikv__heap *h, ikv__node *nodes, uint64_t i, ikv__hslot s) {
     h->slot[i] = s;
-    nodes[s.id].pol.s.a = (uint32_t)i;
+    nodes[s.id].hpos = (uint32_t)i;
 }
 
 static void sift_up(ikv__heap *h, ikv__node *nodes, uint64_t i) {
@@ -174,27 +175,27 @@ void ikv__heap_push(ikv__heap *h, ikv__node *nodes, uint32_t id, double key) {
 }
 
 void ikv__heap_remove(ikv__heap *h, ikv__node *nodes, uint32_t id) {
-    uint64_t i = nodes[id].pol.s.a;
+    uint64_t i = nodes[id].hpos;
     IKV_ASSERT(i < h->len && h->slot[i].id == id);
     ikv__hslot last = h->slot[--h->len];
     if (i == h->len) return;
     place(h, nodes, i, last);
     sift_down(h, nodes, i);
-    sift_up(h, nodes, nodes[last.id].pol.s.a);
+    sift_up(h, nodes, nodes[last.id].hpos);
 }
 
 void ikv__heap_update(ikv__heap *h, ikv__node *nodes, uint32_t id, double key) {
     IKV__HKEY(&nodes[id]) = key;
-    uint64_t i = nodes[id].pol.s.a;
+    uint64_t i = nodes[id].hpos;
     h->slot[i].key = (float)key;
     sift_down(h, nodes, i);
-    sift_up(h, nodes, nodes[id].pol.s.a);
+    sift_up(h, nodes, nodes[id].hpos);
 }
 
 int ikv__heap_check(const ikv__heap *h, const ikv__node *nodes) {
     for (uint64_t i = 0; i < h->len; i++) {
         ikv__hslot s = h->slot[i];
-        if (nodes[s.id].pol.s.a != i || !(nodes[s.id].flags & IKV__QUEUED)) return 0;
+        if (nodes[s.id].hpos != i || !(nodes[s.id].flags & IKV__QUEUED)) return 0;
         if (s.key != (float)IKV__HKEY(&nodes[s.id])) return 0;
         if (i > 0 && less(nodes, s, h->slot[(i - 1) / 4])) return 0;
     }

@@ -174,7 +174,7 @@ static uint64_t arc_queued(const void *s) {
 
 static size_t arc_bytes(const void *s) {
     const arc *p = s;
-    return sizeof *p + ikv__ghost_bytes(&p->ghost);
+    return ikv__ghost_bytes(&p->ghost);
 }
 
 const ikv_policy_ops ikv_policy_arc = {

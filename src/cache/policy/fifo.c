@@ -91,7 +91,7 @@ static uint64_t fifo_queued(const void *s) {
 
 static size_t fifo_bytes(const void *s) {
     (void)s;
-    return sizeof(fifo);
+    return 0; /* no per-block array: all in the node */
 }
 
 const ikv_policy_ops ikv_policy_fifo = {

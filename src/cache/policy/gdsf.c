@@ -44,8 +44,8 @@ typedef struct gdsf {
     int unit; /* cost=unit: every block costs 1 */
 } gdsf;
 
-/* pol: u32[1] = cost per token (float), u32[3] = TAG when this policy wrote it, s.a = heap
- * position, f64[2] = H. */
+/* pol: u32[1] = cost per token (float), u32[3] = TAG when this policy wrote it, f64[2] = H
+ * (the heap position is the node's hpos). */
 #define TAG 0x67647366u /* "gdsf" */
 static inline float *cpt_of(ikv__node *n) {
     return (float *)&n->pol.u32[1];
@@ -65,7 +65,7 @@ static int gdsf_create(const ikv__policy_env *env, const char *params, void **ou
     gdsf *p = ikv_calloc(1, sizeof *p);
     if (!p) return IKV_ENOMEM;
     int rc = ikv__params_each(params, set_param, p);
-    if (!rc && ikv__heap_init(&p->hp.h, env->capacity)) rc = IKV_ENOMEM;
+    if (!rc && ikv__heap_init(&p->hp.h, env)) rc = IKV_ENOMEM;
     if (rc) {
         ikv_free(p);
         return rc;
@@ -124,7 +124,7 @@ static uint32_t gdsf_victim(void *s) {
 
 static size_t gdsf_bytes(const void *s) {
     const gdsf *p = s;
-    return sizeof *p + (size_t)p->hp.h.cap * sizeof(ikv__hslot);
+    return (size_t)p->hp.h.cap * sizeof(ikv__hslot);
 }
 
 const ikv_policy_ops ikv_policy_gdsf = {

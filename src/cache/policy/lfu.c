@@ -140,7 +140,7 @@ static uint64_t lfu_queued(const void *s) {
 
 static size_t lfu_bytes(const void *s) {
     (void)s;
-    return sizeof(lfu);
+    return 0; /* no per-block array: all in the node */
 }
 
 const ikv_policy_ops ikv_policy_lfu = {

@@ -81,7 +81,7 @@ static uint64_t lru_queued(const void *s) {
 
 static size_t lru_bytes(const void *s) {
     (void)s;
-    return sizeof(lru);
+    return 0; /* no per-block array: all in the node */
 }
 
 const ikv_policy_ops ikv_policy_lru = {

@@ -23,7 +23,7 @@ static int opt_create(const ikv__policy_env *env, const char *params, void **out
     if (params && *params) return ikv_error(IKV_EPARAM, "opt takes no parameters ('%s')", params);
     opt *p = ikv_calloc(1, sizeof *p);
     if (!p) return IKV_ENOMEM;
-    if (ikv__heap_init(&p->hp.h, env->capacity)) {
+    if (ikv__heap_init(&p->hp.h, env)) {
         ikv_free(p);
         return IKV_ENOMEM;
     }
@@ -60,7 +60,7 @@ static void opt_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
 
 static size_t opt_bytes(const void *s) {
     const opt *p = s;
-    return sizeof *p + (size_t)p->hp.h.cap * sizeof(ikv__hslot);
+    return (size_t)p->hp.h.cap * sizeof(ikv__hslot);
 }
 
 const ikv_policy_ops ikv_policy_opt = {

@@ -210,7 +210,7 @@ static uint64_t s3fifo_queued(const void *s) {
 
 static size_t s3fifo_bytes(const void *s) {
     const s3fifo *p = s;
-    return sizeof *p + ikv__ghost_bytes(&p->ghost);
+    return ikv__ghost_bytes(&p->ghost);
 }
 
 const ikv_policy_ops ikv_policy_s3fifo = {

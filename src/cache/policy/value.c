@@ -59,7 +59,8 @@
  *
  * Node fields: pol.u32[0] = gap (float, time units; -1 = unproven), pol.u32[1] = cost per token
  * (float), pol.u32[3] = TAG when this policy wrote them (a block demoted from a tier run by
- * another policy is recognised and starts unproven), pol.s.a = heap position, pol.f64[2] = K.
+ * another policy is recognised and starts unproven), pol.f64[2] = K (the heap position is the
+ * node's hpos).
  * Cost: O(log n) per event; 8 bytes of heap per block; nothing allocated after create.
  */
 #include "../internal.h"
@@ -109,7 +110,7 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
     p->cost = 0.1;
     p->lru2 = 1;
     int rc = ikv__params_each(params, set_param, p);
-    if (!rc && ikv__heap_init(&p->hp.h, env->capacity)) rc = IKV_ENOMEM;
+    if (!rc && ikv__heap_init(&p->hp.h, env)) rc = IKV_ENOMEM;
     if (rc) {
         ikv_free(p);
         return rc;
@@ -187,7 +188,7 @@ static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
 
 static size_t value_bytes(const void *s) {
     const value *p = s;
-    return sizeof *p + (size_t)p->hp.h.cap * sizeof(ikv__hslot);
+    return (size_t)p->hp.h.cap * sizeof(ikv__hslot);
 }
 
 const ikv_policy_ops ikv_policy_value = {
