@@ -255,6 +255,14 @@ static inline void prefetch_chain(const ikv_cache *c, ikv_key k) {
     if (!entry_nil(c, e)) __builtin_prefetch(&c->hnext[e & c->id_mask]);
 }
 
+/* For a lookup that will likely hit: the chain's first link, and its node if the tag matches. */
+static inline void prefetch_hit(const ikv_cache *c, ikv_key k) {
+    uint32_t e = c->buckets[bucket_of(c, k)];
+    if (entry_nil(c, e)) return;
+    if ((e & ~c->id_mask) == tag_of(c, k)) __builtin_prefetch(&c->nodes[e & c->id_mask]);
+    else __builtin_prefetch(&c->hnext[e & c->id_mask]);
+}
+
 static void hash_insert(ikv_cache *c, uint32_t id, ikv_key k) {
     uint32_t *slot = &c->buckets[bucket_of(c, k)];
     c->hnext[id] = *slot;
@@ -605,6 +613,9 @@ void ikv_cache_match(const ikv_cache *c, const ikv_key *keys, size_t n, uint32_t
                      uint8_t *tiers, size_t *matched) {
     size_t i = 0;
     for (; i < n; i++) {
+        /* keys of a prefix are looked up independently: start the next ones' misses now */
+        if (i + 8 < n) prefetch_bucket(c, keys[i + 8]);
+        if (i + 4 < n) prefetch_hit(c, keys[i + 4]);
         uint32_t id = find(c, keys[i]);
         if (id == IKV_NIL) break;
         if (nodes) nodes[i] = id;
@@ -748,6 +759,8 @@ int ikv_cache_access(ikv_cache *c, const ikv_key *keys, size_t n, const ikv_acce
     for (;;) {
         size_t k = 0;
         for (; k < 256 && m + k < n; k++) {
+            if (m + k + 8 < n) prefetch_bucket(c, keys[m + k + 8]);
+            if (m + k + 4 < n) prefetch_hit(c, keys[m + k + 4]);
             ids[k] = find(c, keys[m + k]);
             if (ids[k] == IKV_NIL) break;
             r->hits_by_tier[c->nodes[ids[k]].tier]++;
