@@ -598,7 +598,8 @@ static void test_policy_params(void **st) {
         "gdsf:cost=flops", "gdsf:beta=1",    "s3fifo:small=0",      "s3fifo:small=1",
         "s3fifo:small=x",  "s3fifo:ghost=2", "s3fifo:move=4",       "s3fifo:move=1.5",
         "s3fifo:size=0.1", "s3fifo:small",   "s3fifo:small=0.1,,x", "value:beta=1",
-        "value:new=-1",    "value:smooth=0", "value:cost=x",        "value:lru2=1e9"};
+        "value:new=-1",    "value:smooth=0", "value:cost=x",        "value:lru2=1e9",
+        "value:fork=0.5",  "value:fork=2",   "value:horizon=-1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ikv_cache_config cfg;
         ikv_cache_config_default(&cfg, 10, bad[i]);
@@ -609,7 +610,8 @@ static void test_policy_params(void **st) {
     }
     static const char *good[] = {"s3fifo:small=0.2,ghost=0.5,move=1", "s3fifo:ghost=0",
                                  "gdsf:cost=unit", "gdsf:cost=callback",
-                                 "value:new=0,smooth=1,cost=2,lru2=0"};
+                                 "value:new=0,smooth=1,cost=2,lru2=0", "value:horizon=0,fork=0",
+                                 "value:horizon=2,fork=1"};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         ikv_cache *c = make(10, good[i]);
         CHECKED(c);
@@ -768,6 +770,62 @@ static void test_value_unproven_and_inherited(void **st) {
     }
 }
 
+/* value: a block inserted beside a resident sibling (a fork) starts unproven: its parent's reuse
+ * is shared by all its children, so the parent's gap says nothing about this one. Under a0
+ * (reused every tick), b1 extends the chain and inherits the gap 1; c1 forks beside b1 and is
+ * predicted 4 mean gaps away, so it goes first although it is newer (lru and value:fork=0 evict
+ * b1, the older one). */
+static void test_value_fork(void **st) {
+    (void)st;
+    for (int fork = 0; fork < 2; fork++) {
+        ikv_cache *c = make(3, fork ? "value" : "value:fork=0");
+        uint32_t b[2] = {1, 2}, cc[2] = {1, 3};
+        ikv_key kb[2], kc[2];
+        chain(b, 2, 0, kb);
+        chain(cc, 2, 0, kc);
+        ikv_access_result r;
+        ikv_access acc = {.now = 1};
+        assert_int_equal(ikv_cache_access(c, kb, 1, &acc, &r), 0); /* a0 */
+        acc.now = 2;
+        assert_int_equal(ikv_cache_access(c, kb, 1, &acc, &r), 0); /* a0 reused: gap 1 */
+        acc.now = 3;
+        assert_int_equal(ikv_cache_access(c, kb, 2, &acc, &r), 0); /* b1 inherits gap 1 */
+        acc.now = 4;
+        assert_int_equal(ikv_cache_access(c, kc, 2, &acc, &r), 0); /* c1: a fork */
+        assert_int_equal(r.matched, 1);
+        req1(c, 9, 5); /* needs room: c1 (key 4 - 4 = 0) or b1 (3 - 1 = 2 < c1's 4 - 1 = 3) */
+        size_t mb, mc;
+        ikv_cache_match(c, kb, 2, NULL, NULL, &mb);
+        ikv_cache_match(c, kc, 2, NULL, NULL, &mc);
+        assert_int_equal(mb, fork ? 2 : 1);
+        assert_int_equal(mc, fork ? 1 : 2);
+        CHECKED(c);
+        ikv_cache_destroy(c);
+    }
+}
+
+/* value: a predicted gap counts only beyond the eviction horizon. After A (last used at 3, key
+ * 3 - 2 = 1) is evicted, the frontier stands at key 1, so at time 5 a block is kept about
+ * 5 - 1 = 4 ticks. B's gap 3 is inside that: B is ordered by recency (key 5) and outlives C
+ * (key 4), as under lru. With horizon=0 the gap counts in full (key 5 - 3 = 2) and B goes
+ * first. new=0,cost=0 leave the gap as the only difference from recency. */
+static void test_value_horizon(void **st) {
+    (void)st;
+    for (int hz = 0; hz < 2; hz++) {
+        ikv_cache *c = make(2, hz ? "value:new=0,cost=0" : "value:new=0,cost=0,horizon=0");
+        req1(c, 1, 1);                      /* A */
+        req1(c, 2, 2);                      /* B */
+        assert_int_equal(req1(c, 1, 3), 1); /* A reused after 2: key 1 */
+        req1(c, 3, 4);                      /* C: evicts A (key 1 < B's 2) in both */
+        assert_int_equal(resident1(c, 1), 0);
+        assert_int_equal(req1(c, 2, 5), 1); /* B reused after 3 */
+        req1(c, 4, 6);                      /* D: needs room: C (horizon) or B (horizon=0) */
+        assert_int_equal(resident1(c, 2), hz);
+        assert_int_equal(resident1(c, 3), !hz);
+        ikv_cache_destroy(c);
+    }
+}
+
 /* value: the recompute cost matters. With cost=1 the older but 10x dearer (per token) leaf x1
  * outlives a cheaper newer one; with cost=0 age alone decides and x1 goes. */
 static void test_value_cost(void **st) {
@@ -854,8 +912,9 @@ static uint64_t gt_brute(const char *policy, uint64_t cap) {
  * How the numbers were checked. lru, opt, fifo and lfu are recomputed right here by the
  * brute-force replay above, which must agree. value with its prediction switched off
  * (value:new=0,lru2=0,cost=0: key = last access) must equal lru, so value's numbers differ from
- * lru's only by what the gap prediction and the cost term decide; on this slice (every turn
- * comes back more than 1000 blocks later, few blocks are ever reused) they decide nothing.
+ * lru's only by what the gap prediction (with its horizon and fork rules) and the cost term
+ * decide; on this slice (every turn comes back more than 1000 blocks later, few blocks are
+ * ever reused) they decide nothing.
  * sieve, s3fifo and arc were replayed by tests/tools/policy_model.py, an independent Python
  * model of each algorithm under the same leaf-only rules (plain lists, exact ghost lists
  * instead of the bucketed ghost table), which gives the same numbers at 1000-6000 blocks.
@@ -1310,6 +1369,8 @@ int main(void) {
         cmocka_unit_test(test_value_predicted_reuse),
         cmocka_unit_test(test_value_unproven_and_inherited),
         cmocka_unit_test(test_value_cost),
+        cmocka_unit_test(test_value_fork),
+        cmocka_unit_test(test_value_horizon),
         cmocka_unit_test(test_sieve_visited),
         cmocka_unit_test(test_s3fifo_small_and_ghost),
         cmocka_unit_test(test_arc_adapts),

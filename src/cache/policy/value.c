@@ -1,21 +1,32 @@
 /*
  * value: the cost-aware eviction policy of isokv — evict the block whose next use is predicted
- * farthest away, where a block's prediction comes from the reuse gaps of its own chain, a chain
- * that has never been reused is predicted far, and a dearer block is predicted a little nearer.
+ * farthest beyond what the cache can wait for, where a block's prediction comes from the reuse
+ * gaps of its own chain, a chain that has never been reused (or a fork off a shared prefix) is
+ * predicted far, and a dearer block is predicted a little nearer.
  *
  * Key of a block b, set at every access (insert or hit); the victim is the evictable leaf with
  * the smallest key (min-heap, O(log n) per event):
  *
- *     K(b) = last(b) - gap(b) + cost * gbar * ln(c(b) / c0)
+ *     K(b) = last(b) - max(0, gap(b) - H) + cost * gbar * ln(c(b) / c0)
  *
  *   last(b)  the time of b's last access (ikv_access.now).
- *   gap(b)   b's predicted inter-reference gap: at each hit, gap <- (1 - smooth) * gap +
- *            smooth * (now - last) (the first hit sets it). A block inserted as part of a chain
- *            inherits its parent's gap at admission: in a prefix cache the next use of a
- *            conversation's new tail is that conversation's next request, which re-reads the
- *            whole chain, so the chain's history is the tail's best predictor. A block whose
- *            chain shows no reuse yet (a first block, or the new blocks under one) is
- *            "unproven" and gets gap = new * gbar.
+ *   gap(b)   b's predicted inter-reference gap:
+ *            - proven (hit in this tier): its own gaps, smoothed: at each hit, gap <- (1 -
+ *              smooth) * gap + smooth * (now - last) (the first hit sets it);
+ *            - inherited: a block inserted as the only resident child of its parent takes the
+ *              parent's gap. In a prefix cache the next use of a conversation's new tail is that
+ *              conversation's next request, which re-reads the whole chain, so the chain's
+ *              history is the tail's best predictor;
+ *            - unproven, gap = new * gbar: a first block, a block under an unproven parent, and
+ *              a fork — a block inserted beside a resident sibling. A parent with several
+ *              children has its reuses shared among them (a system prompt under which every
+ *              user's memory hangs, a user's memory under which each request's documents
+ *              hang), so its gap says nothing about one new child.
+ *   H        the horizon: now - K(last victim), how far back the eviction frontier stands. A
+ *            block keyed at its access time (no offset) is kept about H; a block predicted back
+ *            within H needs no help and is ordered by recency, as in LRU; only the part of a
+ *            gap beyond H moves a block ahead in the eviction order. 0 until the first
+ *            eviction.
  *   gbar     running mean of observed gaps, over all hit blocks (exponential, weight 2^-10 per
  *            block hit: in a trace of long chains, the gaps of the last one or two requests).
  *   c(b)/c0  b's recompute cost per token (the cache's cost callback at b's depth) over that of
@@ -24,44 +35,63 @@
  *   cost     weight of the cost term (default 0.1): a block k times dearer per token is kept as
  *            if it had been used cost * ln(k) mean gaps later.
  *
- * Why. last - gap is the time of the block's previous-but-one use, smoothed: ordering by it is
- * LRU-2 (O'Neil, O'Neil & Weikum, "The LRU-K page replacement algorithm", SIGMOD'93), read
- * here as a Belady estimate (evict the farthest next use; Belady 1966) with next use = last +
- * gap and a gap that is less trusted the older the block. On the WEKA agentic-coding trace
- * (docs/simulator.md) the measured signal is mostly in the unproven/proven split, not in the
- * gap's size: successive gaps of a conversation correlate weakly (0.2 in log), but when many
- * ~100 k-token conversations interleave in a cache that holds a few, admitting every re-inserted
- * chain at the front (LRU) makes every conversation lose; predicting unproven chains 4 mean gaps
- * away keeps a stable set of conversations that keep coming back, as ARC's T1/T2 split and
- * LIRS's HIR/LIR split do (Megiddo & Modha, FAST'03; Jiang & Zhang, SIGMETRICS'02), while the
+ * Why. With H = 0, last - gap is the time of the block's previous-but-one use, smoothed: the
+ * order is LRU-2 (O'Neil, O'Neil & Weikum, SIGMOD'93), read as a Belady estimate (evict the
+ * farthest next use; Belady 1966) with next use = last + gap. The horizon turns that estimate
+ * into a decision rule: what matters is not when a block comes back but whether it comes back
+ * before the cache would drop it anyway. When the cache holds every live session a little
+ * longer than their gaps (capacity barely short), every prediction falls inside H and value
+ * is LRU, which is hard to beat there; when many ~100 k-token conversations interleave in a
+ * cache that holds a few, gaps exceed H and value predicts unproven chains 4 mean gaps away,
+ * keeping a stable set of conversations that keep coming back, as ARC's T1/T2 split and
+ * LIRS's HIR/LIR split do (Megiddo & Modha, FAST'03; Jiang & Zhang, SIGMETRICS'02); the
  * inherited gap keeps the new tails of those conversations with their chains (ARC would put
- * them in T1 and evict them first). The cost term is GreedyDual's idea (Young 1994; Cao &
- * Irani's GreedyDual-Size 1997; Cherkasova's GDSF 1998, which `gdsf` implements) in time
- * units, with a logarithm so that a deep block's price buys bounded extra life: the previous
- * `value` (GDSF with the depth cost) let deep tails of long conversations outlive live ones.
+ * them in T1 and evict them first). The fork rule keeps the inheritance for chains that grow
+ * at their end and stops it where a shared prefix fans out: without it, every request's
+ * never-reused documents under a reused prefix looked as live as the prefix. The cost term is
+ * GreedyDual's idea (Young 1994; Cao & Irani's GreedyDual-Size 1997; Cherkasova's GDSF 1998,
+ * which `gdsf` implements) in time units, with a logarithm so that a deep block's price buys
+ * bounded extra life.
  *
- * Measured (simulated, token hit ratio, WEKA order mode; docs/simulator.md): above lru, s3fifo
- * and sieve at 0.5 M tokens for 64-355 conversations and at 2 M for 128-355; below lru at 2 M /
- * 64 (capacity barely short) and below arc in places; opt is 3-18 points higher.
+ * Measured (simulated, token hit ratio, order mode; docs/simulator.md, docs/synthetic.md): on
+ * WEKA at 0.5 M and 2 M tokens with 64, 128 and 355 conversations above lru, s3fifo and sieve
+ * in all six cells (at 2 M / 64 by 0.02 points: a tie, as wherever capacity is barely short,
+ * within 0.1-0.3 points of lru either way) and above arc in five (0.09 points below at 2 M /
+ * 355); opt is 3-17 points higher. On the synthetic many-apps scenario (500 apps, 1 M tokens)
+ * level with lru up to 1,000 users and 1.3-1.8 points above it at 10,000 and 100,000 (three
+ * seeds; arc is 7-18 points above value there); the previous version was 3-6 points below lru
+ * there. horizon=0,fork=0 gives the previous version exactly.
  *
- * Tried and rejected on the same cells: ordering by last + gap (farthest predicted use first:
- * overdue, finished chains are then kept; 0.09 at 2 M / 355); GreedyDual with 1/gap as the
- * price (lru-like); the unproven penalty as a multiple of the cache's eviction age instead of
- * gbar (it shrinks with itself: lru-like); adapting `new` from ghost hits, ARC-style (it drifts
- * to the wrong end); a smoother gbar (weight 2^-14 or 2^-17 per block hit, or one sample per
- * request: 0.36-0.39 at 2 M / 355 instead of 0.415, so the result depends on gbar following the
- * last requests' gaps closely); the cost as a divisor of the gap, or as a credit in units of the
- * eviction horizon (up to 10 and 6 points of token hits lost at 2 M / 355).
+ * Tried and rejected (token hit ratio on the same cells; the variants marked * were measured
+ * on development builds whose knobs were not kept): ordering by last + gap (farthest
+ * predicted use first: overdue, finished chains are then kept; 0.09 at 2 M / 355);
+ * GreedyDual with 1/gap as the price (lru-like); the unproven penalty as a multiple of the
+ * horizon instead of gbar (it shrinks with itself: lru-like); adapting `new` from ghost hits,
+ * ARC-style (it drifts to the wrong end); * adapting it to equalise hits near the eviction
+ * frontier per class (too few such hits to steer it: 0.39 instead of 0.41 at 2 M / 355, 5-7
+ * points below lru on the synthetic scenario); * adapting it from a sample of unpenalised
+ * "probe" chains (noisy: 0.36-0.37 at 2 M / 355); * inheriting only where the parent ended
+ * its previous access (+2 to +4.5 points more on the synthetic scenario without the horizon,
+ * +0.3 with it; -0.5 to +0.4 on WEKA); * a fork's gap as the parent's gap times its children (+0.2 over lru on the
+ * synthetic scenario, against +1.4-1.7 for the fork rule); * a soft horizon, gap^2 / (gap +
+ * H) (-0.7 to +0.3 on WEKA at 2 M); * a smoothed horizon (EWMA over victims, weight 2^-10 to
+ * 2^-2: within +-0.3 of the last victim's key, which is simpler); a smoother gbar (weight
+ * 2^-14 or 2^-17 per block hit, or one sample per request: 0.36-0.39 at 2 M / 355 before
+ * the horizon, 0.38 with it); the cost as a divisor of the gap, or as a credit in units of
+ * the eviction horizon (up to 10 and 6 points of token hits lost at 2 M / 355).
  *
  * Parameters: new (unproven gap in mean gaps, default 4; 0 = no penalty), smooth (default
  * 0.5; 1 = last gap only), cost (default 0.1; 0 = cost ignored), lru2 (weight of gap(b) for
- * proven blocks, default 1; 0 orders proven blocks by recency alone).
+ * proven and inherited blocks, default 1; 0 orders them by recency alone), horizon (weight of
+ * H, default 1; 0 = every gap counts in full), fork (1 = forks start unproven, default; 0 =
+ * they inherit). value:new=0,lru2=0,cost=0 is LRU.
  *
  * Node fields: pol.u32[0] = gap (float, time units; -1 = unproven), pol.u32[1] = cost per token
  * (float), pol.u32[3] = TAG when this policy wrote them (a block demoted from a tier run by
  * another policy is recognised and starts unproven), pol.f64[2] = K (the heap position is the
- * node's hpos).
- * Cost: O(log n) per event; 8 bytes of heap per block; nothing allocated after create.
+ * node's hpos). Policy state: the key of the last victim (for H) besides gbar. Cost: O(log n)
+ * per event, a few more flops than before per key; 8 bytes of heap per block; nothing
+ * allocated after create.
  */
 #include "../internal.h"
 
@@ -84,6 +114,10 @@ typedef struct value {
     double smooth; /* weight of the latest gap */
     double cost;   /* weight of ln(c / c0), in mean gaps */
     double lru2;   /* weight of a proven block's own gap */
+    double hzw;    /* weight of the horizon (1; 0 = a predicted gap counts in full) */
+    double fork;   /* 1: a block inserted beside resident siblings starts unproven */
+    double kv;     /* key of the last victim: the eviction frontier */
+    int have_kv;   /* 0 until the first victim */
 } value;
 
 static inline float *gap_of(ikv__node *n) {
@@ -93,13 +127,27 @@ static inline float *cpt_of(ikv__node *n) {
     return (float *)&n->pol.u32[1];
 }
 
+/* The cost credit of a block: cost * gbar * ln(c / c0), 0 for blocks no dearer than c0. */
+static inline double credit_of(const value *p, ikv__node *n) {
+    double r = *cpt_of(n) / p->c0;
+    return p->cost > 0 && r > 1 ? p->cost * (p->gbar > 1 ? p->gbar : 1) * log(r) : 0;
+}
+
 static int set_param(void *ctx, const char *k, const char *v) {
     value *p = ctx;
     if (!strcmp(k, "new")) return ikv__param_double("value", k, v, 0, 1e6, &p->newg);
     if (!strcmp(k, "smooth")) return ikv__param_double("value", k, v, 0.001, 1, &p->smooth);
     if (!strcmp(k, "cost")) return ikv__param_double("value", k, v, 0, 1e3, &p->cost);
     if (!strcmp(k, "lru2")) return ikv__param_double("value", k, v, 0, 1e3, &p->lru2);
-    return ikv_error(IKV_EPARAM, "value: unknown parameter '%s' (new, smooth, cost, lru2)", k);
+    if (!strcmp(k, "horizon")) return ikv__param_double("value", k, v, 0, 1e3, &p->hzw);
+    if (!strcmp(k, "fork")) {
+        int rc = ikv__param_double("value", k, v, 0, 1, &p->fork);
+        if (!rc && p->fork != 0 && p->fork != 1)
+            rc = ikv_error(IKV_EPARAM, "value: fork=%s must be 0 or 1", v);
+        return rc;
+    }
+    return ikv_error(IKV_EPARAM,
+                     "value: unknown parameter '%s' (new, smooth, cost, lru2, horizon, fork)", k);
 }
 
 static int value_create(const ikv__policy_env *env, const char *params, void **out) {
@@ -109,6 +157,8 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
     p->smooth = 0.5;
     p->cost = 0.1;
     p->lru2 = 1;
+    p->hzw = 1;
+    p->fork = 1;
     int rc = ikv__params_each(params, set_param, p);
     if (!rc && ikv__heap_init(&p->hp.h, env)) rc = IKV_ENOMEM;
     if (rc) {
@@ -133,20 +183,23 @@ static void value_destroy(void *s) {
     ikv_free(p);
 }
 
-/* K(b) for a block last accessed at `last` (see the header). */
+/* K(b) for a block last accessed at `last` (see the header). The horizon is read at `last`,
+ * the time of the access that sets the key; before the first eviction it is 0 (nothing is
+ * known yet of how long the cache keeps a block), so every gap counts in full. */
 static double key_of(const value *p, ikv__node *n, uint64_t last) {
     double g = *gap_of(n);
     g = g < 0 ? p->newg * p->gbar : p->lru2 * g;
-    double k = (double)last - g;
-    double r = *cpt_of(n) / p->c0;
-    if (p->cost > 0 && r > 1) k += p->cost * (p->gbar > 1 ? p->gbar : 1) * log(r);
-    return k;
+    if (p->hzw > 0) {
+        double h = p->have_kv && (double)last > p->kv ? p->hzw * ((double)last - p->kv) : 0;
+        g = g > h ? g - h : 0;
+    }
+    return (double)last - g + credit_of(p, n);
 }
 
 /* A new block (a != NULL) takes its cost per token from the callback and its gap from its
  * parent when that is in this tier under this policy (chains are inserted top down, so the
- * parent was just hit or inserted), else starts unproven. A block moving between tiers that
- * both run this policy keeps both fields. */
+ * parent was just hit or inserted) and has no other resident child there (fork=1), else
+ * starts unproven. A block moving between tiers that both run this policy keeps both fields. */
 static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     value *p = s;
     ikv__node *n = &p->hp.nodes[id];
@@ -157,7 +210,10 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         float g = UNPROVEN;
         if (n->parent != IKV_NIL) {
             ikv__node *pa = &p->hp.nodes[n->parent];
-            if (pa->pol.u32[3] == TAG && pa->tier == n->tier) g = *gap_of(pa);
+            /* pa->nchild counts n already: more than 1 means n forks beside a sibling */
+            if (pa->pol.u32[3] == TAG && pa->tier == n->tier &&
+                !(p->fork > 0 && pa->nchild[n->tier] > 1))
+                g = *gap_of(pa);
         }
         *gap_of(n) = g;
         n->pol.u32[3] = TAG;
@@ -186,6 +242,17 @@ static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         IKV__HKEY(n) = k;
 }
 
+/* The heap's top, remembering its key as the eviction frontier. O(1). */
+static uint32_t value_victim(void *s) {
+    value *p = s;
+    uint32_t id = ikv__hp_victim(s);
+    if (id != IKV_NIL) {
+        p->kv = IKV__HKEY(&p->hp.nodes[id]);
+        p->have_kv = 1;
+    }
+    return id;
+}
+
 static size_t value_bytes(const void *s) {
     const value *p = s;
     return (size_t)p->hp.h.cap * sizeof(ikv__hslot);
@@ -193,8 +260,9 @@ static size_t value_bytes(const void *s) {
 
 const ikv_policy_ops ikv_policy_value = {
     .name = "value",
-    .doc = "cost-aware predicted next use: last - chain reuse gap (unproven chains: 4 mean "
-           "gaps) + cost * mean gap * ln(recompute cost/token) (params new, smooth, cost, lru2)",
+    .doc = "cost-aware predicted next use: last - the part of the chain's reuse gap beyond the "
+           "eviction horizon (unproven chains and forks: 4 mean gaps) + cost * mean gap * "
+           "ln(recompute cost/token) (params new, smooth, cost, lru2, horizon, fork)",
     .create = value_create,
     .destroy = value_destroy,
     .admit = value_admit,
@@ -202,7 +270,7 @@ const ikv_policy_ops ikv_policy_value = {
     .queue = ikv__hp_queue,
     .dequeue = ikv__hp_dequeue,
     .leave = ikv__hp_leave,
-    .victim = ikv__hp_victim,
+    .victim = value_victim,
     .check = ikv__hp_check,
     .queued = ikv__hp_queued,
     .bytes = value_bytes,
