@@ -833,6 +833,42 @@ static void test_bench_cli(void **st) {
     assert_non_null(strstr(out, "\"read_by\": \""));
 }
 
+/* isokv model init --classifier and isokv run's text: a separate classifier is written with a
+ * negative vocab_size and read back as separate; a bad --classifier is a usage error; run
+ * prints the prompt's pieces as llama2.c's run.c does (a byte token whose byte is neither
+ * printable ASCII nor whitespace is skipped), and every byte with --raw-bytes; -n 0 generates
+ * nothing. */
+static void test_model_run_cli(void **st) {
+    (void)st;
+    static char out[4096];
+    char args[1024];
+    const char *mp = tmp_path("cli_sep.bin");
+    snprintf(args, sizeof args, "model init --config tiny --seed 3 --classifier both -o '%s'", mp);
+    assert_int_equal(run_isokv(args, out, sizeof out), 2);
+    snprintf(args, sizeof args, "model init --config tiny --seed 3 --classifier separate -o '%s'",
+             mp);
+    assert_int_equal(run_isokv(args, out, sizeof out), 0);
+    ikv_model *m;
+    assert_int_equal(ikv_model_load(mp, &m), 0);
+    assert_int_equal(ikv_model_cfg(m)->shared_classifier, 0);
+    assert_true(m->w.wcls != m->w.emb);
+    ikv_model_destroy(m);
+    FILE *f = fopen(mp, "rb");
+    assert_non_null(f);
+    int32_t h[7];
+    assert_int_equal(fread(h, sizeof h, 1, f), 1);
+    fclose(f);
+    assert_int_equal(h[5], -512);
+    /* byte-level tokenizer: every prompt byte is a byte token; \001 is dropped, \t kept */
+    snprintf(args, sizeof args, "run --model '%s' --prompt \"$(printf 'a\001b\tc')\" -n 0", mp);
+    assert_int_equal(run_isokv(args, out, sizeof out), 0);
+    assert_string_equal(out, "ab\tc\n");
+    snprintf(args, sizeof args,
+             "run --model '%s' --prompt \"$(printf 'a\001b\tc')\" -n 0 --raw-bytes", mp);
+    assert_int_equal(run_isokv(args, out, sizeof out), 0);
+    assert_string_equal(out, "a\001b\tc\n");
+}
+
 static void test_tenants(void **st) {
     (void)st;
     ikv_model_config c = tiny();
@@ -1170,6 +1206,7 @@ int main(void) {
         cmocka_unit_test(test_decode_thread_invariant),
         cmocka_unit_test(test_pool),
         cmocka_unit_test(test_bench_cli),
+        cmocka_unit_test(test_model_run_cli),
         cmocka_unit_test(test_tenants),
         cmocka_unit_test(test_collision_is_miss),
         cmocka_unit_test(test_fuzz_against_oracle),
