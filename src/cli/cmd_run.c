@@ -24,25 +24,20 @@
 #include <string.h>
 
 static void help(FILE *f) {
-    fprintf(
-        f,
-        "usage: isokv run --model M.bin [--tokenizer T.bin] --prompt TEXT [-n 64] [--temp 0] "
-        "[--topp 0.9]\n"
-        "                 [--seed S] [--threads T] [--kv-mem BYTES] [--policy NAME] [--tenant "
-        "NAME]\n"
-        "                 [--public N] [--repeat R] [--stop-eos] [--raw-bytes]\n\n"
-        "Encodes the prompt (BOS first; byte-level when no tokenizer is given), prefills it "
-        "through\n"
-        "the prefix cache, then decodes up to -n tokens (stopping at BOS, at EOS too with "
-        "--stop-eos,\n"
-        "or at seq_len) and prints the text as llama2.c's run.c does: byte tokens only when "
-        "printable\n"
-        "ASCII or whitespace (--raw-bytes: every byte). temperature 0 is greedy. --public N declares the first N prompt tokens shared\n"
-        "across tenants; the rest is scoped to --tenant. --repeat R runs the request R times on "
-        "one\n"
-        "engine (the later runs hit the cache). --kv-mem sizes the KV pool (k/M/G suffixes; "
-        "default:\n"
-        "5 full-length sequences). Figures printed on stderr are measured wall-clock times.\n");
+    fputs("usage: isokv run --model M.bin [--tokenizer T.bin] --prompt TEXT [-n 64] [--temp 0]\n"
+          "                 [--topp 0.9] [--seed S] [--threads T] [--kv-mem BYTES]\n"
+          "                 [--policy NAME] [--tenant NAME] [--public N] [--repeat R]\n"
+          "                 [--stop-eos] [--raw-bytes]\n\n"
+          "Encodes the prompt (BOS first; byte-level when no tokenizer is given), prefills it\n"
+          "through the prefix cache, then decodes up to -n tokens (stopping at BOS, also at EOS\n"
+          "with --stop-eos, or at seq_len) and prints the text as llama2.c's run.c does: byte\n"
+          "tokens only when printable ASCII or whitespace (--raw-bytes: every byte). -n counts\n"
+          "generated tokens (run.c's -n counts positions from BOS). temperature 0 is greedy.\n"
+          "--public N declares the first N prompt tokens shared across tenants; the rest is\n"
+          "scoped to --tenant. --repeat R runs the request R times on one engine (the later runs\n"
+          "hit the cache). --kv-mem sizes the KV pool (k/M/G suffixes; default: 5 full-length\n"
+          "sequences). Figures printed on stderr are measured wall-clock times.\n",
+          f);
 }
 
 /* Writes the text of `token` after `prev` to stdout. Unless raw, a byte-fallback token (ids
