@@ -682,6 +682,76 @@ static void test_exact_with_cache(void **st) {
     ikv_model_destroy(m);
 }
 
+/* Prefill's grouped projection calls (G tiles in one sgemm) and trimmed ones (a tile alone on
+ * its computed rows rounded to 16) are used only where the check at engine creation found
+ * that BLAS gives each row the bits of its own whole-tile call. Here, on a model wide enough
+ * for that check to pass with common BLAS kernels, they must give exactly what one whole-tile
+ * call per tile gives (a second engine forced to G = 1, no trim): cold prefill (a group of 8
+ * tiles, then single tiles, the last one trimmed), a partial hit whose first tile starts after
+ * cached rows (trimmed, alone) followed by a group, and a full hit (one trimmed tile); and
+ * cached vs no-cache on the grouped engine itself. Where the check fails, the test says so
+ * and only compares the engines (then both run one call per tile). */
+static void test_grouped_calls_exact(void **st) {
+    (void)st;
+    ikv_model_config c = {.dim = 256,
+                          .hidden_dim = 512,
+                          .n_layers = 2,
+                          .n_heads = 4,
+                          .n_kv_heads = 2,
+                          .vocab_size = 400,
+                          .seq_len = 640,
+                          .shared_classifier = 1};
+    ikv_model *m;
+    assert_int_equal(ikv_model_random(&c, 21, &m), 0);
+    const int V = c.vocab_size, DEC = 4;
+    const size_t kvf = (size_t)c.n_layers * 2 * (size_t)m->kv_dim;
+    uint32_t a[600], b[620];
+    make_prompt(a, 600, 31, (uint32_t)V);
+    memcpy(b, a, sizeof(uint32_t) * 80);
+    make_prompt(b + 80, 540, 32, (uint32_t)V); /* shares 5 blocks (80 tokens) with a */
+    for (int th = 1; th <= 2; th++) {
+        ikv_engine_options o;
+        ikv_engine_options_default(&o);
+        o.threads = th;
+        ikv_engine *e, *r;
+        assert_int_equal(ikv_engine_create(m, &o, &e), 0);
+        assert_int_equal(ikv_engine_create(m, &o, &r), 0);
+        r->G = 1, r->trim = 0; /* the reference: one whole-tile call per tile */
+        if (e->G == 1 || !e->trim)
+            print_message("note: grouped calls %s, trimmed calls %s at %d thread(s) with this "
+                          "BLAS\n",
+                          e->G > 1 ? "on" : "off", e->trim ? "on" : "off", th);
+        run_out ra, rb, ea, eb, ewarm, ecold;
+        run_req(r, a, 600, NULL, 0, 1, DEC, &ra);
+        run_req(r, b, 620, NULL, 0, 1, DEC, &rb);
+        run_req(e, a, 600, NULL, 0, 1, DEC, &ea); /* a group of 8 tiles, then 2 alone */
+        assert_same(&ea, &ra, 600, DEC, 0, V, kvf);
+        run_req(e, a, 600, NULL, 0, 0, DEC, &ecold);
+        assert_int_equal(ecold.info.cached_tokens, 0);
+        assert_same(&ecold, &ra, 600, DEC, 0, V, kvf);
+        /* tile 1 alone from row 16, then tiles 2..9, the last with 20 pad rows, as a group */
+        run_req(e, b, 620, NULL, 0, 0, DEC, &eb);
+        assert_int_equal(eb.info.cached_tokens, 80);
+        assert_same(&eb, &rb, 620, DEC, 80, V, kvf);
+        run_req(e, a, 600, NULL, 0, 0, DEC, &ewarm); /* rows 592..599: tile 9, rows [16, 32) */
+        assert_int_equal(ewarm.info.cached_tokens, 592);
+        assert_same(&ewarm, &ra, 600, DEC, 592, V, kvf);
+        free_out(&ra), free_out(&rb), free_out(&ea), free_out(&eb), free_out(&ewarm),
+            free_out(&ecold);
+        ikv_engine_destroy(e);
+        ikv_engine_destroy(r);
+    }
+    ikv_engine_options o;
+    ikv_engine_options_default(&o);
+    o.group = 0;
+    ikv_engine *e;
+    assert_int_equal(ikv_engine_create(m, &o, &e), IKV_EINVAL);
+    o.group = 65;
+    assert_int_equal(ikv_engine_create(m, &o, &e), IKV_EINVAL);
+    openblas_set_num_threads(1);
+    ikv_model_destroy(m);
+}
+
 /* Decode reads K/V, runs matrix-vector products row by row and attention head by head, each
  * with one fixed summation order, so given the same K/V it gives the same bits at any thread
  * count (prefill does not: its sgemm calls are split by columns per thread). Two engines at 1
@@ -807,12 +877,14 @@ static void test_bench_cli(void **st) {
     static char out[8192];
     assert_int_equal(run_isokv("bench engine --repeat 0", out, sizeof out), 2);
     assert_int_equal(run_isokv("bench engine --threads 0", out, sizeof out), 2);
+    assert_int_equal(run_isokv("bench engine --group 0", out, sizeof out), 2);
     assert_int_equal(run_isokv("bench engine --config tiny --prefix 32 --suffix 8 --decode 4 "
                                "--threads 2 --repeat 2 --json",
                                out, sizeof out),
                      0);
     assert_non_null(strstr(out, "\"repeat\": 2"));
     assert_non_null(strstr(out, "\"tile\": 64"));
+    assert_non_null(strstr(out, "\"group\": 8, \"rows\""));
     assert_non_null(strstr(out, "\"threads\": 2"));
     assert_non_null(strstr(out, "\"warm_cached_tokens\": 32"));
     assert_null(strstr(out, "\"threads\": 1"));
@@ -1205,6 +1277,7 @@ int main(void) {
         cmocka_unit_test(test_exact_with_cache),
         cmocka_unit_test(test_decode_thread_invariant),
         cmocka_unit_test(test_pool),
+        cmocka_unit_test(test_grouped_calls_exact),
         cmocka_unit_test(test_bench_cli),
         cmocka_unit_test(test_model_run_cli),
         cmocka_unit_test(test_tenants),

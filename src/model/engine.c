@@ -48,6 +48,7 @@ void ikv_engine_options_default(ikv_engine_options *o) {
     memset(o, 0, sizeof *o);
     o->block_tokens = 16;
     o->tile = 64;
+    o->group = 8;
     o->max_seqs = 1;
     o->policy = "lru";
     o->key_seed = UINT64_C(0x69736f6b76656e67); /* "isokveng" */
@@ -130,6 +131,8 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
         return ikv_error(IKV_EINVAL, "block_tokens %u not in 1..4096", o.block_tokens);
     if (o.tile == 0 || o.tile > 4096)
         return ikv_error(IKV_EINVAL, "tile %u not in 1..4096", o.tile);
+    if (o.group == 0 || o.group > 64)
+        return ikv_error(IKV_EINVAL, "group %u not in 1..64", o.group);
     if (o.max_seqs == 0 || o.max_seqs > 4096)
         return ikv_error(IKV_EINVAL, "max_seqs %u not in 1..4096", o.max_seqs);
     if (o.threads < 0 || o.threads > 256)
@@ -157,6 +160,10 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     e->opt.policy = NULL; /* not kept: the cache copies it */
     e->bt = bt;
     e->T = o.tile;
+    /* a group never spans more tiles than a full-length sequence has */
+    e->G = o.threads > 0 ? o.group : 1;
+    if ((uint64_t)e->G * o.tile > (uint64_t)c->seq_len)
+        e->G = (uint32_t)(((uint64_t)c->seq_len + o.tile - 1) / o.tile);
     e->max_blocks = max_blocks;
     e->Lmax = (uint32_t)(((uint64_t)c->seq_len + o.tile - 1) / o.tile * o.tile);
     e->nblocks = (uint32_t)nblocks;
@@ -179,17 +186,18 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     e->S_rows = (size_t)(c->n_heads / c->n_kv_heads) *
                 (o.tile > (uint32_t)c->n_kv_heads ? o.tile : (uint32_t)c->n_kv_heads);
     size_t T = o.tile, P = (size_t)e->nth, D = (size_t)c->dim, hid = (size_t)c->hidden_dim,
-           q = (size_t)m->q_dim;
+           q = (size_t)m->q_dim, GT = (size_t)e->G * T;
     size_t kvd = (size_t)m->kv_dim, hd = (size_t)m->head_dim, V = (size_t)c->vocab_size;
     int ok = ALLOC(e->kv, (size_t)nblocks * e->block_floats) && ALLOC(e->state, nblocks) &&
              ALLOC(e->bnode, nblocks) && ALLOC(e->bdepth, nblocks) && ALLOC(e->bparent, nblocks) &&
              ALLOC(e->btokens, (size_t)nblocks * bt) && ALLOC(e->bkey, nblocks) &&
              ALLOC(e->free_stack, nblocks) && ALLOC(e->node2blk, e->node_limit) &&
              ALLOC(e->seqs, o.max_seqs) && ALLOC(e->keys, max_blocks) &&
-             ALLOC(e->nodes, max_blocks) && ALLOC(e->x, T * D) && ALLOC(e->xb, T * D) &&
-             ALLOC(e->q, T * q) && ALLOC(e->k, T * kvd) && ALLOC(e->v, T * kvd) &&
-             ALLOC(e->att, T * q) && ALLOC(e->hb, T * hid) && ALLOC(e->hb2, T * hid) &&
-             ALLOC(e->S, P * e->S_rows * e->Lmax) && ALLOC(e->rinv, P * e->S_rows) &&
+             ALLOC(e->nodes, max_blocks) && ALLOC(e->x, (size_t)e->Lmax * D) &&
+             ALLOC(e->xb, GT * D) && ALLOC(e->q, GT * q) && ALLOC(e->k, GT * kvd) &&
+             ALLOC(e->v, GT * kvd) && ALLOC(e->att, GT * q) && ALLOC(e->hb, GT * hid) &&
+             ALLOC(e->hb2, GT * hid) && ALLOC(e->S, P * e->S_rows * e->Lmax) &&
+             ALLOC(e->rinv, P * e->S_rows) &&
              ALLOC(e->qg, P * T * (size_t)(c->n_heads / c->n_kv_heads) * hd) &&
              ALLOC(e->Kc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
              ALLOC(e->Vc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
@@ -221,6 +229,17 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     ikv__rope_init(e);
     /* the forward pass splits work over its own threads, each calling single-threaded BLAS */
     if (o.threads > 0) openblas_set_num_threads(1);
+    /* grouped projection calls only where they give every row the bits of its own tile's call
+     * (docs/engine.md, "Exactness"); otherwise one call per tile */
+    if (o.threads > 0) {
+        size_t w = D > hid ? D : hid;
+        float *X = ikv_malloc(sizeof(float) * GT * w), *Y1 = ikv_malloc(sizeof(float) * GT * w),
+              *Y2 = ikv_malloc(sizeof(float) * GT * w);
+        int same = X && Y1 && Y2 ? ikv__prefill_group_check(e, e->G, X, Y1, Y2) : 0;
+        ikv_free(X), ikv_free(Y1), ikv_free(Y2);
+        if (!(same & 1)) e->G = 1;
+        e->trim = (same & 2) != 0;
+    }
     *out = e;
     return 0;
 }
@@ -357,19 +376,15 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
 
     /* prefill positions [m*bt, n) tile by tile */
     {
-        size_t first = (size_t)m * bt, T = e->T, V = (size_t)c->vocab_size, D = (size_t)c->dim;
-        for (size_t t0 = first / T * T; t0 < n; t0 += T) {
-            size_t lo = first > t0 ? first : t0, hi = n < t0 + T ? n : t0 + T;
-            ikv__prefill_tile(e, s, r->tokens, t0, lo, hi);
-            if (r->logits_all)
-                for (size_t p = lo; p < hi; p++)
-                    ikv__logits_row(e, e->x + (p - t0) * D, r->logits_all + p * V);
-            if (hi == n) {
-                if (r->logits_all)
-                    memcpy(s->logits, r->logits_all + (n - 1) * V, sizeof(float) * V);
-                else
-                    ikv__logits_row(e, e->x + (n - 1 - t0) * D, s->logits);
-            }
+        size_t first = (size_t)m * bt, V = (size_t)c->vocab_size, D = (size_t)c->dim;
+        const size_t tfirst = first / e->T * e->T; /* position p's row: e->x + (p - tfirst) D */
+        ikv__prefill(e, s, r->tokens, first, n);
+        if (r->logits_all) {
+            for (size_t p = first; p < n; p++)
+                ikv__logits_row(e, e->x + (p - tfirst) * D, r->logits_all + p * V);
+            memcpy(s->logits, r->logits_all + (n - 1) * V, sizeof(float) * V);
+        } else {
+            ikv__logits_row(e, e->x + (n - 1 - tfirst) * D, s->logits);
         }
         for (uint32_t j = m; j < m + inserted; j++)
             e->state[s->table[j]] = IKV__BLK_READY;
@@ -455,6 +470,8 @@ void ikv_engine_stats_get(const ikv_engine *e, ikv_engine_stats *st) {
     }
     st->block_bytes = e->block_floats * 4;
     st->cache_capacity = e->capacity;
+    st->prefill_group = e->G;
+    st->prefill_trim = e->trim;
     st->requests = e->n_requests;
     st->cached_tokens = e->n_cached_tokens;
     st->computed_tokens = e->n_computed_tokens;
@@ -539,13 +556,15 @@ void ikv_engine_dump(const ikv_engine *e, FILE *f) {
     fprintf(f,
             "engine pool: %llu blocks of %u tokens (%llu bytes each): %llu free, %llu cached "
             "(capacity %llu), "
-            "%llu private; tile %u; %llu requests, %llu cached / %llu computed tokens, %llu "
+            "%llu private; tile %u, group %u%s; %llu requests, %llu cached / %llu computed tokens, "
+            "%llu "
             "rejected blocks\n",
             (unsigned long long)st.pool_blocks, e->bt, (unsigned long long)st.block_bytes,
             (unsigned long long)st.free_blocks, (unsigned long long)st.cached_blocks,
             (unsigned long long)st.cache_capacity, (unsigned long long)st.private_blocks, e->T,
-            (unsigned long long)st.requests, (unsigned long long)st.cached_tokens,
-            (unsigned long long)st.computed_tokens, (unsigned long long)st.rejected_blocks);
+            e->G, e->trim ? ", trim" : "", (unsigned long long)st.requests,
+            (unsigned long long)st.cached_tokens, (unsigned long long)st.computed_tokens,
+            (unsigned long long)st.rejected_blocks);
     static const char *names[] = {"free", "private", "pending", "ready"};
     for (uint32_t b = 0; b < e->nblocks; b++) {
         if (e->state[b] != IKV__BLK_PENDING && e->state[b] != IKV__BLK_READY) continue;

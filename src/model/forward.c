@@ -14,18 +14,34 @@
  * zero through every layer (RMSNorm of 0 is 0, SwiGLU of 0 is 0, their attention rows are
  * zeroed), so they cost FLOPs but never produce NaNs.
  *
+ * Two refinements of the projections (Q|K|V, Wo, W1|W3, W2: 70% of a cold prefill's time at
+ * M = T = 64, where OpenBLAS reaches about 75% of its square-matrix rate) keep that argument
+ * but rest on a property of the BLAS that the engine checks at creation for its exact calls
+ * (ikv__prefill_group_check: each thread's calls, random rows, bit comparison) and uses only
+ * where it holds; otherwise it makes one whole-tile call per tile as above:
+ *  - group: G whole tiles (8) in one call per thread and projection (M = G T, ~95% of the
+ *    square rate), used where each row gets the bits of its own tile's call;
+ *  - trim: a tile alone (the first one when it starts with cached rows, the last one, a warm
+ *    prefill's only one) on its computed rows rounded out to multiples of 16, used where each
+ *    row gets the bits of its whole tile's call. Its other rows are then not computed (stale
+ *    values, never read by a computed row: attention zeroes their score rows).
+ * Attention stays tile by tile on whole tiles. The prefill goes layer by layer, and within a
+ * layer tile by tile in position order (the K/V a tile's attention reads were written by the
+ * tiles before it in the same layer).
+ *
  * Threads. Both passes run on the engine's worker pool (pool.c: nth threads, the caller being
  * thread 0) as a fixed sequence of fork-join regions; in each, thread t takes a share of the
  * work given only by (t, nth) and the shapes, never by timing, and calls single-threaded
  * BLAS on it. So for a fixed thread count every call has a fixed shape and every row a fixed
- * place in its call, and the argument above holds per thread count. Per tile and layer
+ * place in its call, and the argument above holds per thread count. Per group of tiles and layer
  * (regions separated by ---; "cols" = output columns of the sgemm split in nth contiguous
- * ranges, "rows" = tile rows split likewise, "heads" = kv heads split likewise):
+ * ranges, "rows" = the group's rows split likewise, "heads" = kv heads split likewise):
  *
  *   rows:  (layer 0: embedding rows) xb = RMSNorm(x)
  *   ---
- *   cols of [q|k|v], at head boundaries:     q, k, v = xb Wq^T, xb Wk^T, xb Wv^T (sgemm, M = T)
+ *   cols of [q|k|v], at head boundaries:     q, k, v = xb Wq^T, xb Wk^T, xb Wv^T (sgemm, M = G T)
  *   ---
+ *   for each tile of the group, a region:
  *   heads: for each kv head g of the thread, with its kvmul = n_heads / n_kv_heads query heads:
  *     RoPE(q heads of g, k head g) at each computed row's position
  *     K/V of g of computed rows -> their blocks, through the sequence's block table
@@ -44,9 +60,9 @@
  *   ---
  *   cols:  x += hb W2^T
  *
- * (7 regions per tile and layer: about 1.3 us each with 2 threads on this machine, against
- * ~4 ms of work.) RoPE rotates pairs within a head, so doing it head by head is the same
- * arithmetic as doing it row by row.
+ * (6 + G regions per group and layer: about 1.3 us each with 2 threads on this machine,
+ * against ~4 ms of work per tile.) RoPE rotates pairs within a head, so doing it head by head is
+ * the same arithmetic as doing it row by row.
  *
  * Decode is one position: matrix-vector products by an SSE2 loop (gemv_rows) with one fixed
  * summation order per row, split by output rows; attention split by kv heads reads each key
@@ -693,7 +709,10 @@ typedef struct fwd {
     struct ikv_engine *e;
     struct ikv_seq *s;
     const uint32_t *tokens;
-    size_t t0, lo, hi; /* prefill tile */
+    size_t t0, lo, hi; /* prefill group: row i is position t0 + i; positions [lo, hi) computed */
+    size_t r0, r1;     /* prefill: the rows that go through the projections and row-wise steps */
+    size_t tile;       /* prefill attention: the tile's index in the group */
+    float *x;          /* prefill: the group's residual rows [rows][dim] */
     size_t pos;        /* decode position */
     int l;             /* layer */
     const float *xrow; /* logits: residual row */
@@ -705,7 +724,114 @@ static inline uint32_t blk_of(const struct ikv_engine *e, const struct ikv_seq *
     return s->table[p / e->bt];
 }
 
-/* ---- prefill regions (one tile, layer c->l) -------------------------------------------------- */
+/* ---- prefill projections ----------------------------------------------------------------------
+ */
+
+/* One projection sgemm: Y[:, n0:n1) = X W[n0:n1)^T for X [rows][K] and W [N][K]; Y has row
+ * stride ldy. */
+typedef struct proj {
+    int K, ldy;
+    const float *W, *X;
+    float *Y;
+    size_t n0, n1;
+} proj;
+
+enum { PROJ_QKV, PROJ_WO, PROJ_W13, PROJ_W2, PROJ_KINDS };
+
+/* The sgemm calls thread t of P makes for projection `kind` of layer l (from the engine's
+ * scratch rows to its scratch rows): q|k|v split at head boundaries (up to 3 calls), Wo and W2
+ * by columns of dim, W1 and W3 on the same columns of hidden (2 calls). The forward pass and
+ * the check at engine creation (ikv__prefill_group_check) both take their calls from here.
+ * Returns the number of calls. */
+static int proj_calls(const struct ikv_engine *e, int kind, int l, int t, int P, proj out[3]) {
+    const struct ikv_model *m = e->m;
+    const ikv__weights *w = &m->w;
+    const int dim = m->cfg.dim, hid = m->cfg.hidden_dim, qd = m->q_dim, kvd = m->kv_dim;
+    const size_t D = (size_t)dim, H = (size_t)hid, L = (size_t)l, nq = (size_t)qd,
+                 nkv = (size_t)kvd;
+    size_t a, b;
+    int n = 0;
+    switch (kind) {
+    case PROJ_QKV: {
+        part(nq + 2 * nkv, t, P, (size_t)m->head_dim, &a, &b);
+        size_t qa = a < nq ? a : nq, qb = b < nq ? b : nq;
+        size_t ka = a > nq ? a - nq : 0, kb = b > nq ? b - nq : 0;
+        ka = ka < nkv ? ka : nkv, kb = kb < nkv ? kb : nkv;
+        size_t va = a > nq + nkv ? a - nq - nkv : 0, vb = b > nq + nkv ? b - nq - nkv : 0;
+        if (qb > qa) out[n++] = (proj){dim, qd, w->wq + L * nq * D, e->xb, e->q, qa, qb};
+        if (kb > ka) out[n++] = (proj){dim, kvd, w->wk + L * nkv * D, e->xb, e->k, ka, kb};
+        if (vb > va) out[n++] = (proj){dim, kvd, w->wv + L * nkv * D, e->xb, e->v, va, vb};
+        break;
+    }
+    case PROJ_WO:
+        part(D, t, P, 16, &a, &b);
+        out[n++] = (proj){qd, dim, w->wo + L * D * nq, e->att, e->xb, a, b};
+        break;
+    case PROJ_W13:
+        part(H, t, P, 16, &a, &b);
+        out[n++] = (proj){dim, hid, w->w1 + L * H * D, e->xb, e->hb, a, b};
+        out[n++] = (proj){dim, hid, w->w3 + L * H * D, e->xb, e->hb2, a, b};
+        break;
+    default:
+        part(D, t, P, 16, &a, &b);
+        out[n++] = (proj){hid, dim, w->w2 + L * D * H, e->hb, e->xb, a, b};
+        break;
+    }
+    return n;
+}
+
+/* Runs the calls of projection `kind` for thread t on rows [r0, r1); leaves them in pc. */
+static void proj_run(const struct ikv_engine *e, int kind, int l, int t, int P, size_t r0,
+                     size_t r1, proj pc[3]) {
+    int n = proj_calls(e, kind, l, t, P, pc);
+    for (int i = 0; i < n; i++)
+        gemm_cols((int)(r1 - r0), pc[i].K, pc[i].X + r0 * (size_t)pc[i].K, pc[i].W, pc[i].n0,
+                  pc[i].n1, pc[i].Y + r0 * (size_t)pc[i].ldy, pc[i].ldy);
+}
+
+int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, float *X, float *Y1,
+                             float *Y2) {
+    const size_t T = e->T, R = (size_t)G * T, U = IKV__TRIM_ROWS;
+    int ok = (G > 1 ? 1 : 0) | (T % U == 0 && T > U ? 2 : 0);
+    for (int t = 0; t < e->nth && ok; t++)
+        for (int kind = 0; kind < PROJ_KINDS && ok; kind++) {
+            proj pc[3];
+            int n = proj_calls(e, kind, 0, t, e->nth, pc);
+            for (int i = 0; i < n && ok; i++) {
+                const proj *c = &pc[i];
+                const size_t K = (size_t)c->K, ld = (size_t)c->ldy, w = c->n1 - c->n0;
+                uint64_t z = UINT64_C(0x9e3779b97f4a7c15) * (uint64_t)(kind * 3 + i + 1);
+                for (size_t j = 0; j < R * K; j++) {
+                    z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+                    X[j] = (float)(int32_t)(uint32_t)(z >> 32) * (1.0f / 2147483648.0f);
+                }
+                /* the reference: each tile in its own call */
+                for (size_t g = 0; g < G; g++)
+                    gemm_cols((int)T, c->K, X + g * T * K, c->W, c->n0, c->n1, Y1 + g * T * ld,
+                              c->ldy);
+                if (ok & 1) { /* all G tiles in one call */
+                    gemm_cols((int)R, c->K, X, c->W, c->n0, c->n1, Y2, c->ldy);
+                    for (size_t r = 0; r < R && (ok & 1); r++)
+                        if (memcmp(Y1 + r * ld + c->n0, Y2 + r * ld + c->n0, sizeof(float) * w))
+                            ok &= ~1;
+                }
+                /* rows [a, b) of the first tile alone, for a < b multiples of U */
+                for (size_t a = 0; a < T && (ok & 2); a += U)
+                    for (size_t b = a + U; b <= T && (ok & 2); b += U) {
+                        if (a == 0 && b == T) continue;
+                        gemm_cols((int)(b - a), c->K, X + a * K, c->W, c->n0, c->n1, Y2 + a * ld,
+                                  c->ldy);
+                        for (size_t r = a; r < b; r++)
+                            if (memcmp(Y1 + r * ld + c->n0, Y2 + r * ld + c->n0, sizeof(float) * w))
+                                ok &= ~2;
+                    }
+            }
+        }
+    return ok;
+}
+
+/* ---- prefill regions (one group of tiles, layer c->l) -----------------------------------------
+ */
 
 /* Rows split: (layer 0: embedding rows, zero for padding) xb = RMSNorm(x) with rms_att. */
 static void pf_norm_att(void *vc, int t, int P) {
@@ -714,9 +840,9 @@ static void pf_norm_att(void *vc, int t, int P) {
     const struct ikv_model *m = e->m;
     const size_t D = (size_t)m->cfg.dim;
     size_t a, b;
-    part(e->T, t, P, 1, &a, &b);
-    for (size_t i = a; i < b; i++) {
-        float *x = e->x + i * D;
+    part(c->r1 - c->r0, t, P, 1, &a, &b);
+    for (size_t i = c->r0 + a; i < c->r0 + b; i++) {
+        float *x = c->x + i * D;
         if (c->l == 0) {
             size_t p = c->t0 + i;
             if (p >= c->lo && p < c->hi)
@@ -731,32 +857,26 @@ static void pf_norm_att(void *vc, int t, int P) {
 /* Columns of [q | k | v] split (at head boundaries): q, k, v = xb Wq^T, xb Wk^T, xb Wv^T. */
 static void pf_qkv(void *vc, int t, int P) {
     const fwd *c = vc;
-    struct ikv_engine *e = c->e;
-    const struct ikv_model *m = e->m;
-    const ikv__weights *w = &m->w;
-    const int T = (int)e->T, dim = m->cfg.dim, qd = m->q_dim, kvd = m->kv_dim;
-    const size_t D = (size_t)dim, l = (size_t)c->l, nq = (size_t)qd, nkv = (size_t)kvd;
-    size_t a, b;
-    part(nq + 2 * nkv, t, P, (size_t)m->head_dim, &a, &b);
-    gemm_cols(T, dim, e->xb, w->wq + l * nq * D, a < nq ? a : nq, b < nq ? b : nq, e->q, qd);
-    size_t ka = a > nq ? a - nq : 0, kb = b > nq ? b - nq : 0;
-    gemm_cols(T, dim, e->xb, w->wk + l * nkv * D, ka < nkv ? ka : nkv, kb < nkv ? kb : nkv, e->k,
-              kvd);
-    size_t va = a > nq + nkv ? a - nq - nkv : 0, vb = b > nq + nkv ? b - nq - nkv : 0;
-    gemm_cols(T, dim, e->xb, w->wv + l * nkv * D, va, vb, e->v, kvd);
+    proj pc[3];
+    proj_run(c->e, PROJ_QKV, c->l, t, P, c->r0, c->r1, pc);
 }
 
-/* Kv heads split: for each kv head g of this thread, RoPE its query heads and its key at each
- * computed row, write its K/V of the computed rows into their blocks, gather its K/V of
- * positions [0, hi) (zero up to t0 + T), then scores, causal softmax and P V for the stacked
- * query heads of g; results into att. */
+/* Kv heads split, one tile (c->tile of the group, positions [t0, t0 + T)): for each kv head g
+ * of this thread, RoPE its query heads and its key at each computed row, write its K/V of the
+ * computed rows into their blocks, gather its K/V of positions [0, hi) (zero up to t0 + T),
+ * then scores, causal softmax and P V for the stacked query heads of g; results into att. */
 static void pf_attn(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
     const int T = (int)e->T, nh = m->cfg.n_heads, nkv = m->cfg.n_kv_heads, hd = m->head_dim;
     const int qd = m->q_dim, kvd = m->kv_dim, kvmul = nh / nkv, l = c->l;
-    const size_t t0 = c->t0, lo = c->lo, hi = c->hi, H = (size_t)hd, bt = e->bt;
+    const size_t H = (size_t)hd, bt = e->bt, r0 = c->tile * (size_t)T;
+    const size_t t0 = c->t0 + r0, lo = c->lo > t0 ? c->lo : t0,
+                 hi = c->hi < t0 + (size_t)T ? c->hi : t0 + (size_t)T;
+    float *q = e->q + r0 * (size_t)qd, *kk = e->k + r0 * (size_t)kvd;
+    const float *vv = e->v + r0 * (size_t)kvd;
+    float *att = e->att + r0 * (size_t)qd;
     const int W = (int)(t0 + (size_t)T); /* attention width: keys [0, t0 + T) */
     const int M = kvmul * T;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -769,12 +889,12 @@ static void pf_attn(void *vc, int t, int P) {
         for (size_t p = lo; p < hi; p++) {
             size_t i = p - t0;
             for (int j = 0; j < kvmul; j++)
-                rope(e, e->q + i * (size_t)qd + (size_t)(g * kvmul + j) * H, hd, p);
-            float *kr = e->k + i * (size_t)kvd + (size_t)g * H;
+                rope(e, q + i * (size_t)qd + (size_t)(g * kvmul + j) * H, hd, p);
+            float *kr = kk + i * (size_t)kvd + (size_t)g * H;
             rope(e, kr, hd, p);
             uint32_t b = blk_of(e, c->s, p), slot = (uint32_t)(p % bt);
             memcpy(ikv__kv_at(e, b, l, 0, g, slot), kr, sizeof(float) * H);
-            memcpy(ikv__kv_at(e, b, l, 1, g, slot), e->v + i * (size_t)kvd + (size_t)g * H,
+            memcpy(ikv__kv_at(e, b, l, 1, g, slot), vv + i * (size_t)kvd + (size_t)g * H,
                    sizeof(float) * H);
         }
         float *kc = e->Kc + gi * e->Lmax * H, *vc2 = e->Vc + gi * e->Lmax * H;
@@ -789,8 +909,7 @@ static void pf_attn(void *vc, int t, int P) {
         for (int j = 0; j < kvmul; j++)
             for (int i = 0; i < T; i++)
                 memcpy(qg + ((size_t)j * (size_t)T + (size_t)i) * H,
-                       e->q + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * H,
-                       sizeof(float) * H);
+                       q + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * H, sizeof(float) * H);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, W, hd, scale, qg, hd, kc, hd, 0.0f,
                     S, W);
         for (int r = 0; r < M; r++) {
@@ -811,7 +930,7 @@ static void pf_attn(void *vc, int t, int P) {
          * its up to seq_len probabilities */
         for (int j = 0; j < kvmul; j++)
             for (int i = 0; i < T; i++) {
-                float *dst = e->att + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * H;
+                float *dst = att + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * H;
                 const float *src = qg + ((size_t)j * (size_t)T + (size_t)i) * H;
                 const float inv = rinv[j * T + i];
                 for (size_t d = 0; d < H; d++)
@@ -824,15 +943,12 @@ static void pf_attn(void *vc, int t, int P) {
 static void pf_wo(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
-    const struct ikv_model *m = e->m;
-    const int T = (int)e->T, dim = m->cfg.dim, qd = m->q_dim;
-    const size_t D = (size_t)dim;
-    size_t a, b;
-    part(D, t, P, 16, &a, &b);
-    gemm_cols(T, qd, e->att, m->w.wo + (size_t)c->l * D * (size_t)qd, a, b, e->xb, dim);
-    for (size_t i = 0; i < (size_t)T; i++)
-        for (size_t j = a; j < b; j++)
-            e->x[i * D + j] += e->xb[i * D + j];
+    const size_t D = (size_t)e->m->cfg.dim;
+    proj pc[3];
+    proj_run(e, PROJ_WO, c->l, t, P, c->r0, c->r1, pc);
+    for (size_t i = c->r0; i < c->r1; i++)
+        for (size_t j = pc[0].n0; j < pc[0].n1; j++)
+            c->x[i * D + j] += e->xb[i * D + j];
 }
 
 /* Rows split: xb = RMSNorm(x) with rms_ffn. */
@@ -841,49 +957,67 @@ static void pf_norm_ffn(void *vc, int t, int P) {
     struct ikv_engine *e = c->e;
     const size_t D = (size_t)e->m->cfg.dim;
     size_t a, b;
-    part(e->T, t, P, 1, &a, &b);
-    for (size_t i = a; i < b; i++)
-        rmsnorm(e->xb + i * D, e->x + i * D, e->m->w.rms_ffn + (size_t)c->l * D, (int)D);
+    part(c->r1 - c->r0, t, P, 1, &a, &b);
+    for (size_t i = c->r0 + a; i < c->r0 + b; i++)
+        rmsnorm(e->xb + i * D, c->x + i * D, e->m->w.rms_ffn + (size_t)c->l * D, (int)D);
 }
 
 /* Columns of hidden split: hb = silu(xb W1^T) * (xb W3^T) on this thread's columns. */
 static void pf_ffn13(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
-    const struct ikv_model *m = e->m;
-    const int T = (int)e->T, dim = m->cfg.dim, hid = m->cfg.hidden_dim;
-    const size_t D = (size_t)dim, H = (size_t)hid, l = (size_t)c->l;
-    size_t a, b;
-    part(H, t, P, 16, &a, &b);
-    gemm_cols(T, dim, e->xb, m->w.w1 + l * H * D, a, b, e->hb, hid);
-    gemm_cols(T, dim, e->xb, m->w.w3 + l * H * D, a, b, e->hb2, hid);
-    for (size_t i = 0; i < (size_t)T; i++)
-        swiglu(e->hb + i * H + a, e->hb2 + i * H + a, b - a);
+    const size_t H = (size_t)e->m->cfg.hidden_dim;
+    proj pc[3];
+    proj_run(e, PROJ_W13, c->l, t, P, c->r0, c->r1, pc);
+    for (size_t i = c->r0; i < c->r1; i++)
+        swiglu(e->hb + i * H + pc[0].n0, e->hb2 + i * H + pc[0].n0, pc[0].n1 - pc[0].n0);
 }
 
 /* Columns of dim split: x += hb W2^T on this thread's columns. */
 static void pf_w2(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
-    const struct ikv_model *m = e->m;
-    const int T = (int)e->T, dim = m->cfg.dim, hid = m->cfg.hidden_dim;
-    const size_t D = (size_t)dim;
-    size_t a, b;
-    part(D, t, P, 16, &a, &b);
-    gemm_cols(T, hid, e->hb, m->w.w2 + (size_t)c->l * D * (size_t)hid, a, b, e->xb, dim);
-    for (size_t i = 0; i < (size_t)T; i++)
-        for (size_t j = a; j < b; j++)
-            e->x[i * D + j] += e->xb[i * D + j];
+    const size_t D = (size_t)e->m->cfg.dim;
+    proj pc[3];
+    proj_run(e, PROJ_W2, c->l, t, P, c->r0, c->r1, pc);
+    for (size_t i = c->r0; i < c->r1; i++)
+        for (size_t j = pc[0].n0; j < pc[0].n1; j++)
+            c->x[i * D + j] += e->xb[i * D + j];
 }
 
-void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t t0,
-                       size_t lo, size_t hi) {
-    fwd c = {.e = e, .s = s, .tokens = tokens, .t0 = t0, .lo = lo, .hi = hi};
-    static const ikv__task layer[] = {pf_norm_att, pf_qkv,   pf_attn, pf_wo,
-                                      pf_norm_ffn, pf_ffn13, pf_w2};
-    for (c.l = 0; c.l < e->m->cfg.n_layers; c.l++)
-        for (size_t r = 0; r < sizeof layer / sizeof layer[0]; r++)
-            ikv__pool_run(e->pool, layer[r], &c);
+void ikv__prefill(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t first,
+                  size_t n) {
+    const size_t T = e->T, D = (size_t)e->m->cfg.dim, tfirst = first / T * T, U = IKV__TRIM_ROWS;
+    const size_t ntiles = (n - tfirst + T - 1) / T;
+    /* Layer by layer; within a layer, tiles in position order: tile k at layer l needs its own
+     * rows from layer l - 1 and the K/V of layer l at positions below its own, which the tiles
+     * before it have just written. Projections: a first tile with cached rows at its front
+     * alone; then groups of G whole tiles, one sgemm call per thread and projection for the
+     * group; the rest tile by tile. A tile alone goes through the projections on its rows
+     * [a, b), the computed ones rounded out to multiples of U, when e->trim (else all T).
+     * Attention: always tile by tile, on whole tiles. */
+    for (int l = 0; l < e->m->cfg.n_layers; l++)
+        for (size_t k = 0; k < ntiles;) {
+            size_t g = (k > 0 || first == tfirst) && ntiles - k >= e->G ? e->G : 1;
+            fwd c = {.e = e, .s = s, .tokens = tokens, .l = l, .r0 = 0, .r1 = g * T};
+            c.t0 = tfirst + k * T;
+            c.lo = first > c.t0 ? first : c.t0;
+            c.hi = n < c.t0 + g * T ? n : c.t0 + g * T;
+            c.x = e->x + k * T * D;
+            if (g == 1 && e->trim) {
+                c.r0 = (c.lo - c.t0) / U * U;
+                c.r1 = (c.hi - c.t0 + U - 1) / U * U;
+            }
+            ikv__pool_run(e->pool, pf_norm_att, &c);
+            ikv__pool_run(e->pool, pf_qkv, &c);
+            for (c.tile = 0; c.tile < g; c.tile++)
+                ikv__pool_run(e->pool, pf_attn, &c);
+            ikv__pool_run(e->pool, pf_wo, &c);
+            ikv__pool_run(e->pool, pf_norm_ffn, &c);
+            ikv__pool_run(e->pool, pf_ffn13, &c);
+            ikv__pool_run(e->pool, pf_w2, &c);
+            k += g;
+        }
 }
 
 /* ---- logits --------------------------------------------------------------------------------- */

@@ -84,6 +84,8 @@ struct ikv_engine {
     ikv_engine_options opt;
     uint32_t bt;         /* tokens per block */
     uint32_t T;          /* prefill tile rows */
+    uint32_t G;          /* tiles per projection call in a prefill (1 unless the check passed) */
+    int trim;            /* a tile alone: projections on its computed rows only (check passed) */
     uint32_t max_blocks; /* blocks of one full-length sequence: ceil(seq_len / bt) */
     uint32_t Lmax;       /* seq_len rounded up to a multiple of T: widest attention row */
 
@@ -117,7 +119,8 @@ struct ikv_engine {
     int nth;
     ikv__pool *pool;
     /* forward scratch (T rows each unless said) */
-    float *x, *xb, *q, *k, *v, *att, *hb, *hb2; /* [T][dim|q_dim|kv_dim|hidden] */
+    float *x; /* [Lmax][dim] residual rows of a prefill's tiles (decode: row 0) */
+    float *xb, *q, *k, *v, *att, *hb, *hb2; /* [G T][dim|q_dim|kv_dim|hidden] */
     float *S;       /* [nth][S_rows][Lmax] attention scores / probabilities, per thread */
     size_t S_rows;  /* kvmul * max(T, n_kv_heads): a prefill tile's or a decode step's rows */
     float *rinv;    /* [nth][S_rows] 1 / softmax sum of each prefill score row, per thread */
@@ -138,11 +141,24 @@ static inline float *ikv__kv_at(const struct ikv_engine *e, uint32_t b, int laye
            ((((size_t)layer * 2 + (size_t)kv) * nkv + (size_t)g) * e->bt + slot) * hd;
 }
 
-/* Prefill one tile: rows of absolute positions [t0, t0 + T), of which [lo, hi) are computed
- * (the rest are zero padding); writes their K/V through s->table; leaves the final residual
- * rows in e->x. Does not allocate. (forward.c) */
-void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t t0,
-                       size_t lo, size_t hi);
+/* Prefill positions [first, n) on the tiles of T rows that cover them (tile k: positions
+ * [kT, kT + T), rows outside [first, n) zero padding); writes their K/V through s->table;
+ * leaves the final residual row of position p in e->x + (p - first / T * T) * dim. Does not
+ * allocate. (forward.c) */
+void ikv__prefill(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t first,
+                  size_t n);
+/* Rows of a tile alone in a prefill go through the projections in multiples of this (when
+ * the check at creation allows). */
+#define IKV__TRIM_ROWS 16
+
+/* Checks, for every projection sgemm call of a prefill (each thread's, on layer 0's weights,
+ * with random rows), whether each row gets the same bits as in a call of its own whole tile:
+ * bit 0, in a call of G tiles (G > 1); bit 1, in a call of rows [a, b) of its tile, a < b
+ * multiples of IKV__TRIM_ROWS (T a multiple of it). Returns the bits that held. X holds
+ * G T x max(dim, hidden) floats, Y1 and Y2 as many (scratch, overwritten). Does not allocate.
+ * (forward.c) */
+int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, float *X, float *Y1,
+                             float *Y2);
 /* Final RMSNorm of one residual row and the classifier (matrix-vector). */
 void ikv__logits_row(struct ikv_engine *e, const float *xrow, float *out);
 /* One decode step of `token` at position pos = s->n (its block already in the table). */
