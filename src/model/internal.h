@@ -89,8 +89,10 @@ struct ikv_engine {
     uint32_t max_blocks; /* blocks of one full-length sequence: ceil(seq_len / bt) */
     uint32_t Lmax;       /* seq_len rounded up to a multiple of T: widest attention row */
 
-    /* KV pool: nblocks blocks of block_floats floats, laid out per block as
-     * [layer][k|v][kv_head][token (bt)][head_dim]. */
+    /* KV pool: nblocks blocks of block_floats floats, laid out layer by layer as
+     * [layer][block][k|v][kv_head][token (bt)][head_dim]: a block's K and V of one layer are
+     * one run (32 KiB on `small`), and blocks next to each other in the pool are next to each
+     * other in every layer. */
     float *kv;
     uint32_t nblocks;
     size_t block_floats;
@@ -128,6 +130,7 @@ struct ikv_engine {
     float *Kc, *Vc; /* [n_kv_heads][Lmax][head_dim] K/V gathered through the table */
     float *rope_cos, *rope_sin; /* [seq_len][head_dim / 2] */
     float *xn;                  /* [nth][dim] each thread's copy of a normed row (decode, logits) */
+    float *dpart; /* decode attention: [chunks][n_heads][head_dim + 2] (O, M, L) per chunk */
 
     uint64_t n_requests, n_cached_tokens, n_computed_tokens, n_rejected;
 };
@@ -137,8 +140,10 @@ static inline float *ikv__kv_at(const struct ikv_engine *e, uint32_t b, int laye
                                 uint32_t slot) {
     const struct ikv_model *m = e->m;
     size_t hd = (size_t)m->head_dim, nkv = (size_t)m->cfg.n_kv_heads;
-    return e->kv + (size_t)b * e->block_floats +
-           ((((size_t)layer * 2 + (size_t)kv) * nkv + (size_t)g) * e->bt + slot) * hd;
+    return e->kv +
+           (((((size_t)layer * e->nblocks + b) * 2 + (size_t)kv) * nkv + (size_t)g) * e->bt +
+            slot) *
+               hd;
 }
 
 /* Prefill positions [first, n) on the tiles of T rows that cover them (tile k: positions
@@ -150,6 +155,9 @@ void ikv__prefill(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *token
 /* Rows of a tile alone in a prefill go through the projections in multiples of this (when
  * the check at creation allows). */
 #define IKV__TRIM_ROWS 16
+
+/* Blocks per chunk of decode attention: the unit of its split over threads (forward.c). */
+#define IKV__DC_CHUNK 4
 
 /* Checks, for every projection sgemm call of a prefill (each thread's, on layer 0's weights,
  * with random rows), whether each row gets the same bits as in a call of its own whole tile:
