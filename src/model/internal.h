@@ -171,8 +171,8 @@ int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, float *X, f
 void ikv__logits_row(struct ikv_engine *e, const float *xrow, float *out);
 /* One decode step of `token` at position pos = s->n (its block already in the table). */
 void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, size_t pos);
-/* Forces the SSE2 (avx2 = 0) or AVX2 (1, only where the CPU has it) kernels of softmax, SwiGLU
- * and decode's matrix-vector products, or back to detection (-1). For tests, before any engine
+/* Forces the SSE2 (avx2 = 0) or AVX2 (1, only where the CPU has AVX2 and FMA) kernels of
+ * softmax, SwiGLU and decode's matrix-vector products and attention, or back to detection (-1). For tests, before any engine
  * runs: results are only comparable within one setting. Not thread-safe. */
 void ikv__simd_force(int avx2);
 /* Fills the RoPE tables. */
