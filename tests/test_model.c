@@ -709,18 +709,25 @@ static void test_grouped_calls_exact(void **st) {
     make_prompt(a, 600, 31, (uint32_t)V);
     memcpy(b, a, sizeof(uint32_t) * 80);
     make_prompt(b + 80, 540, 32, (uint32_t)V); /* shares 5 blocks (80 tokens) with a */
-    for (int th = 1; th <= 2; th++) {
+    for (int run = 0; run < 4; run++) {
+        /* the engine's own choice of scheme, then scheme 1 (tiles padded to 72 rows, trims of
+         * 12) forced, at 1 and 2 threads */
+        const int th = 1 + run % 2, scheme = run < 2 ? -1 : 1;
         ikv_engine_options o;
         ikv_engine_options_default(&o);
         o.threads = th;
         ikv_engine *e, *r;
+        ikv__prefill_scheme_force(scheme);
         assert_int_equal(ikv_engine_create(m, &o, &e), 0);
+        ikv__prefill_scheme_force(-1);
         assert_int_equal(ikv_engine_create(m, &o, &r), 0);
-        r->G = 1, r->trim = 0; /* the reference: one whole-tile call per tile */
-        if (e->G == 1 || !e->trim)
-            print_message("note: grouped calls %s, trimmed calls %s at %d thread(s) with this "
-                          "BLAS\n",
-                          e->G > 1 ? "on" : "off", e->trim ? "on" : "off", th);
+        /* the reference: one call per tile, on the same tile pitch */
+        r->G = 1, r->Q = 0, r->TP = e->TP;
+        if (scheme == 1 && (e->G > 1 || e->Q)) assert_int_equal(e->TP, 72);
+        if (e->G == 1 || !e->Q)
+            print_message("note: scheme %d: grouped calls %s, trimmed calls %s at %d thread(s) "
+                          "with this BLAS\n",
+                          scheme, e->G > 1 ? "on" : "off", e->Q ? "on" : "off", th);
         run_out ra, rb, ea, eb, ewarm, ecold;
         run_req(r, a, 600, NULL, 0, 1, DEC, &ra);
         run_req(r, b, 620, NULL, 0, 1, DEC, &rb);

@@ -224,6 +224,8 @@ typedef struct ikv_engine_stats {
     uint32_t prefill_group; /* tiles per projection call in use (options.group if the check at
                                create passed, else 1) */
     int prefill_trim;       /* 1: a tile alone goes through the projections on its rows only */
+    uint32_t prefill_pitch; /* rows a tile takes in a projection call (the tile, or the tile
+                               padded to what the BLAS needs for the above to hold) */
 } ikv_engine_stats;
 void ikv_engine_stats_get(const ikv_engine *e, ikv_engine_stats *s);
 
@@ -256,6 +258,7 @@ typedef struct ikv_engine_bench_row {
     int threads;
     uint32_t group; /* tiles per projection call the engine used (1 if its check failed) */
     int trim;       /* whether a tile alone went through the projections on its rows only */
+    uint32_t pitch; /* rows a tile took in a projection call (the tile, or padded) */
     double ttft_cold_s, ttft_warm_s; /* measured, wall clock */
     size_t warm_cached_tokens;
     double prefill_tok_s, prefill_gflops; /* cold prefill, useful FLOPs only */

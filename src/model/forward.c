@@ -968,10 +968,10 @@ static void proj_run(const struct ikv_engine *e, int kind, int l, int t, int P, 
                   pc[i].n1, pc[i].Y + r0 * (size_t)pc[i].ldy, pc[i].ldy);
 }
 
-int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, float *X, float *Y1,
-                             float *Y2) {
-    const size_t T = e->T, R = (size_t)G * T, U = IKV__TRIM_ROWS;
-    int ok = (G > 1 ? 1 : 0) | (T % U == 0 && T > U ? 2 : 0);
+int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, uint32_t TP, uint32_t Q,
+                             float *X, float *Y1, float *Y2) {
+    const size_t R = (size_t)G * TP;
+    int ok = (G > 1 ? 1 : 0) | (Q && TP % Q == 0 && TP > Q ? 2 : 0);
     for (int t = 0; t < e->nth && ok; t++)
         for (int kind = 0; kind < PROJ_KINDS && ok; kind++) {
             proj pc[3];
@@ -984,9 +984,9 @@ int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, float *X, f
                     z ^= z << 13, z ^= z >> 7, z ^= z << 17;
                     X[j] = (float)(int32_t)(uint32_t)(z >> 32) * (1.0f / 2147483648.0f);
                 }
-                /* the reference: each tile in its own call */
+                /* the reference: each tile's TP rows in their own call */
                 for (size_t g = 0; g < G; g++)
-                    gemm_cols((int)T, c->K, X + g * T * K, c->W, c->n0, c->n1, Y1 + g * T * ld,
+                    gemm_cols((int)TP, c->K, X + g * TP * K, c->W, c->n0, c->n1, Y1 + g * TP * ld,
                               c->ldy);
                 if (ok & 1) { /* all G tiles in one call */
                     gemm_cols((int)R, c->K, X, c->W, c->n0, c->n1, Y2, c->ldy);
@@ -994,10 +994,10 @@ int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, float *X, f
                         if (memcmp(Y1 + r * ld + c->n0, Y2 + r * ld + c->n0, sizeof(float) * w))
                             ok &= ~1;
                 }
-                /* rows [a, b) of the first tile alone, for a < b multiples of U */
-                for (size_t a = 0; a < T && (ok & 2); a += U)
-                    for (size_t b = a + U; b <= T && (ok & 2); b += U) {
-                        if (a == 0 && b == T) continue;
+                /* rows [a, b) of the first tile alone, for a < b multiples of Q */
+                for (size_t a = 0; a < TP && (ok & 2); a += Q)
+                    for (size_t b = a + Q; b <= TP && (ok & 2); b += Q) {
+                        if (a == 0 && b == TP) continue;
                         gemm_cols((int)(b - a), c->K, X + a * K, c->W, c->n0, c->n1, Y2 + a * ld,
                                   c->ldy);
                         for (size_t r = a; r < b; r++)
@@ -1018,13 +1018,15 @@ static void pf_norm_att(void *vc, int t, int P) {
     struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
     const size_t D = (size_t)m->cfg.dim;
+    const size_t T = e->T, TP = e->TP;
     size_t a, b;
     part(c->r1 - c->r0, t, P, 1, &a, &b);
     for (size_t i = c->r0 + a; i < c->r0 + b; i++) {
         float *x = c->x + i * D;
         if (c->l == 0) {
-            size_t p = c->t0 + i;
-            if (p >= c->lo && p < c->hi)
+            /* row i: tile i / TP of the group, its row i % TP (rows T..TP-1 are padding) */
+            size_t p = c->t0 + i / TP * T + i % TP;
+            if (i % TP < T && p >= c->lo && p < c->hi)
                 memcpy(x, m->w.emb + (size_t)c->tokens[p] * D, sizeof(float) * D);
             else
                 memset(x, 0, sizeof(float) * D);
@@ -1050,8 +1052,8 @@ static void pf_attn(void *vc, int t, int P) {
     const struct ikv_model *m = e->m;
     const int T = (int)e->T, nh = m->cfg.n_heads, nkv = m->cfg.n_kv_heads, hd = m->head_dim;
     const int qd = m->q_dim, kvd = m->kv_dim, kvmul = nh / nkv, l = c->l;
-    const size_t H = (size_t)hd, bt = e->bt, r0 = c->tile * (size_t)T;
-    const size_t t0 = c->t0 + r0, lo = c->lo > t0 ? c->lo : t0,
+    const size_t H = (size_t)hd, bt = e->bt, r0 = c->tile * e->TP;
+    const size_t t0 = c->t0 + c->tile * (size_t)T, lo = c->lo > t0 ? c->lo : t0,
                  hi = c->hi < t0 + (size_t)T ? c->hi : t0 + (size_t)T;
     float *q = e->q + r0 * (size_t)qd, *kk = e->k + r0 * (size_t)kvd;
     const float *vv = e->v + r0 * (size_t)kvd;
@@ -1065,6 +1067,10 @@ static void pf_attn(void *vc, int t, int P) {
     part((size_t)nkv, t, P, 1, &g0, &g1);
     for (size_t gi = g0; gi < g1; gi++) {
         const int g = (int)gi;
+        /* the tile's padding rows T..TP-1 (pitch > T): zero, as a padding row's output is */
+        for (size_t i = (size_t)T; i < e->TP; i++)
+            memset(att + i * (size_t)qd + gi * (size_t)kvmul * H, 0,
+                   sizeof(float) * (size_t)kvmul * H);
         for (size_t p = lo; p < hi; p++) {
             size_t i = p - t0;
             for (int j = 0; j < kvmul; j++)
@@ -1166,26 +1172,27 @@ static void pf_w2(void *vc, int t, int P) {
 
 void ikv__prefill(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t first,
                   size_t n) {
-    const size_t T = e->T, D = (size_t)e->m->cfg.dim, tfirst = first / T * T, U = IKV__TRIM_ROWS;
-    const size_t ntiles = (n - tfirst + T - 1) / T;
+    const size_t T = e->T, TP = e->TP, Q = e->Q, D = (size_t)e->m->cfg.dim;
+    const size_t tfirst = first / T * T, ntiles = (n - tfirst + T - 1) / T;
     /* Layer by layer; within a layer, tiles in position order: tile k at layer l needs its own
      * rows from layer l - 1 and the K/V of layer l at positions below its own, which the tiles
      * before it have just written. Projections: a first tile with cached rows at its front
      * alone; then groups of G whole tiles, one sgemm call per thread and projection for the
-     * group; the rest tile by tile. A tile alone goes through the projections on its rows
-     * [a, b), the computed ones rounded out to multiples of U, when e->trim (else all T).
-     * Attention: always tile by tile, on whole tiles. */
+     * group; the rest tile by tile. A tile takes TP >= T rows of the buffers (its T rows, then
+     * padding). A tile alone goes through the projections on its rows [a, b), the computed ones
+     * rounded out to multiples of Q, when Q > 0 (else all TP). Attention: tile by tile, on
+     * whole tiles. */
     for (int l = 0; l < e->m->cfg.n_layers; l++)
         for (size_t k = 0; k < ntiles;) {
             size_t g = (k > 0 || first == tfirst) && ntiles - k >= e->G ? e->G : 1;
-            fwd c = {.e = e, .s = s, .tokens = tokens, .l = l, .r0 = 0, .r1 = g * T};
+            fwd c = {.e = e, .s = s, .tokens = tokens, .l = l, .r0 = 0, .r1 = g * TP};
             c.t0 = tfirst + k * T;
             c.lo = first > c.t0 ? first : c.t0;
             c.hi = n < c.t0 + g * T ? n : c.t0 + g * T;
-            c.x = e->x + k * T * D;
-            if (g == 1 && e->trim) {
-                c.r0 = (c.lo - c.t0) / U * U;
-                c.r1 = (c.hi - c.t0 + U - 1) / U * U;
+            c.x = e->x + k * TP * D;
+            if (g == 1 && Q) {
+                c.r0 = (c.lo - c.t0) / Q * Q;
+                c.r1 = c.r0 + (c.hi - c.t0 - c.r0 + Q - 1) / Q * Q;
             }
             ikv__pool_run(e->pool, pf_norm_att, &c);
             ikv__pool_run(e->pool, pf_qkv, &c);
@@ -1197,6 +1204,11 @@ void ikv__prefill(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *token
             ikv__pool_run(e->pool, pf_w2, &c);
             k += g;
         }
+}
+
+const float *ikv__prefill_row(const struct ikv_engine *e, size_t first, size_t p) {
+    const size_t T = e->T, k = (p - first / T * T) / T;
+    return e->x + (k * e->TP + p % T) * (size_t)e->m->cfg.dim;
 }
 
 /* ---- logits --------------------------------------------------------------------------------- */
