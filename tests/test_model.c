@@ -682,6 +682,83 @@ static void test_exact_with_cache(void **st) {
     ikv_model_destroy(m);
 }
 
+/* Prefill's grouped projection calls (G tiles in one sgemm) and trimmed ones (a tile alone on
+ * its computed rows rounded to 16) are used only where the check at engine creation found
+ * that BLAS gives each row the bits of its own whole-tile call. Here, on a model wide enough
+ * for that check to pass with common BLAS kernels, they must give exactly what one whole-tile
+ * call per tile gives (a second engine forced to G = 1, no trim): cold prefill (a group of 8
+ * tiles, then single tiles, the last one trimmed), a partial hit whose first tile starts after
+ * cached rows (trimmed, alone) followed by a group, and a full hit (one trimmed tile); and
+ * cached vs no-cache on the grouped engine itself. Where the check fails, the test says so
+ * and only compares the engines (then both run one call per tile). */
+static void test_grouped_calls_exact(void **st) {
+    (void)st;
+    ikv_model_config c = {.dim = 256,
+                          .hidden_dim = 512,
+                          .n_layers = 2,
+                          .n_heads = 4,
+                          .n_kv_heads = 2,
+                          .vocab_size = 400,
+                          .seq_len = 640,
+                          .shared_classifier = 1};
+    ikv_model *m;
+    assert_int_equal(ikv_model_random(&c, 21, &m), 0);
+    const int V = c.vocab_size, DEC = 4;
+    const size_t kvf = (size_t)c.n_layers * 2 * (size_t)m->kv_dim;
+    uint32_t a[600], b[620];
+    make_prompt(a, 600, 31, (uint32_t)V);
+    memcpy(b, a, sizeof(uint32_t) * 80);
+    make_prompt(b + 80, 540, 32, (uint32_t)V); /* shares 5 blocks (80 tokens) with a */
+    for (int run = 0; run < 4; run++) {
+        /* the engine's own choice of scheme, then scheme 1 (tiles padded to 72 rows, trims of
+         * 12) forced, at 1 and 2 threads */
+        const int th = 1 + run % 2, scheme = run < 2 ? -1 : 1;
+        ikv_engine_options o;
+        ikv_engine_options_default(&o);
+        o.threads = th;
+        ikv_engine *e, *r;
+        ikv__prefill_scheme_force(scheme);
+        assert_int_equal(ikv_engine_create(m, &o, &e), 0);
+        ikv__prefill_scheme_force(-1);
+        assert_int_equal(ikv_engine_create(m, &o, &r), 0);
+        /* the reference: one call per tile, on the same tile pitch */
+        r->G = 1, r->Q = 0, r->TP = e->TP;
+        if (scheme == 1 && (e->G > 1 || e->Q)) assert_int_equal(e->TP, 72);
+        if (e->G == 1 || !e->Q)
+            print_message("note: scheme %d: grouped calls %s, trimmed calls %s at %d thread(s) "
+                          "with this BLAS\n",
+                          scheme, e->G > 1 ? "on" : "off", e->Q ? "on" : "off", th);
+        run_out ra, rb, ea, eb, ewarm, ecold;
+        run_req(r, a, 600, NULL, 0, 1, DEC, &ra);
+        run_req(r, b, 620, NULL, 0, 1, DEC, &rb);
+        run_req(e, a, 600, NULL, 0, 1, DEC, &ea); /* a group of 8 tiles, then 2 alone */
+        assert_same(&ea, &ra, 600, DEC, 0, V, kvf);
+        run_req(e, a, 600, NULL, 0, 0, DEC, &ecold);
+        assert_int_equal(ecold.info.cached_tokens, 0);
+        assert_same(&ecold, &ra, 600, DEC, 0, V, kvf);
+        /* tile 1 alone from row 16, then tiles 2..9, the last with 20 pad rows, as a group */
+        run_req(e, b, 620, NULL, 0, 0, DEC, &eb);
+        assert_int_equal(eb.info.cached_tokens, 80);
+        assert_same(&eb, &rb, 620, DEC, 80, V, kvf);
+        run_req(e, a, 600, NULL, 0, 0, DEC, &ewarm); /* rows 592..599: tile 9, rows [16, 32) */
+        assert_int_equal(ewarm.info.cached_tokens, 592);
+        assert_same(&ewarm, &ra, 600, DEC, 592, V, kvf);
+        free_out(&ra), free_out(&rb), free_out(&ea), free_out(&eb), free_out(&ewarm),
+            free_out(&ecold);
+        ikv_engine_destroy(e);
+        ikv_engine_destroy(r);
+    }
+    ikv_engine_options o;
+    ikv_engine_options_default(&o);
+    o.group = 0;
+    ikv_engine *e;
+    assert_int_equal(ikv_engine_create(m, &o, &e), IKV_EINVAL);
+    o.group = 65;
+    assert_int_equal(ikv_engine_create(m, &o, &e), IKV_EINVAL);
+    openblas_set_num_threads(1);
+    ikv_model_destroy(m);
+}
+
 /* Decode reads K/V, runs matrix-vector products row by row and attention head by head, each
  * with one fixed summation order, so given the same K/V it gives the same bits at any thread
  * count (prefill does not: its sgemm calls are split by columns per thread). Two engines at 1
@@ -807,12 +884,14 @@ static void test_bench_cli(void **st) {
     static char out[8192];
     assert_int_equal(run_isokv("bench engine --repeat 0", out, sizeof out), 2);
     assert_int_equal(run_isokv("bench engine --threads 0", out, sizeof out), 2);
+    assert_int_equal(run_isokv("bench engine --group 0", out, sizeof out), 2);
     assert_int_equal(run_isokv("bench engine --config tiny --prefix 32 --suffix 8 --decode 4 "
                                "--threads 2 --repeat 2 --json",
                                out, sizeof out),
                      0);
     assert_non_null(strstr(out, "\"repeat\": 2"));
     assert_non_null(strstr(out, "\"tile\": 64"));
+    assert_non_null(strstr(out, "\"group\": 8, \"rows\""));
     assert_non_null(strstr(out, "\"threads\": 2"));
     assert_non_null(strstr(out, "\"warm_cached_tokens\": 32"));
     assert_null(strstr(out, "\"threads\": 1"));
@@ -831,6 +910,42 @@ static void test_bench_cli(void **st) {
     assert_non_null(p);
     assert_true(atof(p + strlen("\"read_gbs\": ")) > 0);
     assert_non_null(strstr(out, "\"read_by\": \""));
+}
+
+/* isokv model init --classifier and isokv run's text: a separate classifier is written with a
+ * negative vocab_size and read back as separate; a bad --classifier is a usage error; run
+ * prints the prompt's pieces as llama2.c's run.c does (a byte token whose byte is neither
+ * printable ASCII nor whitespace is skipped), and every byte with --raw-bytes; -n 0 generates
+ * nothing. */
+static void test_model_run_cli(void **st) {
+    (void)st;
+    static char out[4096];
+    char args[1024];
+    const char *mp = tmp_path("cli_sep.bin");
+    snprintf(args, sizeof args, "model init --config tiny --seed 3 --classifier both -o '%s'", mp);
+    assert_int_equal(run_isokv(args, out, sizeof out), 2);
+    snprintf(args, sizeof args, "model init --config tiny --seed 3 --classifier separate -o '%s'",
+             mp);
+    assert_int_equal(run_isokv(args, out, sizeof out), 0);
+    ikv_model *m;
+    assert_int_equal(ikv_model_load(mp, &m), 0);
+    assert_int_equal(ikv_model_cfg(m)->shared_classifier, 0);
+    assert_true(m->w.wcls != m->w.emb);
+    ikv_model_destroy(m);
+    FILE *f = fopen(mp, "rb");
+    assert_non_null(f);
+    int32_t h[7];
+    assert_int_equal(fread(h, sizeof h, 1, f), 1);
+    fclose(f);
+    assert_int_equal(h[5], -512);
+    /* byte-level tokenizer: every prompt byte is a byte token; \001 is dropped, \t kept */
+    snprintf(args, sizeof args, "run --model '%s' --prompt \"$(printf 'a\001b\tc')\" -n 0", mp);
+    assert_int_equal(run_isokv(args, out, sizeof out), 0);
+    assert_string_equal(out, "ab\tc\n");
+    snprintf(args, sizeof args,
+             "run --model '%s' --prompt \"$(printf 'a\001b\tc')\" -n 0 --raw-bytes", mp);
+    assert_int_equal(run_isokv(args, out, sizeof out), 0);
+    assert_string_equal(out, "a\001b\tc\n");
 }
 
 static void test_tenants(void **st) {
@@ -1169,7 +1284,9 @@ int main(void) {
         cmocka_unit_test(test_exact_with_cache),
         cmocka_unit_test(test_decode_thread_invariant),
         cmocka_unit_test(test_pool),
+        cmocka_unit_test(test_grouped_calls_exact),
         cmocka_unit_test(test_bench_cli),
+        cmocka_unit_test(test_model_run_cli),
         cmocka_unit_test(test_tenants),
         cmocka_unit_test(test_collision_is_miss),
         cmocka_unit_test(test_fuzz_against_oracle),

@@ -147,8 +147,13 @@ typedef struct ikv_engine_options {
     uint64_t kv_mem;       /* bytes of KV pool; 0 = room for max_seqs sequences + 4 cached
                               full-length sequences */
     uint32_t block_tokens; /* tokens per KV block (16) */
-    uint32_t tile;         /* prefill rows per sgemm call; tiles are aligned to absolute
-                              positions (64) */
+    uint32_t tile;         /* prefill tile rows: the unit of the prefill's calls; tiles are
+                              aligned to absolute positions (64) */
+    uint32_t group;        /* tiles whose rows go through one projection sgemm call in a
+                              prefill (8; 1..64). Used only where BLAS gives every row the same
+                              bits in a call of `group` tiles as in a call of its one tile,
+                              checked at create (otherwise 1, one call per tile); with
+                              threads = 0 always 1 */
     uint32_t max_seqs;     /* sequences in flight at once (1) */
     const char *policy;    /* cache eviction policy, "NAME[:k=v]" ("lru") */
     int threads;           /* forward-pass threads (the caller + threads - 1 workers started
@@ -216,6 +221,11 @@ typedef struct ikv_engine_stats {
     uint64_t block_bytes;    /* KV bytes of one block */
     uint64_t cache_capacity; /* blocks */
     uint64_t requests, cached_tokens, computed_tokens, rejected_blocks;
+    uint32_t prefill_group; /* tiles per projection call in use (options.group if the check at
+                               create passed, else 1) */
+    int prefill_trim;       /* 1: a tile alone goes through the projections on its rows only */
+    uint32_t prefill_pitch; /* rows a tile takes in a projection call (the tile, or the tile
+                               padded to what the BLAS needs for the above to hold) */
 } ikv_engine_stats;
 void ikv_engine_stats_get(const ikv_engine *e, ikv_engine_stats *s);
 
@@ -241,10 +251,14 @@ typedef struct ikv_engine_bench_options {
     uint64_t seed;
     uint32_t repeat; /* repetitions per thread count; each figure is the best (0 = 1) */
     uint32_t tile;   /* prefill tile rows (0 = the engine's default, 64) */
+    uint32_t group;  /* tiles per projection call (0 = the engine's default, 8) */
 } ikv_engine_bench_options;
 
 typedef struct ikv_engine_bench_row {
     int threads;
+    uint32_t group; /* tiles per projection call the engine used (1 if its check failed) */
+    int trim;       /* whether a tile alone went through the projections on its rows only */
+    uint32_t pitch; /* rows a tile took in a projection call (the tile, or padded) */
     double ttft_cold_s, ttft_warm_s; /* measured, wall clock */
     size_t warm_cached_tokens;
     double prefill_tok_s, prefill_gflops; /* cold prefill, useful FLOPs only */
@@ -259,7 +273,7 @@ typedef struct ikv_engine_bench_row {
 
 typedef struct ikv_engine_bench_result {
     ikv_model_config cfg;
-    uint32_t prefix, suffix, decode, repeat, tile;
+    uint32_t prefix, suffix, decode, repeat, tile, group;
     long cores;
     size_t n_rows;
     ikv_engine_bench_row rows[2];

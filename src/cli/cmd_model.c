@@ -2,8 +2,9 @@
  * isokv model: write a checkpoint with deterministic random weights (and optionally a matching
  * tokenizer), or describe a checkpoint.
  *
- *     isokv model init --config tiny|stories15m|small|base --seed S -o model.bin [--tokenizer-out
- * tok.bin] isokv model info model.bin
+ *     isokv model init --config tiny|stories15m|small|base --seed S -o model.bin
+ *                      [--tokenizer-out tok.bin] [--classifier tied|separate]
+ *     isokv model info model.bin
  */
 #include "cli.h"
 #include "isokv/model.h"
@@ -15,17 +16,20 @@ static void help(FILE *f) {
     fprintf(
         f,
         "usage: isokv model init --config NAME [--seed S] -o MODEL.bin [--tokenizer-out TOK.bin]\n"
+        "                        [--classifier tied|separate]\n"
         "       isokv model info MODEL.bin\n\n"
         "init  writes a llama2.c-format checkpoint with deterministic random weights (same seed,\n"
         "      same bytes), scaled so activations stay of order one through all layers.\n"
         "      Configs: %s. --tokenizer-out also writes a matching synthetic\n"
-        "      tokenizer.bin (llama2.c format) of the model's vocabulary size.\n"
+        "      tokenizer.bin (llama2.c format) of the model's vocabulary size. --classifier\n"
+        "      separate stores its own classifier matrix (negative vocab_size in the header)\n"
+        "      instead of tying it to the token embedding (the configs' default).\n"
         "info  prints the shape, parameter count and KV bytes per token of a checkpoint.\n",
         ikv_model_config_names());
 }
 
 static int init(int argc, char **argv) {
-    const char *cfgname = NULL, *out = NULL, *tok = NULL;
+    const char *cfgname = NULL, *out = NULL, *tok = NULL, *cls = NULL;
     uint64_t seed = 1;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -35,6 +39,8 @@ static int init(int argc, char **argv) {
             out = v, i++;
         else if (!strcmp(a, "--tokenizer-out") && v)
             tok = v, i++;
+        else if (!strcmp(a, "--classifier") && v)
+            cls = v, i++;
         else if (!strcmp(a, "--seed") && v) {
             if (cli_parse_u64(v, &seed))
                 return cli_usage_error("model", "--seed '%s' is not a number", v);
@@ -47,12 +53,15 @@ static int init(int argc, char **argv) {
     if (!out) return cli_usage_error("model", "init needs -o MODEL.bin");
     ikv_model_config c;
     if (ikv_model_config_named(cfgname, &c)) return cli_usage_error("model", "%s", ikv_errdetail());
+    if (cls && strcmp(cls, "tied") && strcmp(cls, "separate"))
+        return cli_usage_error("model", "--classifier '%s': expected tied or separate", cls);
+    if (cls) c.shared_classifier = !strcmp(cls, "tied");
     if (ikv_model_write_random(out, &c, seed)) return cli_fail("model", "%s", ikv_errdetail());
     if (tok && ikv_tokenizer_write_synthetic(tok, (uint32_t)c.vocab_size, seed))
         return cli_fail("model", "%s", ikv_errdetail());
-    printf("wrote %s: config %s, seed %llu, %.2fM parameters, %llu bytes\n", out, cfgname,
-           (unsigned long long)seed, (double)ikv_model_params(&c) / 1e6,
-           (unsigned long long)ikv_model_file_bytes(&c));
+    printf("wrote %s: config %s, seed %llu, %s classifier, %.2fM parameters, %llu bytes\n", out,
+           cfgname, (unsigned long long)seed, c.shared_classifier ? "tied" : "separate",
+           (double)ikv_model_params(&c) / 1e6, (unsigned long long)ikv_model_file_bytes(&c));
     if (tok) printf("wrote %s: synthetic tokenizer, %d pieces\n", tok, (int)c.vocab_size);
     return IKV_EXIT_OK;
 }

@@ -4,10 +4,17 @@
  *
  *     isokv run --model m.bin [--tokenizer t.bin] --prompt TEXT [-n 64] [--temp 0] [--topp 0.9]
  *               [--seed S] [--threads T] [--kv-mem BYTES] [--policy lru] [--tenant NAME]
- *               [--public N] [--repeat R]
+ *               [--public N] [--repeat R] [--stop-eos] [--raw-bytes]
  *
  * --repeat R sends the same request R times through one engine, so runs after the first show
  * the cache at work (cached tokens, warm TTFT). Text goes to stdout; figures to stderr.
+ *
+ * The text is what llama2.c's run.c prints for the same tokens: the prompt's pieces, then the
+ * generated ones; generation stops at BOS (run.c's only stop; --stop-eos also stops at EOS) or
+ * when the sequence reaches seq_len; a byte-fallback token is written only when its byte is
+ * printable ASCII or whitespace (run.c's rule, which keeps control bytes off the terminal;
+ * --raw-bytes writes every byte, e.g. UTF-8 spelled in byte tokens). -n counts generated
+ * tokens, where run.c's -n counts positions from BOS: run.c -n S is -n S - (prompt tokens - 1).
  */
 #include "cli.h"
 #include "isokv/model.h"
@@ -17,23 +24,34 @@
 #include <string.h>
 
 static void help(FILE *f) {
-    fprintf(
-        f,
-        "usage: isokv run --model M.bin [--tokenizer T.bin] --prompt TEXT [-n 64] [--temp 0] "
-        "[--topp 0.9]\n"
-        "                 [--seed S] [--threads T] [--kv-mem BYTES] [--policy NAME] [--tenant "
-        "NAME]\n"
-        "                 [--public N] [--repeat R]\n\n"
-        "Encodes the prompt (BOS first; byte-level when no tokenizer is given), prefills it "
-        "through\n"
-        "the prefix cache, then decodes up to -n tokens (stopping at BOS/EOS or seq_len) and "
-        "prints\n"
-        "the text. temperature 0 is greedy. --public N declares the first N prompt tokens shared\n"
-        "across tenants; the rest is scoped to --tenant. --repeat R runs the request R times on "
-        "one\n"
-        "engine (the later runs hit the cache). --kv-mem sizes the KV pool (k/M/G suffixes; "
-        "default:\n"
-        "5 full-length sequences). Figures printed on stderr are measured wall-clock times.\n");
+    fputs("usage: isokv run --model M.bin [--tokenizer T.bin] --prompt TEXT [-n 64] [--temp 0]\n"
+          "                 [--topp 0.9] [--seed S] [--threads T] [--kv-mem BYTES]\n"
+          "                 [--policy NAME] [--tenant NAME] [--public N] [--repeat R]\n"
+          "                 [--stop-eos] [--raw-bytes]\n\n"
+          "Encodes the prompt (BOS first; byte-level when no tokenizer is given), prefills it\n"
+          "through the prefix cache, then decodes up to -n tokens (stopping at BOS, also at EOS\n"
+          "with --stop-eos, or at seq_len) and prints the text as llama2.c's run.c does: byte\n"
+          "tokens only when printable ASCII or whitespace (--raw-bytes: every byte). -n counts\n"
+          "generated tokens (run.c's -n counts positions from BOS). temperature 0 is greedy.\n"
+          "--public N declares the first N prompt tokens shared across tenants; the rest is\n"
+          "scoped to --tenant. --repeat R runs the request R times on one engine (the later runs\n"
+          "hit the cache). --kv-mem sizes the KV pool (k/M/G suffixes; default: 5 full-length\n"
+          "sequences). Figures printed on stderr are measured wall-clock times.\n",
+          f);
+}
+
+/* Writes the text of `token` after `prev` to stdout. Unless raw, a byte-fallback token (ids
+ * 3..258, which a loaded tokenizer guarantees are the pieces <0x00>..<0xFF>) whose byte is
+ * neither printable ASCII nor whitespace is skipped, as run.c does. */
+static void put_token(const ikv_tokenizer *tok, uint32_t prev, uint32_t token, int raw) {
+    size_t len;
+    const char *p = ikv_tokenizer_decode(tok, prev, token, &len);
+    if (!raw && token >= IKV_TOK_BYTE0 && token < IKV_TOK_BYTE0 + 256 && len == 1) {
+        unsigned char b = (unsigned char)p[0];
+        int printable = b >= 0x20 && b <= 0x7e, space = b == ' ' || (b >= '\t' && b <= '\r');
+        if (!printable && !space) return;
+    }
+    fwrite(p, 1, len, stdout);
 }
 
 int ikv_cmd_run(int argc, char **argv) {
@@ -46,9 +64,14 @@ int ikv_cmd_run(int argc, char **argv) {
     double temp = 0.0, topp = 0.9;
     ikv_engine_options eo;
     ikv_engine_options_default(&eo);
+    int stop_eos = 0, raw = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
+        if (!strcmp(a, "--stop-eos") || !strcmp(a, "--raw-bytes")) {
+            *(a[2] == 's' ? &stop_eos : &raw) = 1;
+            continue;
+        }
         if (!v) return cli_usage_error("run", "option '%s' needs a value", a);
         if (!strcmp(a, "--model"))
             model = v;
@@ -132,20 +155,15 @@ int ikv_cmd_run(int argc, char **argv) {
             goto out;
         }
         float *lg = (float *)ikv_seq_logits(s);
-        for (size_t i = 0; i < n; i++) {
-            size_t len;
-            const char *p = ikv_tokenizer_decode(tok, i ? ids[i - 1] : 0, ids[i], &len);
-            if (i) fwrite(p, 1, len, stdout);
-        }
+        for (size_t i = 1; i < n; i++)
+            put_token(tok, ids[i - 1], ids[i], raw);
         uint32_t prev = ids[n - 1];
         size_t gen = 0;
         double t0 = ikv_now();
         while (gen < steps) {
             uint32_t next = ikv_sampler_sample(smp, lg);
-            if (next == IKV_TOK_BOS || next == IKV_TOK_EOS) break;
-            size_t len;
-            const char *p = ikv_tokenizer_decode(tok, prev, next, &len);
-            fwrite(p, 1, len, stdout);
+            if (next == IKV_TOK_BOS || (stop_eos && next == IKV_TOK_EOS)) break;
+            put_token(tok, prev, next, raw);
             fflush(stdout);
             prev = next;
             gen++;

@@ -187,6 +187,7 @@ int ikv_engine_bench(const ikv_engine_bench_options *o, ikv_engine_bench_result 
         ikv_engine_options d;
         ikv_engine_options_default(&d);
         r->tile = o->tile ? o->tile : d.tile;
+        r->group = o->group ? o->group : d.group;
     }
     r->cores = sysconf(_SC_NPROCESSORS_ONLN);
     size_t n = (size_t)o->prefix + o->suffix;
@@ -212,8 +213,12 @@ int ikv_engine_bench(const ikv_engine_bench_options *o, ikv_engine_bench_result 
         ikv_engine_options_default(&eo);
         eo.threads = row->threads;
         eo.tile = r->tile;
+        eo.group = r->group;
         ikv_engine *e;
         if ((rc = ikv_engine_create(m, &eo, &e))) goto out;
+        row->group = e->G;
+        row->trim = e->Q > 0;
+        row->pitch = e->TP;
         for (uint32_t rep = 0; rep < r->repeat && !rc; rep++) {
             const char *how_p, *how_r;
             double peak = best_sgemm(e->pool, row->threads, &how_p);
@@ -277,26 +282,29 @@ void ikv_engine_bench_print(const ikv_engine_bench_result *r, FILE *f, int json)
                 "\"layers\": %d, \"heads\": %d, \"kv_heads\": %d, \"vocab\": %d, \"seq_len\": %d, "
                 "\"params\": %llu}, "
                 "\"prefix\": %u, \"suffix\": %u, \"decode\": %u, \"repeat\": %u, \"tile\": %u, "
-                "\"rows\": [",
+                "\"group\": %u, \"rows\": [",
                 r->cores, (int)c->dim, (int)c->hidden_dim, (int)c->n_layers, (int)c->n_heads,
                 (int)c->n_kv_heads, (int)c->vocab_size, (int)c->seq_len,
                 (unsigned long long)ikv_model_params(c), r->prefix, r->suffix, r->decode, r->repeat,
-                r->tile);
+                r->tile, r->group);
         for (size_t i = 0; i < r->n_rows; i++) {
             const ikv_engine_bench_row *w = &r->rows[i];
             fprintf(
                 f,
-                "%s{\"threads\": %d, \"ttft_cold_s\": %.6f, \"ttft_warm_s\": %.6f, "
+                "%s{\"threads\": %d, \"group\": %u, \"trim\": %d, \"pitch\": %u, "
+                "\"ttft_cold_s\": %.6f, "
+                "\"ttft_warm_s\": %.6f, "
                 "\"warm_over_cold\": %.5f, "
                 "\"warm_cached_tokens\": %zu, \"prefill_tok_s\": %.1f, \"prefill_gflops\": %.2f, "
                 "\"sgemm_peak_gflops\": %.2f, \"prefill_over_peak\": %.4f, \"decode_tok_s\": %.2f, "
                 "\"read_gbs\": %.2f, \"decode_bound_tok_s\": %.2f, \"decode_over_bound\": %.4f, "
                 "\"sgemm_peak_by\": \"%s\", \"read_by\": \"%s\"}",
-                i ? ", " : "", w->threads, w->ttft_cold_s, w->ttft_warm_s,
-                w->ttft_warm_s / w->ttft_cold_s, w->warm_cached_tokens, w->prefill_tok_s,
-                w->prefill_gflops, w->sgemm_peak_gflops, w->prefill_gflops / w->sgemm_peak_gflops,
-                w->decode_tok_s, w->read_gbs, w->decode_bound_tok_s,
-                w->decode_tok_s / w->decode_bound_tok_s, w->peak_how, w->read_how);
+                i ? ", " : "", w->threads, w->group, w->trim, w->pitch, w->ttft_cold_s,
+                w->ttft_warm_s, w->ttft_warm_s / w->ttft_cold_s, w->warm_cached_tokens,
+                w->prefill_tok_s, w->prefill_gflops, w->sgemm_peak_gflops,
+                w->prefill_gflops / w->sgemm_peak_gflops, w->decode_tok_s, w->read_gbs,
+                w->decode_bound_tok_s, w->decode_tok_s / w->decode_bound_tok_s, w->peak_how,
+                w->read_how);
         }
         fprintf(f, "]}\n");
         return;
@@ -309,11 +317,13 @@ void ikv_engine_bench_print(const ikv_engine_bench_result *r, FILE *f, int json)
             (int)c->n_kv_heads, (int)c->vocab_size, (double)ikv_model_params(c) / 1e6);
     fprintf(f,
             "request: %u-token shared public prefix + %u-token private suffix; %u decode steps; "
-            "prefill tiles of %u rows; each figure the best of %u repetition(s)\n",
-            r->prefix, r->suffix, r->decode, r->tile, r->repeat);
+            "prefill tiles of %u rows, projection calls of up to %u tiles; each figure the best "
+            "of %u repetition(s)\n",
+            r->prefix, r->suffix, r->decode, r->tile, r->group, r->repeat);
     for (size_t i = 0; i < r->n_rows; i++) {
         const ikv_engine_bench_row *w = &r->rows[i];
-        fprintf(f, "threads %d:\n", w->threads);
+        fprintf(f, "threads %d (projection calls of %u tile(s) of %u rows%s):\n", w->threads,
+                w->group, w->pitch, w->trim ? ", a tile alone on its computed rows" : "");
         fprintf(
             f,
             "  TTFT cold %.1f ms, warm %.1f ms (%zu tokens from the cache): warm/cold = 1/%.1f\n",

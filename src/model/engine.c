@@ -44,10 +44,18 @@
 #include <string.h>
 #include <sys/mman.h>
 
+/* Tests: -1, or the only prefill scheme (0, 1) ikv_engine_create may pick. */
+static int scheme_force = -1;
+
+void ikv__prefill_scheme_force(int scheme) {
+    scheme_force = scheme;
+}
+
 void ikv_engine_options_default(ikv_engine_options *o) {
     memset(o, 0, sizeof *o);
     o->block_tokens = 16;
     o->tile = 64;
+    o->group = 8;
     o->max_seqs = 1;
     o->policy = "lru";
     o->key_seed = UINT64_C(0x69736f6b76656e67); /* "isokveng" */
@@ -92,7 +100,7 @@ void ikv_engine_destroy(ikv_engine *e) {
                     e->bkey,     e->free_stack, e->node2blk, e->seqs,   e->keys,    e->nodes,
                     e->x,        e->xb,         e->q,        e->k,      e->v,       e->att,
                     e->hb,       e->hb2,        e->S,        e->qg,     e->Kc,      e->Vc,
-                    e->rope_cos, e->rope_sin,   e->xn,       e->rinv};
+                    e->rope_cos, e->rope_sin,   e->xn,       e->rinv,   e->dpart};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         ikv_free(bufs[i]);
     ikv_free(e);
@@ -130,6 +138,8 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
         return ikv_error(IKV_EINVAL, "block_tokens %u not in 1..4096", o.block_tokens);
     if (o.tile == 0 || o.tile > 4096)
         return ikv_error(IKV_EINVAL, "tile %u not in 1..4096", o.tile);
+    if (o.group == 0 || o.group > 64)
+        return ikv_error(IKV_EINVAL, "group %u not in 1..64", o.group);
     if (o.max_seqs == 0 || o.max_seqs > 4096)
         return ikv_error(IKV_EINVAL, "max_seqs %u not in 1..4096", o.max_seqs);
     if (o.threads < 0 || o.threads > 256)
@@ -157,6 +167,11 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     e->opt.policy = NULL; /* not kept: the cache copies it */
     e->bt = bt;
     e->T = o.tile;
+    e->TP = o.tile;
+    /* a group never spans more tiles than a full-length sequence has */
+    e->G = o.threads > 0 ? o.group : 1;
+    if ((uint64_t)e->G * o.tile > (uint64_t)c->seq_len)
+        e->G = (uint32_t)(((uint64_t)c->seq_len + o.tile - 1) / o.tile);
     e->max_blocks = max_blocks;
     e->Lmax = (uint32_t)(((uint64_t)c->seq_len + o.tile - 1) / o.tile * o.tile);
     e->nblocks = (uint32_t)nblocks;
@@ -180,21 +195,26 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
                 (o.tile > (uint32_t)c->n_kv_heads ? o.tile : (uint32_t)c->n_kv_heads);
     size_t T = o.tile, P = (size_t)e->nth, D = (size_t)c->dim, hid = (size_t)c->hidden_dim,
            q = (size_t)m->q_dim;
+    /* room for the widest tile pitch a prefill scheme may use (below) */
+    const size_t TPmax = (T + 11) / 12 * 12, GT = (size_t)e->G * TPmax, ntiles = e->Lmax / T;
     size_t kvd = (size_t)m->kv_dim, hd = (size_t)m->head_dim, V = (size_t)c->vocab_size;
     int ok = ALLOC(e->kv, (size_t)nblocks * e->block_floats) && ALLOC(e->state, nblocks) &&
              ALLOC(e->bnode, nblocks) && ALLOC(e->bdepth, nblocks) && ALLOC(e->bparent, nblocks) &&
              ALLOC(e->btokens, (size_t)nblocks * bt) && ALLOC(e->bkey, nblocks) &&
              ALLOC(e->free_stack, nblocks) && ALLOC(e->node2blk, e->node_limit) &&
              ALLOC(e->seqs, o.max_seqs) && ALLOC(e->keys, max_blocks) &&
-             ALLOC(e->nodes, max_blocks) && ALLOC(e->x, T * D) && ALLOC(e->xb, T * D) &&
-             ALLOC(e->q, T * q) && ALLOC(e->k, T * kvd) && ALLOC(e->v, T * kvd) &&
-             ALLOC(e->att, T * q) && ALLOC(e->hb, T * hid) && ALLOC(e->hb2, T * hid) &&
-             ALLOC(e->S, P * e->S_rows * e->Lmax) && ALLOC(e->rinv, P * e->S_rows) &&
+             ALLOC(e->nodes, max_blocks) && ALLOC(e->x, ntiles * TPmax * D) &&
+             ALLOC(e->xb, GT * D) && ALLOC(e->q, GT * q) && ALLOC(e->k, GT * kvd) &&
+             ALLOC(e->v, GT * kvd) && ALLOC(e->att, GT * q) && ALLOC(e->hb, GT * hid) &&
+             ALLOC(e->hb2, GT * hid) && ALLOC(e->S, P * e->S_rows * e->Lmax) &&
+             ALLOC(e->rinv, P * e->S_rows) &&
              ALLOC(e->qg, P * T * (size_t)(c->n_heads / c->n_kv_heads) * hd) &&
              ALLOC(e->Kc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
              ALLOC(e->Vc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
              ALLOC(e->rope_cos, (size_t)c->seq_len * hd / 2) &&
-             ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) && ALLOC(e->xn, P * D);
+             ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) && ALLOC(e->xn, P * D) &&
+             ALLOC(e->dpart, ((size_t)max_blocks + IKV__DC_CHUNK - 1) / IKV__DC_CHUNK *
+                                 (size_t)c->n_heads * (hd + 2));
     for (uint32_t i = 0; ok && i < o.max_seqs; i++)
         ok = ALLOC(e->seqs[i].table, max_blocks) && ALLOC(e->seqs[i].locked, max_blocks) &&
              ALLOC(e->seqs[i].logits, V);
@@ -221,6 +241,31 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     ikv__rope_init(e);
     /* the forward pass splits work over its own threads, each calling single-threaded BLAS */
     if (o.threads > 0) openblas_set_num_threads(1);
+    /* grouped projection calls only where they give every row the bits of its own tile's call
+     * (docs/engine.md, "Exactness"); otherwise one call per tile */
+    if (o.threads > 0) {
+        size_t w = D > hid ? D : hid;
+        float *X = ikv_malloc(sizeof(float) * GT * w), *Y1 = ikv_malloc(sizeof(float) * GT * w),
+              *Y2 = ikv_malloc(sizeof(float) * GT * w);
+        int ok = X && Y1 && Y2;
+        /* schemes, in order of preference: tiles of T rows, trimmed in multiples of 16; tiles
+         * padded to a multiple of 12 rows, trimmed in multiples of 12 (what OpenBLAS's
+         * Haswell kernels need: rows of a call outside its full 12-row panels get other bits).
+         * The first that gets both, else the one that gets more. */
+        const uint32_t tp[2] = {(uint32_t)T, (uint32_t)TPmax},
+                       qq[2] = {T % 16 == 0 ? 16u : 0u, 12u};
+        int best = 0, got = -1, score = -1; /* score: 2 for group, 1 for trim */
+        for (int i = 0; ok && i < 2 && score < 3; i++) {
+            if (scheme_force >= 0 && i != scheme_force) continue;
+            int r = ikv__prefill_group_check(e, e->G, tp[i], qq[i], X, Y1, Y2);
+            if ((r & 1) * 2 + (r >> 1 & 1) > score)
+                best = r, got = i, score = (r & 1) * 2 + (r >> 1 & 1);
+        }
+        ikv_free(X), ikv_free(Y1), ikv_free(Y2);
+        if (score > 0) e->TP = tp[got];
+        if (!(best & 1)) e->G = 1;
+        e->Q = best & 2 ? qq[got] : 0;
+    }
     *out = e;
     return 0;
 }
@@ -357,19 +402,14 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
 
     /* prefill positions [m*bt, n) tile by tile */
     {
-        size_t first = (size_t)m * bt, T = e->T, V = (size_t)c->vocab_size, D = (size_t)c->dim;
-        for (size_t t0 = first / T * T; t0 < n; t0 += T) {
-            size_t lo = first > t0 ? first : t0, hi = n < t0 + T ? n : t0 + T;
-            ikv__prefill_tile(e, s, r->tokens, t0, lo, hi);
-            if (r->logits_all)
-                for (size_t p = lo; p < hi; p++)
-                    ikv__logits_row(e, e->x + (p - t0) * D, r->logits_all + p * V);
-            if (hi == n) {
-                if (r->logits_all)
-                    memcpy(s->logits, r->logits_all + (n - 1) * V, sizeof(float) * V);
-                else
-                    ikv__logits_row(e, e->x + (n - 1 - t0) * D, s->logits);
-            }
+        size_t first = (size_t)m * bt, V = (size_t)c->vocab_size;
+        ikv__prefill(e, s, r->tokens, first, n);
+        if (r->logits_all) {
+            for (size_t p = first; p < n; p++)
+                ikv__logits_row(e, ikv__prefill_row(e, first, p), r->logits_all + p * V);
+            memcpy(s->logits, r->logits_all + (n - 1) * V, sizeof(float) * V);
+        } else {
+            ikv__logits_row(e, ikv__prefill_row(e, first, n - 1), s->logits);
         }
         for (uint32_t j = m; j < m + inserted; j++)
             e->state[s->table[j]] = IKV__BLK_READY;
@@ -455,6 +495,9 @@ void ikv_engine_stats_get(const ikv_engine *e, ikv_engine_stats *st) {
     }
     st->block_bytes = e->block_floats * 4;
     st->cache_capacity = e->capacity;
+    st->prefill_group = e->G;
+    st->prefill_trim = e->Q > 0;
+    st->prefill_pitch = e->TP;
     st->requests = e->n_requests;
     st->cached_tokens = e->n_cached_tokens;
     st->computed_tokens = e->n_computed_tokens;
@@ -539,13 +582,15 @@ void ikv_engine_dump(const ikv_engine *e, FILE *f) {
     fprintf(f,
             "engine pool: %llu blocks of %u tokens (%llu bytes each): %llu free, %llu cached "
             "(capacity %llu), "
-            "%llu private; tile %u; %llu requests, %llu cached / %llu computed tokens, %llu "
+            "%llu private; tile %u, group %u%s; %llu requests, %llu cached / %llu computed tokens, "
+            "%llu "
             "rejected blocks\n",
             (unsigned long long)st.pool_blocks, e->bt, (unsigned long long)st.block_bytes,
             (unsigned long long)st.free_blocks, (unsigned long long)st.cached_blocks,
             (unsigned long long)st.cache_capacity, (unsigned long long)st.private_blocks, e->T,
-            (unsigned long long)st.requests, (unsigned long long)st.cached_tokens,
-            (unsigned long long)st.computed_tokens, (unsigned long long)st.rejected_blocks);
+            e->G, e->Q ? ", trim" : "", (unsigned long long)st.requests,
+            (unsigned long long)st.cached_tokens, (unsigned long long)st.computed_tokens,
+            (unsigned long long)st.rejected_blocks);
     static const char *names[] = {"free", "private", "pending", "ready"};
     for (uint32_t b = 0; b < e->nblocks; b++) {
         if (e->state[b] != IKV__BLK_PENDING && e->state[b] != IKV__BLK_READY) continue;

@@ -14,18 +14,34 @@
  * zero through every layer (RMSNorm of 0 is 0, SwiGLU of 0 is 0, their attention rows are
  * zeroed), so they cost FLOPs but never produce NaNs.
  *
+ * Two refinements of the projections (Q|K|V, Wo, W1|W3, W2: 70% of a cold prefill's time at
+ * M = T = 64, where OpenBLAS reaches about 75% of its square-matrix rate) keep that argument
+ * but rest on a property of the BLAS that the engine checks at creation for its exact calls
+ * (ikv__prefill_group_check: each thread's calls, random rows, bit comparison) and uses only
+ * where it holds; otherwise it makes one whole-tile call per tile as above:
+ *  - group: G whole tiles (8) in one call per thread and projection (M = G T, ~95% of the
+ *    square rate), used where each row gets the bits of its own tile's call;
+ *  - trim: a tile alone (the first one when it starts with cached rows, the last one, a warm
+ *    prefill's only one) on its computed rows rounded out to multiples of 16, used where each
+ *    row gets the bits of its whole tile's call. Its other rows are then not computed (stale
+ *    values, never read by a computed row: attention zeroes their score rows).
+ * Attention stays tile by tile on whole tiles. The prefill goes layer by layer, and within a
+ * layer tile by tile in position order (the K/V a tile's attention reads were written by the
+ * tiles before it in the same layer).
+ *
  * Threads. Both passes run on the engine's worker pool (pool.c: nth threads, the caller being
  * thread 0) as a fixed sequence of fork-join regions; in each, thread t takes a share of the
  * work given only by (t, nth) and the shapes, never by timing, and calls single-threaded
  * BLAS on it. So for a fixed thread count every call has a fixed shape and every row a fixed
- * place in its call, and the argument above holds per thread count. Per tile and layer
+ * place in its call, and the argument above holds per thread count. Per group of tiles and layer
  * (regions separated by ---; "cols" = output columns of the sgemm split in nth contiguous
- * ranges, "rows" = tile rows split likewise, "heads" = kv heads split likewise):
+ * ranges, "rows" = the group's rows split likewise, "heads" = kv heads split likewise):
  *
  *   rows:  (layer 0: embedding rows) xb = RMSNorm(x)
  *   ---
- *   cols of [q|k|v], at head boundaries:     q, k, v = xb Wq^T, xb Wk^T, xb Wv^T (sgemm, M = T)
+ *   cols of [q|k|v], at head boundaries:     q, k, v = xb Wq^T, xb Wk^T, xb Wv^T (sgemm, M = G T)
  *   ---
+ *   for each tile of the group, a region:
  *   heads: for each kv head g of the thread, with its kvmul = n_heads / n_kv_heads query heads:
  *     RoPE(q heads of g, k head g) at each computed row's position
  *     K/V of g of computed rows -> their blocks, through the sequence's block table
@@ -44,22 +60,23 @@
  *   ---
  *   cols:  x += hb W2^T
  *
- * (7 regions per tile and layer: about 1.3 us each with 2 threads on this machine, against
- * ~4 ms of work.) RoPE rotates pairs within a head, so doing it head by head is the same
- * arithmetic as doing it row by row.
+ * (6 + G regions per group and layer: about 1.3 us each with 2 threads on this machine,
+ * against ~4 ms of work per tile.) RoPE rotates pairs within a head, so doing it head by head is
+ * the same arithmetic as doing it row by row.
  *
- * Decode is one position: matrix-vector products by an SSE2 loop (gemv_rows) with one fixed
- * summation order per row, split by output rows; attention split by kv heads reads each key
- * and value once, block by block through the table with a software prefetch ahead, for all
- * the query heads that share its kv head (4-lane SSE2 dot products, then the value rows of a
- * block accumulated in registers, in position order). Each output element is computed the
- * same way whichever thread computes it, so given the same K/V decode gives the same bits at
- * any thread count (tested). The RMSNorm before a projection is computed by every thread
- * into its own buffer (the same bits everywhere), which saves a region. Per layer:
+ * Decode is one position: matrix-vector products by gemv_rows (8-lane FMA on the AVX2 path,
+ * 4-lane SSE2 otherwise) with one fixed summation order per row, split by output rows;
+ * attention (dc_attn) split by chunks of positions of a fixed size, each chunk an online
+ * softmax over its blocks that reads a block's K and V of every head of the layer in one pass,
+ * the chunks merged in order before Wo. Each output element is computed the same way whichever
+ * thread computes it, so given the same K/V decode gives the same bits at any thread count
+ * (tested). The RMSNorm before a projection, and the merge of the attention chunks, are
+ * computed by every thread into its own buffer (the same bits everywhere), which saves
+ * regions. Per layer:
  *
  *   rows of [q|k|v] at head boundaries: RMSNorm; q, k, v; RoPE; K/V -> the block
- *   --- heads: attention --- rows of dim: x += Wo att --- rows of hidden: RMSNorm, W1, W3,
- *   SwiGLU --- rows of dim: x += W2 hb
+ *   --- chunks of positions: attention --- rows of dim: merge; x += Wo att --- rows of hidden:
+ *   RMSNorm, W1, W3, SwiGLU --- rows of dim: x += W2 hb
  *
  * then the final RMSNorm and the classifier split by vocabulary rows. Nothing here allocates.
  */
@@ -229,7 +246,8 @@ void ikv__simd_force(int avx2) {
 
 static int use_avx2(void) {
 #ifdef HAVE_AVX2_PATH
-    if (avx2_mode < 0) avx2_mode = __builtin_cpu_supports("avx2") ? 1 : 0;
+    if (avx2_mode < 0)
+        avx2_mode = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
     return avx2_mode;
 #else
     return 0;
@@ -244,11 +262,54 @@ static float softmax_exp(float *row, size_t n) {
     return softmax_exp_sse(row, n);
 }
 
-/* row[0..n) = softmax(row[0..n)) in place. Deterministic for a given n. Does not allocate. */
-static void softmax_row(float *row, size_t n) {
-    float inv = 1.0f / softmax_exp(row, n);
-    for (size_t i = 0; i < n; i++)
-        row[i] *= inv;
+/* row[0..n) = exp(row - mx) for a given mx >= every row[i]; returns their sum. The exps are
+ * exp_neg8 / exp_neg4 lanes and the scalar tail (the same bits for a value on any of them); the
+ * sum, 8 (AVX2) or 4 (SSE2) partial lanes combined in a fixed order, then the tail: one fixed
+ * order for a given n. Decode's online softmax, a block of scores at a time. */
+#ifdef HAVE_AVX2_PATH
+__attribute__((target("avx2"))) static float exp_shift_sum_avx2(float *row, size_t n, float mx) {
+    const __m256 vmx = _mm256_set1_ps(mx);
+    __m256 s8 = _mm256_setzero_ps();
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = exp_neg8(_mm256_sub_ps(_mm256_loadu_ps(row + i), vmx));
+        _mm256_storeu_ps(row + i, v);
+        s8 = _mm256_add_ps(s8, v);
+    }
+    float l[8], sum;
+    _mm256_storeu_ps(l, s8);
+    sum = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+    for (; i < n; i++) {
+        row[i] = exp_neg_scalar(row[i] - mx);
+        sum += row[i];
+    }
+    return sum;
+}
+#endif
+
+static float exp_shift_sum(float *row, size_t n, float mx) {
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) return exp_shift_sum_avx2(row, n, mx);
+#endif
+    size_t i = 0;
+    float sum = 0.0f;
+#if defined(__SSE2__)
+    const __m128 vmx = _mm_set1_ps(mx);
+    __m128 s4 = _mm_setzero_ps();
+    for (; i + 4 <= n; i += 4) {
+        __m128 v = exp_neg4(_mm_sub_ps(_mm_loadu_ps(row + i), vmx));
+        _mm_storeu_ps(row + i, v);
+        s4 = _mm_add_ps(s4, v);
+    }
+    float l[4];
+    _mm_storeu_ps(l, s4);
+    sum = (l[0] + l[1]) + (l[2] + l[3]);
+#endif
+    for (; i < n; i++) {
+        row[i] = exp_neg_scalar(row[i] - mx);
+        sum += row[i];
+    }
+    return sum;
 }
 
 void ikv__rope_init(struct ikv_engine *e) {
@@ -484,6 +545,148 @@ __attribute__((target("avx2"))) static void pv_block2_avx2(float *o, float *u, c
 }
 #endif
 
+#ifdef HAVE_AVX2_PATH
+/* Decode scores on the AVX2 path, with FMA: for NQ query heads (1 or 2) against a block's
+ * key rows K[0..cnt) (row stride hd, hd a multiple of 8), out_h[i] = scale * (q_h . K[i]).
+ * Keys go 8 (one head) or 4 (two heads) at a time, each (head, key) pair in its own 8-lane
+ * accumulator (an FMA chain over the 8-float chunks of hd), so the 8 accumulators are reduced
+ * together by one hadd tree into a vector of 8 scores instead of one horizontal sum per key:
+ * per score ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) over its lanes, the same for every
+ * key wherever it sits in its group (a last group shorter than 4 or 8 reuses the last key row
+ * for the missing ones and drops their results). Given q and K, the same bits on any thread. */
+__attribute__((target("avx2,fma"))) static inline __m256
+hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5, __m256 a6, __m256 a7) {
+    __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+    __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(a4, a5), _mm256_hadd_ps(a6, a7));
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20),
+                         _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+__attribute__((target("avx2,fma"))) static void
+scores1_fma(const float *q, const float *K, size_t cnt, int hd, float scale, float *out) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (size_t j = 0; j < cnt; j += 8) {
+        const float *k[8];
+        for (size_t i = 0; i < 8; i++)
+            k[i] = K + (j + i < cnt ? j + i : cnt - 1) * (size_t)hd;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+               a7 = a0;
+        for (int c = 0; c < hd; c += 8) {
+            __m256 x = _mm256_loadu_ps(q + c);
+            a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[0] + c), a0);
+            a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[1] + c), a1);
+            a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[2] + c), a2);
+            a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[3] + c), a3);
+            a4 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[4] + c), a4);
+            a5 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[5] + c), a5);
+            a6 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[6] + c), a6);
+            a7 = _mm256_fmadd_ps(x, _mm256_loadu_ps(k[7] + c), a7);
+        }
+        __m256 v = _mm256_mul_ps(hsum8x8(a0, a1, a2, a3, a4, a5, a6, a7), sc);
+        if (j + 8 <= cnt) {
+            _mm256_storeu_ps(out + j, v);
+        } else {
+            float t[8];
+            _mm256_storeu_ps(t, v);
+            memcpy(out + j, t, sizeof(float) * (cnt - j));
+        }
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void scores2_fma(const float *q0, const float *q1,
+                                                            const float *K, size_t cnt, int hd,
+                                                            float scale, float *out0, float *out1) {
+    const __m256 sc = _mm256_set1_ps(scale);
+    for (size_t j = 0; j < cnt; j += 4) {
+        const float *k[4];
+        for (size_t i = 0; i < 4; i++)
+            k[i] = K + (j + i < cnt ? j + i : cnt - 1) * (size_t)hd;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0,
+               b3 = a0;
+        for (int c = 0; c < hd; c += 8) {
+            __m256 x = _mm256_loadu_ps(q0 + c), y = _mm256_loadu_ps(q1 + c);
+            __m256 kk = _mm256_loadu_ps(k[0] + c);
+            a0 = _mm256_fmadd_ps(x, kk, a0), b0 = _mm256_fmadd_ps(y, kk, b0);
+            kk = _mm256_loadu_ps(k[1] + c);
+            a1 = _mm256_fmadd_ps(x, kk, a1), b1 = _mm256_fmadd_ps(y, kk, b1);
+            kk = _mm256_loadu_ps(k[2] + c);
+            a2 = _mm256_fmadd_ps(x, kk, a2), b2 = _mm256_fmadd_ps(y, kk, b2);
+            kk = _mm256_loadu_ps(k[3] + c);
+            a3 = _mm256_fmadd_ps(x, kk, a3), b3 = _mm256_fmadd_ps(y, kk, b3);
+        }
+        /* lanes 0..3: head 0, keys j..j+3; lanes 4..7: head 1 */
+        __m256 v = _mm256_mul_ps(hsum8x8(a0, a1, a2, a3, b0, b1, b2, b3), sc);
+        float t[8];
+        _mm256_storeu_ps(t, v);
+        size_t m = cnt - j < 4 ? cnt - j : 4;
+        memcpy(out0 + j, t, sizeof(float) * m);
+        memcpy(out1 + j, t + 4, sizeof(float) * m);
+    }
+}
+
+/* Decode's weighted sum of a block's values on the AVX2 path, with FMA, for NQ = 1 or 2 query
+ * heads: o_h[c] = fma(p_h[i], V[i][c], o_h[c]) for i = 0..cnt-1 in order (hd a multiple of 8),
+ * 32 then 8 columns at a time held in registers across the block's rows. */
+__attribute__((target("avx2,fma"))) static void pv1_fma(float *o, const float *p, const float *V,
+                                                        size_t cnt, int hd) {
+    int c = 0;
+    for (; c + 32 <= hd; c += 32) {
+        __m256 o0 = _mm256_loadu_ps(o + c), o1 = _mm256_loadu_ps(o + c + 8),
+               o2 = _mm256_loadu_ps(o + c + 16), o3 = _mm256_loadu_ps(o + c + 24);
+        for (size_t i = 0; i < cnt; i++) {
+            const float *v = V + i * (size_t)hd + c;
+            __m256 a = _mm256_set1_ps(p[i]);
+            o0 = _mm256_fmadd_ps(a, _mm256_loadu_ps(v), o0);
+            o1 = _mm256_fmadd_ps(a, _mm256_loadu_ps(v + 8), o1);
+            o2 = _mm256_fmadd_ps(a, _mm256_loadu_ps(v + 16), o2);
+            o3 = _mm256_fmadd_ps(a, _mm256_loadu_ps(v + 24), o3);
+        }
+        _mm256_storeu_ps(o + c, o0), _mm256_storeu_ps(o + c + 8, o1);
+        _mm256_storeu_ps(o + c + 16, o2), _mm256_storeu_ps(o + c + 24, o3);
+    }
+    for (; c < hd; c += 8) {
+        __m256 o0 = _mm256_loadu_ps(o + c);
+        for (size_t i = 0; i < cnt; i++)
+            o0 = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), _mm256_loadu_ps(V + i * (size_t)hd + c), o0);
+        _mm256_storeu_ps(o + c, o0);
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void
+pv2_fma(float *o, float *u, const float *p, const float *pu, const float *V, size_t cnt, int hd) {
+    int c = 0;
+    for (; c + 32 <= hd; c += 32) {
+        __m256 o0 = _mm256_loadu_ps(o + c), o1 = _mm256_loadu_ps(o + c + 8),
+               o2 = _mm256_loadu_ps(o + c + 16), o3 = _mm256_loadu_ps(o + c + 24);
+        __m256 u0 = _mm256_loadu_ps(u + c), u1 = _mm256_loadu_ps(u + c + 8),
+               u2 = _mm256_loadu_ps(u + c + 16), u3 = _mm256_loadu_ps(u + c + 24);
+        for (size_t i = 0; i < cnt; i++) {
+            const float *v = V + i * (size_t)hd + c;
+            __m256 a = _mm256_set1_ps(p[i]), b = _mm256_set1_ps(pu[i]);
+            __m256 v0 = _mm256_loadu_ps(v), v1 = _mm256_loadu_ps(v + 8),
+                   v2 = _mm256_loadu_ps(v + 16), v3 = _mm256_loadu_ps(v + 24);
+            o0 = _mm256_fmadd_ps(a, v0, o0), u0 = _mm256_fmadd_ps(b, v0, u0);
+            o1 = _mm256_fmadd_ps(a, v1, o1), u1 = _mm256_fmadd_ps(b, v1, u1);
+            o2 = _mm256_fmadd_ps(a, v2, o2), u2 = _mm256_fmadd_ps(b, v2, u2);
+            o3 = _mm256_fmadd_ps(a, v3, o3), u3 = _mm256_fmadd_ps(b, v3, u3);
+        }
+        _mm256_storeu_ps(o + c, o0), _mm256_storeu_ps(o + c + 8, o1);
+        _mm256_storeu_ps(o + c + 16, o2), _mm256_storeu_ps(o + c + 24, o3);
+        _mm256_storeu_ps(u + c, u0), _mm256_storeu_ps(u + c + 8, u1);
+        _mm256_storeu_ps(u + c + 16, u2), _mm256_storeu_ps(u + c + 24, u3);
+    }
+    for (; c < hd; c += 8) {
+        __m256 o0 = _mm256_loadu_ps(o + c), u0 = _mm256_loadu_ps(u + c);
+        for (size_t i = 0; i < cnt; i++) {
+            __m256 v0 = _mm256_loadu_ps(V + i * (size_t)hd + c);
+            o0 = _mm256_fmadd_ps(_mm256_set1_ps(p[i]), v0, o0);
+            u0 = _mm256_fmadd_ps(_mm256_set1_ps(pu[i]), v0, u0);
+        }
+        _mm256_storeu_ps(o + c, o0), _mm256_storeu_ps(u + c, u0);
+    }
+}
+#endif
+
 /* The two-query kernels of decode attention, on the path this CPU takes. */
 static inline void dot2(const float *a0, const float *a1, const float *b, int n, float *r0,
                         float *r1) {
@@ -505,13 +708,6 @@ static inline void pv_block2(float *o, float *u, const float *p, const float *pu
     }
 #endif
     pv_block2_sse(o, u, p, pu, V, cnt, n);
-}
-
-/* Asks for the n floats at p to be brought into cache: the next KV block lies elsewhere in the
- * pool, where the hardware prefetcher does not follow. */
-static inline void prefetch_chunk(const float *p, size_t n) {
-    for (size_t i = 0; i < n; i += 16)
-        __builtin_prefetch(p + i, 0, 3);
 }
 
 /* RMSNorm of one row: o = w * (x / sqrt(mean(x^2) + 1e-5)). */
@@ -560,11 +756,13 @@ static void gemm_cols(int M, int K, const float *X, const float *W, size_t n0, s
  * range it was computed in, so decode gives the same bits at any thread count. Does not
  * allocate. */
 #ifdef HAVE_AVX2_PATH
-/* gemv_rows with 8-lane partial sums (elements i mod 32 in four groups of 8), then 8-wide
- * steps into the first, a scalar tail; combined as ((s0 + s1) + (s2 + s3)) + ((s4 + s5) +
- * (s6 + s7)) + tail over the lanes of (a0 + a1) + (a2 + a3). One path per row as well. */
-__attribute__((target("avx2"))) static void gemv_rows_avx2(const float *W, const float *x, float *y,
-                                                           size_t r0, size_t r1, int K) {
+/* gemv_rows with 8-lane partial sums (elements i mod 32 in four groups of 8, each an FMA
+ * chain), then 8-wide steps into the first, a scalar tail; combined as ((s0 + s1) + (s2 + s3))
+ * + ((s4 + s5) + (s6 + s7)) + tail over the lanes of (a0 + a1) + (a2 + a3). One path per row as
+ * well. (FMA: 4% faster than a multiply and an add here, 24.1 against 23.1 GB/s on one thread,
+ * where a plain streaming sum reads 24.4; software prefetching ahead made it slower.) */
+__attribute__((target("avx2,fma"))) static void
+gemv_rows_avx2(const float *W, const float *x, float *y, size_t r0, size_t r1, int K) {
     const size_t k32 = (size_t)K & ~(size_t)31, k8 = (size_t)K & ~(size_t)7;
     for (size_t r = r0; r < r1; r++) {
         const float *w = W + r * (size_t)K;
@@ -572,16 +770,13 @@ __attribute__((target("avx2"))) static void gemv_rows_avx2(const float *W, const
         float tail = 0.0f, l[8];
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (; i < k32; i += 32) {
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i)));
-            a1 = _mm256_add_ps(
-                a1, _mm256_mul_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8)));
-            a2 = _mm256_add_ps(
-                a2, _mm256_mul_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16)));
-            a3 = _mm256_add_ps(
-                a3, _mm256_mul_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24)));
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
         }
         for (; i < k8; i += 8)
-            a0 = _mm256_add_ps(a0, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i)));
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
         _mm256_storeu_ps(l, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
         for (; i < (size_t)K; i++)
             tail += w[i] * x[i];
@@ -693,7 +888,10 @@ typedef struct fwd {
     struct ikv_engine *e;
     struct ikv_seq *s;
     const uint32_t *tokens;
-    size_t t0, lo, hi; /* prefill tile */
+    size_t t0, lo, hi; /* prefill group: row i is position t0 + i; positions [lo, hi) computed */
+    size_t r0, r1;     /* prefill: the rows that go through the projections and row-wise steps */
+    size_t tile;       /* prefill attention: the tile's index in the group */
+    float *x;          /* prefill: the group's residual rows [rows][dim] */
     size_t pos;        /* decode position */
     int l;             /* layer */
     const float *xrow; /* logits: residual row */
@@ -705,7 +903,114 @@ static inline uint32_t blk_of(const struct ikv_engine *e, const struct ikv_seq *
     return s->table[p / e->bt];
 }
 
-/* ---- prefill regions (one tile, layer c->l) -------------------------------------------------- */
+/* ---- prefill projections ----------------------------------------------------------------------
+ */
+
+/* One projection sgemm: Y[:, n0:n1) = X W[n0:n1)^T for X [rows][K] and W [N][K]; Y has row
+ * stride ldy. */
+typedef struct proj {
+    int K, ldy;
+    const float *W, *X;
+    float *Y;
+    size_t n0, n1;
+} proj;
+
+enum { PROJ_QKV, PROJ_WO, PROJ_W13, PROJ_W2, PROJ_KINDS };
+
+/* The sgemm calls thread t of P makes for projection `kind` of layer l (from the engine's
+ * scratch rows to its scratch rows): q|k|v split at head boundaries (up to 3 calls), Wo and W2
+ * by columns of dim, W1 and W3 on the same columns of hidden (2 calls). The forward pass and
+ * the check at engine creation (ikv__prefill_group_check) both take their calls from here.
+ * Returns the number of calls. */
+static int proj_calls(const struct ikv_engine *e, int kind, int l, int t, int P, proj out[3]) {
+    const struct ikv_model *m = e->m;
+    const ikv__weights *w = &m->w;
+    const int dim = m->cfg.dim, hid = m->cfg.hidden_dim, qd = m->q_dim, kvd = m->kv_dim;
+    const size_t D = (size_t)dim, H = (size_t)hid, L = (size_t)l, nq = (size_t)qd,
+                 nkv = (size_t)kvd;
+    size_t a, b;
+    int n = 0;
+    switch (kind) {
+    case PROJ_QKV: {
+        part(nq + 2 * nkv, t, P, (size_t)m->head_dim, &a, &b);
+        size_t qa = a < nq ? a : nq, qb = b < nq ? b : nq;
+        size_t ka = a > nq ? a - nq : 0, kb = b > nq ? b - nq : 0;
+        ka = ka < nkv ? ka : nkv, kb = kb < nkv ? kb : nkv;
+        size_t va = a > nq + nkv ? a - nq - nkv : 0, vb = b > nq + nkv ? b - nq - nkv : 0;
+        if (qb > qa) out[n++] = (proj){dim, qd, w->wq + L * nq * D, e->xb, e->q, qa, qb};
+        if (kb > ka) out[n++] = (proj){dim, kvd, w->wk + L * nkv * D, e->xb, e->k, ka, kb};
+        if (vb > va) out[n++] = (proj){dim, kvd, w->wv + L * nkv * D, e->xb, e->v, va, vb};
+        break;
+    }
+    case PROJ_WO:
+        part(D, t, P, 16, &a, &b);
+        out[n++] = (proj){qd, dim, w->wo + L * D * nq, e->att, e->xb, a, b};
+        break;
+    case PROJ_W13:
+        part(H, t, P, 16, &a, &b);
+        out[n++] = (proj){dim, hid, w->w1 + L * H * D, e->xb, e->hb, a, b};
+        out[n++] = (proj){dim, hid, w->w3 + L * H * D, e->xb, e->hb2, a, b};
+        break;
+    default:
+        part(D, t, P, 16, &a, &b);
+        out[n++] = (proj){hid, dim, w->w2 + L * D * H, e->hb, e->xb, a, b};
+        break;
+    }
+    return n;
+}
+
+/* Runs the calls of projection `kind` for thread t on rows [r0, r1); leaves them in pc. */
+static void proj_run(const struct ikv_engine *e, int kind, int l, int t, int P, size_t r0,
+                     size_t r1, proj pc[3]) {
+    int n = proj_calls(e, kind, l, t, P, pc);
+    for (int i = 0; i < n; i++)
+        gemm_cols((int)(r1 - r0), pc[i].K, pc[i].X + r0 * (size_t)pc[i].K, pc[i].W, pc[i].n0,
+                  pc[i].n1, pc[i].Y + r0 * (size_t)pc[i].ldy, pc[i].ldy);
+}
+
+int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, uint32_t TP, uint32_t Q,
+                             float *X, float *Y1, float *Y2) {
+    const size_t R = (size_t)G * TP;
+    int ok = (G > 1 ? 1 : 0) | (Q && TP % Q == 0 && TP > Q ? 2 : 0);
+    for (int t = 0; t < e->nth && ok; t++)
+        for (int kind = 0; kind < PROJ_KINDS && ok; kind++) {
+            proj pc[3];
+            int n = proj_calls(e, kind, 0, t, e->nth, pc);
+            for (int i = 0; i < n && ok; i++) {
+                const proj *c = &pc[i];
+                const size_t K = (size_t)c->K, ld = (size_t)c->ldy, w = c->n1 - c->n0;
+                uint64_t z = UINT64_C(0x9e3779b97f4a7c15) * (uint64_t)(kind * 3 + i + 1);
+                for (size_t j = 0; j < R * K; j++) {
+                    z ^= z << 13, z ^= z >> 7, z ^= z << 17;
+                    X[j] = (float)(int32_t)(uint32_t)(z >> 32) * (1.0f / 2147483648.0f);
+                }
+                /* the reference: each tile's TP rows in their own call */
+                for (size_t g = 0; g < G; g++)
+                    gemm_cols((int)TP, c->K, X + g * TP * K, c->W, c->n0, c->n1, Y1 + g * TP * ld,
+                              c->ldy);
+                if (ok & 1) { /* all G tiles in one call */
+                    gemm_cols((int)R, c->K, X, c->W, c->n0, c->n1, Y2, c->ldy);
+                    for (size_t r = 0; r < R && (ok & 1); r++)
+                        if (memcmp(Y1 + r * ld + c->n0, Y2 + r * ld + c->n0, sizeof(float) * w))
+                            ok &= ~1;
+                }
+                /* rows [a, b) of the first tile alone, for a < b multiples of Q */
+                for (size_t a = 0; a < TP && (ok & 2); a += Q)
+                    for (size_t b = a + Q; b <= TP && (ok & 2); b += Q) {
+                        if (a == 0 && b == TP) continue;
+                        gemm_cols((int)(b - a), c->K, X + a * K, c->W, c->n0, c->n1, Y2 + a * ld,
+                                  c->ldy);
+                        for (size_t r = a; r < b; r++)
+                            if (memcmp(Y1 + r * ld + c->n0, Y2 + r * ld + c->n0, sizeof(float) * w))
+                                ok &= ~2;
+                    }
+            }
+        }
+    return ok;
+}
+
+/* ---- prefill regions (one group of tiles, layer c->l) -----------------------------------------
+ */
 
 /* Rows split: (layer 0: embedding rows, zero for padding) xb = RMSNorm(x) with rms_att. */
 static void pf_norm_att(void *vc, int t, int P) {
@@ -713,13 +1018,15 @@ static void pf_norm_att(void *vc, int t, int P) {
     struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
     const size_t D = (size_t)m->cfg.dim;
+    const size_t T = e->T, TP = e->TP;
     size_t a, b;
-    part(e->T, t, P, 1, &a, &b);
-    for (size_t i = a; i < b; i++) {
-        float *x = e->x + i * D;
+    part(c->r1 - c->r0, t, P, 1, &a, &b);
+    for (size_t i = c->r0 + a; i < c->r0 + b; i++) {
+        float *x = c->x + i * D;
         if (c->l == 0) {
-            size_t p = c->t0 + i;
-            if (p >= c->lo && p < c->hi)
+            /* row i: tile i / TP of the group, its row i % TP (rows T..TP-1 are padding) */
+            size_t p = c->t0 + i / TP * T + i % TP;
+            if (i % TP < T && p >= c->lo && p < c->hi)
                 memcpy(x, m->w.emb + (size_t)c->tokens[p] * D, sizeof(float) * D);
             else
                 memset(x, 0, sizeof(float) * D);
@@ -731,32 +1038,26 @@ static void pf_norm_att(void *vc, int t, int P) {
 /* Columns of [q | k | v] split (at head boundaries): q, k, v = xb Wq^T, xb Wk^T, xb Wv^T. */
 static void pf_qkv(void *vc, int t, int P) {
     const fwd *c = vc;
-    struct ikv_engine *e = c->e;
-    const struct ikv_model *m = e->m;
-    const ikv__weights *w = &m->w;
-    const int T = (int)e->T, dim = m->cfg.dim, qd = m->q_dim, kvd = m->kv_dim;
-    const size_t D = (size_t)dim, l = (size_t)c->l, nq = (size_t)qd, nkv = (size_t)kvd;
-    size_t a, b;
-    part(nq + 2 * nkv, t, P, (size_t)m->head_dim, &a, &b);
-    gemm_cols(T, dim, e->xb, w->wq + l * nq * D, a < nq ? a : nq, b < nq ? b : nq, e->q, qd);
-    size_t ka = a > nq ? a - nq : 0, kb = b > nq ? b - nq : 0;
-    gemm_cols(T, dim, e->xb, w->wk + l * nkv * D, ka < nkv ? ka : nkv, kb < nkv ? kb : nkv, e->k,
-              kvd);
-    size_t va = a > nq + nkv ? a - nq - nkv : 0, vb = b > nq + nkv ? b - nq - nkv : 0;
-    gemm_cols(T, dim, e->xb, w->wv + l * nkv * D, va, vb, e->v, kvd);
+    proj pc[3];
+    proj_run(c->e, PROJ_QKV, c->l, t, P, c->r0, c->r1, pc);
 }
 
-/* Kv heads split: for each kv head g of this thread, RoPE its query heads and its key at each
- * computed row, write its K/V of the computed rows into their blocks, gather its K/V of
- * positions [0, hi) (zero up to t0 + T), then scores, causal softmax and P V for the stacked
- * query heads of g; results into att. */
+/* Kv heads split, one tile (c->tile of the group, positions [t0, t0 + T)): for each kv head g
+ * of this thread, RoPE its query heads and its key at each computed row, write its K/V of the
+ * computed rows into their blocks, gather its K/V of positions [0, hi) (zero up to t0 + T),
+ * then scores, causal softmax and P V for the stacked query heads of g; results into att. */
 static void pf_attn(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
     const int T = (int)e->T, nh = m->cfg.n_heads, nkv = m->cfg.n_kv_heads, hd = m->head_dim;
     const int qd = m->q_dim, kvd = m->kv_dim, kvmul = nh / nkv, l = c->l;
-    const size_t t0 = c->t0, lo = c->lo, hi = c->hi, H = (size_t)hd, bt = e->bt;
+    const size_t H = (size_t)hd, bt = e->bt, r0 = c->tile * e->TP;
+    const size_t t0 = c->t0 + c->tile * (size_t)T, lo = c->lo > t0 ? c->lo : t0,
+                 hi = c->hi < t0 + (size_t)T ? c->hi : t0 + (size_t)T;
+    float *q = e->q + r0 * (size_t)qd, *kk = e->k + r0 * (size_t)kvd;
+    const float *vv = e->v + r0 * (size_t)kvd;
+    float *att = e->att + r0 * (size_t)qd;
     const int W = (int)(t0 + (size_t)T); /* attention width: keys [0, t0 + T) */
     const int M = kvmul * T;
     const float scale = 1.0f / sqrtf((float)hd);
@@ -766,15 +1067,19 @@ static void pf_attn(void *vc, int t, int P) {
     part((size_t)nkv, t, P, 1, &g0, &g1);
     for (size_t gi = g0; gi < g1; gi++) {
         const int g = (int)gi;
+        /* the tile's padding rows T..TP-1 (pitch > T): zero, as a padding row's output is */
+        for (size_t i = (size_t)T; i < e->TP; i++)
+            memset(att + i * (size_t)qd + gi * (size_t)kvmul * H, 0,
+                   sizeof(float) * (size_t)kvmul * H);
         for (size_t p = lo; p < hi; p++) {
             size_t i = p - t0;
             for (int j = 0; j < kvmul; j++)
-                rope(e, e->q + i * (size_t)qd + (size_t)(g * kvmul + j) * H, hd, p);
-            float *kr = e->k + i * (size_t)kvd + (size_t)g * H;
+                rope(e, q + i * (size_t)qd + (size_t)(g * kvmul + j) * H, hd, p);
+            float *kr = kk + i * (size_t)kvd + (size_t)g * H;
             rope(e, kr, hd, p);
             uint32_t b = blk_of(e, c->s, p), slot = (uint32_t)(p % bt);
             memcpy(ikv__kv_at(e, b, l, 0, g, slot), kr, sizeof(float) * H);
-            memcpy(ikv__kv_at(e, b, l, 1, g, slot), e->v + i * (size_t)kvd + (size_t)g * H,
+            memcpy(ikv__kv_at(e, b, l, 1, g, slot), vv + i * (size_t)kvd + (size_t)g * H,
                    sizeof(float) * H);
         }
         float *kc = e->Kc + gi * e->Lmax * H, *vc2 = e->Vc + gi * e->Lmax * H;
@@ -789,8 +1094,7 @@ static void pf_attn(void *vc, int t, int P) {
         for (int j = 0; j < kvmul; j++)
             for (int i = 0; i < T; i++)
                 memcpy(qg + ((size_t)j * (size_t)T + (size_t)i) * H,
-                       e->q + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * H,
-                       sizeof(float) * H);
+                       q + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * H, sizeof(float) * H);
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, W, hd, scale, qg, hd, kc, hd, 0.0f,
                     S, W);
         for (int r = 0; r < M; r++) {
@@ -811,7 +1115,7 @@ static void pf_attn(void *vc, int t, int P) {
          * its up to seq_len probabilities */
         for (int j = 0; j < kvmul; j++)
             for (int i = 0; i < T; i++) {
-                float *dst = e->att + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * H;
+                float *dst = att + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * H;
                 const float *src = qg + ((size_t)j * (size_t)T + (size_t)i) * H;
                 const float inv = rinv[j * T + i];
                 for (size_t d = 0; d < H; d++)
@@ -824,15 +1128,12 @@ static void pf_attn(void *vc, int t, int P) {
 static void pf_wo(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
-    const struct ikv_model *m = e->m;
-    const int T = (int)e->T, dim = m->cfg.dim, qd = m->q_dim;
-    const size_t D = (size_t)dim;
-    size_t a, b;
-    part(D, t, P, 16, &a, &b);
-    gemm_cols(T, qd, e->att, m->w.wo + (size_t)c->l * D * (size_t)qd, a, b, e->xb, dim);
-    for (size_t i = 0; i < (size_t)T; i++)
-        for (size_t j = a; j < b; j++)
-            e->x[i * D + j] += e->xb[i * D + j];
+    const size_t D = (size_t)e->m->cfg.dim;
+    proj pc[3];
+    proj_run(e, PROJ_WO, c->l, t, P, c->r0, c->r1, pc);
+    for (size_t i = c->r0; i < c->r1; i++)
+        for (size_t j = pc[0].n0; j < pc[0].n1; j++)
+            c->x[i * D + j] += e->xb[i * D + j];
 }
 
 /* Rows split: xb = RMSNorm(x) with rms_ffn. */
@@ -841,49 +1142,73 @@ static void pf_norm_ffn(void *vc, int t, int P) {
     struct ikv_engine *e = c->e;
     const size_t D = (size_t)e->m->cfg.dim;
     size_t a, b;
-    part(e->T, t, P, 1, &a, &b);
-    for (size_t i = a; i < b; i++)
-        rmsnorm(e->xb + i * D, e->x + i * D, e->m->w.rms_ffn + (size_t)c->l * D, (int)D);
+    part(c->r1 - c->r0, t, P, 1, &a, &b);
+    for (size_t i = c->r0 + a; i < c->r0 + b; i++)
+        rmsnorm(e->xb + i * D, c->x + i * D, e->m->w.rms_ffn + (size_t)c->l * D, (int)D);
 }
 
 /* Columns of hidden split: hb = silu(xb W1^T) * (xb W3^T) on this thread's columns. */
 static void pf_ffn13(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
-    const struct ikv_model *m = e->m;
-    const int T = (int)e->T, dim = m->cfg.dim, hid = m->cfg.hidden_dim;
-    const size_t D = (size_t)dim, H = (size_t)hid, l = (size_t)c->l;
-    size_t a, b;
-    part(H, t, P, 16, &a, &b);
-    gemm_cols(T, dim, e->xb, m->w.w1 + l * H * D, a, b, e->hb, hid);
-    gemm_cols(T, dim, e->xb, m->w.w3 + l * H * D, a, b, e->hb2, hid);
-    for (size_t i = 0; i < (size_t)T; i++)
-        swiglu(e->hb + i * H + a, e->hb2 + i * H + a, b - a);
+    const size_t H = (size_t)e->m->cfg.hidden_dim;
+    proj pc[3];
+    proj_run(e, PROJ_W13, c->l, t, P, c->r0, c->r1, pc);
+    for (size_t i = c->r0; i < c->r1; i++)
+        swiglu(e->hb + i * H + pc[0].n0, e->hb2 + i * H + pc[0].n0, pc[0].n1 - pc[0].n0);
 }
 
 /* Columns of dim split: x += hb W2^T on this thread's columns. */
 static void pf_w2(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
-    const struct ikv_model *m = e->m;
-    const int T = (int)e->T, dim = m->cfg.dim, hid = m->cfg.hidden_dim;
-    const size_t D = (size_t)dim;
-    size_t a, b;
-    part(D, t, P, 16, &a, &b);
-    gemm_cols(T, hid, e->hb, m->w.w2 + (size_t)c->l * D * (size_t)hid, a, b, e->xb, dim);
-    for (size_t i = 0; i < (size_t)T; i++)
-        for (size_t j = a; j < b; j++)
-            e->x[i * D + j] += e->xb[i * D + j];
+    const size_t D = (size_t)e->m->cfg.dim;
+    proj pc[3];
+    proj_run(e, PROJ_W2, c->l, t, P, c->r0, c->r1, pc);
+    for (size_t i = c->r0; i < c->r1; i++)
+        for (size_t j = pc[0].n0; j < pc[0].n1; j++)
+            c->x[i * D + j] += e->xb[i * D + j];
 }
 
-void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t t0,
-                       size_t lo, size_t hi) {
-    fwd c = {.e = e, .s = s, .tokens = tokens, .t0 = t0, .lo = lo, .hi = hi};
-    static const ikv__task layer[] = {pf_norm_att, pf_qkv,   pf_attn, pf_wo,
-                                      pf_norm_ffn, pf_ffn13, pf_w2};
-    for (c.l = 0; c.l < e->m->cfg.n_layers; c.l++)
-        for (size_t r = 0; r < sizeof layer / sizeof layer[0]; r++)
-            ikv__pool_run(e->pool, layer[r], &c);
+void ikv__prefill(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t first,
+                  size_t n) {
+    const size_t T = e->T, TP = e->TP, Q = e->Q, D = (size_t)e->m->cfg.dim;
+    const size_t tfirst = first / T * T, ntiles = (n - tfirst + T - 1) / T;
+    /* Layer by layer; within a layer, tiles in position order: tile k at layer l needs its own
+     * rows from layer l - 1 and the K/V of layer l at positions below its own, which the tiles
+     * before it have just written. Projections: a first tile with cached rows at its front
+     * alone; then groups of G whole tiles, one sgemm call per thread and projection for the
+     * group; the rest tile by tile. A tile takes TP >= T rows of the buffers (its T rows, then
+     * padding). A tile alone goes through the projections on its rows [a, b), the computed ones
+     * rounded out to multiples of Q, when Q > 0 (else all TP). Attention: tile by tile, on
+     * whole tiles. */
+    for (int l = 0; l < e->m->cfg.n_layers; l++)
+        for (size_t k = 0; k < ntiles;) {
+            size_t g = (k > 0 || first == tfirst) && ntiles - k >= e->G ? e->G : 1;
+            fwd c = {.e = e, .s = s, .tokens = tokens, .l = l, .r0 = 0, .r1 = g * TP};
+            c.t0 = tfirst + k * T;
+            c.lo = first > c.t0 ? first : c.t0;
+            c.hi = n < c.t0 + g * T ? n : c.t0 + g * T;
+            c.x = e->x + k * TP * D;
+            if (g == 1 && Q) {
+                c.r0 = (c.lo - c.t0) / Q * Q;
+                c.r1 = c.r0 + (c.hi - c.t0 - c.r0 + Q - 1) / Q * Q;
+            }
+            ikv__pool_run(e->pool, pf_norm_att, &c);
+            ikv__pool_run(e->pool, pf_qkv, &c);
+            for (c.tile = 0; c.tile < g; c.tile++)
+                ikv__pool_run(e->pool, pf_attn, &c);
+            ikv__pool_run(e->pool, pf_wo, &c);
+            ikv__pool_run(e->pool, pf_norm_ffn, &c);
+            ikv__pool_run(e->pool, pf_ffn13, &c);
+            ikv__pool_run(e->pool, pf_w2, &c);
+            k += g;
+        }
+}
+
+const float *ikv__prefill_row(const struct ikv_engine *e, size_t first, size_t p) {
+    const size_t T = e->T, k = (p - first / T * T) / T;
+    return e->x + (k * e->TP + p % T) * (size_t)e->m->cfg.dim;
 }
 
 /* ---- logits --------------------------------------------------------------------------------- */
@@ -940,92 +1265,183 @@ static void dc_qkv(void *vc, int t, int P) {
     }
 }
 
-/* Kv heads split. Each thread reads, block by block through the table, the K (then V) of its
- * kv heads [g0, g1). Blocks are scattered in the pool (one (layer, K|V, kv head) is a 16 x
- * head_dim run of 4 KiB on `small`, the next one 256 KiB away), where the hardware prefetcher
- * loses the stream at every run; so it prefetches the same run of the block KV_AHEAD blocks
- * ahead, a key's row at a time while it computes scores, the whole 4 KiB run while it sums
- * values (measured on 34 MB in 4 KiB runs: 13 GB/s with no prefetch, 26-33 with a run
- * prefetched two ahead, 32 for a linear read; prefetching much more at once stalls on full miss
- * buffers). Scores of each kv head's query heads against each key (4-lane dot products, two
- * query heads per load of a key), softmax per query head, then the weighted sum of the values
- * in position order (two query heads per load of a value row). Per head the same operations in
- * the same order whatever the thread count. On `small` at 2K context this step reads 34 MB and
- * took 2.2 ms on one thread, 1.1 ms on two (measured). */
-#ifndef KV_AHEAD
-#define KV_AHEAD 2
-#endif
+/* Decode attention.
+ *
+ * dc_attn, chunks split: the positions [0, pos] are cut into chunks of IKV__DC_CHUNK blocks, a
+ * cut that depends only on the position, and each thread takes a contiguous range of chunks
+ * (a fixed partition). For each of its chunks, block by block, it reads the layer's K of all
+ * kv heads (on `small` 16 KiB in one run) and then their V (the next 16 KiB), and keeps per
+ * query head an online softmax: the running maximum M, the running sum L of e^(s - M) and the
+ * running weighted sum O of value rows, both rescaled by e^(M_old - M) when a block raises M.
+ * It leaves (M, L, O) per chunk and head in e->dpart. Reading one block's K and V of every head
+ * in one pass is what makes it fast: the blocks lie scattered in the pool, and on this machine
+ * a read of 4 KiB runs (one (K|V, head) of a block, what a split by kv heads reads) ran at
+ * 9-10 GB/s on one thread, 32 KiB runs at 18, a linear read at 31 (measured; software
+ * prefetching did not change it).
+ *
+ * dc_wo then merges the chunks of every head (attn_merge) and applies Wo.
+ *
+ * Scores and value sums use the FMA kernels above on the AVX2 path (head_dim a multiple of 8),
+ * the SSE2 dot products and pv_block otherwise. Every output depends only on the position, the
+ * K/V and q (the chunk cut, the order of blocks in a chunk and of chunks in the merge are
+ * fixed), never on which thread computed which chunk: given the same K/V, the same bits at any
+ * thread count. */
 static void dc_attn(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
     const int nh = m->cfg.n_heads, nkv = m->cfg.n_kv_heads, hd = m->head_dim;
     const int kvmul = nh / nkv, l = c->l;
-    const size_t bt = e->bt, H = (size_t)hd, nk = c->pos + 1, Lm = e->Lmax;
-    const size_t nb = (nk + bt - 1) / bt;
+    const size_t bt = e->bt, H = (size_t)hd, nk = c->pos + 1;
+    const size_t nb = (nk + bt - 1) / bt, nch = (nb + IKV__DC_CHUNK - 1) / IKV__DC_CHUNK;
+    const size_t pstride = H + 2; /* per chunk and head: O[hd], M, L */
     const float scale = 1.0f / sqrtf((float)hd);
     const struct ikv_seq *s = c->s;
-    float *sc = e->S + (size_t)t * e->S_rows * Lm, *q = e->q, *att = e->att;
-    size_t g0, g1;
-    part((size_t)nkv, t, P, 1, &g0, &g1);
-    for (int kv = 0; kv < 2; kv++) {
-        if (kv == 1)
-            for (size_t g = g0; g < g1; g++) {
-                for (int j = 0; j < kvmul; j++)
-                    softmax_row(sc + ((g - g0) * (size_t)kvmul + (size_t)j) * Lm, nk);
-                memset(att + g * (size_t)kvmul * H, 0, sizeof(float) * (size_t)kvmul * H);
-            }
-        for (size_t g = g0; g < g1; g++) {
-            float *scg = sc + (g - g0) * (size_t)kvmul * Lm;
-            const float *qh = q + g * (size_t)kvmul * H;
-            float *ah = att + g * (size_t)kvmul * H;
-            for (size_t jb = 0; jb < nb && jb < KV_AHEAD; jb++)
-                prefetch_chunk(ikv__kv_at(e, s->table[jb], l, kv, (int)g, 0), bt * H);
-            for (size_t jb = 0; jb < nb; jb++) {
-                size_t p0 = jb * bt, cnt = nk - p0 < bt ? nk - p0 : bt;
-                const float *kb = ikv__kv_at(e, s->table[jb], l, kv, (int)g, 0);
-                const float *nx = jb + KV_AHEAD < nb
-                                      ? ikv__kv_at(e, s->table[jb + KV_AHEAD], l, kv, (int)g, 0)
-                                      : NULL;
-                if (kv == 0) {
-                    for (size_t i = 0; i < cnt; i++) {
-                        if (nx) prefetch_chunk(nx + i * H, H);
-                        int j = 0;
-                        for (; j + 2 <= kvmul; j += 2) {
-                            float r0, r1;
-                            dot2(qh + (size_t)j * H, qh + (size_t)(j + 1) * H, kb + i * H, hd, &r0,
-                                 &r1);
-                            scg[(size_t)j * Lm + p0 + i] = r0 * scale;
-                            scg[(size_t)(j + 1) * Lm + p0 + i] = r1 * scale;
-                        }
-                        if (j < kvmul)
-                            scg[(size_t)j * Lm + p0 + i] =
-                                dot(qh + (size_t)j * H, kb + i * H, hd) * scale;
+    const float *q = e->q;
+    /* [nh][ss] scores of a block: a block has at most min(bt, seq_len) keys, and the thread's
+     * S slice holds S_rows >= n_heads rows of Lmax >= seq_len */
+    const size_t ss = bt < e->Lmax ? bt : e->Lmax;
+    float *sc = e->S + (size_t)t * e->S_rows * e->Lmax;
+#ifdef HAVE_AVX2_PATH
+    const int fma = use_avx2() && hd % 8 == 0;
+#else
+    const int fma = 0;
+#endif
+    size_t c0, c1;
+    part(nch, t, P, 1, &c0, &c1);
+    for (size_t ch = c0; ch < c1; ch++) {
+        float *pc = e->dpart + ch * (size_t)nh * pstride;
+        for (int h = 0; h < nh; h++) {
+            float *ph = pc + (size_t)h * pstride;
+            memset(ph, 0, sizeof(float) * H);
+            ph[H] = -INFINITY, ph[H + 1] = 0.0f;
+        }
+        const size_t jb1 = (ch + 1) * IKV__DC_CHUNK < nb ? (ch + 1) * IKV__DC_CHUNK : nb;
+        for (size_t jb = ch * IKV__DC_CHUNK; jb < jb1; jb++) {
+            const size_t p0 = jb * bt, cnt = nk - p0 < bt ? nk - p0 : bt;
+            const uint32_t blk = s->table[jb];
+            /* scores of every query head against the block's keys */
+            for (int g = 0; g < nkv; g++) {
+                const float *kb = ikv__kv_at(e, blk, l, 0, g, 0);
+                int j = 0;
+                for (; j + 2 <= kvmul; j += 2) {
+                    const int h = g * kvmul + j;
+                    const float *q0 = q + (size_t)h * H, *q1 = q0 + H;
+                    float *o0 = sc + (size_t)h * ss, *o1 = o0 + ss;
+#ifdef HAVE_AVX2_PATH
+                    if (fma) {
+                        scores2_fma(q0, q1, kb, cnt, hd, scale, o0, o1);
+                        continue;
                     }
-                } else {
-                    if (nx) prefetch_chunk(nx, bt * H);
-                    int j = 0;
-                    for (; j + 2 <= kvmul; j += 2)
-                        pv_block2(ah + (size_t)j * H, ah + (size_t)(j + 1) * H,
-                                  scg + (size_t)j * Lm + p0, scg + (size_t)(j + 1) * Lm + p0, kb,
-                                  cnt, hd);
-                    if (j < kvmul)
-                        pv_block(ah + (size_t)j * H, scg + (size_t)j * Lm + p0, kb, cnt, hd, hd);
+#endif
+                    for (size_t i = 0; i < cnt; i++) {
+                        float r0, r1;
+                        dot2(q0, q1, kb + i * H, hd, &r0, &r1);
+                        o0[i] = r0 * scale, o1[i] = r1 * scale;
+                    }
+                }
+                if (j < kvmul) {
+                    const int h = g * kvmul + j;
+#ifdef HAVE_AVX2_PATH
+                    if (fma) {
+                        scores1_fma(q + (size_t)h * H, kb, cnt, hd, scale, sc + (size_t)h * ss);
+                        continue;
+                    }
+#endif
+                    for (size_t i = 0; i < cnt; i++)
+                        sc[(size_t)h * ss + i] = dot(q + (size_t)h * H, kb + i * H, hd) * scale;
+                }
+            }
+            /* online softmax: raise M, rescale O and L, weights e^(s - M), L += their sum */
+            for (int h = 0; h < nh; h++) {
+                float *ph = pc + (size_t)h * pstride, *sh = sc + (size_t)h * ss;
+                float bm = sh[0];
+                for (size_t i = 1; i < cnt; i++)
+                    bm = sh[i] > bm ? sh[i] : bm;
+                if (bm > ph[H]) {
+                    if (ph[H] != -INFINITY) {
+                        const float a = exp_neg_scalar(ph[H] - bm);
+                        for (size_t d = 0; d < H; d++)
+                            ph[d] *= a;
+                        ph[H + 1] *= a;
+                    }
+                    ph[H] = bm;
+                }
+                ph[H + 1] += exp_shift_sum(sh, cnt, ph[H]);
+            }
+            /* O += weights x the block's value rows */
+            for (int g = 0; g < nkv; g++) {
+                const float *vb = ikv__kv_at(e, blk, l, 1, g, 0);
+                int j = 0;
+                for (; j + 2 <= kvmul; j += 2) {
+                    const int h = g * kvmul + j;
+                    float *o0 = pc + (size_t)h * pstride, *o1 = o0 + pstride;
+                    const float *p0w = sc + (size_t)h * ss, *p1w = p0w + ss;
+#ifdef HAVE_AVX2_PATH
+                    if (fma) {
+                        pv2_fma(o0, o1, p0w, p1w, vb, cnt, hd);
+                        continue;
+                    }
+#endif
+                    pv_block2(o0, o1, p0w, p1w, vb, cnt, hd);
+                }
+                if (j < kvmul) {
+                    const int h = g * kvmul + j;
+                    float *o0 = pc + (size_t)h * pstride;
+                    const float *pw = sc + (size_t)h * ss;
+#ifdef HAVE_AVX2_PATH
+                    if (fma) {
+                        pv1_fma(o0, pw, vb, cnt, hd);
+                        continue;
+                    }
+#endif
+                    pv_block(o0, pw, vb, cnt, hd, hd);
                 }
             }
         }
     }
 }
 
-/* Rows of dim split: x += Wo att on this thread's rows. */
+/* att_h = sum_c O_c e^(M_c - M) / sum_c L_c e^(M_c - M), M = max_c M_c, over the chunks of
+ * dc_attn in order, for every query head h, into out [n_heads][head_dim]. */
+static void attn_merge(const struct ikv_engine *e, size_t pos, float *out) {
+    const struct ikv_model *m = e->m;
+    const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, pstride = H + 2;
+    const size_t nb = (pos + 1 + e->bt - 1) / e->bt;
+    const size_t nch = (nb + IKV__DC_CHUNK - 1) / IKV__DC_CHUNK;
+    for (size_t h = 0; h < nh; h++) {
+        float *o = out + h * H, mx = -INFINITY, sum = 0.0f;
+        for (size_t ch = 0; ch < nch; ch++) {
+            const float mc = e->dpart[(ch * nh + h) * pstride + H];
+            mx = mc > mx ? mc : mx;
+        }
+        memset(o, 0, sizeof(float) * H);
+        for (size_t ch = 0; ch < nch; ch++) {
+            const float *ph = e->dpart + (ch * nh + h) * pstride;
+            const float a = exp_neg_scalar(ph[H] - mx);
+            sum += ph[H + 1] * a;
+            for (size_t d = 0; d < H; d++)
+                o[d] += ph[d] * a;
+        }
+        const float inv = 1.0f / sum;
+        for (size_t d = 0; d < H; d++)
+            o[d] *= inv;
+    }
+}
+
+/* Rows of dim split: each thread merges the attention chunks into its own buffer (the same bits
+ * on every thread; a few microseconds, cheaper than a region of its own), then x += Wo att on
+ * its rows. */
 static void dc_wo(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
     const size_t D = (size_t)m->cfg.dim, qd = (size_t)m->q_dim;
+    float *att = e->xn + (size_t)t * D; /* q_dim == dim */
     size_t a, b;
     part(D, t, P, 16, &a, &b);
-    gemv_rows(m->w.wo + (size_t)c->l * D * qd, e->att, e->xb, a, b, (int)qd);
+    attn_merge(e, c->pos, att);
+    gemv_rows(m->w.wo + (size_t)c->l * D * qd, att, e->xb, a, b, (int)qd);
     for (size_t i = a; i < b; i++)
         e->x[i] += e->xb[i];
 }

@@ -84,11 +84,17 @@ struct ikv_engine {
     ikv_engine_options opt;
     uint32_t bt;         /* tokens per block */
     uint32_t T;          /* prefill tile rows */
+    uint32_t G;          /* tiles per projection call in a prefill (1 unless the check passed) */
+    uint32_t TP;         /* rows a tile takes in the prefill buffers: T, or T rounded up */
+    uint32_t Q;          /* a tile alone: projections on its computed rows rounded out to
+                            multiples of Q (0: on all TP rows) */
     uint32_t max_blocks; /* blocks of one full-length sequence: ceil(seq_len / bt) */
     uint32_t Lmax;       /* seq_len rounded up to a multiple of T: widest attention row */
 
-    /* KV pool: nblocks blocks of block_floats floats, laid out per block as
-     * [layer][k|v][kv_head][token (bt)][head_dim]. */
+    /* KV pool: nblocks blocks of block_floats floats, laid out layer by layer as
+     * [layer][block][k|v][kv_head][token (bt)][head_dim]: a block's K and V of one layer are
+     * one run (32 KiB on `small`), and blocks next to each other in the pool are next to each
+     * other in every layer. */
     float *kv;
     uint32_t nblocks;
     size_t block_floats;
@@ -117,7 +123,8 @@ struct ikv_engine {
     int nth;
     ikv__pool *pool;
     /* forward scratch (T rows each unless said) */
-    float *x, *xb, *q, *k, *v, *att, *hb, *hb2; /* [T][dim|q_dim|kv_dim|hidden] */
+    float *x; /* [Lmax / T tiles][TP][dim] residual rows of a prefill's tiles (decode: row 0) */
+    float *xb, *q, *k, *v, *att, *hb, *hb2; /* [G TP][dim|q_dim|kv_dim|hidden] */
     float *S;       /* [nth][S_rows][Lmax] attention scores / probabilities, per thread */
     size_t S_rows;  /* kvmul * max(T, n_kv_heads): a prefill tile's or a decode step's rows */
     float *rinv;    /* [nth][S_rows] 1 / softmax sum of each prefill score row, per thread */
@@ -125,6 +132,7 @@ struct ikv_engine {
     float *Kc, *Vc; /* [n_kv_heads][Lmax][head_dim] K/V gathered through the table */
     float *rope_cos, *rope_sin; /* [seq_len][head_dim / 2] */
     float *xn;                  /* [nth][dim] each thread's copy of a normed row (decode, logits) */
+    float *dpart; /* decode attention: [chunks][n_heads][head_dim + 2] (O, M, L) per chunk */
 
     uint64_t n_requests, n_cached_tokens, n_computed_tokens, n_rejected;
 };
@@ -134,22 +142,42 @@ static inline float *ikv__kv_at(const struct ikv_engine *e, uint32_t b, int laye
                                 uint32_t slot) {
     const struct ikv_model *m = e->m;
     size_t hd = (size_t)m->head_dim, nkv = (size_t)m->cfg.n_kv_heads;
-    return e->kv + (size_t)b * e->block_floats +
-           ((((size_t)layer * 2 + (size_t)kv) * nkv + (size_t)g) * e->bt + slot) * hd;
+    return e->kv +
+           (((((size_t)layer * e->nblocks + b) * 2 + (size_t)kv) * nkv + (size_t)g) * e->bt +
+            slot) *
+               hd;
 }
 
-/* Prefill one tile: rows of absolute positions [t0, t0 + T), of which [lo, hi) are computed
- * (the rest are zero padding); writes their K/V through s->table; leaves the final residual
- * rows in e->x. Does not allocate. (forward.c) */
-void ikv__prefill_tile(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t t0,
-                       size_t lo, size_t hi);
+/* Prefill positions [first, n) on the tiles of T rows that cover them (tile k: positions
+ * [kT, kT + T), rows outside [first, n) zero padding); writes their K/V through s->table;
+ * leaves the final residual rows in e->x (ikv__prefill_row finds a position's). Does not
+ * allocate. (forward.c) */
+void ikv__prefill(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t first,
+                  size_t n);
+/* Blocks per chunk of decode attention: the unit of its split over threads (forward.c). */
+#define IKV__DC_CHUNK 4
+
+/* Checks, for every projection sgemm call of a prefill (each thread's, on layer 0's weights,
+ * with random rows), whether each row gets the same bits as in a call of its own tile's TP
+ * rows: bit 0, in a call of G tiles of TP rows each (G > 1); bit 1, in a call of rows [a, b)
+ * of its tile, a < b multiples of Q (Q > 0, TP a multiple of Q). Returns the bits that held.
+ * X holds G TP x max(dim, hidden) floats, Y1 and Y2 as many (scratch, overwritten). Does not
+ * allocate. (forward.c) */
+int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, uint32_t TP, uint32_t Q,
+                             float *X, float *Y1, float *Y2);
+/* Tests: restricts ikv_engine_create to prefill scheme 0 (tiles of T rows, trims of 16) or 1
+ * (tiles padded to a multiple of 12 rows, trims of 12), or -1 (both, the default). */
+void ikv__prefill_scheme_force(int scheme);
+/* The final residual row of position p after ikv__prefill(e, s, tokens, first, n). */
+const float *ikv__prefill_row(const struct ikv_engine *e, size_t first, size_t p);
 /* Final RMSNorm of one residual row and the classifier (matrix-vector). */
 void ikv__logits_row(struct ikv_engine *e, const float *xrow, float *out);
 /* One decode step of `token` at position pos = s->n (its block already in the table). */
 void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, size_t pos);
-/* Forces the SSE2 (avx2 = 0) or AVX2 (1, only where the CPU has it) kernels of softmax, SwiGLU
- * and decode's matrix-vector products, or back to detection (-1). For tests, before any engine
- * runs: results are only comparable within one setting. Not thread-safe. */
+/* Forces the SSE2 (avx2 = 0) or AVX2 (1, only where the CPU has AVX2 and FMA) kernels of
+ * softmax, SwiGLU and decode's matrix-vector products and attention, or back to detection (-1). For
+ * tests, before any engine runs: results are only comparable within one setting. Not thread-safe.
+ */
 void ikv__simd_force(int avx2);
 /* Fills the RoPE tables. */
 void ikv__rope_init(struct ikv_engine *e);
