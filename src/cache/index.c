@@ -56,7 +56,7 @@ typedef struct tier {
 
 struct ikv_cache {
     ikv__node *nodes;
-    uint32_t *buckets; /* tagged entry of each chain's first node, ENTRY_NIL if empty */
+    uint32_t *buckets; /* tagged entry of each chain's first node; id bits all ones if empty */
     uint32_t *hnext;   /* per node id: tagged entry of the next node in its chain; free list */
     uint64_t nbuckets; /* = node_limit */
     uint32_t id_mask;  /* low bits of an entry: the node id; all ones = no node */
@@ -218,9 +218,8 @@ static inline uint64_t bucket_of(const ikv_cache *c, ikv_key k) {
     return ((k.lo >> 32) * c->nbuckets) >> 32; /* nbuckets < 2^32 */
 }
 
-/* A chain entry: the node id under id_mask, the key's tag above it. ENTRY_NIL's id bits are
- * all ones, which no node id reaches (ids < node_limit <= id_mask). */
-#define ENTRY_NIL UINT32_MAX
+/* A chain entry: the node id under id_mask, the key's tag above it. An entry whose id bits are
+ * all ones names no node (ids < node_limit <= id_mask); create fills the buckets with them. */
 
 static inline uint32_t tag_of(const ikv_cache *c, ikv_key k) {
     return (uint32_t)(k.hi >> 32) & ~c->id_mask;
