@@ -85,6 +85,32 @@ int ikv_model_write_random(const char *path, const ikv_model_config *c, uint64_t
 void ikv_model_destroy(ikv_model *m);
 const ikv_model_config *ikv_model_cfg(const ikv_model *m);
 
+/* ---- int8 weights: llama2.c version-2 checkpoints ---------------------------------------- */
+/* ikv_model_load also reads llama2.c's int8 export (export.py --version 2, what runq.c runs):
+ * the 256-byte "ak42" header, fp32 norms, each matrix as int8 values and fp32 scales per group
+ * of `group` values. Such a model decodes and prefills with int8 weights (activations quantized
+ * per group as runq.c does); the KV stays fp32. See docs/engine.md. */
+
+/* The int8 group size of a model loaded from a version-2 checkpoint; 0 for fp32 weights. */
+int ikv_model_group(const ikv_model *m);
+/* 0 if `group` can quantize every matrix of shape c (it divides dim and hidden_dim, the input
+ * widths), else IKV_EINVAL with the reason and the group sizes that would do. */
+int ikv_model_q8_group_check(const ikv_model_config *c, int group);
+/* Exact size of a version-2 checkpoint of shape c (for a valid group). */
+uint64_t ikv_model_q8_file_bytes(const ikv_model_config *c, int group);
+/* Bytes of weights one int8 decode step reads (values and scales of every matrix and the
+ * classifier, norms, one embedding row). */
+uint64_t ikv_model_q8_decode_bytes(const ikv_model_config *c, int group);
+/* Writes the fp32 model m as a version-2 checkpoint with groups of `group` (export.py's
+ * quantization: scale = max|w| / 127, round half to even), through a temporary file renamed at
+ * the end, so a failure leaves no partial file. Refuses a target that exists and is not a
+ * regular file. Returns 0, IKV_EINVAL (bad group, or m already int8; the reason in
+ * ikv_errdetail), IKV_EIO, IKV_ENOMEM. */
+int ikv_model_write_q8(const ikv_model *m, const char *path, int group);
+/* The same quantization into a new in-memory int8 model *out (validated as a loaded file is);
+ * m is not changed. Returns 0, IKV_EINVAL, IKV_ENOMEM. */
+int ikv_model_quantize(const ikv_model *m, int group, ikv_model **out);
+
 /* ---- tokenizer --------------------------------------------------------------------------- */
 
 typedef struct ikv_tokenizer ikv_tokenizer;

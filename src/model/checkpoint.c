@@ -21,8 +21,9 @@
  *              fp32 wcls             [vocab][dim]      only when vocab_size < 0
  *
  * The loader maps the file read-only and accepts it only if its length is exactly what the
- * header implies: a shorter file is truncated, a longer one is not this format (version-1/2
- * exports start with the magic "ak42" and are named as such). Nothing is read before the
+ * header implies: a shorter file is truncated, a longer one is not this format. A file that
+ * starts with the magic "ak42" is a version-1/2 export and goes to checkpoint_q8.c (version 2,
+ * int8, is supported; version 1 is named as such). Nothing is read before the
  * header fields are checked against limits, so absurd sizes cannot overflow the arithmetic.
  *
  * Random weights: splitmix64 stream from the seed -> uniform in [-sqrt(3) s, sqrt(3) s] with
@@ -215,12 +216,6 @@ int ikv_model_load(const char *path, ikv_model **out) {
     void *img = mmap(NULL, bytes, PROT_READ, MAP_PRIVATE, fd, 0);
     close(fd);
     if (img == MAP_FAILED) return ikv_error(IKV_EIO, "%s: mmap failed: %s", path, strerror(errno));
-    ikv_model_config c;
-    int rc = parse_header(path, img, bytes, &c);
-    if (rc) {
-        munmap(img, bytes);
-        return rc;
-    }
     ikv_model *m = ikv_calloc(1, sizeof *m);
     if (!m) {
         munmap(img, bytes);
@@ -229,7 +224,19 @@ int ikv_model_load(const char *path, ikv_model **out) {
     m->image = img;
     m->image_bytes = bytes;
     m->mapped = 1;
-    ikv__model_bind(m, &c);
+    uint32_t magic;
+    memcpy(&magic, img, sizeof magic);
+    int rc;
+    if (magic == IKV__CKPT_Q8_MAGIC) { /* llama2.c version 1/2: checkpoint_q8.c */
+        rc = ikv__q8_bind(m, path, img, bytes);
+    } else {
+        ikv_model_config c;
+        if (!(rc = parse_header(path, img, bytes, &c))) ikv__model_bind(m, &c);
+    }
+    if (rc) {
+        ikv_model_destroy(m);
+        return rc;
+    }
     *out = m;
     return 0;
 }

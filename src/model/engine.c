@@ -100,7 +100,8 @@ void ikv_engine_destroy(ikv_engine *e) {
                     e->bkey,     e->free_stack, e->node2blk, e->seqs,   e->keys,    e->nodes,
                     e->x,        e->xb,         e->q,        e->k,      e->v,       e->att,
                     e->hb,       e->hb2,        e->S,        e->qg,     e->Kc,      e->Vc,
-                    e->rope_cos, e->rope_sin,   e->xn,       e->rinv,   e->dpart};
+                    e->rope_cos, e->rope_sin,   e->xn,       e->rinv,   e->dpart,
+                    e->aq,       e->aa,         e->as,       e->wdq};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         ikv_free(bufs[i]);
     ikv_free(e);
@@ -215,6 +216,11 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
              ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) && ALLOC(e->xn, P * D) &&
              ALLOC(e->dpart, ((size_t)max_blocks + IKV__DC_CHUNK - 1) / IKV__DC_CHUNK *
                                  (size_t)c->n_heads * (hd + 2));
+    /* int8 weights: per-thread quantized activations and dequantized prefill weight rows */
+    e->act_w = m->gs ? (D > hid ? D : hid) : 0;
+    e->wdq_floats = ikv__prefill_wdq_floats(e);
+    ok = ok && ALLOC(e->aq, P * e->act_w) && ALLOC(e->aa, P * e->act_w) &&
+         ALLOC(e->as, P * e->act_w) && ALLOC(e->wdq, P * e->wdq_floats);
     for (uint32_t i = 0; ok && i < o.max_seqs; i++)
         ok = ALLOC(e->seqs[i].table, max_blocks) && ALLOC(e->seqs[i].locked, max_blocks) &&
              ALLOC(e->seqs[i].logits, V);

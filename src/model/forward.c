@@ -737,13 +737,71 @@ static void rope(const struct ikv_engine *e, float *vec, int width, size_t pos) 
 
 /* ---- matrix products ------------------------------------------------------------------------ */
 
-/* Y[:, n0:n1) = X W[n0:n1)^T for X [M][K] and W [N][K] (row-major (out, in), as stored); Y has
- * row stride ldy. One single-threaded BLAS call of shape M x (n1 - n0) x K. */
-static void gemm_cols(int M, int K, const float *X, const float *W, size_t n0, size_t n1, float *Y,
-                      int ldy) {
+/* Y[:, n0:n1) = X W[n0:n1)^T for X [M][K] and W [N][K] (row-major (out, in), as stored), given
+ * Wn0 = W's row n0; Y has row stride ldy. One single-threaded BLAS call of shape
+ * M x (n1 - n0) x K. */
+static void gemm_cols(int M, int K, const float *X, const float *Wn0, size_t n0, size_t n1,
+                      float *Y, int ldy) {
     if (n1 <= n0) return;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, (int)(n1 - n0), K, 1.0f, X, K,
-                W + n0 * (size_t)K, K, 0.0f, Y + n0, ldy);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, M, (int)(n1 - n0), K, 1.0f, X, K, Wn0, K,
+                0.0f, Y + n0, ldy);
+}
+
+/* ---- weight products: fp32 or int8, one dispatch per matrix -------------------------------- */
+
+/* Layer l of fp32 weight kind k (IKV__QM_*). */
+static const float *fp32_w(const struct ikv_model *m, int k, int l) {
+    const ikv__weights *w = &m->w;
+    const size_t D = (size_t)m->cfg.dim, H = (size_t)m->cfg.hidden_dim, L = (size_t)l;
+    const size_t nq = (size_t)m->q_dim, nkv = (size_t)m->kv_dim;
+    switch (k) {
+    case IKV__QM_Q: return w->wq + L * nq * D;
+    case IKV__QM_K: return w->wk + L * nkv * D;
+    case IKV__QM_V: return w->wv + L * nkv * D;
+    case IKV__QM_O: return w->wo + L * D * nq;
+    case IKV__QM_1: return w->w1 + L * H * D;
+    case IKV__QM_2: return w->w2 + L * D * H;
+    case IKV__QM_3: return w->w3 + L * H * D;
+    case IKV__QM_EMB: return w->emb;
+    default: return w->wcls;
+    }
+}
+
+/* Thread t's buffers for a quantized activation row (int8 models). */
+static inline ikv__q8act act_buf(const struct ikv_engine *e, int t) {
+    ikv__q8act a = {e->aq + (size_t)t * e->act_w, e->aa + (size_t)t * e->act_w,
+                    e->as + (size_t)t * e->act_w};
+    return a;
+}
+
+/* Prepares x[0..n) as the input of weight products on thread t: for an int8 model, quantizes
+ * it into the thread's buffers (runq.c's per-group quantization); nothing for fp32. */
+static inline ikv__q8act act_prep(const struct ikv_engine *e, int t, const float *x, size_t n) {
+    ikv__q8act a = act_buf(e, t);
+    if (e->m->gs) ikv__q8_quantize(x, n, e->m->gs, &a);
+    return a;
+}
+
+static void gemv_rows(const float *W, const float *x, float *y, size_t r0, size_t r1, int K);
+
+/* y[r0..r1) = W x for weight kind k of layer l: fp32 gemv_rows on x, or the int8 product on xa
+ * (x after act_prep). Per row the same arithmetic whatever range is computed. */
+static inline void matvec(const struct ikv_engine *e, int k, int l, const float *x,
+                          const ikv__q8act *xa, float *y, size_t r0, size_t r1) {
+    const struct ikv_model *m = e->m;
+    if (m->gs)
+        ikv__q8_matvec(m, k, l, xa, y, r0, r1);
+    else
+        gemv_rows(fp32_w(m, k, l), x, y, r0, r1, k == IKV__QM_2 ? m->cfg.hidden_dim : m->cfg.dim);
+}
+
+/* x[0..dim) = the token embedding row of `token` (dequantized for an int8 model). */
+static inline void embed_row(const struct ikv_model *m, uint32_t token, float *x) {
+    const size_t D = (size_t)m->cfg.dim;
+    if (m->gs)
+        ikv__q8_dequant_rows(m, IKV__QM_EMB, 0, token, (size_t)token + 1, x);
+    else
+        memcpy(x, m->w.emb + (size_t)token * D, sizeof(float) * D);
 }
 
 /* y[r] = W[r] . x for rows r in [r0, r1) of W [N][K] (decode and logits). One row at a time,
@@ -910,10 +968,22 @@ static inline uint32_t blk_of(const struct ikv_engine *e, const struct ikv_seq *
  * stride ldy. */
 typedef struct proj {
     int K, ldy;
-    const float *W, *X;
+    int wk, wl; /* weight kind (IKV__QM_*) and layer */
+    const float *X;
     float *Y;
     size_t n0, n1;
 } proj;
+
+/* Row n0 of the call's weights as fp32: the model's own rows, or (int8 model) rows [n0, n1)
+ * dequantized into thread t's buffer. */
+static const float *proj_w(const struct ikv_engine *e, const proj *p, int t) {
+    const struct ikv_model *m = e->m;
+    if (!m->gs) return fp32_w(m, p->wk, p->wl) + p->n0 * (size_t)p->K;
+    float *buf = e->wdq + (size_t)t * e->wdq_floats;
+    IKV_ASSERT((p->n1 - p->n0) * (size_t)p->K <= e->wdq_floats);
+    ikv__q8_dequant_rows(m, p->wk, p->wl, p->n0, p->n1, buf);
+    return buf;
+}
 
 enum { PROJ_QKV, PROJ_WO, PROJ_W13, PROJ_W2, PROJ_KINDS };
 
@@ -924,10 +994,8 @@ enum { PROJ_QKV, PROJ_WO, PROJ_W13, PROJ_W2, PROJ_KINDS };
  * Returns the number of calls. */
 static int proj_calls(const struct ikv_engine *e, int kind, int l, int t, int P, proj out[3]) {
     const struct ikv_model *m = e->m;
-    const ikv__weights *w = &m->w;
     const int dim = m->cfg.dim, hid = m->cfg.hidden_dim, qd = m->q_dim, kvd = m->kv_dim;
-    const size_t D = (size_t)dim, H = (size_t)hid, L = (size_t)l, nq = (size_t)qd,
-                 nkv = (size_t)kvd;
+    const size_t D = (size_t)dim, H = (size_t)hid, nq = (size_t)qd, nkv = (size_t)kvd;
     size_t a, b;
     int n = 0;
     switch (kind) {
@@ -937,23 +1005,23 @@ static int proj_calls(const struct ikv_engine *e, int kind, int l, int t, int P,
         size_t ka = a > nq ? a - nq : 0, kb = b > nq ? b - nq : 0;
         ka = ka < nkv ? ka : nkv, kb = kb < nkv ? kb : nkv;
         size_t va = a > nq + nkv ? a - nq - nkv : 0, vb = b > nq + nkv ? b - nq - nkv : 0;
-        if (qb > qa) out[n++] = (proj){dim, qd, w->wq + L * nq * D, e->xb, e->q, qa, qb};
-        if (kb > ka) out[n++] = (proj){dim, kvd, w->wk + L * nkv * D, e->xb, e->k, ka, kb};
-        if (vb > va) out[n++] = (proj){dim, kvd, w->wv + L * nkv * D, e->xb, e->v, va, vb};
+        if (qb > qa) out[n++] = (proj){dim, qd, IKV__QM_Q, l, e->xb, e->q, qa, qb};
+        if (kb > ka) out[n++] = (proj){dim, kvd, IKV__QM_K, l, e->xb, e->k, ka, kb};
+        if (vb > va) out[n++] = (proj){dim, kvd, IKV__QM_V, l, e->xb, e->v, va, vb};
         break;
     }
     case PROJ_WO:
         part(D, t, P, 16, &a, &b);
-        out[n++] = (proj){qd, dim, w->wo + L * D * nq, e->att, e->xb, a, b};
+        out[n++] = (proj){qd, dim, IKV__QM_O, l, e->att, e->xb, a, b};
         break;
     case PROJ_W13:
         part(H, t, P, 16, &a, &b);
-        out[n++] = (proj){dim, hid, w->w1 + L * H * D, e->xb, e->hb, a, b};
-        out[n++] = (proj){dim, hid, w->w3 + L * H * D, e->xb, e->hb2, a, b};
+        out[n++] = (proj){dim, hid, IKV__QM_1, l, e->xb, e->hb, a, b};
+        out[n++] = (proj){dim, hid, IKV__QM_3, l, e->xb, e->hb2, a, b};
         break;
     default:
         part(D, t, P, 16, &a, &b);
-        out[n++] = (proj){hid, dim, w->w2 + L * D * H, e->hb, e->xb, a, b};
+        out[n++] = (proj){hid, dim, IKV__QM_2, l, e->hb, e->xb, a, b};
         break;
     }
     return n;
@@ -964,8 +1032,23 @@ static void proj_run(const struct ikv_engine *e, int kind, int l, int t, int P, 
                      size_t r1, proj pc[3]) {
     int n = proj_calls(e, kind, l, t, P, pc);
     for (int i = 0; i < n; i++)
-        gemm_cols((int)(r1 - r0), pc[i].K, pc[i].X + r0 * (size_t)pc[i].K, pc[i].W, pc[i].n0,
-                  pc[i].n1, pc[i].Y + r0 * (size_t)pc[i].ldy, pc[i].ldy);
+        gemm_cols((int)(r1 - r0), pc[i].K, pc[i].X + r0 * (size_t)pc[i].K, proj_w(e, &pc[i], t),
+                  pc[i].n0, pc[i].n1, pc[i].Y + r0 * (size_t)pc[i].ldy, pc[i].ldy);
+}
+
+size_t ikv__prefill_wdq_floats(const struct ikv_engine *e) {
+    size_t mx = 0;
+    if (!e->m->gs) return 0;
+    for (int t = 0; t < e->nth; t++)
+        for (int kind = 0; kind < PROJ_KINDS; kind++) {
+            proj pc[3];
+            int n = proj_calls(e, kind, 0, t, e->nth, pc);
+            for (int i = 0; i < n; i++) {
+                size_t f = (pc[i].n1 - pc[i].n0) * (size_t)pc[i].K;
+                mx = f > mx ? f : mx;
+            }
+        }
+    return mx;
 }
 
 int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, uint32_t TP, uint32_t Q,
@@ -979,6 +1062,7 @@ int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, uint32_t TP
             for (int i = 0; i < n && ok; i++) {
                 const proj *c = &pc[i];
                 const size_t K = (size_t)c->K, ld = (size_t)c->ldy, w = c->n1 - c->n0;
+                const float *W = proj_w(e, c, t);
                 uint64_t z = UINT64_C(0x9e3779b97f4a7c15) * (uint64_t)(kind * 3 + i + 1);
                 for (size_t j = 0; j < R * K; j++) {
                     z ^= z << 13, z ^= z >> 7, z ^= z << 17;
@@ -986,10 +1070,10 @@ int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, uint32_t TP
                 }
                 /* the reference: each tile's TP rows in their own call */
                 for (size_t g = 0; g < G; g++)
-                    gemm_cols((int)TP, c->K, X + g * TP * K, c->W, c->n0, c->n1, Y1 + g * TP * ld,
+                    gemm_cols((int)TP, c->K, X + g * TP * K, W, c->n0, c->n1, Y1 + g * TP * ld,
                               c->ldy);
                 if (ok & 1) { /* all G tiles in one call */
-                    gemm_cols((int)R, c->K, X, c->W, c->n0, c->n1, Y2, c->ldy);
+                    gemm_cols((int)R, c->K, X, W, c->n0, c->n1, Y2, c->ldy);
                     for (size_t r = 0; r < R && (ok & 1); r++)
                         if (memcmp(Y1 + r * ld + c->n0, Y2 + r * ld + c->n0, sizeof(float) * w))
                             ok &= ~1;
@@ -998,7 +1082,7 @@ int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, uint32_t TP
                 for (size_t a = 0; a < TP && (ok & 2); a += Q)
                     for (size_t b = a + Q; b <= TP && (ok & 2); b += Q) {
                         if (a == 0 && b == TP) continue;
-                        gemm_cols((int)(b - a), c->K, X + a * K, c->W, c->n0, c->n1, Y2 + a * ld,
+                        gemm_cols((int)(b - a), c->K, X + a * K, W, c->n0, c->n1, Y2 + a * ld,
                                   c->ldy);
                         for (size_t r = a; r < b; r++)
                             if (memcmp(Y1 + r * ld + c->n0, Y2 + r * ld + c->n0, sizeof(float) * w))
@@ -1027,7 +1111,7 @@ static void pf_norm_att(void *vc, int t, int P) {
             /* row i: tile i / TP of the group, its row i % TP (rows T..TP-1 are padding) */
             size_t p = c->t0 + i / TP * T + i % TP;
             if (i % TP < T && p >= c->lo && p < c->hi)
-                memcpy(x, m->w.emb + (size_t)c->tokens[p] * D, sizeof(float) * D);
+                embed_row(m, c->tokens[p], x);
             else
                 memset(x, 0, sizeof(float) * D);
         }
@@ -1224,7 +1308,8 @@ static void logits_task(void *vc, int t, int P) {
     size_t a, b;
     part((size_t)m->cfg.vocab_size, t, P, 16, &a, &b);
     rmsnorm(xn, c->xrow, m->w.rms_final, (int)D);
-    gemv_rows(m->w.wcls, xn, c->out, a, b, (int)D);
+    const ikv__q8act xa = act_prep(e, t, xn, D);
+    matvec(e, IKV__QM_CLS, 0, xn, &xa, c->out, a, b);
 }
 
 void ikv__logits_row(struct ikv_engine *e, const float *xrow, float *out) {
@@ -1247,19 +1332,20 @@ static void dc_qkv(void *vc, int t, int P) {
     size_t a, b;
     part(nq + 2 * nkv, t, P, H, &a, &b);
     rmsnorm(xn, e->x, w->rms_att + l * D, (int)D);
+    const ikv__q8act xa = act_prep(e, t, xn, D);
     uint32_t blk = blk_of(e, c->s, pos), slot = (uint32_t)(pos % e->bt);
     for (size_t h = a; h < b; h += H) {
         if (h < nq) { /* a query head */
-            gemv_rows(w->wq + l * nq * D, xn, e->q, h, h + H, (int)D);
+            matvec(e, IKV__QM_Q, c->l, xn, &xa, e->q, h, h + H);
             rope(e, e->q + h, (int)H, pos);
         } else if (h < nq + nkv) { /* a key head */
             size_t r = h - nq;
-            gemv_rows(w->wk + l * nkv * D, xn, e->k, r, r + H, (int)D);
+            matvec(e, IKV__QM_K, c->l, xn, &xa, e->k, r, r + H);
             rope(e, e->k + r, (int)H, pos);
             memcpy(ikv__kv_at(e, blk, (int)l, 0, (int)(r / H), slot), e->k + r, sizeof(float) * H);
         } else { /* a value head */
             size_t r = h - nq - nkv;
-            gemv_rows(w->wv + l * nkv * D, xn, e->v, r, r + H, (int)D);
+            matvec(e, IKV__QM_V, c->l, xn, &xa, e->v, r, r + H);
             memcpy(ikv__kv_at(e, blk, (int)l, 1, (int)(r / H), slot), e->v + r, sizeof(float) * H);
         }
     }
@@ -1441,7 +1527,8 @@ static void dc_wo(void *vc, int t, int P) {
     size_t a, b;
     part(D, t, P, 16, &a, &b);
     attn_merge(e, c->pos, att);
-    gemv_rows(m->w.wo + (size_t)c->l * D * qd, att, e->xb, a, b, (int)qd);
+    const ikv__q8act xa = act_prep(e, t, att, qd);
+    matvec(e, IKV__QM_O, c->l, att, &xa, e->xb, a, b);
     for (size_t i = a; i < b; i++)
         e->x[i] += e->xb[i];
 }
@@ -1457,8 +1544,9 @@ static void dc_ffn13(void *vc, int t, int P) {
     size_t a, b;
     part(Hd, t, P, 16, &a, &b);
     rmsnorm(xn, e->x, m->w.rms_ffn + l * D, (int)D);
-    gemv_rows(m->w.w1 + l * Hd * D, xn, e->hb, a, b, (int)D);
-    gemv_rows(m->w.w3 + l * Hd * D, xn, e->hb2, a, b, (int)D);
+    const ikv__q8act xa = act_prep(e, t, xn, D);
+    matvec(e, IKV__QM_1, c->l, xn, &xa, e->hb, a, b);
+    matvec(e, IKV__QM_3, c->l, xn, &xa, e->hb2, a, b);
     swiglu(e->hb + a, e->hb2 + a, b - a);
 }
 
@@ -1470,17 +1558,17 @@ static void dc_w2(void *vc, int t, int P) {
     const size_t D = (size_t)m->cfg.dim, Hd = (size_t)m->cfg.hidden_dim;
     size_t a, b;
     part(D, t, P, 16, &a, &b);
-    gemv_rows(m->w.w2 + (size_t)c->l * D * Hd, e->hb, e->xb, a, b, (int)Hd);
+    const ikv__q8act xa = act_prep(e, t, e->hb, Hd);
+    matvec(e, IKV__QM_2, c->l, e->hb, &xa, e->xb, a, b);
     for (size_t i = a; i < b; i++)
         e->x[i] += e->xb[i];
 }
 
 void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, size_t pos) {
     const struct ikv_model *m = e->m;
-    const size_t D = (size_t)m->cfg.dim;
     fwd c = {.e = e, .s = s, .pos = pos};
     static const ikv__task layer[] = {dc_qkv, dc_attn, dc_wo, dc_ffn13, dc_w2};
-    memcpy(e->x, m->w.emb + (size_t)token * D, sizeof(float) * D);
+    embed_row(m, token, e->x);
     for (c.l = 0; c.l < m->cfg.n_layers; c.l++)
         for (size_t r = 0; r < sizeof layer / sizeof layer[0]; r++) {
             ikv__pool_run(e->pool, layer[r], &c);

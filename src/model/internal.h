@@ -28,9 +28,35 @@ typedef struct ikv__weights {
     const float *wcls;      /* (vocab, dim); == emb when shared */
 } ikv__weights;
 
+/* The int8 matrices of a llama2.c version-2 checkpoint (checkpoint_q8.c), in file order. */
+enum {
+    IKV__QM_EMB, /* (vocab, dim) token embedding, also the classifier when shared */
+    IKV__QM_Q,
+    IKV__QM_K,
+    IKV__QM_V,
+    IKV__QM_O,
+    IKV__QM_1,
+    IKV__QM_2,
+    IKV__QM_3,
+    IKV__QM_CLS, /* (vocab, dim); the embedding's when shared */
+    IKV__QM_KINDS
+};
+
+/* One int8 matrix kind [rows][cols] per layer: layer l's values start at q + l * stride, then
+ * rows * cols / gs fp32 scales (one per group of gs consecutive values of a row; gs divides
+ * cols), which need not be 4-byte aligned in the file (read them with memcpy or unaligned
+ * loads). */
+typedef struct ikv__qmat {
+    const int8_t *q;
+    size_t stride; /* bytes from one layer's values to the next's */
+    size_t rows, cols;
+} ikv__qmat;
+
 struct ikv_model {
     ikv_model_config cfg;
-    ikv__weights w;
+    ikv__weights w; /* fp32 weights; with gs > 0 only the norms are set */
+    int gs;         /* 0: fp32 weights; > 0: int8 weights in groups of gs (llama2.c version 2) */
+    ikv__qmat qm[IKV__QM_KINDS]; /* the int8 matrices when gs > 0 */
     int head_dim, q_dim, kv_dim; /* head_dim = dim / n_heads; q_dim = dim; kv_dim */
     void *image;                 /* the whole checkpoint image */
     size_t image_bytes;
@@ -48,6 +74,53 @@ void ikv__model_bind(struct ikv_model *m, const ikv_model_config *c);
  * heap (same result, O(n log n)); the naive one is the tests' oracle. (tokenizer.c) */
 int ikv__tokenizer_encode_with(const ikv_tokenizer *t, const char *text, int bos, int eos,
                                uint32_t *out, size_t max, size_t *n, int naive);
+
+/* ---- int8 weights (checkpoint_q8.c: format; quant.c: kernels) ------------------------------ */
+
+#define IKV__CKPT_Q8_HEADER_BYTES 256
+#define IKV__CKPT_Q8_MAGIC        0x616b3432u /* "ak42" read as a little-endian uint32 */
+
+/* Parses and checks a version-2 image (magic already seen), binds m->w's norms and m->qm.
+ * Returns 0 or IKV_EFORMAT/IKV_ETRUNC naming `path` and the problem. (checkpoint_q8.c) */
+int ikv__q8_bind(struct ikv_model *m, const char *path, const void *image, size_t bytes);
+
+/* Layer l's values and scales of matrix kind k. */
+static inline const int8_t *ikv__qm_q(const struct ikv_model *m, int k, int l) {
+    return m->qm[k].q + (size_t)l * m->qm[k].stride;
+}
+static inline const uint8_t *ikv__qm_s(const struct ikv_model *m, int k, int l) {
+    return (const uint8_t *)ikv__qm_q(m, k, l) + m->qm[k].rows * m->qm[k].cols;
+}
+
+/* An activation row quantized as llama2.c's runq.c does: per group of gs values, scale =
+ * max |x| / 127 and q = round(x / scale) (half away from zero; 0 when the group is all zero);
+ * a = |q| (for the SIMD kernels' unsigned operand). Buffers of n, n and n / gs entries. */
+typedef struct ikv__q8act {
+    int8_t *q;
+    uint8_t *a;
+    float *s;
+} ikv__q8act;
+
+/* Quantizes x[0..n) (gs divides n) into act. Same bits on every kernel path. Does not
+ * allocate. (quant.c) */
+void ikv__q8_quantize(const float *x, size_t n, int gs, const ikv__q8act *act);
+/* y[r] = sum over groups g of ((float)(int32 dot of row r's group g with x's) * w_scale) *
+ * x_scale, accumulated in group order from 0 (runq.c's matmul), for rows [r0, r1) of matrix
+ * kind k of layer l. A row's result depends only on the row and x (same bits whatever range it
+ * is computed in, on every kernel path). Does not allocate. (quant.c) */
+void ikv__q8_matvec(const struct ikv_model *m, int k, int l, const ikv__q8act *x, float *y,
+                    size_t r0, size_t r1);
+/* out[(r - r0) * cols + j] = q[r][j] * scale of its group, rows [r0, r1) of kind k, layer l
+ * (runq.c's dequantize). Does not allocate. */
+void ikv__q8_dequant_rows(const struct ikv_model *m, int k, int l, size_t r0, size_t r1,
+                          float *out);
+/* Forces the int8 kernels: 0 portable C, 1 AVX2, 2 AVX-512 VNNI (256-bit), or -1 detection
+ * (the best the CPU has). A level the CPU lacks falls back to the best below it. Tests only,
+ * before any engine runs. Not thread-safe. */
+void ikv__q8_simd_force(int level);
+/* The kernel level in use (0, 1, 2) and its name ("portable", "avx2", "avx512-vnni"). */
+int ikv__q8_simd_level(void);
+const char *ikv__q8_simd_name(void);
 
 /* ---- worker pool (pool.c) ----------------------------------------------------------------- */
 
@@ -133,6 +206,15 @@ struct ikv_engine {
     float *rope_cos, *rope_sin; /* [seq_len][head_dim / 2] */
     float *xn;                  /* [nth][dim] each thread's copy of a normed row (decode, logits) */
     float *dpart; /* decode attention: [chunks][n_heads][head_dim + 2] (O, M, L) per chunk */
+    /* int8 models (m->gs > 0): each thread's quantized activation row (act_w = max(dim,
+     * hidden) values, act_w scales room), and its buffer for the weight rows of a prefill
+     * projection call dequantized to fp32 (wdq_floats each) */
+    int8_t *aq;   /* [nth][act_w] */
+    uint8_t *aa;  /* [nth][act_w] |aq| */
+    float *as;    /* [nth][act_w] (act_w / gs used) */
+    size_t act_w;
+    float *wdq; /* [nth][wdq_floats] */
+    size_t wdq_floats;
 
     uint64_t n_requests, n_cached_tokens, n_computed_tokens, n_rejected;
 };
@@ -165,6 +247,9 @@ void ikv__prefill(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *token
  * allocate. (forward.c) */
 int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, uint32_t TP, uint32_t Q,
                              float *X, float *Y1, float *Y2);
+/* The fp32 floats the largest prefill projection call's weight rows take (the dequantization
+ * buffer per thread of an int8 model); 0 for fp32 models. (forward.c) */
+size_t ikv__prefill_wdq_floats(const struct ikv_engine *e);
 /* Tests: restricts ikv_engine_create to prefill scheme 0 (tiles of T rows, trims of 16) or 1
  * (tiles padded to a multiple of 12 rows, trims of 12), or -1 (both, the default). */
 void ikv__prefill_scheme_force(int scheme);

@@ -1,0 +1,332 @@
+/*
+ * Int8 kernels for llama2.c version-2 weights: activation quantization, matrix-vector products
+ * and row dequantization, each in a portable C version and SIMD versions chosen once per
+ * process (AVX2; AVX-512 VNNI on 256-bit vectors where the CPU has it).
+ *
+ * The arithmetic is runq.c's, so that the results are the reference's:
+ *
+ *   quantize x (per group of gs):  s = max|x| / 127,  q = round(x / s)   (half away from zero)
+ *   y[r] = sum over groups g, in order from 0, of  ((float)I(r, g) * ws(r, g)) * xs(g)
+ *          where I(r, g) = sum of q_w * q_x over the group, in int32
+ *
+ * I(r, g) is an exact integer whatever order or vector width computes it, and the float part
+ * is the same sequence of roundings on every path (the SIMD kernels compute 8 groups' products
+ * in 8 lanes, then add them to the row's sum one at a time, in order). So every path gives the
+ * same bits, a row's result depends only on the row and x (never on which rows share the call,
+ * nor on the thread), and the tests compare the paths bit for bit. Exact int32: |q| <= 127, so
+ * a group's sum is below 2^31 for gs < 133000 (gs <= dim <= 65536 here).
+ *
+ * The SIMD dot products use the sign trick: |q_x| (u8) times sign(q_x) * q_w (s8), which is
+ * exact because no value is -128 (the loader refuses weights of -128; quantization never makes
+ * one). AVX2: maddubs to int16 pairs (|sum| <= 2 * 127 * 127 < 2^15, no saturation), madd to
+ * int32. VNNI: vpdpbusd straight into int32. They need gs a multiple of 32 (one 32-byte vector
+ * per group step); other group sizes (stories260K's 4) take the portable kernel, which is the
+ * same arithmetic.
+ *
+ * Rows are computed one at a time, so the weights are read as one linear stream (what the
+ * hardware prefetcher follows best; decode is bound by those bytes). Nothing here allocates.
+ */
+#include "internal.h"
+
+#include <math.h>
+#include <string.h>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define HAVE_X86_SIMD 1
+#endif
+
+static int q8_level = -1;
+
+/* The best level this CPU has: 2 if AVX-512 VNNI and VL (and AVX2), 1 if AVX2, else 0. */
+static int detect(void) {
+#ifdef HAVE_X86_SIMD
+    if (!__builtin_cpu_supports("avx2")) return 0;
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")) return 2;
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+void ikv__q8_simd_force(int level) {
+    int best = detect();
+    q8_level = level < 0 ? -1 : level < best ? level : best;
+}
+
+int ikv__q8_simd_level(void) {
+    if (q8_level < 0) q8_level = detect();
+    return q8_level;
+}
+
+const char *ikv__q8_simd_name(void) {
+    static const char *names[] = {"portable", "avx2", "avx512-vnni"};
+    return names[ikv__q8_simd_level()];
+}
+
+static inline float ld_f32(const uint8_t *p) {
+    float v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* ---- activation quantization ---------------------------------------------------------------- */
+
+/* One group of the portable version; returns its scale. */
+static float quant_group(const float *x, int gs, int8_t *q, uint8_t *a) {
+    float wmax = 0.0f;
+    for (int i = 0; i < gs; i++) {
+        float v = fabsf(x[i]);
+        if (v > wmax) wmax = v;
+    }
+    const float scale = wmax / 127.0f;
+    for (int i = 0; i < gs; i++) {
+        /* runq.c: (int8_t)round(x / scale); an all-zero group (0 / 0 there) gives 0 */
+        int8_t v = scale > 0.0f ? (int8_t)roundf(x[i] / scale) : 0;
+        q[i] = v;
+        a[i] = (uint8_t)(v < 0 ? -v : v);
+    }
+    return scale;
+}
+
+#ifdef HAVE_X86_SIMD
+/* The AVX2 version (gs a multiple of 8): max over 8 lanes (max is exact and order-free),
+ * division in lanes (IEEE, the same as scalar), round half away from zero as trunc(v) plus
+ * sign(v) where |v - trunc(v)| >= 0.5 (v - trunc(v) is exact), which is roundf's result. */
+__attribute__((target("avx2"))) static void quant_avx2(const float *x, size_t n, int gs,
+                                                       const ikv__q8act *act) {
+    const __m256 absm = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+    for (size_t g = 0; g < n / (size_t)gs; g++) {
+        const float *xg = x + g * (size_t)gs;
+        __m256 m = _mm256_setzero_ps();
+        for (int i = 0; i < gs; i += 8)
+            m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(xg + i), absm), m);
+        float l[8];
+        _mm256_storeu_ps(l, m);
+        float wmax = 0.0f;
+        for (int i = 0; i < 8; i++)
+            wmax = l[i] > wmax ? l[i] : wmax;
+        const float scale = wmax / 127.0f;
+        act->s[g] = scale;
+        int8_t *q = act->q + g * (size_t)gs;
+        uint8_t *a = act->a + g * (size_t)gs;
+        if (!(scale > 0.0f)) {
+            memset(q, 0, (size_t)gs), memset(a, 0, (size_t)gs);
+            continue;
+        }
+        const __m256 vs = _mm256_set1_ps(scale);
+        for (int i = 0; i < gs; i += 8) {
+            __m256 v = _mm256_div_ps(_mm256_loadu_ps(xg + i), vs);
+            __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            __m256 d = _mm256_and_ps(_mm256_sub_ps(v, t), absm);
+            __m256 sgn = _mm256_or_ps(_mm256_andnot_ps(absm, v), one); /* +-1 */
+            __m256 r = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(d, half, _CMP_GE_OQ), sgn));
+            __m256i i32 = _mm256_cvttps_epi32(r);
+            __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(i32),
+                                          _mm256_extracti128_si256(i32, 1));
+            __m128i p8 = _mm_packs_epi16(p16, p16);
+            _mm_storel_epi64((__m128i *)(q + i), p8);
+            _mm_storel_epi64((__m128i *)(a + i), _mm_abs_epi8(p8));
+        }
+    }
+}
+#endif
+
+void ikv__q8_quantize(const float *x, size_t n, int gs, const ikv__q8act *act) {
+#ifdef HAVE_X86_SIMD
+    if (ikv__q8_simd_level() >= 1 && gs % 8 == 0) {
+        quant_avx2(x, n, gs, act);
+        return;
+    }
+#endif
+    for (size_t g = 0; g < n / (size_t)gs; g++)
+        act->s[g] = quant_group(x + g * (size_t)gs, gs, act->q + g * (size_t)gs,
+                                act->a + g * (size_t)gs);
+}
+
+/* ---- matrix-vector products ----------------------------------------------------------------- */
+
+/* runq.c's matmul for rows [r0, r1). */
+static void matvec_portable(const int8_t *W, const uint8_t *S, size_t K, int gs,
+                            const ikv__q8act *x, float *y, size_t r0, size_t r1) {
+    const size_t ng = K / (size_t)gs;
+    for (size_t r = r0; r < r1; r++) {
+        const int8_t *w = W + r * K;
+        const uint8_t *ws = S + 4 * r * ng;
+        float val = 0.0f;
+        for (size_t g = 0; g < ng; g++) {
+            int32_t iv = 0;
+            const int8_t *wg = w + g * (size_t)gs, *xg = x->q + g * (size_t)gs;
+            for (int k = 0; k < gs; k++)
+                iv += (int32_t)xg[k] * (int32_t)wg[k];
+            val += ((float)iv * ld_f32(ws + 4 * g)) * x->s[g];
+        }
+        y[r] = val;
+    }
+}
+
+#ifdef HAVE_X86_SIMD
+/* Lane b of the result = the sum of the 8 int32 lanes of a_b. */
+__attribute__((target("avx2"))) static inline __m256i hsum8x8_i32(__m256i a0, __m256i a1,
+                                                                  __m256i a2, __m256i a3,
+                                                                  __m256i a4, __m256i a5,
+                                                                  __m256i a6, __m256i a7) {
+    __m256i u0 = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+    __m256i u1 = _mm256_hadd_epi32(_mm256_hadd_epi32(a4, a5), _mm256_hadd_epi32(a6, a7));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(u0, u1, 0x20),
+                            _mm256_permute2x128_si256(u0, u1, 0x31));
+}
+
+/* The float part of 8 groups: lanes ((float)I * ws) * xs, added to val in lane order (nb <= 8
+ * lanes valid). ws/xs hold at least nb scales; only nb are read. */
+__attribute__((target("avx2"))) static inline float
+groups_add(float val, __m256i iv, const uint8_t *ws, const float *xs, size_t nb) {
+    float w8[8], x8[8], t[8];
+    if (nb == 8) {
+        memcpy(w8, ws, sizeof w8);
+        memcpy(x8, xs, sizeof x8);
+    } else {
+        memset(w8, 0, sizeof w8), memset(x8, 0, sizeof x8);
+        memcpy(w8, ws, 4 * nb);
+        memcpy(x8, xs, 4 * nb);
+    }
+    __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(iv), _mm256_loadu_ps(w8)),
+                             _mm256_loadu_ps(x8));
+    _mm256_storeu_ps(t, f);
+    for (size_t b = 0; b < nb; b++)
+        val += t[b];
+    return val;
+}
+
+/* The dot products of one group step, AVX2: |x| (u8) x sign(x) w (s8) -> int16 pairs ->
+ * int32. */
+#define DOT_AVX2(acc, off)                                                                         \
+    do {                                                                                           \
+        __m256i w_ = _mm256_loadu_si256((const __m256i *)(w + (off)));                             \
+        __m256i sw_ = _mm256_sign_epi8(w_, _mm256_loadu_si256((const __m256i *)(xq + (off))));    \
+        __m256i p_ =                                                                               \
+            _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(xa + (off))), sw_);          \
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p_, ones));                                  \
+    } while (0)
+
+/* The same with VNNI: u8 x s8 products summed by 4 straight into int32. */
+#define DOT_VNNI(acc, off)                                                                         \
+    do {                                                                                           \
+        __m256i w_ = _mm256_loadu_si256((const __m256i *)(w + (off)));                             \
+        __m256i sw_ = _mm256_sign_epi8(w_, _mm256_loadu_si256((const __m256i *)(xq + (off))));    \
+        acc = _mm256_dpbusd_epi32(acc, _mm256_loadu_si256((const __m256i *)(xa + (off))), sw_);   \
+    } while (0)
+
+/* One kernel per dot flavour: rows one at a time; per row, groups 8 at a time (each group gs/32
+ * vector steps into its own accumulator), the 8 group sums reduced together into one vector,
+ * then groups_add. A last batch of fewer than 8 groups leaves the other accumulators zero and
+ * adds only its own lanes. */
+#define MATVEC_KERNEL(name, target_, DOT)                                                          \
+    __attribute__((target(target_))) static void name(const int8_t *W, const uint8_t *S, size_t K, \
+                                                      int gs, const ikv__q8act *x, float *y,       \
+                                                      size_t r0, size_t r1) {                      \
+        const size_t ng = K / (size_t)gs, G = (size_t)gs;                                          \
+        const int8_t *xq = x->q;                                                                   \
+        const uint8_t *xa = x->a;                                                                  \
+        const __m256i ones = _mm256_set1_epi16(1);                                                 \
+        (void)ones;                                                                                \
+        for (size_t r = r0; r < r1; r++) {                                                         \
+            const int8_t *w = W + r * K;                                                           \
+            const uint8_t *ws = S + 4 * r * ng;                                                    \
+            float val = 0.0f;                                                                      \
+            size_t g = 0;                                                                          \
+            for (; g + 8 <= ng; g += 8) {                                                          \
+                __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,  \
+                        a6 = a0, a7 = a0;                                                          \
+                for (size_t c = 0; c < G; c += 32) {                                               \
+                    const size_t o = g * G + c;                                                    \
+                    DOT(a0, o);                                                                    \
+                    DOT(a1, o + G);                                                                \
+                    DOT(a2, o + 2 * G);                                                            \
+                    DOT(a3, o + 3 * G);                                                            \
+                    DOT(a4, o + 4 * G);                                                            \
+                    DOT(a5, o + 5 * G);                                                            \
+                    DOT(a6, o + 6 * G);                                                            \
+                    DOT(a7, o + 7 * G);                                                            \
+                }                                                                                  \
+                val = groups_add(val, hsum8x8_i32(a0, a1, a2, a3, a4, a5, a6, a7), ws + 4 * g,     \
+                                 x->s + g, 8);                                                     \
+            }                                                                                      \
+            if (g < ng) {                                                                          \
+                __m256i acc[8];                                                                    \
+                for (size_t b = 0; b < 8; b++)                                                     \
+                    acc[b] = _mm256_setzero_si256();                                               \
+                for (size_t b = 0; g + b < ng; b++)                                                \
+                    for (size_t c = 0; c < G; c += 32)                                             \
+                        DOT(acc[b], (g + b) * G + c);                                              \
+                val = groups_add(val,                                                              \
+                                 hsum8x8_i32(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5],       \
+                                             acc[6], acc[7]),                                      \
+                                 ws + 4 * g, x->s + g, ng - g);                                    \
+            }                                                                                      \
+            y[r] = val;                                                                            \
+        }                                                                                          \
+    }
+
+MATVEC_KERNEL(matvec_avx2, "avx2", DOT_AVX2)
+MATVEC_KERNEL(matvec_vnni, "avx2,avx512vnni,avx512vl", DOT_VNNI)
+#endif
+
+void ikv__q8_matvec(const struct ikv_model *m, int k, int l, const ikv__q8act *x, float *y,
+                    size_t r0, size_t r1) {
+    const int8_t *W = ikv__qm_q(m, k, l);
+    const uint8_t *S = ikv__qm_s(m, k, l);
+    const size_t K = m->qm[k].cols;
+#ifdef HAVE_X86_SIMD
+    if (m->gs % 32 == 0) {
+        int lv = ikv__q8_simd_level();
+        if (lv == 2) {
+            matvec_vnni(W, S, K, m->gs, x, y, r0, r1);
+            return;
+        }
+        if (lv == 1) {
+            matvec_avx2(W, S, K, m->gs, x, y, r0, r1);
+            return;
+        }
+    }
+#endif
+    matvec_portable(W, S, K, m->gs, x, y, r0, r1);
+}
+
+/* ---- dequantization --------------------------------------------------------------------------- */
+
+#ifdef HAVE_X86_SIMD
+/* gs a multiple of 8: (float)q * scale in lanes, one rounding each, as the scalar loop. */
+__attribute__((target("avx2"))) static void dequant_avx2(const int8_t *q, const uint8_t *s,
+                                                         size_t n, int gs, float *out) {
+    for (size_t g = 0; g < n / (size_t)gs; g++) {
+        const __m256 sc = _mm256_set1_ps(ld_f32(s + 4 * g));
+        for (int i = 0; i < gs; i += 8) {
+            size_t o = g * (size_t)gs + (size_t)i;
+            __m128i b8 = _mm_loadl_epi64((const __m128i *)(q + o));
+            __m256 f = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b8));
+            _mm256_storeu_ps(out + o, _mm256_mul_ps(f, sc));
+        }
+    }
+}
+#endif
+
+void ikv__q8_dequant_rows(const struct ikv_model *m, int k, int l, size_t r0, size_t r1,
+                          float *out) {
+    const size_t K = m->qm[k].cols, gs = (size_t)m->gs;
+    const int8_t *q = ikv__qm_q(m, k, l) + r0 * K;
+    const uint8_t *s = ikv__qm_s(m, k, l) + 4 * (r0 * K / gs);
+    const size_t n = (r1 - r0) * K;
+#ifdef HAVE_X86_SIMD
+    if (ikv__q8_simd_level() >= 1 && gs % 8 == 0) {
+        dequant_avx2(q, s, n, (int)gs, out);
+        return;
+    }
+#endif
+    for (size_t g = 0; g < n / gs; g++) {
+        const float sc = ld_f32(s + 4 * g);
+        for (size_t i = 0; i < gs; i++)
+            out[g * gs + i] = (float)q[g * gs + i] * sc;
+    }
+}
