@@ -2,6 +2,7 @@
 # Greedy parity of `isokv run` with llama2.c's reference run.c.
 #
 #   scripts/parity_runc.sh RUNC [--model M.bin --tokenizer T.bin] [--isokv PATH] [--threads 1,2]
+#                          [--quantize G] [--save DIR]
 #
 # RUNC is a run.c you obtained yourself: either an executable built from it, or the source
 # file, which is then compiled into a temporary directory with `cc -O2 ... -lm` (nothing is
@@ -16,6 +17,11 @@
 # positions, and a short run of 40 positions, against `isokv run --temp 0` with the equivalent
 # -n (isokv counts generated tokens, run.c positions from BOS); stdout must be byte-identical.
 # Exits 0 when every case matches, 1 on any mismatch (showing where), 2 on usage errors.
+#
+# --quantize G: int8 parity with llama2.c's runq.c (give runq.c as RUNC): every checkpoint is first
+# written as llama2.c's version-2 format by `isokv model quantize --group G`, and both programs
+# run that file. --save DIR copies each run.c/runq.c output to DIR (named by case, prompt and
+# length), to check in as expected outputs (tests/data/runq/ was made so; see its README).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,12 +35,16 @@ MODEL=""
 TOK=""
 ISOKV=build/isokv
 THREADS=1,2
+QUANT=""
+SAVE=""
 while [ $# -gt 0 ]; do
   case "$1" in
   --model) MODEL=${2:?--model needs a path}; shift 2 ;;
   --tokenizer) TOK=${2:?--tokenizer needs a path}; shift 2 ;;
   --isokv) ISOKV=${2:?--isokv needs a path}; shift 2 ;;
   --threads) THREADS=${2:?--threads needs a list}; shift 2 ;;
+  --quantize) QUANT=${2:?--quantize needs a group size}; shift 2 ;;
+  --save) SAVE=${2:?--save needs a directory}; shift 2 ;;
   -h | --help) usage ;;
   -*) echo "parity_runc: unknown option '$1'" >&2; usage ;;
   *) [ -z "$RUNC" ] || { echo "parity_runc: one RUNC path only" >&2; usage; }; RUNC=$1; shift ;;
@@ -100,12 +110,23 @@ compare() {
 
 # check LABEL MODEL TOKENIZER
 check() {
-  local label=$1 m=$2 t=$3 seq i=0
+  local label=$1 m=$2 t=$3 seq i=0 slug
+  slug=$(echo "$label" | tr -c 'A-Za-z0-9\n' '_')
+  if [ -n "$QUANT" ]; then
+    "$ISOKV" model quantize "$m" -o "$TMP/q8.bin" --group "$QUANT" >/dev/null
+    m="$TMP/q8.bin"
+    label="$label, int8 group $QUANT"
+  fi
   seq=$("$ISOKV" model info "$m" | sed -n 's/.*seq_len \([0-9]*\).*/\1/p')
   for p in "${PROMPTS[@]}"; do
     i=$((i + 1))
     "$RUN" "$m" -z "$t" -t 0 -n "$seq" -i "$p" >"$TMP/rc_full.txt" 2>/dev/null
     "$RUN" "$m" -z "$t" -t 0 -n 40 -i "$p" >"$TMP/rc_40.txt" 2>/dev/null
+    if [ -n "$SAVE" ]; then
+      mkdir -p "$SAVE"
+      cp "$TMP/rc_full.txt" "$SAVE/${slug}_p${i}_n${seq}.txt"
+      cp "$TMP/rc_40.txt" "$SAVE/${slug}_p${i}_n40.txt"
+    fi
     for th in ${THREADS//,/ }; do
       # -n beyond seq_len: isokv stops when the sequence is full, as run.c does
       "$ISOKV" run --model "$m" --tokenizer "$t" --prompt "$p" --temp 0 --threads "$th" \

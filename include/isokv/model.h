@@ -278,6 +278,8 @@ typedef struct ikv_engine_bench_options {
     uint32_t repeat; /* repetitions per thread count; each figure is the best (0 = 1) */
     uint32_t tile;   /* prefill tile rows (0 = the engine's default, 64) */
     uint32_t group;  /* tiles per projection call (0 = the engine's default, 8) */
+    int q8;          /* > 0: the model quantized to int8 in groups of q8 (ikv_model_quantize) */
+    int q8_prefill;  /* int8 model's prefill: -1 default, 1 int8 products, 0 dequantize+sgemm */
 } ikv_engine_bench_options;
 
 typedef struct ikv_engine_bench_row {
@@ -300,6 +302,9 @@ typedef struct ikv_engine_bench_row {
 typedef struct ikv_engine_bench_result {
     ikv_model_config cfg;
     uint32_t prefix, suffix, decode, repeat, tile, group;
+    int q8;         /* int8 group size, 0 for fp32 weights */
+    int q8_gemm;    /* int8 prefill by int8 products (1) or dequantize + sgemm (0) */
+    const char *q8_kernels; /* the int8 kernel level in use ("avx512-vnni", ...) */
     long cores;
     size_t n_rows;
     ikv_engine_bench_row rows[2];

@@ -3,7 +3,7 @@
  *
  *     isokv bench engine [--config small] [--prefix 2048] [--suffix 32] [--decode 32]
  *                        [--threads 1,2] [--repeat 3] [--tile 64] [--group 8] [--seed S]
- *                        [--json]
+ *                        [--q8 G] [--q8-prefill int8|dequant] [--json]
  *
  * Every figure is measured (wall clock) on this machine; see docs/benchmarks.md.
  */
@@ -17,7 +17,7 @@
 static void help(FILE *f) {
     fputs("usage: isokv bench engine [--config small] [--prefix 2048] [--suffix 32] [--decode 32]\n"
           "                          [--threads 1,2] [--repeat 3] [--tile 64] [--group 8]\n"
-          "                          [--seed S] [--json]\n\n"
+          "                          [--seed S] [--q8 G] [--q8-prefill int8|dequant] [--json]\n\n"
           "engine: builds a random-weight model of the config in memory and measures, at each\n"
           "thread count, TTFT cold vs warm for a P-token shared public prefix + Q-token private\n"
           "suffix (the warm request is another tenant's, reusing the prefix from the cache),\n"
@@ -26,7 +26,10 @@ static void help(FILE *f) {
           "bandwidth). All figures measured. --repeat R runs the probes and requests R times per\n"
           "thread count and reports the best of each figure (the machine may be shared). --tile\n"
           "sets the prefill tile rows; --group the tiles per projection call (the engine uses 1\n"
-          "where its check finds that BLAS would not give every row the same bits; printed).\n",
+          "where its check finds that BLAS would not give every row the same bits; printed).\n"
+          "--q8 G quantizes the model to int8 in groups of G (as isokv model quantize) and runs it\n"
+          "with int8 weights; --q8-prefill picks its prefill projections: int8 products (the\n"
+          "default, runq.c's arithmetic) or weight rows dequantized for sgemm.\n",
           f);
 }
 
@@ -37,7 +40,8 @@ static int engine(int argc, char **argv) {
                                   .decode = 32,
                                   .threads = {1, 2},
                                   .seed = 1,
-                                  .repeat = 3};
+                                  .repeat = 3,
+                                  .q8_prefill = -1};
     int json = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -51,7 +55,7 @@ static int engine(int argc, char **argv) {
             o.config = v;
         else if (!strcmp(a, "--prefix") || !strcmp(a, "--suffix") || !strcmp(a, "--decode") ||
                  !strcmp(a, "--seed") || !strcmp(a, "--repeat") || !strcmp(a, "--tile") ||
-                 !strcmp(a, "--group")) {
+                 !strcmp(a, "--group") || !strcmp(a, "--q8")) {
             if (cli_parse_u64(v, &x) || (strcmp(a, "--seed") && x > 1000000))
                 return cli_usage_error("bench", "bad value '%s' for %s", v, a);
             if (!strcmp(a, "--prefix"))
@@ -68,12 +72,20 @@ static int engine(int argc, char **argv) {
                 if (x == 0 || x > 4096)
                     return cli_usage_error("bench", "--tile wants 1..4096, got '%s'", v);
                 o.tile = (uint32_t)x;
+            } else if (!strcmp(a, "--q8")) {
+                if (x == 0 || x > 65536)
+                    return cli_usage_error("bench", "--q8 wants a group size 1..65536, got '%s'", v);
+                o.q8 = (int)x;
             } else if (!strcmp(a, "--group")) {
                 if (x == 0 || x > 64)
                     return cli_usage_error("bench", "--group wants 1..64, got '%s'", v);
                 o.group = (uint32_t)x;
             } else
                 o.seed = x;
+        } else if (!strcmp(a, "--q8-prefill")) {
+            if (strcmp(v, "int8") && strcmp(v, "dequant"))
+                return cli_usage_error("bench", "--q8-prefill wants int8 or dequant, got '%s'", v);
+            o.q8_prefill = !strcmp(v, "int8");
         } else if (!strcmp(a, "--threads")) {
             char *end;
             long t1 = strtol(v, &end, 10), t2 = 0;

@@ -177,6 +177,11 @@ static void prompt(uint32_t *t, size_t n, uint64_t seed, uint32_t vocab) {
     }
 }
 
+/* Weight bytes one decode step reads, fp32 or int8. */
+static uint64_t decode_bytes(const ikv_engine_bench_result *r) {
+    return r->q8 ? ikv_model_q8_decode_bytes(&r->cfg, r->q8) : ikv_model_decode_bytes(&r->cfg);
+}
+
 int ikv_engine_bench(const ikv_engine_bench_options *o, ikv_engine_bench_result *r) {
     memset(r, 0, sizeof *r);
     int rc = ikv_model_config_named(o->config, &r->cfg);
@@ -198,6 +203,16 @@ int ikv_engine_bench(const ikv_engine_bench_options *o, ikv_engine_bench_result 
                          o->decode, (int)r->cfg.seq_len, o->config);
     ikv_model *m;
     if ((rc = ikv_model_random(&r->cfg, o->seed, &m))) return rc;
+    if (o->q8 > 0) { /* int8 weights: quantized in memory from the same random model */
+        ikv_model *q;
+        rc = ikv_model_quantize(m, o->q8, &q);
+        ikv_model_destroy(m);
+        if (rc) return rc;
+        m = q;
+        r->q8 = o->q8;
+        r->q8_kernels = ikv__q8_simd_name();
+    }
+    ikv__q8_prefill_force(o->q8 > 0 ? o->q8_prefill : -1);
     uint32_t *a = ikv_malloc(sizeof(uint32_t) * n), *b = ikv_malloc(sizeof(uint32_t) * n);
     if (!a || !b) {
         rc = ikv_error(IKV_ENOMEM, "bench prompts");
@@ -217,6 +232,7 @@ int ikv_engine_bench(const ikv_engine_bench_options *o, ikv_engine_bench_result 
         ikv_engine *e;
         if ((rc = ikv_engine_create(m, &eo, &e))) goto out;
         row->group = e->G;
+        r->q8_gemm = e->q8_gemm;
         row->trim = e->Q > 0;
         row->pitch = e->TP;
         for (uint32_t rep = 0; rep < r->repeat && !rc; rep++) {
@@ -264,10 +280,11 @@ int ikv_engine_bench(const ikv_engine_bench_options *o, ikv_engine_bench_result 
         if (rc) goto out;
         row->prefill_tok_s = (double)n / row->ttft_cold_s;
         row->prefill_gflops = flops / row->ttft_cold_s / 1e9;
-        row->decode_bound_tok_s = row->read_gbs * 1e9 / (double)ikv_model_decode_bytes(&r->cfg);
+        row->decode_bound_tok_s = row->read_gbs * 1e9 / (double)decode_bytes(r);
         r->n_rows++;
     }
 out:
+    ikv__q8_prefill_force(-1);
     ikv_free(a), ikv_free(b);
     ikv_model_destroy(m);
     return rc;
@@ -282,11 +299,14 @@ void ikv_engine_bench_print(const ikv_engine_bench_result *r, FILE *f, int json)
                 "\"layers\": %d, \"heads\": %d, \"kv_heads\": %d, \"vocab\": %d, \"seq_len\": %d, "
                 "\"params\": %llu}, "
                 "\"prefix\": %u, \"suffix\": %u, \"decode\": %u, \"repeat\": %u, \"tile\": %u, "
-                "\"group\": %u, \"rows\": [",
+                "\"group\": %u, \"weights\": \"%s\", \"q8_group\": %d, \"q8_prefill\": \"%s\", "
+                "\"q8_kernels\": \"%s\", \"rows\": [",
                 r->cores, (int)c->dim, (int)c->hidden_dim, (int)c->n_layers, (int)c->n_heads,
                 (int)c->n_kv_heads, (int)c->vocab_size, (int)c->seq_len,
                 (unsigned long long)ikv_model_params(c), r->prefix, r->suffix, r->decode, r->repeat,
-                r->tile, r->group);
+                r->tile, r->group, r->q8 ? "int8" : "fp32", r->q8,
+                r->q8 ? (r->q8_gemm ? "int8" : "dequantize+sgemm") : "-",
+                r->q8 ? r->q8_kernels : "-");
         for (size_t i = 0; i < r->n_rows; i++) {
             const ikv_engine_bench_row *w = &r->rows[i];
             fprintf(
@@ -320,6 +340,11 @@ void ikv_engine_bench_print(const ikv_engine_bench_result *r, FILE *f, int json)
             "prefill tiles of %u rows, projection calls of up to %u tiles; each figure the best "
             "of %u repetition(s)\n",
             r->prefix, r->suffix, r->decode, r->tile, r->group, r->repeat);
+    if (r->q8)
+        fprintf(f,
+                "weights: int8 in groups of %d (llama2.c version 2), %s kernels; prefill "
+                "projections by %s\n",
+                r->q8, r->q8_kernels, r->q8_gemm ? "int8 products" : "dequantize + sgemm");
     for (size_t i = 0; i < r->n_rows; i++) {
         const ikv_engine_bench_row *w = &r->rows[i];
         fprintf(f, "threads %d (projection calls of %u tile(s) of %u rows%s):\n", w->threads,
@@ -339,6 +364,6 @@ void ikv_engine_bench_print(const ikv_engine_bench_result *r, FILE *f, int json)
                 "measured read, %s; %.1f MB of weights per token)\n",
                 w->decode_tok_s, 100 * w->decode_tok_s / w->decode_bound_tok_s,
                 w->decode_bound_tok_s, w->read_gbs, w->read_how,
-                (double)ikv_model_decode_bytes(c) / 1e6);
+                (double)decode_bytes(r) / 1e6);
     }
 }

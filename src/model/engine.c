@@ -51,6 +51,13 @@ void ikv__prefill_scheme_force(int scheme) {
     scheme_force = scheme;
 }
 
+/* Tests/benchmarks: -1, or the int8 prefill scheme (1 int8 products, 0 dequantize + sgemm). */
+static int q8_prefill_force = -1;
+
+void ikv__q8_prefill_force(int mode) {
+    q8_prefill_force = mode;
+}
+
 void ikv_engine_options_default(ikv_engine_options *o) {
     memset(o, 0, sizeof *o);
     o->block_tokens = 16;
@@ -101,7 +108,8 @@ void ikv_engine_destroy(ikv_engine *e) {
                     e->x,        e->xb,         e->q,        e->k,      e->v,       e->att,
                     e->hb,       e->hb2,        e->S,        e->qg,     e->Kc,      e->Vc,
                     e->rope_cos, e->rope_sin,   e->xn,       e->rinv,   e->dpart,
-                    e->aq,       e->aa,         e->as,       e->wdq};
+                    e->aq,       e->aa,         e->as,       e->wdq,    e->q8pack,
+                    e->q8pk_off};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         ikv_free(bufs[i]);
     ikv_free(e);
@@ -218,9 +226,20 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
                                  (size_t)c->n_heads * (hd + 2));
     /* int8 weights: per-thread quantized activations and dequantized prefill weight rows */
     e->act_w = m->gs ? (D > hid ? D : hid) : 0;
+    e->q8_gemm = m->gs ? (q8_prefill_force >= 0 ? q8_prefill_force : 1) : 0;
     e->wdq_floats = ikv__prefill_wdq_floats(e);
-    ok = ok && ALLOC(e->aq, P * e->act_w) && ALLOC(e->aa, P * e->act_w) &&
-         ALLOC(e->as, P * e->act_w) && ALLOC(e->wdq, P * e->wdq_floats);
+    e->act_rows = m->gs ? (e->q8_gemm ? GT : 1) : 0;
+    ok = ok && ALLOC(e->aq, P * e->act_rows * e->act_w) &&
+         ALLOC(e->aa, P * e->act_rows * e->act_w) && ALLOC(e->as, P * e->act_rows * e->act_w) &&
+         ALLOC(e->wdq, P * e->wdq_floats) &&
+         ALLOC(e->q8pk_off, (size_t)c->n_layers * 4 * P * 3);
+    if (ok && m->gs && e->q8_gemm) { /* int8 prefill: every call's weight rows packed once */
+        size_t bytes = ikv__prefill_q8_prepack(e, NULL);
+        if (bytes) {
+            ok = ALLOC(e->q8pack, bytes);
+            if (ok) ikv__prefill_q8_prepack(e, e->q8pack);
+        }
+    }
     for (uint32_t i = 0; ok && i < o.max_seqs; i++)
         ok = ALLOC(e->seqs[i].table, max_blocks) && ALLOC(e->seqs[i].locked, max_blocks) &&
              ALLOC(e->seqs[i].logits, V);

@@ -769,8 +769,8 @@ static const float *fp32_w(const struct ikv_model *m, int k, int l) {
 
 /* Thread t's buffers for a quantized activation row (int8 models). */
 static inline ikv__q8act act_buf(const struct ikv_engine *e, int t) {
-    ikv__q8act a = {e->aq + (size_t)t * e->act_w, e->aa + (size_t)t * e->act_w,
-                    e->as + (size_t)t * e->act_w};
+    const size_t n = e->act_rows * e->act_w;
+    ikv__q8act a = {e->aq + (size_t)t * n, e->aa + (size_t)t * n, e->as + (size_t)t * n};
     return a;
 }
 
@@ -972,6 +972,7 @@ typedef struct proj {
     const float *X;
     float *Y;
     size_t n0, n1;
+    int pk; /* index of its packed int8 rows in e->q8pk_off (set by proj_calls) */
 } proj;
 
 /* Row n0 of the call's weights as fp32: the model's own rows, or (int8 model) rows [n0, n1)
@@ -979,6 +980,7 @@ typedef struct proj {
 static const float *proj_w(const struct ikv_engine *e, const proj *p, int t) {
     const struct ikv_model *m = e->m;
     if (!m->gs) return fp32_w(m, p->wk, p->wl) + p->n0 * (size_t)p->K;
+    if (e->q8_gemm) return NULL; /* int8 products: nothing to dequantize */
     float *buf = e->wdq + (size_t)t * e->wdq_floats;
     IKV_ASSERT((p->n1 - p->n0) * (size_t)p->K <= e->wdq_floats);
     ikv__q8_dequant_rows(m, p->wk, p->wl, p->n0, p->n1, buf);
@@ -1005,26 +1007,43 @@ static int proj_calls(const struct ikv_engine *e, int kind, int l, int t, int P,
         size_t ka = a > nq ? a - nq : 0, kb = b > nq ? b - nq : 0;
         ka = ka < nkv ? ka : nkv, kb = kb < nkv ? kb : nkv;
         size_t va = a > nq + nkv ? a - nq - nkv : 0, vb = b > nq + nkv ? b - nq - nkv : 0;
-        if (qb > qa) out[n++] = (proj){dim, qd, IKV__QM_Q, l, e->xb, e->q, qa, qb};
-        if (kb > ka) out[n++] = (proj){dim, kvd, IKV__QM_K, l, e->xb, e->k, ka, kb};
-        if (vb > va) out[n++] = (proj){dim, kvd, IKV__QM_V, l, e->xb, e->v, va, vb};
+        if (qb > qa) out[n++] = (proj){dim, qd, IKV__QM_Q, l, e->xb, e->q, qa, qb, 0};
+        if (kb > ka) out[n++] = (proj){dim, kvd, IKV__QM_K, l, e->xb, e->k, ka, kb, 0};
+        if (vb > va) out[n++] = (proj){dim, kvd, IKV__QM_V, l, e->xb, e->v, va, vb, 0};
         break;
     }
     case PROJ_WO:
         part(D, t, P, 16, &a, &b);
-        out[n++] = (proj){qd, dim, IKV__QM_O, l, e->att, e->xb, a, b};
+        out[n++] = (proj){qd, dim, IKV__QM_O, l, e->att, e->xb, a, b, 0};
         break;
     case PROJ_W13:
         part(H, t, P, 16, &a, &b);
-        out[n++] = (proj){dim, hid, IKV__QM_1, l, e->xb, e->hb, a, b};
-        out[n++] = (proj){dim, hid, IKV__QM_3, l, e->xb, e->hb2, a, b};
+        out[n++] = (proj){dim, hid, IKV__QM_1, l, e->xb, e->hb, a, b, 0};
+        out[n++] = (proj){dim, hid, IKV__QM_3, l, e->xb, e->hb2, a, b, 0};
         break;
     default:
         part(D, t, P, 16, &a, &b);
-        out[n++] = (proj){hid, dim, IKV__QM_2, l, e->hb, e->xb, a, b};
+        out[n++] = (proj){hid, dim, IKV__QM_2, l, e->hb, e->xb, a, b, 0};
         break;
     }
+    for (int i = 0; i < n; i++)
+        out[i].pk = ((l * PROJ_KINDS + kind) * e->nth + t) * 3 + i;
     return n;
+}
+
+/* Y[:, n0:n1) of call p for M rows X on thread t: sgemm on fp32 weight rows Wn0 (proj_w), or
+ * for an int8 model with e->q8_gemm, runq.c's arithmetic row by row (ikv__q8_gemm: each row
+ * quantized, then the int8 product; a row's bits do not depend on the call). */
+static void proj_mul(const struct ikv_engine *e, const proj *p, int t, const float *Wn0, int M,
+                     const float *X, float *Y) {
+    if (e->m->gs && e->q8_gemm) {
+        ikv__q8act a = act_buf(e, t);
+        IKV_ASSERT((size_t)M <= e->act_rows);
+        const uint8_t *pk = e->q8pack ? e->q8pack + e->q8pk_off[p->pk] : NULL;
+        ikv__q8_gemm(e->m, p->wk, p->wl, X, (size_t)M, &a, pk, Y, (size_t)p->ldy, p->n0, p->n1);
+        return;
+    }
+    gemm_cols(M, p->K, X, Wn0, p->n0, p->n1, Y, p->ldy);
 }
 
 /* Runs the calls of projection `kind` for thread t on rows [r0, r1); leaves them in pc. */
@@ -1032,13 +1051,13 @@ static void proj_run(const struct ikv_engine *e, int kind, int l, int t, int P, 
                      size_t r1, proj pc[3]) {
     int n = proj_calls(e, kind, l, t, P, pc);
     for (int i = 0; i < n; i++)
-        gemm_cols((int)(r1 - r0), pc[i].K, pc[i].X + r0 * (size_t)pc[i].K, proj_w(e, &pc[i], t),
-                  pc[i].n0, pc[i].n1, pc[i].Y + r0 * (size_t)pc[i].ldy, pc[i].ldy);
+        proj_mul(e, &pc[i], t, proj_w(e, &pc[i], t), (int)(r1 - r0),
+                 pc[i].X + r0 * (size_t)pc[i].K, pc[i].Y + r0 * (size_t)pc[i].ldy);
 }
 
 size_t ikv__prefill_wdq_floats(const struct ikv_engine *e) {
     size_t mx = 0;
-    if (!e->m->gs) return 0;
+    if (!e->m->gs || e->q8_gemm) return 0;
     for (int t = 0; t < e->nth; t++)
         for (int kind = 0; kind < PROJ_KINDS; kind++) {
             proj pc[3];
@@ -1049,6 +1068,28 @@ size_t ikv__prefill_wdq_floats(const struct ikv_engine *e) {
             }
         }
     return mx;
+}
+
+size_t ikv__prefill_q8_prepack(struct ikv_engine *e, uint8_t *dst) {
+    size_t off = 0;
+    if (!e->m->gs || !e->q8_gemm) return 0;
+    for (int l = 0; l < e->m->cfg.n_layers; l++)
+        for (int kind = 0; kind < PROJ_KINDS; kind++)
+            for (int t = 0; t < e->nth; t++) {
+                proj pc[3];
+                int n = proj_calls(e, kind, l, t, e->nth, pc);
+                for (int i = 0; i < n; i++) {
+                    if (dst) {
+                        IKV_ASSERT(e->q8pk_off[pc[i].pk] == off);
+                        ikv__q8_pack(e->m, pc[i].wk, l, pc[i].n0, pc[i].n1, dst + off);
+                    } else {
+                        e->q8pk_off[pc[i].pk] = off;
+                    }
+                    off += ikv__q8_pack(e->m, pc[i].wk, l, pc[i].n0, pc[i].n1, NULL);
+                    off = (off + 63) / 64 * 64;
+                }
+            }
+    return off;
 }
 
 int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, uint32_t TP, uint32_t Q,
@@ -1070,10 +1111,9 @@ int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, uint32_t TP
                 }
                 /* the reference: each tile's TP rows in their own call */
                 for (size_t g = 0; g < G; g++)
-                    gemm_cols((int)TP, c->K, X + g * TP * K, W, c->n0, c->n1, Y1 + g * TP * ld,
-                              c->ldy);
+                    proj_mul(e, c, t, W, (int)TP, X + g * TP * K, Y1 + g * TP * ld);
                 if (ok & 1) { /* all G tiles in one call */
-                    gemm_cols((int)R, c->K, X, W, c->n0, c->n1, Y2, c->ldy);
+                    proj_mul(e, c, t, W, (int)R, X, Y2);
                     for (size_t r = 0; r < R && (ok & 1); r++)
                         if (memcmp(Y1 + r * ld + c->n0, Y2 + r * ld + c->n0, sizeof(float) * w))
                             ok &= ~1;
@@ -1082,8 +1122,7 @@ int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, uint32_t TP
                 for (size_t a = 0; a < TP && (ok & 2); a += Q)
                     for (size_t b = a + Q; b <= TP && (ok & 2); b += Q) {
                         if (a == 0 && b == TP) continue;
-                        gemm_cols((int)(b - a), c->K, X + a * K, W, c->n0, c->n1, Y2 + a * ld,
-                                  c->ldy);
+                        proj_mul(e, c, t, W, (int)(b - a), X + a * K, Y2 + a * ld);
                         for (size_t r = a; r < b; r++)
                             if (memcmp(Y1 + r * ld + c->n0, Y2 + r * ld + c->n0, sizeof(float) * w))
                                 ok &= ~2;

@@ -110,6 +110,23 @@ void ikv__q8_quantize(const float *x, size_t n, int gs, const ikv__q8act *act);
  * is computed in, on every kernel path). Does not allocate. (quant.c) */
 void ikv__q8_matvec(const struct ikv_model *m, int k, int l, const ikv__q8act *x, float *y,
                     size_t r0, size_t r1);
+/* Packs weight rows [n0, n1) of kind k, layer l into `out` in the layout the current kernel
+ * level's int8 matrix product wants (blocks of 16 rows for AVX-512 VNNI, 8 for AVX2; none for
+ * the portable level). Returns the bytes it takes (0: no packing at this level); out NULL only
+ * measures. (quant.c) */
+size_t ikv__q8_pack(const struct ikv_model *m, int k, int l, size_t n0, size_t n1, uint8_t *out);
+/* Y[i][r] for rows i < M of X (stride cols) and weight rows r in [n0, n1) of kind k, layer l:
+ * each X row quantized into row i of buf (room for M rows: M * cols values, M * cols / gs
+ * scales), then the int8 product with runq.c's arithmetic, so every output gets the bits
+ * ikv__q8_matvec gives that row alone (whatever M, n0, n1 and kernel path). `packed` holds
+ * ikv__q8_pack(m, k, l, n0, n1) (or NULL: the matvec kernel row by row). Y has row stride ldy.
+ * Does not allocate. (quant.c) */
+void ikv__q8_gemm(const struct ikv_model *m, int k, int l, const float *X, size_t M,
+                  const ikv__q8act *buf, const uint8_t *packed, float *Y, size_t ldy, size_t n0,
+                  size_t n1);
+/* Tests and benchmarks: the prefill scheme of engines created next for int8 models (1 int8
+ * products, 0 dequantize + sgemm, -1 the default). (engine.c) */
+void ikv__q8_prefill_force(int mode);
 /* out[(r - r0) * cols + j] = q[r][j] * scale of its group, rows [r0, r1) of kind k, layer l
  * (runq.c's dequantize). Does not allocate. */
 void ikv__q8_dequant_rows(const struct ikv_model *m, int k, int l, size_t r0, size_t r1,
@@ -209,12 +226,17 @@ struct ikv_engine {
     /* int8 models (m->gs > 0): each thread's quantized activation row (act_w = max(dim,
      * hidden) values, act_w scales room), and its buffer for the weight rows of a prefill
      * projection call dequantized to fp32 (wdq_floats each) */
-    int8_t *aq;   /* [nth][act_w] */
-    uint8_t *aa;  /* [nth][act_w] |aq| */
-    float *as;    /* [nth][act_w] (act_w / gs used) */
+    int8_t *aq;   /* [nth][act_rows][act_w] */
+    uint8_t *aa;  /* [nth][act_rows][act_w] |aq| */
+    float *as;    /* [nth][act_rows][act_w] (act_w / gs used per row) */
     size_t act_w;
     float *wdq; /* [nth][wdq_floats] */
     size_t wdq_floats;
+    uint8_t *q8pack;  /* every int8 prefill call's weight rows, packed once at create */
+    size_t *q8pk_off; /* [layer][PROJ kind (4)][thread][call (3)] offset in q8pack */
+    size_t act_rows; /* rows of each thread's activation buffers (prefill: a call's rows) */
+    int q8_gemm; /* int8 model: 1 = prefill projections by int8 products (runq.c's arithmetic,
+                    the same bits as decode's), 0 = weight rows dequantized for sgemm */
 
     uint64_t n_requests, n_cached_tokens, n_computed_tokens, n_rejected;
 };
@@ -250,6 +272,10 @@ int ikv__prefill_group_check(const struct ikv_engine *e, uint32_t G, uint32_t TP
 /* The fp32 floats the largest prefill projection call's weight rows take (the dequantization
  * buffer per thread of an int8 model); 0 for fp32 models. (forward.c) */
 size_t ikv__prefill_wdq_floats(const struct ikv_engine *e);
+/* Lays out (dst NULL: fills e->q8pk_off, returns the total bytes) or fills (dst = e->q8pack) the
+ * packed int8 weight rows of every prefill projection call: per layer, kind, thread and call.
+ * (forward.c) */
+size_t ikv__prefill_q8_prepack(struct ikv_engine *e, uint8_t *dst);
 /* Tests: restricts ikv_engine_create to prefill scheme 0 (tiles of T rows, trims of 16) or 1
  * (tiles padded to a multiple of 12 rows, trims of 12), or -1 (both, the default). */
 void ikv__prefill_scheme_force(int scheme);

@@ -42,7 +42,9 @@ static int q8_level = -1;
 static int detect(void) {
 #ifdef HAVE_X86_SIMD
     if (!__builtin_cpu_supports("avx2")) return 0;
-    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl")) return 2;
+    if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f"))
+        return 2;
     return 1;
 #else
     return 0;
@@ -292,6 +294,249 @@ void ikv__q8_matvec(const struct ikv_model *m, int k, int l, const ikv__q8act *x
     }
 #endif
     matvec_portable(W, S, K, m->gs, x, y, r0, r1);
+}
+
+/* ---- int8 matrix products (prefill) ----------------------------------------------------------
+ *
+ * Y = X W^T for M activation rows at once. The weight rows of the call are first packed in
+ * blocks of 8 rows: for each group g and each 4 consecutive k of it, the 4 bytes of each of the
+ * 8 rows side by side (32 bytes), and the 8 rows' scales of group g side by side. Then a 32-bit
+ * lane j of a vector is row j of the block: one vpdpbusd (or maddubs + madd) step multiplies 4
+ * k of all 8 rows by the same 4 activation bytes (broadcast) and adds them into the lane, so
+ * after a group's gs / 4 steps lane j holds I(r_j, g) exactly, and the float part
+ * v_j = v_j + ((float)I * ws_j) * xs runs in the lanes in group order: per row the very sequence
+ * of the matvec above (and of runq.c), with no horizontal sums. Four blocks (32 weight rows)
+ * share each activation broadcast. */
+
+/* Packs weight rows [n0, n1) of (W, S) (K columns, groups of gs) into pk: blocks of 8 rows (the
+ * last padded with zero rows), each K * 8 bytes of values then ng * 8 scales. */
+static void pack_rows(const int8_t *W, const uint8_t *S, size_t K, int gs, size_t n0, size_t n1,
+                      uint8_t *pk) {
+    const size_t ng = K / (size_t)gs, nblk = (n1 - n0 + 7) / 8;
+    for (size_t b = 0; b < nblk; b++) {
+        uint8_t *o = pk + b * (8 * K + 32 * ng);
+        for (size_t j = 0; j < 8; j++) {
+            const size_t r = n0 + b * 8 + j;
+            if (r < n1) {
+                const int8_t *w = W + r * K;
+                for (size_t k4 = 0; k4 < K / 4; k4++)
+                    memcpy(o + k4 * 32 + j * 4, w + k4 * 4, 4);
+                for (size_t g = 0; g < ng; g++)
+                    memcpy(o + 8 * K + (g * 8 + j) * 4, S + 4 * (r * ng + g), 4);
+            } else {
+                for (size_t k4 = 0; k4 < K / 4; k4++)
+                    memset(o + k4 * 32 + j * 4, 0, 4);
+                for (size_t g = 0; g < ng; g++)
+                    memset(o + 8 * K + (g * 8 + j) * 4, 0, 4);
+            }
+        }
+    }
+}
+
+#ifdef HAVE_X86_SIMD
+#define PDOT_AVX2(acc, w_, xa4, xq4)                                                               \
+    acc = _mm256_add_epi32(                                                                        \
+        acc, _mm256_madd_epi16(_mm256_maddubs_epi16(xa4, _mm256_sign_epi8(w_, xq4)), ones))
+
+/* Rows [0, M) of the activations against nb <= 4 packed blocks at pk (block stride bs bytes);
+ * writes Y[i][c0 + 8 b + j] for the valid columns (< c1). */
+#define GEMM_KERNEL(name, target_, PDOT)                                                           \
+    __attribute__((target(target_))) static void name(                                             \
+        const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ikv__q8act *x, size_t M,  \
+        float *Y, size_t ldy, size_t c0, size_t c1) {                                              \
+        const size_t ng = K / (size_t)gs, G4 = (size_t)gs / 4;                                     \
+        const __m256i ones = _mm256_set1_epi16(1);                                                 \
+        (void)ones;                                                                                \
+        for (size_t i = 0; i < M; i++) {                                                           \
+            const int8_t *xq = x->q + i * K;                                                       \
+            const uint8_t *xa = x->a + i * K;                                                      \
+            const float *xs = x->s + i * ng;                                                       \
+            __m256 v0 = _mm256_setzero_ps(), v1 = v0, v2 = v0, v3 = v0;                            \
+            for (size_t g = 0; g < ng; g++) {                                                      \
+                __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;                    \
+                const uint8_t *w = pk + g * G4 * 32;                                               \
+                for (size_t k4 = 0; k4 < G4; k4++) {                                               \
+                    int32_t q4, u4;                                                                \
+                    memcpy(&q4, xq + (g * G4 + k4) * 4, 4);                                        \
+                    memcpy(&u4, xa + (g * G4 + k4) * 4, 4);                                        \
+                    const __m256i xq4 = _mm256_set1_epi32(q4), xa4 = _mm256_set1_epi32(u4);        \
+                    const uint8_t *wk = w + k4 * 32;                                               \
+                    PDOT(a0, _mm256_loadu_si256((const __m256i *)wk), xa4, xq4);                   \
+                    if (nb > 1) PDOT(a1, _mm256_loadu_si256((const __m256i *)(wk + bs)), xa4, xq4); \
+                    if (nb > 2)                                                                    \
+                        PDOT(a2, _mm256_loadu_si256((const __m256i *)(wk + 2 * bs)), xa4, xq4);    \
+                    if (nb > 3)                                                                    \
+                        PDOT(a3, _mm256_loadu_si256((const __m256i *)(wk + 3 * bs)), xa4, xq4);    \
+                }                                                                                  \
+                const __m256 sx = _mm256_set1_ps(xs[g]);                                           \
+                const float *ws = (const float *)(const void *)(pk + 8 * K) + g * 8;               \
+                v0 = _mm256_add_ps(                                                                \
+                    v0, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a0), _mm256_loadu_ps(ws)), sx)); \
+                if (nb > 1)                                                                        \
+                    v1 = _mm256_add_ps(v1, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a1),     \
+                                                                       _mm256_loadu_ps(ws + bs / 4)), \
+                                                         sx));                                     \
+                if (nb > 2)                                                                        \
+                    v2 = _mm256_add_ps(                                                            \
+                        v2, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a2),                    \
+                                                        _mm256_loadu_ps(ws + 2 * bs / 4)),         \
+                                          sx));                                                    \
+                if (nb > 3)                                                                        \
+                    v3 = _mm256_add_ps(                                                            \
+                        v3, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a3),                    \
+                                                        _mm256_loadu_ps(ws + 3 * bs / 4)),         \
+                                          sx));                                                    \
+            }                                                                                      \
+            float t[32];                                                                           \
+            _mm256_storeu_ps(t, v0), _mm256_storeu_ps(t + 8, v1);                                  \
+            _mm256_storeu_ps(t + 16, v2), _mm256_storeu_ps(t + 24, v3);                            \
+            float *y = Y + i * ldy;                                                                \
+            for (size_t j = 0; j < 8 * nb && c0 + j < c1; j++)                                     \
+                y[c0 + j] = t[j];                                                                  \
+        }                                                                                          \
+    }
+
+GEMM_KERNEL(gemm_avx2, "avx2", PDOT_AVX2)
+#undef GEMM_KERNEL
+
+/* The VNNI path on 512-bit vectors: blocks of 16 rows ([g][k4][16 rows][4 bytes], then the 16
+ * rows' scales per group, then 128 * (sum of the group's weights) per row and group as int32),
+ * and the unsigned operand is q + 128 (the activation byte with its top bit flipped), so no
+ * sign step: sum((q + 128) w) - 128 sum(w) = sum(q w), exact in int32. */
+static void pack_rows16(const int8_t *W, const uint8_t *S, size_t K, int gs, size_t n0, size_t n1,
+                        uint8_t *pk) {
+    const size_t ng = K / (size_t)gs, nblk = (n1 - n0 + 15) / 16, bs = 16 * K + 128 * ng;
+    for (size_t b = 0; b < nblk; b++) {
+        uint8_t *o = pk + b * bs;
+        for (size_t j = 0; j < 16; j++) {
+            const size_t r = n0 + b * 16 + j;
+            const int8_t *w = W + r * K;
+            for (size_t g = 0; g < ng; g++) {
+                int32_t sum = 0;
+                for (size_t k = 0; k < (size_t)gs; k += 4) {
+                    const size_t k4 = (g * (size_t)gs + k) / 4;
+                    if (r < n1) {
+                        memcpy(o + k4 * 64 + j * 4, w + k4 * 4, 4);
+                        for (int u = 0; u < 4; u++)
+                            sum += w[k4 * 4 + (size_t)u];
+                    } else {
+                        memset(o + k4 * 64 + j * 4, 0, 4);
+                    }
+                }
+                int32_t s128 = 128 * sum;
+                if (r < n1)
+                    memcpy(o + 16 * K + (g * 16 + j) * 4, S + 4 * (r * ng + g), 4);
+                else
+                    memset(o + 16 * K + (g * 16 + j) * 4, 0, 4);
+                memcpy(o + 16 * K + 64 * ng + (g * 16 + j) * 4, &s128, 4);
+            }
+        }
+    }
+}
+
+static size_t ikv__q8_pack_bytes16(size_t rows, size_t K, int gs) {
+    return (rows + 15) / 16 * (16 * K + 128 * (K / (size_t)gs));
+}
+
+/* Rows [0, M) of the activations against nb <= 4 blocks of 16 rows at pk (block stride bs). */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
+gemm_vnni512(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ikv__q8act *x,
+             size_t M, float *Y, size_t ldy, size_t c0, size_t c1) {
+    const size_t ng = K / (size_t)gs, G4 = (size_t)gs / 4;
+    const __m512i flip = _mm512_set1_epi32((int32_t)0x80808080u);
+    for (size_t i = 0; i < M; i++) {
+        const int8_t *xq = x->q + i * K;
+        const float *xs = x->s + i * ng;
+        __m512 v0 = _mm512_setzero_ps(), v1 = v0, v2 = v0, v3 = v0;
+        for (size_t g = 0; g < ng; g++) {
+            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+            const uint8_t *w = pk + g * G4 * 64;
+            for (size_t k4 = 0; k4 < G4; k4++) {
+                int32_t q4;
+                memcpy(&q4, xq + (g * G4 + k4) * 4, 4);
+                const __m512i u4 = _mm512_xor_si512(_mm512_set1_epi32(q4), flip);
+                const uint8_t *wk = w + k4 * 64;
+                a0 = _mm512_dpbusd_epi32(a0, u4, _mm512_loadu_si512(wk));
+                if (nb > 1) a1 = _mm512_dpbusd_epi32(a1, u4, _mm512_loadu_si512(wk + bs));
+                if (nb > 2) a2 = _mm512_dpbusd_epi32(a2, u4, _mm512_loadu_si512(wk + 2 * bs));
+                if (nb > 3) a3 = _mm512_dpbusd_epi32(a3, u4, _mm512_loadu_si512(wk + 3 * bs));
+            }
+            const __m512 sx = _mm512_set1_ps(xs[g]);
+            const uint8_t *ws = pk + 16 * K + g * 64, *w128 = pk + 16 * K + 64 * ng + g * 64;
+#define EPI(v, a, o)                                                                               \
+    v = _mm512_add_ps(                                                                             \
+        v, _mm512_mul_ps(                                                                          \
+               _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(                                  \
+                                 a, _mm512_loadu_si512(w128 + (o)))),                              \
+                             _mm512_loadu_ps(ws + (o))),                                           \
+               sx))
+            EPI(v0, a0, 0);
+            if (nb > 1) EPI(v1, a1, bs);
+            if (nb > 2) EPI(v2, a2, 2 * bs);
+            if (nb > 3) EPI(v3, a3, 3 * bs);
+#undef EPI
+        }
+        float t[64];
+        _mm512_storeu_ps(t, v0), _mm512_storeu_ps(t + 16, v1);
+        _mm512_storeu_ps(t + 32, v2), _mm512_storeu_ps(t + 48, v3);
+        float *y = Y + i * ldy;
+        for (size_t j = 0; j < 16 * nb && c0 + j < c1; j++)
+            y[c0 + j] = t[j];
+    }
+}
+#endif
+
+size_t ikv__q8_pack(const struct ikv_model *m, int k, int l, size_t n0, size_t n1, uint8_t *out) {
+    const size_t K = m->qm[k].cols;
+    const int lv = ikv__q8_simd_level();
+    if (lv == 0 || m->gs % 4 || n1 <= n0) return 0;
+#ifdef HAVE_X86_SIMD
+    if (lv == 2) {
+        if (out) pack_rows16(ikv__qm_q(m, k, l), ikv__qm_s(m, k, l), K, m->gs, n0, n1, out);
+        return ikv__q8_pack_bytes16(n1 - n0, K, m->gs);
+    }
+    if (out) pack_rows(ikv__qm_q(m, k, l), ikv__qm_s(m, k, l), K, m->gs, n0, n1, out);
+    return (n1 - n0 + 7) / 8 * (8 * K + 32 * (K / (size_t)m->gs));
+#else
+    (void)out;
+    return 0;
+#endif
+}
+
+void ikv__q8_gemm(const struct ikv_model *m, int k, int l, const float *X, size_t M,
+                  const ikv__q8act *buf, const uint8_t *packed, float *Y, size_t ldy, size_t n0,
+                  size_t n1) {
+    const size_t K = m->qm[k].cols, ng = K / (size_t)m->gs;
+    if (n1 <= n0) return;
+    /* every row quantized once, into rows of the buffers */
+    for (size_t i = 0; i < M; i++) {
+        ikv__q8act r = {buf->q + i * K, buf->a + i * K, buf->s + i * ng};
+        ikv__q8_quantize(X + i * K, K, m->gs, &r);
+    }
+#ifdef HAVE_X86_SIMD
+    const int lv = ikv__q8_simd_level();
+    if (lv == 2 && packed) {
+        const size_t bs = 16 * K + 128 * ng, nblk = (n1 - n0 + 15) / 16;
+        for (size_t b = 0; b < nblk; b += 4) {
+            const size_t nb = nblk - b < 4 ? nblk - b : 4;
+            gemm_vnni512(packed + b * bs, bs, nb, K, m->gs, buf, M, Y, ldy, n0 + b * 16, n1);
+        }
+        return;
+    }
+    if (lv == 1 && packed) {
+        const size_t bs = 8 * K + 32 * ng, nblk = (n1 - n0 + 7) / 8;
+        for (size_t b = 0; b < nblk; b += 4) {
+            const size_t nb = nblk - b < 4 ? nblk - b : 4;
+            gemm_avx2(packed + b * bs, bs, nb, K, m->gs, buf, M, Y, ldy, n0 + b * 8, n1);
+        }
+        return;
+    }
+#endif
+    (void)packed;
+    for (size_t i = 0; i < M; i++) {
+        ikv__q8act r = {buf->q + i * K, buf->a + i * K, buf->s + i * ng};
+        ikv__q8_matvec(m, k, l, &r, Y + i * ldy, n0, n1);
+    }
 }
 
 /* ---- dequantization --------------------------------------------------------------------------- */
