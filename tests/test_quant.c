@@ -294,19 +294,45 @@ static void test_v2_loader_rejects(void **st) {
         int32_t v;
         float f;
         switch (i) {
-        case 0: len = n - 1; break;
-        case 1: len = 100; break;
-        case 2: v = 1, memcpy(b + 4, &v, 4); break;
-        case 3: b[36] = 2; break;
-        case 4: b[100] = 1; break;
-        case 5: v = 32, memcpy(b + 37, &v, 4); break;
-        case 6: v = 0, memcpy(b + 37, &v, 4); break;
-        case 7: b[n] = 0, len = n + 1; break;
-        case 8: b[emb_q + 12345] = 0x80; break;
-        case 9: f = NAN, memcpy(b + emb_s + 40, &f, 4); break;
-        case 10: f = -1.0f, memcpy(b + emb_s + 40, &f, 4); break;
-        case 11: v = 0, memcpy(b + 8, &v, 4); break;
-        default: v = 3, memcpy(b + 20, &v, 4); break;
+        case 0:
+            len = n - 1;
+            break;
+        case 1:
+            len = 100;
+            break;
+        case 2:
+            v = 1, memcpy(b + 4, &v, 4);
+            break;
+        case 3:
+            b[36] = 2;
+            break;
+        case 4:
+            b[100] = 1;
+            break;
+        case 5:
+            v = 32, memcpy(b + 37, &v, 4);
+            break;
+        case 6:
+            v = 0, memcpy(b + 37, &v, 4);
+            break;
+        case 7:
+            b[n] = 0, len = n + 1;
+            break;
+        case 8:
+            b[emb_q + 12345] = 0x80;
+            break;
+        case 9:
+            f = NAN, memcpy(b + emb_s + 40, &f, 4);
+            break;
+        case 10:
+            f = -1.0f, memcpy(b + emb_s + 40, &f, 4);
+            break;
+        case 11:
+            v = 0, memcpy(b + 8, &v, 4);
+            break;
+        default:
+            v = 3, memcpy(b + 20, &v, 4);
+            break;
         }
         write_bytes(bad, b, len);
         ikv_model *x = NULL;
@@ -340,7 +366,7 @@ static void test_quantize_roundtrip(void **st) {
         assert_int_equal(ikv_model_cfg(l)->shared_classifier, shared);
         assert_memory_equal(l->w.rms_att, m->w.rms_att, sizeof(float) * 3 * 64);
         assert_memory_equal(l->w.rms_final, m->w.rms_final, sizeof(float) * 64);
-        const float *src[] = {m->w.emb, m->w.wq, m->w.wk, m->w.wv, m->w.wo,
+        const float *src[] = {m->w.emb, m->w.wq, m->w.wk, m->w.wv,  m->w.wo,
                               m->w.w1,  m->w.w2, m->w.w3, m->w.wcls};
         for (int k = 0; k < IKV__QM_KINDS; k++) {
             const ikv__qmat *qm = &l->qm[k];
@@ -363,8 +389,10 @@ static void test_quantize_roundtrip(void **st) {
             }
             free(dq);
         }
-        if (shared) assert_ptr_equal(l->qm[IKV__QM_CLS].q, l->qm[IKV__QM_EMB].q);
-        else assert_true(l->qm[IKV__QM_CLS].q != l->qm[IKV__QM_EMB].q);
+        if (shared)
+            assert_ptr_equal(l->qm[IKV__QM_CLS].q, l->qm[IKV__QM_EMB].q);
+        else
+            assert_true(l->qm[IKV__QM_CLS].q != l->qm[IKV__QM_EMB].q);
         /* an int8 model is not quantized again */
         ikv_model *again = NULL;
         assert_int_equal(ikv_model_quantize(l, 8, &again), IKV_EINVAL);
@@ -454,7 +482,8 @@ static void test_quantize_cli(void **st) {
     assert_non_null(strstr(err, "already int8"));
 }
 
-/* ---- engine ------------------------------------------------------------------------------------ */
+/* ---- engine ------------------------------------------------------------------------------------
+ */
 
 static void make_prompt(uint32_t *t, size_t n, uint64_t seed, uint32_t vocab) {
     for (size_t i = 0; i < n; i++) {
@@ -601,7 +630,8 @@ static void test_q8_levels_end_to_end(void **st) {
     ikv_model_destroy(f);
 }
 
-/* ---- parity with runq.c -------------------------------------------------------------------------- */
+/* ---- parity with runq.c
+ * -------------------------------------------------------------------------- */
 
 /* Greedy parity with llama2.c's runq.c, from the outputs it produced (tests/data/runq/MANIFEST:
  * one line per case: file, model, group, prompt number, positions, bytes that must match). The
@@ -626,8 +656,8 @@ static void test_runq_parity(void **st) {
         char file[128], model[64];
         int group, pi, npos;
         long must;
-        if (line[0] == '#' || sscanf(line, "%127s %63s %d %d %d %ld", file, model, &group, &pi,
-                                     &npos, &must) != 6)
+        if (line[0] == '#' ||
+            sscanf(line, "%127s %63s %d %d %d %ld", file, model, &group, &pi, &npos, &must) != 6)
             continue;
         char q[600], tok[600], fp[600];
         snprintf(q, sizeof q, "%s", tmp_path("parity_q8.bin"));
@@ -654,8 +684,7 @@ static void test_runq_parity(void **st) {
                          "--tokenizer-out '%s'",
                          seed, cls, fp, tok);
                 assert_int_equal(run_isokv(args, out, sizeof out, NULL, 0), 0);
-                snprintf(args, sizeof args, "model quantize '%s' -o '%s' --group %d", fp, q,
-                         group);
+                snprintf(args, sizeof args, "model quantize '%s' -o '%s' --group %d", fp, q, group);
                 assert_int_equal(run_isokv(args, out, sizeof out, NULL, 0), 0);
             }
         }
@@ -681,8 +710,8 @@ static void test_runq_parity(void **st) {
                 same++;
             long want = must < 0 ? (long)en : must;
             if (must < 0 && (on != en || same != en))
-                fail_msg("%s, %d thread(s): differs from runq.c at byte %zu of %zu", file, th,
-                         same, en);
+                fail_msg("%s, %d thread(s): differs from runq.c at byte %zu of %zu", file, th, same,
+                         en);
             if ((long)same < want)
                 fail_msg("%s, %d thread(s): same as runq.c for %zu bytes, the manifest says %ld",
                          file, th, same, want);

@@ -43,8 +43,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static const char *qm_name[IKV__QM_KINDS] = {"token_embedding", "wq", "wk", "wv", "wo",
-                                             "w1",              "w2", "w3", "wcls"};
+static const char *qm_name[IKV__QM_KINDS] = {
+    "token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls"};
 
 /* Rows and columns of matrix kind k of shape c. */
 static void qm_shape(const ikv_model_config *c, int k, size_t *rows, size_t *cols) {
@@ -52,14 +52,24 @@ static void qm_shape(const ikv_model_config *c, int k, size_t *rows, size_t *col
     size_t kv = d / (size_t)c->n_heads * (size_t)c->n_kv_heads;
     switch (k) {
     case IKV__QM_EMB:
-    case IKV__QM_CLS: *rows = V, *cols = d; break;
+    case IKV__QM_CLS:
+        *rows = V, *cols = d;
+        break;
     case IKV__QM_Q:
-    case IKV__QM_O: *rows = d, *cols = d; break;
+    case IKV__QM_O:
+        *rows = d, *cols = d;
+        break;
     case IKV__QM_K:
-    case IKV__QM_V: *rows = kv, *cols = d; break;
+    case IKV__QM_V:
+        *rows = kv, *cols = d;
+        break;
     case IKV__QM_1:
-    case IKV__QM_3: *rows = h, *cols = d; break;
-    default: *rows = d, *cols = h; break; /* w2 */
+    case IKV__QM_3:
+        *rows = h, *cols = d;
+        break;
+    default:
+        *rows = d, *cols = h;
+        break; /* w2 */
     }
 }
 
@@ -91,8 +101,9 @@ int ikv_model_q8_group_check(const ikv_model_config *c, int gs) {
     size_t o = 0;
     list[0] = 0;
     for (uint64_t d = 1; d <= g && o + 24 < sizeof list; d++)
-        if (g % d == 0) o += (size_t)snprintf(list + o, sizeof list - o, "%s%llu", o ? ", " : "",
-                                              (unsigned long long)d);
+        if (g % d == 0)
+            o += (size_t)snprintf(list + o, sizeof list - o, "%s%llu", o ? ", " : "",
+                                  (unsigned long long)d);
     return ikv_error(IKV_EINVAL,
                      "group size %d does not divide %s (%d): a group must not straddle two rows; "
                      "groups that divide both dim %d and hidden_dim %d: %s",
@@ -272,23 +283,32 @@ static const float *fp32_mat(const ikv_model *m, int k, size_t *stride) {
     qm_shape(&m->cfg, k, &r, &c);
     *stride = r * c;
     switch (k) {
-    case IKV__QM_EMB: return m->w.emb;
-    case IKV__QM_Q: return m->w.wq;
-    case IKV__QM_K: return m->w.wk;
-    case IKV__QM_V: return m->w.wv;
-    case IKV__QM_O: return m->w.wo;
-    case IKV__QM_1: return m->w.w1;
-    case IKV__QM_2: return m->w.w2;
-    case IKV__QM_3: return m->w.w3;
-    default: return m->w.wcls;
+    case IKV__QM_EMB:
+        return m->w.emb;
+    case IKV__QM_Q:
+        return m->w.wq;
+    case IKV__QM_K:
+        return m->w.wk;
+    case IKV__QM_V:
+        return m->w.wv;
+    case IKV__QM_O:
+        return m->w.wo;
+    case IKV__QM_1:
+        return m->w.w1;
+    case IKV__QM_2:
+        return m->w.w2;
+    case IKV__QM_3:
+        return m->w.w3;
+    default:
+        return m->w.wcls;
     }
 }
 
 int ikv_model_quantize(const ikv_model *m, int gs, ikv_model **out) {
     const ikv_model_config *c = &m->cfg;
     if (m->gs)
-        return ikv_error(IKV_EINVAL,
-                         "the model is already int8 (group %d); quantize an fp32 checkpoint", m->gs);
+        return ikv_error(
+            IKV_EINVAL, "the model is already int8 (group %d); quantize an fp32 checkpoint", m->gs);
     int rc = ikv_model_q8_group_check(c, gs);
     if (rc) return rc;
     const uint64_t bytes = ikv_model_q8_file_bytes(c, gs);

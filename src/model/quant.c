@@ -125,8 +125,8 @@ __attribute__((target("avx2"))) static void quant_avx2(const float *x, size_t n,
             __m256 sgn = _mm256_or_ps(_mm256_andnot_ps(absm, v), one); /* +-1 */
             __m256 r = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(d, half, _CMP_GE_OQ), sgn));
             __m256i i32 = _mm256_cvttps_epi32(r);
-            __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(i32),
-                                          _mm256_extracti128_si256(i32, 1));
+            __m128i p16 =
+                _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
             __m128i p8 = _mm_packs_epi16(p16, p16);
             _mm_storel_epi64((__m128i *)(q + i), p8);
             _mm_storel_epi64((__m128i *)(a + i), _mm_abs_epi8(p8));
@@ -143,8 +143,8 @@ void ikv__q8_quantize(const float *x, size_t n, int gs, const ikv__q8act *act) {
     }
 #endif
     for (size_t g = 0; g < n / (size_t)gs; g++)
-        act->s[g] = quant_group(x + g * (size_t)gs, gs, act->q + g * (size_t)gs,
-                                act->a + g * (size_t)gs);
+        act->s[g] =
+            quant_group(x + g * (size_t)gs, gs, act->q + g * (size_t)gs, act->a + g * (size_t)gs);
 }
 
 /* ---- matrix-vector products ----------------------------------------------------------------- */
@@ -206,9 +206,8 @@ groups_add(float val, __m256i iv, const uint8_t *ws, const float *xs, size_t nb)
 #define DOT_AVX2(acc, off)                                                                         \
     do {                                                                                           \
         __m256i w_ = _mm256_loadu_si256((const __m256i *)(w + (off)));                             \
-        __m256i sw_ = _mm256_sign_epi8(w_, _mm256_loadu_si256((const __m256i *)(xq + (off))));    \
-        __m256i p_ =                                                                               \
-            _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(xa + (off))), sw_);          \
+        __m256i sw_ = _mm256_sign_epi8(w_, _mm256_loadu_si256((const __m256i *)(xq + (off))));     \
+        __m256i p_ = _mm256_maddubs_epi16(_mm256_loadu_si256((const __m256i *)(xa + (off))), sw_); \
         acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p_, ones));                                  \
     } while (0)
 
@@ -216,8 +215,8 @@ groups_add(float val, __m256i iv, const uint8_t *ws, const float *xs, size_t nb)
 #define DOT_VNNI(acc, off)                                                                         \
     do {                                                                                           \
         __m256i w_ = _mm256_loadu_si256((const __m256i *)(w + (off)));                             \
-        __m256i sw_ = _mm256_sign_epi8(w_, _mm256_loadu_si256((const __m256i *)(xq + (off))));    \
-        acc = _mm256_dpbusd_epi32(acc, _mm256_loadu_si256((const __m256i *)(xa + (off))), sw_);   \
+        __m256i sw_ = _mm256_sign_epi8(w_, _mm256_loadu_si256((const __m256i *)(xq + (off))));     \
+        acc = _mm256_dpbusd_epi32(acc, _mm256_loadu_si256((const __m256i *)(xa + (off))), sw_);    \
     } while (0)
 
 /* One kernel per dot flavour: rows one at a time; per row, groups 8 at a time (each group gs/32
@@ -262,10 +261,10 @@ groups_add(float val, __m256i iv, const uint8_t *ws, const float *xs, size_t nb)
                 for (size_t b = 0; g + b < ng; b++)                                                \
                     for (size_t c = 0; c < G; c += 32)                                             \
                         DOT(acc[b], (g + b) * G + c);                                              \
-                val = groups_add(val,                                                              \
-                                 hsum8x8_i32(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5],       \
-                                             acc[6], acc[7]),                                      \
-                                 ws + 4 * g, x->s + g, ng - g);                                    \
+                val = groups_add(                                                                  \
+                    val,                                                                           \
+                    hsum8x8_i32(acc[0], acc[1], acc[2], acc[3], acc[4], acc[5], acc[6], acc[7]),   \
+                    ws + 4 * g, x->s + g, ng - g);                                                 \
             }                                                                                      \
             y[r] = val;                                                                            \
         }                                                                                          \
@@ -362,7 +361,8 @@ static void pack_rows(const int8_t *W, const uint8_t *S, size_t K, int gs, size_
                     const __m256i xq4 = _mm256_set1_epi32(q4), xa4 = _mm256_set1_epi32(u4);        \
                     const uint8_t *wk = w + k4 * 32;                                               \
                     PDOT(a0, _mm256_loadu_si256((const __m256i *)wk), xa4, xq4);                   \
-                    if (nb > 1) PDOT(a1, _mm256_loadu_si256((const __m256i *)(wk + bs)), xa4, xq4); \
+                    if (nb > 1)                                                                    \
+                        PDOT(a1, _mm256_loadu_si256((const __m256i *)(wk + bs)), xa4, xq4);        \
                     if (nb > 2)                                                                    \
                         PDOT(a2, _mm256_loadu_si256((const __m256i *)(wk + 2 * bs)), xa4, xq4);    \
                     if (nb > 3)                                                                    \
@@ -371,11 +371,13 @@ static void pack_rows(const int8_t *W, const uint8_t *S, size_t K, int gs, size_
                 const __m256 sx = _mm256_set1_ps(xs[g]);                                           \
                 const float *ws = (const float *)(const void *)(pk + 8 * K) + g * 8;               \
                 v0 = _mm256_add_ps(                                                                \
-                    v0, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a0), _mm256_loadu_ps(ws)), sx)); \
+                    v0, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a0), _mm256_loadu_ps(ws)),  \
+                                      sx));                                                        \
                 if (nb > 1)                                                                        \
-                    v1 = _mm256_add_ps(v1, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a1),     \
-                                                                       _mm256_loadu_ps(ws + bs / 4)), \
-                                                         sx));                                     \
+                    v1 = _mm256_add_ps(v1,                                                         \
+                                       _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a1),         \
+                                                                   _mm256_loadu_ps(ws + bs / 4)),  \
+                                                     sx));                                         \
                 if (nb > 2)                                                                        \
                     v2 = _mm256_add_ps(                                                            \
                         v2, _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a2),                    \
@@ -464,12 +466,10 @@ gemm_vnni512(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ik
             const __m512 sx = _mm512_set1_ps(xs[g]);
             const uint8_t *ws = pk + 16 * K + g * 64, *w128 = pk + 16 * K + 64 * ng + g * 64;
 #define EPI(v, a, o)                                                                               \
-    v = _mm512_add_ps(                                                                             \
-        v, _mm512_mul_ps(                                                                          \
-               _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(                                  \
-                                 a, _mm512_loadu_si512(w128 + (o)))),                              \
-                             _mm512_loadu_ps(ws + (o))),                                           \
-               sx))
+    v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(          \
+                                                         a, _mm512_loadu_si512(w128 + (o)))),      \
+                                                     _mm512_loadu_ps(ws + (o))),                   \
+                                       sx))
             EPI(v0, a0, 0);
             if (nb > 1) EPI(v1, a1, bs);
             if (nb > 2) EPI(v2, a2, 2 * bs);
@@ -539,7 +539,8 @@ void ikv__q8_gemm(const struct ikv_model *m, int k, int l, const float *X, size_
     }
 }
 
-/* ---- dequantization --------------------------------------------------------------------------- */
+/* ---- dequantization ---------------------------------------------------------------------------
+ */
 
 #ifdef HAVE_X86_SIMD
 /* gs a multiple of 8: (float)q * scale in lanes, one rounding each, as the scalar loop. */
