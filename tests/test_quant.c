@@ -659,6 +659,11 @@ static void test_runq_parity(void **st) {
         if (line[0] == '#' ||
             sscanf(line, "%127s %63s %d %d %d %ld", file, model, &group, &pi, &npos, &must) != 6)
             continue;
+#ifdef IKV_SANITIZE
+        /* sanitizer builds: only the small model (a stories15m run takes minutes there; the
+         * release build runs every case) */
+        if (strcmp(model, "stories260K")) continue;
+#endif
         char q[600], tok[600], fp[600];
         snprintf(q, sizeof q, "%s", tmp_path("parity_q8.bin"));
         snprintf(fp, sizeof fp, "%s", tmp_path("parity_fp32.bin"));
@@ -720,7 +725,11 @@ static void test_runq_parity(void **st) {
         free(expect);
     }
     fclose(mf);
+#ifdef IKV_SANITIZE
     assert_true(cases >= 12);
+#else
+    assert_true(cases >= 24);
+#endif
 }
 
 int main(void) {

@@ -298,15 +298,16 @@ void ikv_engine_bench_print(const ikv_engine_bench_result *r, FILE *f, int json)
                 "\"hidden\": %d, "
                 "\"layers\": %d, \"heads\": %d, \"kv_heads\": %d, \"vocab\": %d, \"seq_len\": %d, "
                 "\"params\": %llu}, "
+                "\"weights\": \"%s\", \"q8_group\": %d, \"q8_prefill\": \"%s\", "
+                "\"q8_kernels\": \"%s\", "
                 "\"prefix\": %u, \"suffix\": %u, \"decode\": %u, \"repeat\": %u, \"tile\": %u, "
-                "\"group\": %u, \"weights\": \"%s\", \"q8_group\": %d, \"q8_prefill\": \"%s\", "
-                "\"q8_kernels\": \"%s\", \"rows\": [",
+                "\"group\": %u, \"rows\": [",
                 r->cores, (int)c->dim, (int)c->hidden_dim, (int)c->n_layers, (int)c->n_heads,
                 (int)c->n_kv_heads, (int)c->vocab_size, (int)c->seq_len,
-                (unsigned long long)ikv_model_params(c), r->prefix, r->suffix, r->decode, r->repeat,
-                r->tile, r->group, r->q8 ? "int8" : "fp32", r->q8,
+                (unsigned long long)ikv_model_params(c), r->q8 ? "int8" : "fp32", r->q8,
                 r->q8 ? (r->q8_gemm ? "int8" : "dequantize+sgemm") : "-",
-                r->q8 ? r->q8_kernels : "-");
+                r->q8 ? r->q8_kernels : "-", r->prefix, r->suffix, r->decode, r->repeat, r->tile,
+                r->group);
         for (size_t i = 0; i < r->n_rows; i++) {
             const ikv_engine_bench_row *w = &r->rows[i];
             fprintf(
