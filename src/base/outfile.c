@@ -87,29 +87,29 @@ static char *dir_of(const char *path, const char **base) {
     return d;
 }
 
-/* The canonical name of `final`: realpath of its directory, then its base name. NULL with the
- * error set when the directory cannot be resolved. */
-static char *canonical(const char *given, const char *final) {
+/* The canonical name of `final` into *out: realpath of its directory, then its base name.
+ * Returns 0, IKV_EIO (the directory cannot be resolved) or IKV_ENOMEM, with the error set. */
+static int canonical(const char *given, const char *final, char **out) {
     const char *base;
-    char *dir = dir_of(final, &base), *real = NULL, *out = NULL;
-    if (!dir) {
-        ikv_error(IKV_ENOMEM, "out of memory");
-        return NULL;
-    }
+    char *dir = dir_of(final, &base), *real = NULL;
+    int rc = 0;
+    *out = NULL;
+    if (!dir) return ikv_error(IKV_ENOMEM, "out of memory");
     real = realpath(dir, NULL);
     if (!real) {
-        ikv_error(IKV_EIO, "%s: cannot write in directory '%s': %s", given, dir, strerror(errno));
+        rc = ikv_error(IKV_EIO, "%s: cannot write in directory '%s': %s", given, dir,
+                       strerror(errno));
     } else {
         size_t n = strlen(real) + strlen(base) + 2;
-        out = ikv_malloc(n);
-        if (out)
-            snprintf(out, n, "%s/%s", strcmp(real, "/") ? real : "", base);
+        *out = ikv_malloc(n);
+        if (*out)
+            snprintf(*out, n, "%s/%s", strcmp(real, "/") ? real : "", base);
         else
-            ikv_error(IKV_ENOMEM, "out of memory");
+            rc = ikv_error(IKV_ENOMEM, "out of memory");
     }
     free(real); /* from realpath: libc's malloc */
     ikv_free(dir);
-    return out;
+    return rc;
 }
 
 int ikv_outset_create(ikv_outset **out) {
@@ -219,10 +219,7 @@ int ikv_outset_add(ikv_outset *s, const char *path, FILE **f, const char **tmp) 
         rc = ikv_error(IKV_ENOMEM, "out of memory");
         goto fail;
     }
-    if (!(o->canon = canonical(path, o->final))) {
-        rc = IKV_EIO;
-        goto fail;
-    }
+    if ((rc = canonical(path, o->final, &o->canon))) goto fail;
     for (size_t i = 0; i < s->n; i++) {
         const outfile *p = &s->o[i];
         if (!strcmp(p->canon, o->canon) ||
