@@ -77,7 +77,8 @@ static char *published_sample(void) {
     char *p = strstr(readme, "prints\n");
     assert_non_null(p);
     p += strlen("prints\n");
-    while (*p == '\n') p++;
+    while (*p == '\n')
+        p++;
     char *out = malloc(strlen(p) + 2);
     size_t len = 0;
     while (!strncmp(p, "    ", 4)) {
@@ -157,10 +158,13 @@ static void test_runc_parity_stories260K(void **st) {
         for (int th = 1; th <= 2; th++) {
             char ths[4];
             snprintf(ths, sizeof ths, "%d", th);
-            char *argv[] = {"isokv",   "run",    "--model", "data/models/stories260K/stories260K.bin",
+            char *argv[] = {"isokv",       "run",
+                            "--model",     "data/models/stories260K/stories260K.bin",
                             "--tokenizer", "data/models/stories260K/tok512.bin",
-                            "--prompt", f[3],   "--temp",  "0",
-                            "-n",       f[1],   "--threads", ths,
+                            "--prompt",    f[3],
+                            "--temp",      "0",
+                            "-n",          f[1],
+                            "--threads",   ths,
                             NULL};
             assert_int_equal(run_isokv(argv, NULL, NULL), 0);
             char *got = slurp(outp, NULL);

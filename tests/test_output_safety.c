@@ -138,8 +138,19 @@ static void test_sweep_out_no_shell(void **st) {
     if (!have_gnuplot()) skip();
     const char *outs[] = {"x';touch P1;'", "y$(touch P2)`touch P3`", "z\";touch P4;\""};
     for (size_t i = 0; i < 3; i++) {
-        char *argv[] = {"isokv", "sim", "sweep", (char *)weka(), "--vary", "conversations=1,2",
-                        "--capacity-tokens", "50k", "--jobs", "1", "--out", (char *)outs[i], NULL};
+        char *argv[] = {"isokv",
+                        "sim",
+                        "sweep",
+                        (char *)weka(),
+                        "--vary",
+                        "conversations=1,2",
+                        "--capacity-tokens",
+                        "50k",
+                        "--jobs",
+                        "1",
+                        "--out",
+                        (char *)outs[i],
+                        NULL};
         assert_int_equal(run_isokv(argv, NULL, 0), 0);
         char p[1200];
         snprintf(p, sizeof p, "%s/sweep.svg", tp(outs[i]));
@@ -175,10 +186,11 @@ static int scan_file(const char *path, const struct stat *sb, int flag, struct F
         for (int k = 0; k < 2; k++)
             for (const char *p = line; (p = strstr(p, names[k])); p++) {
                 const char *q = p + strlen(names[k]);
-                while (*q == ' ') q++;
-                int ident_before = p > line && (p[-1] == '_' || (p[-1] >= 'a' && p[-1] <= 'z') ||
-                                                (p[-1] >= 'A' && p[-1] <= 'Z') ||
-                                                (p[-1] >= '0' && p[-1] <= '9'));
+                while (*q == ' ')
+                    q++;
+                int ident_before =
+                    p > line && (p[-1] == '_' || (p[-1] >= 'a' && p[-1] <= 'z') ||
+                                 (p[-1] >= 'A' && p[-1] <= 'Z') || (p[-1] >= '0' && p[-1] <= '9'));
                 if (*q == '(' && !ident_before)
                     fail_msg("%s:%d calls %s(): %s", path, ln, names[k], line);
             }
@@ -203,11 +215,15 @@ static void test_no_system_or_popen_in_sources(void **st) {
 static void test_gnuplot_strings_escaped(void **st) {
     (void)st;
     if (!have_gnuplot()) skip();
-    const char *title = "T1 'q' \"d\" `touch G1` @x \\ \nsystem('touch G2')\n'; system(\"touch G3\") #";
+    const char *title =
+        "T1 'q' \"d\" `touch G1` @x \\ \nsystem('touch G2')\n'; system(\"touch G3\") #";
     const char *out = "o'\n`touch G4`";
-    char *argv[] = {"isokv", "sim", "sweep", (char *)weka(), "--vary", "conversations=1,2",
-                    "--policy", "lru,value", "--capacity-tokens", "50k", "--jobs", "1",
-                    "--out", (char *)out, "--title", (char *)title, NULL};
+    char *argv[] = {"isokv",        "sim",       "sweep",
+                    (char *)weka(), "--vary",    "conversations=1,2",
+                    "--policy",     "lru,value", "--capacity-tokens",
+                    "50k",          "--jobs",    "1",
+                    "--out",        (char *)out, "--title",
+                    (char *)title,  NULL};
     assert_int_equal(run_isokv(argv, NULL, 0), 0);
     char p[1200];
     snprintf(p, sizeof p, "%s/sweep.svg", tp(out));
@@ -245,8 +261,16 @@ static void test_outputs_refuse_non_regular(void **st) {
     char *mi[] = {"isokv", "model", "init", "--config", "tiny", "-o", (char *)tp("fifo"), NULL};
     assert_int_equal(run_isokv(mi, NULL, 0), 1);
     assert_non_null(strstr(slurp(errp), "fifo: is a FIFO"));
-    char *mt[] = {"isokv", "model", "init", "--config", "tiny", "-o", (char *)tp("m.bin"),
-                  "--tokenizer-out", (char *)tp("fifo"), NULL};
+    char *mt[] = {"isokv",
+                  "model",
+                  "init",
+                  "--config",
+                  "tiny",
+                  "-o",
+                  (char *)tp("m.bin"),
+                  "--tokenizer-out",
+                  (char *)tp("fifo"),
+                  NULL};
     assert_int_equal(run_isokv(mt, NULL, 0), 1);
     assert_false(exists(tp("m.bin")));
     char *pl[] = {"isokv", "plan", "--plot", (char *)tp("fifo"), NULL};
@@ -255,8 +279,8 @@ static void test_outputs_refuse_non_regular(void **st) {
     /* a sweep whose sweep.json is a FIFO: refused before any run, nothing written */
     assert_int_equal(mkdir(tp("sw"), 0700), 0);
     assert_int_equal(mkfifo(tp("sw/sweep.json"), 0600), 0);
-    char *sw[] = {"isokv", "sim", "sweep", (char *)weka(), "--no-plot", "--jobs", "1", "--out",
-                  (char *)tp("sw"), NULL};
+    char *sw[] = {"isokv",  "sim", "sweep", (char *)weka(),   "--no-plot",
+                  "--jobs", "1",   "--out", (char *)tp("sw"), NULL};
     assert_int_equal(run_isokv(sw, NULL, 0), 1);
     assert_non_null(strstr(slurp(errp), "sweep.json: is a FIFO"));
     assert_int_equal(count_files(tp("sw")), 1);
@@ -292,15 +316,24 @@ static void test_model_init_same_file(void **st) {
     snprintf(dotted, sizeof dotted, "%s/./same.bin", dir);
     const char *second[] = {tp("same.bin"), dotted, "same.bin"};
     for (int i = 0; i < 3; i++) {
-        char *argv[] = {"isokv", "model", "init", "--config", "tiny", "-o", (char *)tp("same.bin"),
-                        "--tokenizer-out", (char *)second[i], NULL};
+        char *argv[] = {"isokv",
+                        "model",
+                        "init",
+                        "--config",
+                        "tiny",
+                        "-o",
+                        (char *)tp("same.bin"),
+                        "--tokenizer-out",
+                        (char *)second[i],
+                        NULL};
         assert_int_equal(run_isokv(argv, NULL, 0), 1);
         assert_non_null(strstr(slurp(errp), "same file"));
         assert_false(exists(tp("same.bin")));
     }
     /* an existing checkpoint, named again through a hard link and a symlink: left as it was */
-    char *mk[] = {"isokv", "model", "init", "--config", "tiny", "--seed", "3", "-o",
-                  (char *)tp("keep.bin"), NULL};
+    char *mk[] = {
+        "isokv", "model", "init", "--config", "tiny", "--seed", "3", "-o", (char *)tp("keep.bin"),
+        NULL};
     assert_int_equal(run_isokv(mk, NULL, 0), 0);
     struct stat before, after;
     assert_int_equal(stat(tp("keep.bin"), &before), 0);
@@ -308,8 +341,16 @@ static void test_model_init_same_file(void **st) {
     assert_int_equal(symlink("keep.bin", tp("soft.bin")), 0);
     const char *alias[] = {tp("hard.bin"), tp("soft.bin")};
     for (int i = 0; i < 2; i++) {
-        char *argv[] = {"isokv", "model", "init", "--config", "tiny", "-o", (char *)tp("keep.bin"),
-                        "--tokenizer-out", (char *)alias[i], NULL};
+        char *argv[] = {"isokv",
+                        "model",
+                        "init",
+                        "--config",
+                        "tiny",
+                        "-o",
+                        (char *)tp("keep.bin"),
+                        "--tokenizer-out",
+                        (char *)alias[i],
+                        NULL};
         assert_int_equal(run_isokv(argv, NULL, 0), 1);
         assert_non_null(strstr(slurp(errp), "same file"));
     }
@@ -327,14 +368,30 @@ static void test_outputs_all_or_nothing(void **st) {
     (void)st;
     assert_int_equal(mkdir(tp("an"), 0700), 0);
     /* the tokenizer's directory does not exist: no checkpoint either */
-    char *m1[] = {"isokv", "model", "init", "--config", "tiny", "-o", (char *)tp("an/m.bin"),
-                  "--tokenizer-out", (char *)tp("an/missing/t.bin"), NULL};
+    char *m1[] = {"isokv",
+                  "model",
+                  "init",
+                  "--config",
+                  "tiny",
+                  "-o",
+                  (char *)tp("an/m.bin"),
+                  "--tokenizer-out",
+                  (char *)tp("an/missing/t.bin"),
+                  NULL};
     assert_int_equal(run_isokv(m1, NULL, 0), 1);
     assert_non_null(strstr(slurp(errp), "missing"));
     assert_int_equal(count_files(tp("an")), 0);
     /* a "full disk" (file size limit) while writing: neither file, no temporary */
-    char *m2[] = {"isokv", "model", "init", "--config", "tiny", "-o", (char *)tp("an/m.bin"),
-                  "--tokenizer-out", (char *)tp("an/t.bin"), NULL};
+    char *m2[] = {"isokv",
+                  "model",
+                  "init",
+                  "--config",
+                  "tiny",
+                  "-o",
+                  (char *)tp("an/m.bin"),
+                  "--tokenizer-out",
+                  (char *)tp("an/t.bin"),
+                  NULL};
     assert_int_equal(run_isokv(m2, NULL, 100000), 1);
     assert_non_null(strstr(slurp(errp), "write failed"));
     assert_int_equal(count_files(tp("an")), 0);
@@ -346,8 +403,9 @@ static void test_outputs_all_or_nothing(void **st) {
     FILE *f = fopen(tp("full/sweep.csv"), "w");
     fputs("older\n", f);
     fclose(f);
-    char *sw[] = {"isokv", "sim", "sweep", (char *)weka(), "--vary", "conversations=1,2,3",
-                  "--no-plot", "--jobs", "1", "--out", (char *)tp("full"), NULL};
+    char *sw[] = {
+        "isokv",     "sim",    "sweep", (char *)weka(), "--vary",           "conversations=1,2,3",
+        "--no-plot", "--jobs", "1",     "--out",        (char *)tp("full"), NULL};
     assert_int_equal(run_isokv(sw, NULL, 1500), 1);
     assert_non_null(strstr(slurp(errp), "sweep.json"));
     assert_string_equal(slurp(tp("full/sweep.csv")), "older\n");
@@ -363,7 +421,7 @@ static void test_outputs_all_or_nothing(void **st) {
         fputs("#!/bin/sh\nexit 3\n", f);
         fclose(f);
         chmod(tp("fakebin/gnuplot"), 0700);
-        char *sp[] = {"isokv", "sim", "sweep", (char *)weka(), "--jobs", "1", "--out",
+        char *sp[] = {"isokv",          "sim", "sweep", (char *)weka(), "--jobs", "1", "--out",
                       (char *)tp("gp"), NULL};
         assert_int_equal(run_isokv(sp, tp("fakebin"), 0), 1);
         assert_non_null(strstr(slurp(errp), "gnuplot failed (exit 3)"));

@@ -175,8 +175,9 @@ int ikv_outset_add(ikv_outset *s, const char *path, FILE **f, const char **tmp) 
         char *real = NULL;
         if (S_ISLNK(lst.st_mode)) {
             if (stat(path, &st) != 0) {
-                rc = ikv_error(IKV_EIO, "%s: is a symbolic link to a missing file; refusing to "
-                                        "write through it",
+                rc = ikv_error(IKV_EIO,
+                               "%s: is a symbolic link to a missing file; refusing to "
+                               "write through it",
                                path);
                 goto fail;
             }
