@@ -87,7 +87,6 @@ static void test_keys_ids(void **st) {
     assert_true(ikv_scope_salt(0, NULL) == IKV_SCOPE_PUBLIC);
 }
 
-
 /* ---- atomic output files ----------------------------------------------------------------- */
 
 static char odir[256];
@@ -289,7 +288,8 @@ static void test_outset_all_or_nothing(void **st) {
     assert_int_equal(ikv_outset_add(s, op("a"), &fa, NULL), 0);
     assert_int_equal(ikv_outset_add(s, op("b"), &fb, NULL), 0);
     fputs("small", fa);
-    for (int i = 0; i < 1000; i++) fputs("0123456789", fb); /* 10 kB */
+    for (int i = 0; i < 1000; i++)
+        fputs("0123456789", fb); /* 10 kB */
     lim = old;
     lim.rlim_cur = 4096;
     assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
@@ -333,14 +333,11 @@ static void test_outset_oom(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_strerror),  cmocka_unit_test(test_errdetail),
-        cmocka_unit_test(test_alloc_fail), cmocka_unit_test(test_keys_chain),
-        cmocka_unit_test(test_keys_ids),
-        cmocka_unit_test(test_outset_commit),
-        cmocka_unit_test(test_outset_abandon),
-        cmocka_unit_test(test_outset_refuses_non_regular),
-        cmocka_unit_test(test_outset_same_file),
-        cmocka_unit_test(test_outset_all_or_nothing),
+        cmocka_unit_test(test_strerror),         cmocka_unit_test(test_errdetail),
+        cmocka_unit_test(test_alloc_fail),       cmocka_unit_test(test_keys_chain),
+        cmocka_unit_test(test_keys_ids),         cmocka_unit_test(test_outset_commit),
+        cmocka_unit_test(test_outset_abandon),   cmocka_unit_test(test_outset_refuses_non_regular),
+        cmocka_unit_test(test_outset_same_file), cmocka_unit_test(test_outset_all_or_nothing),
         cmocka_unit_test(test_outset_oom),
     };
     return cmocka_run_group_tests(tests, setup_odir, teardown_odir);

@@ -3,7 +3,8 @@
  *
  * Every knob of ikv_gen_opts is a flag (table below), given as `--knob VALUE` or `--knob=VALUE`.
  * The file is an atomic output (ikv_outset: temporary name, renamed; a device or other
- * non-regular target is refused), so a failure never leaves a partial file. The same flags and seed always give the same file.
+ * non-regular target is refused), so a failure never leaves a partial file. The same flags and seed
+ * always give the same file.
  */
 #include "cli.h"
 

@@ -315,7 +315,8 @@ static int plot(const char *out, const ikv_plan_result *r, const ikv_plan_point 
              "%s on %s: compute vs latency along the walk (simulated, isokv roofline model)",
              r->model->name, r->hw->name);
     const char *names[4] = {"curve.dat", "steps.dat", "steps.dat", "knee.dat"};
-    for (int k = 0; k < 4; k++) snprintf(data[k], sizeof data[k], "%s/%s", dir, names[k]);
+    for (int k = 0; k < 4; k++)
+        snprintf(data[k], sizeof data[k], "%s/%s", dir, names[k]);
     FILE *g = bad ? NULL : fopen(script, "w");
     if (g) {
         fputs("set termoption noenhanced\n"
@@ -360,7 +361,8 @@ static int plot(const char *out, const ikv_plan_result *r, const ikv_plan_point 
     if (rc) {
         ikv_outset_destroy(outs);
         if (rc < 0 && e == ENOENT)
-            return cli_fail(CMD, "gnuplot not found on PATH: install gnuplot-nox (scripts/deps.sh)");
+            return cli_fail(CMD,
+                            "gnuplot not found on PATH: install gnuplot-nox (scripts/deps.sh)");
         if (rc < 0) return cli_fail(CMD, "cannot run gnuplot: %s", strerror(e));
         return cli_fail(CMD, "gnuplot failed (exit %d)", rc);
     }

@@ -43,27 +43,29 @@ static const char *data_dir(void) {
 }
 
 static void help(FILE *f) {
-    fprintf(f, "usage: isokv run [--model M.bin] [--tokenizer T.bin] [--prompt TEXT] [-n 64] [--temp 0]\n"
-          "                 [--topp 0.9] [--seed S] [--threads T] [--kv-mem BYTES]\n"
-          "                 [--policy NAME] [--tenant NAME] [--public N] [--repeat R]\n"
-          "                 [--stop-eos] [--raw-bytes]\n\n"
-          "Encodes the prompt (BOS first; byte-level when --model is given without a tokenizer),\n"
-          "prefills it through the prefix cache, then decodes up to -n tokens (stopping at BOS,\n"
-          "also at EOS with --stop-eos, or at seq_len) and prints the text as llama2.c's run.c\n"
-          "does: byte tokens only when printable ASCII or whitespace (--raw-bytes: every byte).\n"
-          "The prompt may be empty (the default): generation then starts from BOS alone.\n"
-          "Without --model: the bundled trained stories260K model and its tok512 tokenizer,\n"
-          "  %s/%s\n"
-          "  (IKV_DATA_DIR=DIR in the environment replaces %s).\n"
-          "-n counts GENERATED tokens. llama2.c's run.c -n S counts positions from BOS instead:\n"
-          "run.c -n S is isokv -n S-P+1 for a prompt of P tokens, BOS included (the token count\n"
-          "is printed on stderr); e.g. run.c's default 256 with an empty prompt is -n 256.\n"
-          "Temperature 0 is greedy.\n"
-          "--public N declares the first N prompt tokens shared across tenants; the rest is\n"
-          "scoped to --tenant. --repeat R runs the request R times on one engine (the later runs\n"
-          "hit the cache). --kv-mem sizes the KV pool (k/M/G suffixes; default: 5 full-length\n"
-          "sequences). Figures printed on stderr are measured wall-clock times.\n",
-          data_dir(), DEFAULT_MODEL, data_dir());
+    fprintf(
+        f,
+        "usage: isokv run [--model M.bin] [--tokenizer T.bin] [--prompt TEXT] [-n 64] [--temp 0]\n"
+        "                 [--topp 0.9] [--seed S] [--threads T] [--kv-mem BYTES]\n"
+        "                 [--policy NAME] [--tenant NAME] [--public N] [--repeat R]\n"
+        "                 [--stop-eos] [--raw-bytes]\n\n"
+        "Encodes the prompt (BOS first; byte-level when --model is given without a tokenizer),\n"
+        "prefills it through the prefix cache, then decodes up to -n tokens (stopping at BOS,\n"
+        "also at EOS with --stop-eos, or at seq_len) and prints the text as llama2.c's run.c\n"
+        "does: byte tokens only when printable ASCII or whitespace (--raw-bytes: every byte).\n"
+        "The prompt may be empty (the default): generation then starts from BOS alone.\n"
+        "Without --model: the bundled trained stories260K model and its tok512 tokenizer,\n"
+        "  %s/%s\n"
+        "  (IKV_DATA_DIR=DIR in the environment replaces %s).\n"
+        "-n counts GENERATED tokens. llama2.c's run.c -n S counts positions from BOS instead:\n"
+        "run.c -n S is isokv -n S-P+1 for a prompt of P tokens, BOS included (the token count\n"
+        "is printed on stderr); e.g. run.c's default 256 with an empty prompt is -n 256.\n"
+        "Temperature 0 is greedy.\n"
+        "--public N declares the first N prompt tokens shared across tenants; the rest is\n"
+        "scoped to --tenant. --repeat R runs the request R times on one engine (the later runs\n"
+        "hit the cache). --kv-mem sizes the KV pool (k/M/G suffixes; default: 5 full-length\n"
+        "sequences). Figures printed on stderr are measured wall-clock times.\n",
+        data_dir(), DEFAULT_MODEL, data_dir());
 }
 
 /* Writes the text of `token` after `prev` to stdout. Unless raw, a byte-fallback token (ids
@@ -138,9 +140,9 @@ int ikv_cmd_run(int argc, char **argv) {
         snprintf(dtok, sizeof dtok, "%s/%s", data_dir(), DEFAULT_TOK);
         model = dmodel;
         if (!tokp) tokp = dtok;
-        const char *miss = access(dmodel, R_OK)                          ? dmodel
+        const char *miss = access(dmodel, R_OK)                        ? dmodel
                            : !strcmp(tokp, dtok) && access(dtok, R_OK) ? dtok
-                                                                        : NULL;
+                                                                       : NULL;
         if (miss)
             return cli_fail("run",
                             "no --model given and the bundled model file %s cannot be read: %s "

@@ -11,8 +11,8 @@
  * one atomic output set (ikv_outset), checked before the first run: they appear together, or
  * none does (a failed run, a full disk, a gnuplot failure leave every target as it was).
  * gnuplot is started with an argument vector (no shell) and every user string in its script
- * goes through cli_gp_string, so --out and --title are data, never code. A progress bar runs on stderr (ikv_progress: only on a terminal or with
- * IKV_PROGRESS=1).
+ * goes through cli_gp_string, so --out and --title are data, never code. A progress bar runs on
+ * stderr (ikv_progress: only on a terminal or with IKV_PROGRESS=1).
  *
  * Policies are taken from the cache's registry (ikv_policy_count/ikv_policy_name) at run time,
  * so a newly registered policy is usable here with no change; an unknown name is a usage
@@ -93,7 +93,8 @@ static void usage(FILE *f) {
             "  --vary KEY=LIST       conversations, window, servers, capacity-tokens, max-requests\n"
             "  --policy LIST         comma-separated policies (lru,value:new=4,cost=0,opt)\n"
             "  --capacity-tokens LIST  comma-separated capacities ('unlimited' allowed)\n"
-            "  --out DIR             writes sweep.csv, sweep.json, sweep.svg, sweep.png\n"
+            "  --out DIR             writes sweep.csv, sweep.json, sweep.svg, sweep.png, all\n"
+            "                        together or none (a failed run writes nothing)\n"
             "  --jobs J              parallel runs (default: online cores)\n"
             "  --no-plot             skip gnuplot\n"
             "  --title T             plot title\n"
@@ -946,9 +947,11 @@ static int run_sweep(int argc, char **argv) {
     }
     char *js = cJSON_Print(root);
     int code = IKV_EXIT_OK;
-    if (!js) code = cli_fail(CMD, "out of memory");
+    if (!js)
+        code = cli_fail(CMD, "out of memory");
     else if (fputs(csv, fcsv) < 0 || fputs(js, fjson) < 0)
-        code = cli_fail(CMD, "%s: cannot write sweep.csv / sweep.json: %s", sw.out, strerror(errno));
+        code =
+            cli_fail(CMD, "%s: cannot write sweep.csv / sweep.json: %s", sw.out, strerror(errno));
     else if (!sw.no_plot && n - failed > 0 && plot(&sw, jobs, sw.out, tsvg, tpng))
         code = IKV_EXIT_FAIL;
     free(js);

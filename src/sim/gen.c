@@ -548,7 +548,8 @@ int ikv_gen_write_file(const ikv_gen_opts *o, const char *path, ikv_progress *pr
     ikv_outset *s = NULL;
     FILE *f = NULL;
     if ((rc = ikv_outset_create(&s))) return rc;
-    if (!(rc = ikv_outset_add(s, path, &f, NULL)) && !(rc = ikv_gen_write(o, f, progress, n_requests)))
+    if (!(rc = ikv_outset_add(s, path, &f, NULL)) &&
+        !(rc = ikv_gen_write(o, f, progress, n_requests)))
         rc = ikv_outset_commit(s);
     ikv_outset_destroy(s);
     return rc;
