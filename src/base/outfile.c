@@ -31,6 +31,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -131,10 +132,11 @@ static int make_temp(outfile *o, mode_t keep_mode) {
         ikv_free(dir);
         return ikv_error(IKV_ENOMEM, "out of memory");
     }
-    static unsigned counter;
+    static atomic_uint counter; /* sets may be filled on several threads */
     int fd = -1, err = 0;
     for (int tries = 0; tries < 1000 && fd < 0; tries++) {
-        snprintf(o->tmp, n, "%s/.%s.tmp.%ld.%u", dir, base, (long)getpid(), counter++);
+        snprintf(o->tmp, n, "%s/.%s.tmp.%ld.%u", dir, base, (long)getpid(),
+                 atomic_fetch_add(&counter, 1u));
         fd = open(o->tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         err = errno;
         if (fd < 0 && err != EEXIST) break;
