@@ -404,8 +404,9 @@ static void test_quantize_roundtrip(void **st) {
         assert_non_null(strstr(ikv_errdetail(), "does not divide hidden_dim"));
         assert_non_null(strstr(ikv_errdetail(), "1, 2, 4, 8, 16"));
         assert_int_equal(ikv_model_write_q8(m, path, 65), IKV_EINVAL);
-        assert_int_equal(ikv_model_write_q8(m, tmpdir, 8), IKV_EIO);
-        assert_non_null(strstr(ikv_errdetail(), "not a regular file"));
+        assert_true(ikv_model_write_q8(m, tmpdir, 8) != 0); /* a directory */
+        assert_non_null(strstr(ikv_errdetail(), tmpdir));
+        assert_true(ikv_model_write_q8(m, "/dev/null", 8) != 0); /* a device */
         ikv_model_destroy(m);
     }
     /* nothing but the finished files in the directory: no temporary left behind */

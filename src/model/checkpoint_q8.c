@@ -36,12 +36,9 @@
 #include "internal.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 static const char *qm_name[IKV__QM_KINDS] = {
     "token_embedding", "wq", "wk", "wv", "wo", "w1", "w2", "w3", "wcls"};
@@ -363,35 +360,20 @@ int ikv_model_quantize(const ikv_model *m, int gs, ikv_model **out) {
 }
 
 int ikv_model_write_q8(const ikv_model *m, const char *path, int gs) {
-    struct stat st;
-    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode))
-        return ikv_error(IKV_EIO, "%s: exists and is not a regular file; refusing to replace it",
-                         path);
-    ikv_model *q;
-    int rc = ikv_model_quantize(m, gs, &q);
+    /* the target's checks first (a device or directory is refused before any work) */
+    int rc = ikv_output_check(path);
     if (rc) return rc;
-    size_t plen = strlen(path);
-    char *tmp = ikv_malloc(plen + 32);
-    if (!tmp) {
-        ikv_model_destroy(q);
-        return ikv_error(IKV_ENOMEM, "path");
+    ikv_model *q;
+    if ((rc = ikv_model_quantize(m, gs, &q))) return rc;
+    ikv_outset *s = NULL;
+    FILE *f = NULL;
+    if (!(rc = ikv_outset_create(&s)) && !(rc = ikv_outset_add(s, path, &f, NULL))) {
+        if (fwrite(q->image, 1, q->image_bytes, f) != q->image_bytes)
+            rc = ikv_error(IKV_EIO, "%s: write failed: %s", path, strerror(errno));
+        else
+            rc = ikv_outset_commit(s);
     }
-    snprintf(tmp, plen + 32, "%s.tmp%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
-    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
-    if (!f) {
-        rc = ikv_error(IKV_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-        if (fd >= 0) close(fd), unlink(tmp);
-    } else {
-        int bad = fwrite(q->image, 1, q->image_bytes, f) != q->image_bytes;
-        if (fclose(f) != 0) bad = 1;
-        if (bad)
-            rc = ikv_error(IKV_EIO, "%s: write failed: %s", tmp, strerror(errno));
-        else if (rename(tmp, path) != 0)
-            rc = ikv_error(IKV_EIO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
-        if (rc) unlink(tmp);
-    }
-    ikv_free(tmp);
+    ikv_outset_destroy(s);
     ikv_model_destroy(q);
     return rc;
 }
