@@ -109,7 +109,7 @@ void ikv_engine_destroy(ikv_engine *e) {
                     e->hb,       e->hb2,        e->S,        e->qg,     e->Kc,      e->Vc,
                     e->rope_cos, e->rope_sin,   e->xn,       e->rinv,   e->dpart,
                     e->aq,       e->aa,         e->as,       e->wdq,    e->q8pack,
-                    e->q8pk_off};
+                    e->q8sl};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         ikv_free(bufs[i]);
     ikv_free(e);
@@ -232,7 +232,7 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     ok = ok && ALLOC(e->aq, P * e->act_rows * e->act_w) &&
          ALLOC(e->aa, P * e->act_rows * e->act_w) && ALLOC(e->as, P * e->act_rows * e->act_w) &&
          ALLOC(e->wdq, P * e->wdq_floats) &&
-         ALLOC(e->q8pk_off, (size_t)c->n_layers * 4 * P * 3);
+         ALLOC(e->q8sl, m->gs ? (size_t)c->n_layers * IKV__QM_KINDS * P : 0);
     if (ok && m->gs && e->q8_gemm) { /* int8 prefill: every call's weight rows packed once */
         size_t bytes = ikv__prefill_q8_prepack(e, NULL);
         if (bytes) {

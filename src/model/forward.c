@@ -784,11 +784,25 @@ static inline ikv__q8act act_prep(const struct ikv_engine *e, int t, const float
 
 static void gemv_rows(const float *W, const float *x, float *y, size_t r0, size_t r1, int K);
 
-/* y[r0..r1) = W x for weight kind k of layer l: fp32 gemv_rows on x, or the int8 product on xa
- * (x after act_prep). Per row the same arithmetic whatever range is computed. */
-static inline void matvec(const struct ikv_engine *e, int k, int l, const float *x,
+/* Thread t's packed rows of weight kind k, layer l (int8 models with packing), or NULL. */
+static inline const ikv__q8slice *q8slice(const struct ikv_engine *e, int k, int l, int t) {
+    if (!e->q8pack) return NULL;
+    const ikv__q8slice *sl =
+        &e->q8sl[((size_t)l * IKV__QM_KINDS + (size_t)k) * (size_t)e->nth + (size_t)t];
+    return sl->n1 > sl->n0 ? sl : NULL;
+}
+
+/* y[r0..r1) = W x for weight kind k of layer l on thread t: fp32 gemv_rows on x, or the int8
+ * product on xa (x after act_prep): from the thread's packed rows when [r0, r1) lies in them at
+ * a block boundary (the matrix-product kernel on one row: the same bits), else the file's
+ * layout. Per row the same arithmetic whatever range is computed. */
+static inline void matvec(const struct ikv_engine *e, int t, int k, int l, const float *x,
                           const ikv__q8act *xa, float *y, size_t r0, size_t r1) {
     const struct ikv_model *m = e->m;
+    const ikv__q8slice *sl = m->gs ? q8slice(e, k, l, t) : NULL;
+    if (sl && r0 >= sl->n0 && r1 <= sl->n1 &&
+        ikv__q8_gemv_packed(m, k, e->q8pack + sl->off, sl->n0, xa, y, r0, r1))
+        return;
     if (m->gs)
         ikv__q8_matvec(m, k, l, xa, y, r0, r1);
     else
@@ -972,7 +986,6 @@ typedef struct proj {
     const float *X;
     float *Y;
     size_t n0, n1;
-    int pk; /* index of its packed int8 rows in e->q8pk_off (set by proj_calls) */
 } proj;
 
 /* Row n0 of the call's weights as fp32: the model's own rows, or (int8 model) rows [n0, n1)
@@ -1007,27 +1020,25 @@ static int proj_calls(const struct ikv_engine *e, int kind, int l, int t, int P,
         size_t ka = a > nq ? a - nq : 0, kb = b > nq ? b - nq : 0;
         ka = ka < nkv ? ka : nkv, kb = kb < nkv ? kb : nkv;
         size_t va = a > nq + nkv ? a - nq - nkv : 0, vb = b > nq + nkv ? b - nq - nkv : 0;
-        if (qb > qa) out[n++] = (proj){dim, qd, IKV__QM_Q, l, e->xb, e->q, qa, qb, 0};
-        if (kb > ka) out[n++] = (proj){dim, kvd, IKV__QM_K, l, e->xb, e->k, ka, kb, 0};
-        if (vb > va) out[n++] = (proj){dim, kvd, IKV__QM_V, l, e->xb, e->v, va, vb, 0};
+        if (qb > qa) out[n++] = (proj){dim, qd, IKV__QM_Q, l, e->xb, e->q, qa, qb};
+        if (kb > ka) out[n++] = (proj){dim, kvd, IKV__QM_K, l, e->xb, e->k, ka, kb};
+        if (vb > va) out[n++] = (proj){dim, kvd, IKV__QM_V, l, e->xb, e->v, va, vb};
         break;
     }
     case PROJ_WO:
         part(D, t, P, 16, &a, &b);
-        out[n++] = (proj){qd, dim, IKV__QM_O, l, e->att, e->xb, a, b, 0};
+        out[n++] = (proj){qd, dim, IKV__QM_O, l, e->att, e->xb, a, b};
         break;
     case PROJ_W13:
         part(H, t, P, 16, &a, &b);
-        out[n++] = (proj){dim, hid, IKV__QM_1, l, e->xb, e->hb, a, b, 0};
-        out[n++] = (proj){dim, hid, IKV__QM_3, l, e->xb, e->hb2, a, b, 0};
+        out[n++] = (proj){dim, hid, IKV__QM_1, l, e->xb, e->hb, a, b};
+        out[n++] = (proj){dim, hid, IKV__QM_3, l, e->xb, e->hb2, a, b};
         break;
     default:
         part(D, t, P, 16, &a, &b);
-        out[n++] = (proj){hid, dim, IKV__QM_2, l, e->hb, e->xb, a, b, 0};
+        out[n++] = (proj){hid, dim, IKV__QM_2, l, e->hb, e->xb, a, b};
         break;
     }
-    for (int i = 0; i < n; i++)
-        out[i].pk = ((l * PROJ_KINDS + kind) * e->nth + t) * 3 + i;
     return n;
 }
 
@@ -1039,7 +1050,8 @@ static void proj_mul(const struct ikv_engine *e, const proj *p, int t, const flo
     if (e->m->gs && e->q8_gemm) {
         ikv__q8act a = act_buf(e, t);
         IKV_ASSERT((size_t)M <= e->act_rows);
-        const uint8_t *pk = e->q8pack ? e->q8pack + e->q8pk_off[p->pk] : NULL;
+        const ikv__q8slice *sl = q8slice(e, p->wk, p->wl, t);
+        const uint8_t *pk = sl && sl->n0 == p->n0 && sl->n1 == p->n1 ? e->q8pack + sl->off : NULL;
         ikv__q8_gemm(e->m, p->wk, p->wl, X, (size_t)M, &a, pk, Y, (size_t)p->ldy, p->n0, p->n1);
         return;
     }
@@ -1070,6 +1082,20 @@ size_t ikv__prefill_wdq_floats(const struct ikv_engine *e) {
     return mx;
 }
 
+/* Packs (or with dst NULL lays out) one slice: weight rows [n0, n1) of kind k, layer l, thread t. */
+static size_t prepack_one(struct ikv_engine *e, int k, int l, int t, size_t n0, size_t n1,
+                          uint8_t *dst, size_t off) {
+    ikv__q8slice *sl = &e->q8sl[((size_t)l * IKV__QM_KINDS + (size_t)k) * (size_t)e->nth + (size_t)t];
+    if (dst) {
+        IKV_ASSERT(sl->off == off && sl->n0 == n0 && sl->n1 == n1);
+        ikv__q8_pack(e->m, k, l, n0, n1, dst + off);
+    } else {
+        *sl = (ikv__q8slice){off, n0, n1};
+    }
+    off += ikv__q8_pack(e->m, k, l, n0, n1, NULL);
+    return (off + 63) / 64 * 64;
+}
+
 size_t ikv__prefill_q8_prepack(struct ikv_engine *e, uint8_t *dst) {
     size_t off = 0;
     if (!e->m->gs || !e->q8_gemm) return 0;
@@ -1078,17 +1104,15 @@ size_t ikv__prefill_q8_prepack(struct ikv_engine *e, uint8_t *dst) {
             for (int t = 0; t < e->nth; t++) {
                 proj pc[3];
                 int n = proj_calls(e, kind, l, t, e->nth, pc);
-                for (int i = 0; i < n; i++) {
-                    if (dst) {
-                        IKV_ASSERT(e->q8pk_off[pc[i].pk] == off);
-                        ikv__q8_pack(e->m, pc[i].wk, l, pc[i].n0, pc[i].n1, dst + off);
-                    } else {
-                        e->q8pk_off[pc[i].pk] = off;
-                    }
-                    off += ikv__q8_pack(e->m, pc[i].wk, l, pc[i].n0, pc[i].n1, NULL);
-                    off = (off + 63) / 64 * 64;
-                }
+                for (int i = 0; i < n; i++)
+                    off = prepack_one(e, pc[i].wk, l, t, pc[i].n0, pc[i].n1, dst, off);
             }
+    /* the classifier, in the rows logits_task gives each thread */
+    for (int t = 0; t < e->nth; t++) {
+        size_t a, b;
+        part((size_t)e->m->cfg.vocab_size, t, e->nth, 16, &a, &b);
+        if (b > a) off = prepack_one(e, IKV__QM_CLS, 0, t, a, b, dst, off);
+    }
     return off;
 }
 
@@ -1348,7 +1372,7 @@ static void logits_task(void *vc, int t, int P) {
     part((size_t)m->cfg.vocab_size, t, P, 16, &a, &b);
     rmsnorm(xn, c->xrow, m->w.rms_final, (int)D);
     const ikv__q8act xa = act_prep(e, t, xn, D);
-    matvec(e, IKV__QM_CLS, 0, xn, &xa, c->out, a, b);
+    matvec(e, t, IKV__QM_CLS, 0, xn, &xa, c->out, a, b);
 }
 
 void ikv__logits_row(struct ikv_engine *e, const float *xrow, float *out) {
@@ -1375,16 +1399,16 @@ static void dc_qkv(void *vc, int t, int P) {
     uint32_t blk = blk_of(e, c->s, pos), slot = (uint32_t)(pos % e->bt);
     for (size_t h = a; h < b; h += H) {
         if (h < nq) { /* a query head */
-            matvec(e, IKV__QM_Q, c->l, xn, &xa, e->q, h, h + H);
+            matvec(e, t, IKV__QM_Q, c->l, xn, &xa, e->q, h, h + H);
             rope(e, e->q + h, (int)H, pos);
         } else if (h < nq + nkv) { /* a key head */
             size_t r = h - nq;
-            matvec(e, IKV__QM_K, c->l, xn, &xa, e->k, r, r + H);
+            matvec(e, t, IKV__QM_K, c->l, xn, &xa, e->k, r, r + H);
             rope(e, e->k + r, (int)H, pos);
             memcpy(ikv__kv_at(e, blk, (int)l, 0, (int)(r / H), slot), e->k + r, sizeof(float) * H);
         } else { /* a value head */
             size_t r = h - nq - nkv;
-            matvec(e, IKV__QM_V, c->l, xn, &xa, e->v, r, r + H);
+            matvec(e, t, IKV__QM_V, c->l, xn, &xa, e->v, r, r + H);
             memcpy(ikv__kv_at(e, blk, (int)l, 1, (int)(r / H), slot), e->v + r, sizeof(float) * H);
         }
     }
@@ -1567,7 +1591,7 @@ static void dc_wo(void *vc, int t, int P) {
     part(D, t, P, 16, &a, &b);
     attn_merge(e, c->pos, att);
     const ikv__q8act xa = act_prep(e, t, att, qd);
-    matvec(e, IKV__QM_O, c->l, att, &xa, e->xb, a, b);
+    matvec(e, t, IKV__QM_O, c->l, att, &xa, e->xb, a, b);
     for (size_t i = a; i < b; i++)
         e->x[i] += e->xb[i];
 }
@@ -1584,8 +1608,8 @@ static void dc_ffn13(void *vc, int t, int P) {
     part(Hd, t, P, 16, &a, &b);
     rmsnorm(xn, e->x, m->w.rms_ffn + l * D, (int)D);
     const ikv__q8act xa = act_prep(e, t, xn, D);
-    matvec(e, IKV__QM_1, c->l, xn, &xa, e->hb, a, b);
-    matvec(e, IKV__QM_3, c->l, xn, &xa, e->hb2, a, b);
+    matvec(e, t, IKV__QM_1, c->l, xn, &xa, e->hb, a, b);
+    matvec(e, t, IKV__QM_3, c->l, xn, &xa, e->hb2, a, b);
     swiglu(e->hb + a, e->hb2 + a, b - a);
 }
 
@@ -1598,7 +1622,7 @@ static void dc_w2(void *vc, int t, int P) {
     size_t a, b;
     part(D, t, P, 16, &a, &b);
     const ikv__q8act xa = act_prep(e, t, e->hb, Hd);
-    matvec(e, IKV__QM_2, c->l, e->hb, &xa, e->xb, a, b);
+    matvec(e, t, IKV__QM_2, c->l, e->hb, &xa, e->xb, a, b);
     for (size_t i = a; i < b; i++)
         e->x[i] += e->xb[i];
 }

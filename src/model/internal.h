@@ -139,6 +139,18 @@ void ikv__q8_simd_force(int level);
 int ikv__q8_simd_level(void);
 const char *ikv__q8_simd_name(void);
 
+/* One thread's packed share of a weight matrix: rows [n0, n1) at q8pack + off (n1 == n0: none). */
+typedef struct ikv__q8slice {
+    size_t off, n0, n1;
+} ikv__q8slice;
+
+/* y[r0..r1) from rows packed by ikv__q8_pack(m, k, l, pn0, ...) at `packed`, when the packing
+ * of this level has r0 - pn0 on a block boundary: the matrix-product kernel on one row, the
+ * same bits as ikv__q8_matvec. Returns 1 if it computed them, 0 if the caller must (no packing
+ * at this level, or an unaligned r0). Does not allocate. (quant.c) */
+int ikv__q8_gemv_packed(const struct ikv_model *m, int k, const uint8_t *packed, size_t pn0,
+                        const ikv__q8act *x, float *y, size_t r0, size_t r1);
+
 /* ---- worker pool (pool.c) ----------------------------------------------------------------- */
 
 /* One fork-join region: fn(ctx, t, n) runs on every thread t of n; t = 0 is the caller. */
@@ -232,8 +244,9 @@ struct ikv_engine {
     size_t act_w;
     float *wdq; /* [nth][wdq_floats] */
     size_t wdq_floats;
-    uint8_t *q8pack;  /* every int8 prefill call's weight rows, packed once at create */
-    size_t *q8pk_off; /* [layer][PROJ kind (4)][thread][call (3)] offset in q8pack */
+    uint8_t *q8pack;    /* the int8 weight rows of every thread's share of every projection
+                           and of the classifier, packed once at create (ikv__q8_pack) */
+    ikv__q8slice *q8sl; /* [layer][IKV__QM kind][thread] where each share lies in q8pack */
     size_t act_rows; /* rows of each thread's activation buffers (prefill: a call's rows) */
     int q8_gemm; /* int8 model: 1 = prefill projections by int8 products (runq.c's arithmetic,
                     the same bits as decode's), 0 = weight rows dequantized for sgemm */
