@@ -225,6 +225,17 @@ static void test_kernels_vs_oracle(void **st) {
                         for (size_t r = 0; r < rows; r++)
                             if (r < n0 || r >= n1) assert_true(Y[i * rows + r] == 0.0f);
                     }
+                    /* one row from the packed rows (decode's path): aligned starts only */
+                    if (pk) {
+                        ikv__q8act a0 = {aq, aa, as};
+                        float *y1 = calloc(rows, sizeof(float));
+                        assert_int_equal(
+                            ikv__q8_gemv_packed(&f.m, IKV__QM_1, pk, n0, &a0, y1, n0, n1), 1);
+                        assert_memory_equal(y1 + n0, yo + n0, sizeof(float) * (n1 - n0));
+                        assert_int_equal(
+                            ikv__q8_gemv_packed(&f.m, IKV__QM_1, pk, n0, &a0, y1, n0 + 1, n1), 0);
+                        free(y1);
+                    }
                     free(Y), free(pk);
                 }
             }
