@@ -6,8 +6,9 @@
  *
  * Pieces, in the order a request meets them:
  *
- *   checkpoint   llama2.c "legacy" format (7 x int32 header, then fp32 weights), loaded by
- *                mmap; every size is checked against the file length before use.
+ *   checkpoint   llama2.c "legacy" format (7 x int32 header, then fp32 weights), or its int8
+ *                version 2 ("ak42"), loaded by mmap; every size is checked against the file
+ *                length before use.
  *   tokenizer    llama2.c tokenizer.bin (max_token_length, then per token: score, length,
  *                bytes); BPE merges by score, byte fallback; or plain bytes when none given.
  *   engine       the KV block pool (sized at start), the prefix cache over it, batched

@@ -79,6 +79,13 @@
  *   RMSNorm, W1, W3, SwiGLU --- rows of dim: x += W2 hb
  *
  * then the final RMSNorm and the classifier split by vocabulary rows. Nothing here allocates.
+ *
+ * Int8 weights (llama2.c version 2, m->gs > 0): every weight product goes through one dispatch,
+ * `matvec` in decode and `proj_mul` in prefill, to quant.c's kernels (runq.c's arithmetic: the
+ * input row quantized per group, int32 group sums scaled and added in group order), which give
+ * a row the same bits whatever rows share the call; the embedding row is dequantized. The
+ * shapes, partitions and regions above stay as they are, and so does every exactness argument
+ * (the int8 prefill projections make no BLAS call at all). See docs/engine.md, "Int8 weights".
  */
 #include "internal.h"
 
