@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1274,20 +1275,39 @@ static void test_alloc_failure(void **st) {
     ikv_cache_destroy(c);
 }
 
+/* Metadata per block: at most 96 bytes (node, bucket, chain link, a heap slot), plus the exact
+ * ghost lists of arc (24 bytes a key, c keys) and s3fifo (0.9 c keys), which docs/cache.md
+ * states: those two must cost exactly that much more than lru, s3fifo:approx=1 4 bytes a key. */
 static void test_bytes_per_block(void **st) {
     (void)st;
     /* a power of two and a capacity just above one (no rounding of the bucket array) */
     static const uint64_t caps[] = {1 << 16, (1 << 16) + 1, 100003};
-    for (size_t k = 0; k < sizeof caps / sizeof caps[0]; k++)
+    for (size_t k = 0; k < sizeof caps / sizeof caps[0]; k++) {
+        ikv_cache *lru = make(caps[k], "lru");
+        double base = ikv_cache_bytes_per_block(lru);
+        ikv_cache_destroy(lru);
         for (size_t p = 0; p < ikv_policy_count(); p++) {
-            ikv_cache *c = make(caps[k], ikv_policy_name(p));
+            const char *name = ikv_policy_name(p);
+            ikv_cache *c = make(caps[k], name);
             double b = ikv_cache_bytes_per_block(c);
-            if (b > 96.0)
-                fail_msg("policy %s at %" PRIu64 " blocks: %.2f bytes per block > 96",
-                         ikv_policy_name(p), caps[k], b);
+            double ghost = !strcmp(name, "arc")      ? 24.0
+                           : !strcmp(name, "s3fifo") ? 24.0 * (double)(uint64_t)(0.9 * (double)caps[k]) /
+                                                           (double)caps[k]
+                                                     : 0.0;
+            if (b > 96.0 + ghost)
+                fail_msg("policy %s at %" PRIu64 " blocks: %.2f bytes per block > %.2f", name,
+                         caps[k], b, 96.0 + ghost);
+            if (ghost > 0 && fabs(b - base - ghost) > 1e-9)
+                fail_msg("policy %s at %" PRIu64 " blocks: ghost costs %.4f bytes per block, "
+                         "not %.4f", name, caps[k], b - base, ghost);
             assert_true(b >= 84.0); /* node and bucket at least */
             ikv_cache_destroy(c);
         }
+        ikv_cache *a = make(caps[k], "s3fifo:approx=1");
+        double b = ikv_cache_bytes_per_block(a);
+        assert_true(b - base >= 0.9 * 4 - 0.01 && b - base <= 0.9 * 4 + 8.0 / (double)caps[k] * 4);
+        ikv_cache_destroy(a);
+    }
 }
 
 /* Regression: heap slots hold float keys; opt's next-use times past 2^24 round to equal floats
