@@ -27,7 +27,9 @@
  * admit/leave), as in the paper; when the queue chosen has no evictable block the other one is
  * used. Moving a block from S to M never evicts by itself (the paper's fixed-size M may): the
  * tier's capacity is the only bound, and the core enforces it. Admission into the tier
- * (insert, demotion, promotion) is the paper's insert: G decides S or M.
+ * (insert, demotion, promotion) is the paper's insert: G decides S or M, looked up when the
+ * core announces the miss (the `miss` op, before it makes room), as libCacheSim looks it up
+ * before it evicts (else the eviction made for a block could push its own ghost out first).
  *
  * Sizes as in libCacheSim's S3FIFO.c (the authors' implementation): S's size is
  * floor(small x capacity) blocks and M's the rest; eviction takes M when M holds more than
@@ -71,6 +73,8 @@ typedef struct s3fifo {
     uint32_t move;
     uint64_t seq;       /* entries into a queue position so far */
     uint32_t pending;   /* the last victim returned, until it leaves */
+    ikv_key x;          /* the announced miss (miss op) until its admit */
+    int x_valid, x_ghost;
 } s3fifo;
 
 #define QID(n) ((n)->pol.s.a)  /* S or M */
@@ -146,12 +150,24 @@ static int ghost_take(s3fifo *p, ikv_key k) {
     return (p->approx ? ikv__ghost_take(&p->ghost, k) : ikv__ghostq_take(&p->gq, k)) >= 0;
 }
 
-/* The paper's insert: M if the key is remembered in G, else S. */
+/* A miss is announced before the core makes room: G is looked up now, as libCacheSim does
+ * (its find runs before the eviction), so the eviction made for this block cannot push the
+ * block's own ghost entry out first. */
+static void s3fifo_miss(void *s, ikv_key k) {
+    s3fifo *p = s;
+    p->x = k;
+    p->x_valid = 1;
+    p->x_ghost = ghost_take(p, k);
+}
+
+/* The paper's insert: M if the key was remembered in G, else S. */
 static void s3fifo_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     (void)a, (void)pos;
     s3fifo *p = s;
     ikv__node *n = &p->nodes[id];
-    uint32_t q = ghost_take(p, n->key) ? M : S;
+    if (!p->x_valid || !ikv_key_eq(p->x, n->key)) s3fifo_miss(p, n->key);
+    uint32_t q = p->x_ghost ? M : S;
+    p->x_valid = 0;
     QID(n) = q;
     FREQ(n) = 0;
     SEQ(n) = ++p->seq;
@@ -255,6 +271,7 @@ const ikv_policy_ops ikv_policy_s3fifo = {
            "evictions (params small, ghost, move, approx)",
     .create = s3fifo_create,
     .destroy = s3fifo_destroy,
+    .miss = s3fifo_miss,
     .admit = s3fifo_admit,
     .hit = s3fifo_hit,
     .queue = s3fifo_queue,
