@@ -28,7 +28,7 @@
  */
 #include "internal.h"
 
-#include <cblas.h>
+#include "blas.h"
 #include <string.h>
 #include <unistd.h>
 #if defined(__SSE2__)
@@ -179,7 +179,8 @@ static void prompt(uint32_t *t, size_t n, uint64_t seed, uint32_t vocab) {
 
 int ikv_engine_bench(const ikv_engine_bench_options *o, ikv_engine_bench_result *r) {
     memset(r, 0, sizeof *r);
-    int rc = ikv_model_config_named(o->config, &r->cfg);
+    int rc = ikv__blas_load();
+    if (!rc) rc = ikv_model_config_named(o->config, &r->cfg);
     if (rc) return rc;
     r->prefix = o->prefix, r->suffix = o->suffix, r->decode = o->decode;
     r->repeat = o->repeat ? o->repeat : 1;

@@ -40,7 +40,7 @@
  */
 #include "internal.h"
 
-#include <cblas.h>
+#include "blas.h"
 #include <string.h>
 #include <sys/mman.h>
 
@@ -133,6 +133,8 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     else
         ikv_engine_options_default(&o);
     if (!o.policy) o.policy = "lru";
+    int brc = ikv__blas_load(); /* BLAS starts here, not when the binary loads (blas.h) */
+    if (brc) return brc;
     const ikv_model_config *c = &m->cfg;
     if (o.block_tokens == 0 || o.block_tokens > 4096)
         return ikv_error(IKV_EINVAL, "block_tokens %u not in 1..4096", o.block_tokens);
