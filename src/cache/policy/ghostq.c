@@ -12,8 +12,12 @@ static inline uint32_t bucket_of(const ikv__ghostq *g, uint64_t fp) {
     return (uint32_t)(((fp >> 32) * (uint64_t)g->nbuckets) >> 32);
 }
 
+static inline uint64_t fp_at(const ikv__ghostq *g, uint32_t i) {
+    return (uint64_t)g->slot[i].fp[1] << 32 | g->slot[i].fp[0];
+}
+
 static inline int list_of(const ikv__ghostq *g, uint32_t i) {
-    return (int)(g->fp[i] & 1);
+    return (int)(g->slot[i].fp[0] & 1);
 }
 
 int ikv__ghostq_init(ikv__ghostq *g, uint64_t cap) {
@@ -23,10 +27,9 @@ int ikv__ghostq_init(ikv__ghostq *g, uint64_t cap) {
     if (cap >= IKV_NIL) return IKV_ENOMEM;
     g->cap = (uint32_t)cap;
     g->nbuckets = (uint32_t)cap;
-    g->fp = ikv_malloc((size_t)cap * sizeof *g->fp);
     g->slot = ikv_malloc((size_t)cap * sizeof *g->slot);
     g->bucket = ikv_malloc((size_t)cap * sizeof *g->bucket);
-    if (!g->fp || !g->slot || !g->bucket) {
+    if (!g->slot || !g->bucket) {
         ikv__ghostq_free(g);
         return IKV_ENOMEM;
     }
@@ -39,10 +42,8 @@ int ikv__ghostq_init(ikv__ghostq *g, uint64_t cap) {
 }
 
 void ikv__ghostq_free(ikv__ghostq *g) {
-    ikv_free(g->fp);
     ikv_free(g->slot);
     ikv_free(g->bucket);
-    g->fp = NULL;
     g->slot = NULL;
     g->bucket = NULL;
     g->cap = 0;
@@ -57,7 +58,7 @@ static void release(ikv__ghostq *g, uint32_t i) {
     if (s->next != IKV_NIL) g->slot[s->next].prev = s->prev;
     else g->tail[l] = s->prev;
     g->n[l]--;
-    uint32_t *link = &g->bucket[bucket_of(g, g->fp[i])];
+    uint32_t *link = &g->bucket[bucket_of(g, fp_at(g, i))];
     while (*link != i) {
         IKV_ASSERT(*link != IKV_NIL);
         link = &g->slot[*link].hnext;
@@ -82,8 +83,10 @@ void ikv__ghostq_add(ikv__ghostq *g, ikv_key k, int list) {
     uint32_t i = g->free;
     ikv__gslot *s = &g->slot[i];
     g->free = s->next;
-    g->fp[i] = (k.hi & ~(uint64_t)1) | (uint64_t)(list != 0);
-    uint32_t *b = &g->bucket[bucket_of(g, g->fp[i])];
+    uint64_t fp = (k.hi & ~(uint64_t)1) | (uint64_t)(list != 0);
+    s->fp[0] = (uint32_t)fp;
+    s->fp[1] = (uint32_t)(fp >> 32);
+    uint32_t *b = &g->bucket[bucket_of(g, fp)];
     s->hnext = *b;
     *b = i;
     s->prev = IKV_NIL;
@@ -98,7 +101,7 @@ int ikv__ghostq_take(ikv__ghostq *g, ikv_key k) {
     if (!g->cap) return -1;
     uint64_t want = k.hi & ~(uint64_t)1;
     for (uint32_t i = g->bucket[bucket_of(g, want)]; i != IKV_NIL; i = g->slot[i].hnext)
-        if ((g->fp[i] & ~(uint64_t)1) == want) {
+        if ((fp_at(g, i) & ~(uint64_t)1) == want) {
             int l = list_of(g, i);
             release(g, i);
             return l;
@@ -107,7 +110,7 @@ int ikv__ghostq_take(ikv__ghostq *g, ikv_key k) {
 }
 
 size_t ikv__ghostq_bytes(const ikv__ghostq *g) {
-    return (size_t)g->cap * (sizeof *g->fp + sizeof *g->slot + sizeof *g->bucket);
+    return (size_t)g->cap * (sizeof *g->slot + sizeof *g->bucket);
 }
 
 int ikv__ghostq_check(const ikv__ghostq *g) {
@@ -119,7 +122,7 @@ int ikv__ghostq_check(const ikv__ghostq *g) {
         for (uint32_t i = g->head[l]; i != IKV_NIL; i = g->slot[i].next) {
             if (i >= g->cap || g->slot[i].prev != prev || list_of(g, i) != l) return 0;
             /* the slot is on its bucket's chain */
-            uint32_t j = g->bucket[bucket_of(g, g->fp[i])];
+            uint32_t j = g->bucket[bucket_of(g, fp_at(g, i))];
             uint64_t steps = 0;
             while (j != IKV_NIL && j != i && steps++ < g->cap) j = g->slot[j].hnext;
             if (j != i) return 0;
@@ -137,7 +140,7 @@ int ikv__ghostq_check(const ikv__ghostq *g) {
     uint64_t chained = 0;
     for (uint32_t b = 0; b < g->nbuckets; b++)
         for (uint32_t j = g->bucket[b]; j != IKV_NIL; j = g->slot[j].hnext) {
-            if (j >= g->cap || bucket_of(g, g->fp[j]) != b || ++chained > listed) return 0;
+            if (j >= g->cap || bucket_of(g, fp_at(g, j)) != b || ++chained > listed) return 0;
         }
     return chained == listed;
 }

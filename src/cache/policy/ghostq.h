@@ -13,9 +13,10 @@
  *     list 1   head <-> ... <-> tail                        bucket[b]: first slot of chain b
  *     free     chained through next
  *
- * Layout: per slot a 64-bit fingerprint (the key's high word with its lowest bit replaced by
- * the entry's list), prev and next slot ids (the list) and the next slot of its hash chain; one
- * 32-bit chain head per slot. 24 bytes per remembered key: s3fifo (0.9 x capacity keys) costs 21.6
+ * Layout: per slot (20 bytes, so a lookup touches one line per chain entry) a 64-bit
+ * fingerprint (the key's high word with its lowest bit replaced by the entry's list), prev
+ * and next slot ids (the list) and the next slot of its hash chain; one 32-bit chain head per
+ * slot. 24 bytes per remembered key: s3fifo (0.9 x capacity keys) costs 21.6
  * bytes per resident block, arc (capacity keys: |B1| + |B2| <= c) 24. A false ghost hit needs
  * two keys whose high words agree in 63 bits (the bucket is a function of the fingerprint):
  * about n / 2^63 per lookup, which only makes a policy treat a new block as a returning one.
@@ -29,12 +30,12 @@
 #include "../internal.h"
 
 typedef struct ikv__gslot {
+    uint32_t fp[2];      /* fingerprint, low and high words (4-byte alignment: 20-byte slots) */
     uint32_t prev, next; /* list links (IKV_NIL at the ends); next also chains free slots */
     uint32_t hnext;      /* next slot in the hash chain (IKV_NIL at the end) */
 } ikv__gslot;
 
 typedef struct ikv__ghostq {
-    uint64_t *fp;        /* cap fingerprints */
     ikv__gslot *slot;    /* cap slots */
     uint32_t *bucket;    /* nbuckets chain heads (IKV_NIL = empty) */
     uint32_t cap;        /* keys remembered at most (0: remembers nothing) */
