@@ -94,6 +94,7 @@
  * allocated after create.
  */
 #include "../internal.h"
+#include "ghostq.h"
 
 #include <math.h>
 #include <string.h>
@@ -118,6 +119,12 @@ typedef struct value {
     double fork;   /* 1: a block inserted beside resident siblings starts unproven */
     double kv;     /* key of the last victim: the eviction frontier */
     int have_kv;   /* 0 until the first victim */
+    /* ghost feedback (ghost > 0): keys of the last c evicted blocks */
+    double ghostw;     /* a returning block's gap, in horizons (0 = no ghost) */
+    ikv__ghostq ghost;
+    uint32_t pending;  /* the last victim returned, until it leaves */
+    ikv_key x;         /* the announced miss */
+    int x_valid, x_hit;
 } value;
 
 static inline float *gap_of(ikv__node *n) {
@@ -140,6 +147,7 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "cost")) return ikv__param_double("value", k, v, 0, 1e3, &p->cost);
     if (!strcmp(k, "lru2")) return ikv__param_double("value", k, v, 0, 1e3, &p->lru2);
     if (!strcmp(k, "horizon")) return ikv__param_double("value", k, v, 0, 1e3, &p->hzw);
+    if (!strcmp(k, "ghost")) return ikv__param_double("value", k, v, 0, 1e3, &p->ghostw);
     if (!strcmp(k, "fork")) {
         int rc = ikv__param_double("value", k, v, 0, 1, &p->fork);
         if (!rc && p->fork != 0 && p->fork != 1)
@@ -147,7 +155,8 @@ static int set_param(void *ctx, const char *k, const char *v) {
         return rc;
     }
     return ikv_error(IKV_EPARAM,
-                     "value: unknown parameter '%s' (new, smooth, cost, lru2, horizon, fork)", k);
+                     "value: unknown parameter '%s' (new, smooth, cost, lru2, horizon, fork, "
+                     "ghost)", k);
 }
 
 static int value_create(const ikv__policy_env *env, const char *params, void **out) {
@@ -161,10 +170,13 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
     p->fork = 1;
     int rc = ikv__params_each(params, set_param, p);
     if (!rc && ikv__heap_init(&p->hp.h, env)) rc = IKV_ENOMEM;
+    if (!rc && p->ghostw > 0 && ikv__ghostq_init(&p->ghost, env->capacity)) rc = IKV_ENOMEM;
     if (rc) {
+        ikv__heap_free(&p->hp.h);
         ikv_free(p);
         return rc;
     }
+    p->pending = IKV_NIL;
     p->hp.nodes = env->nodes;
     p->cost_fn = env->cost;
     p->cost_ctx = env->cost_ctx;
@@ -180,7 +192,25 @@ static void value_destroy(void *s) {
     value *p = s;
     if (!p) return;
     ikv__heap_free(&p->hp.h);
+    ikv__ghostq_free(&p->ghost);
     ikv_free(p);
+}
+
+/* Ghost feedback: a missed key found among the last c evicted ones is a block that came back
+ * soon after the cache dropped it. */
+static void value_miss(void *s, ikv_key k) {
+    value *p = s;
+    if (p->ghostw <= 0) return;
+    p->x = k;
+    p->x_valid = 1;
+    p->x_hit = ikv__ghostq_take(&p->ghost, k) >= 0;
+}
+
+static void value_leave(void *s, uint32_t id) {
+    value *p = s;
+    if (id == p->pending && p->ghostw > 0) ikv__ghostq_add(&p->ghost, p->hp.nodes[id].key, 0);
+    p->pending = IKV_NIL;
+    ikv__hp_leave(s, id);
 }
 
 /* K(b) for a block last accessed at `last` (see the header). The horizon is read at `last`,
@@ -215,6 +245,11 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
                 !(p->fork > 0 && pa->nchild[n->tier] > 1))
                 g = *gap_of(pa);
         }
+        /* a block that came back from the ghost is proven: its gap is `ghost` horizons */
+        if (p->ghostw > 0 && p->x_valid && p->x_hit && ikv_key_eq(p->x, n->key) && p->have_kv &&
+            (double)n->last > p->kv)
+            g = (float)(p->ghostw * ((double)n->last - p->kv) / (p->hzw > 0 ? p->hzw : 1));
+        p->x_valid = 0;
         *gap_of(n) = g;
         n->pol.u32[3] = TAG;
     } else if (n->pol.u32[3] != TAG) {
@@ -250,12 +285,13 @@ static uint32_t value_victim(void *s) {
         p->kv = IKV__HKEY(&p->hp.nodes[id]);
         p->have_kv = 1;
     }
+    p->pending = id;
     return id;
 }
 
 static size_t value_bytes(const void *s) {
     const value *p = s;
-    return (size_t)p->hp.h.cap * sizeof(ikv__hslot);
+    return (size_t)p->hp.h.cap * sizeof(ikv__hslot) + ikv__ghostq_bytes(&p->ghost);
 }
 
 const ikv_policy_ops ikv_policy_value = {
@@ -265,11 +301,12 @@ const ikv_policy_ops ikv_policy_value = {
            "ln(recompute cost/token) (params new, smooth, cost, lru2, horizon, fork)",
     .create = value_create,
     .destroy = value_destroy,
+    .miss = value_miss,
     .admit = value_admit,
     .hit = value_hit,
     .queue = ikv__hp_queue,
     .dequeue = ikv__hp_dequeue,
-    .leave = ikv__hp_leave,
+    .leave = value_leave,
     .victim = value_victim,
     .check = ikv__hp_check,
     .queued = ikv__hp_queued,
