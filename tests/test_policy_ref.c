@@ -359,7 +359,9 @@ static uint64_t core(const char *path, size_t c, const char *policy, uint64_t n)
     assert_int_equal(rc, 0);
     assert_int_equal(r.requests, n);
     assert_int_equal(r.tier_capacity_blocks[0], c);
-    return r.inserted_blocks; /* every miss inserts its one block */
+    uint64_t miss = r.inserted_blocks; /* every miss inserts its one block */
+    ikv_replay_result_free(&r);
+    return miss;
 }
 
 static const char *const POLICIES[] = {"lru", "fifo", "lfu", "s3fifo", "sieve", "arc", "opt"};
