@@ -545,6 +545,27 @@ static void test_sieve_visited(void **st) {
     ikv_cache_destroy(c);
 }
 
+/* value:ghost=1: a block that misses while its key is among the recently evicted comes back
+ * proven (ordered by recency), not unproven (predicted 4 mean gaps away and evicted first).
+ * Times are explicit so the mean gap (100) dwarfs the eviction horizon. */
+static void test_value_ghost_feedback(void **st) {
+    (void)st;
+    for (int ghost = 1; ghost >= 0; ghost--) {
+        ikv_cache *c = make(2, ghost ? "value:ghost=1" : "value");
+        req1(c, 1, 1);
+        assert_int_equal(req1(c, 1, 101), 1); /* gap 100: the mean gap is 100 */
+        req1(c, 2, 102);                     /* unproven: key 102 - 400 */
+        req1(c, 3, 103);                     /* 2 goes (and into the ghost) */
+        assert_false(resident1(c, 2));
+        req1(c, 2, 104); /* 1 goes; 2 returns: from the ghost it is proven */
+        assert_false(resident1(c, 1));
+        req1(c, 4, 105); /* unproven 2 goes first, a returning (proven) 2 outlives 3 */
+        assert_int_equal(resident1(c, 2), ghost);
+        assert_int_equal(resident1(c, 3), !ghost);
+        ikv_cache_destroy(c);
+    }
+}
+
 /* s3fifo: a block inserted and never hit leaves through the small queue before an older block
  * that was hit twice (which moves to main); a key remembered by the ghost comes back into main
  * and outlives the one-hit blocks inserted after it, unless the ghost is off. */
@@ -598,6 +619,7 @@ static void test_policy_params(void **st) {
         "fifo:x=1",        "lfu:x=1",        "sieve:x=1",           "arc:p=1",
         "gdsf:cost=flops", "gdsf:beta=1",    "s3fifo:small=0",      "s3fifo:small=1",
         "s3fifo:small=x",  "s3fifo:ghost=2", "s3fifo:move=4",       "s3fifo:move=1.5",
+        "s3fifo:approx=2", "value:ghost=-1",
         "s3fifo:size=0.1", "s3fifo:small",   "s3fifo:small=0.1,,x", "value:beta=1",
         "value:new=-1",    "value:smooth=0", "value:cost=x",        "value:lru2=1e9",
         "value:fork=0.5",  "value:fork=2",   "value:horizon=-1"};
@@ -612,7 +634,7 @@ static void test_policy_params(void **st) {
     static const char *good[] = {"s3fifo:small=0.2,ghost=0.5,move=1", "s3fifo:ghost=0",
                                  "gdsf:cost=unit", "gdsf:cost=callback",
                                  "value:new=0,smooth=1,cost=2,lru2=0", "value:horizon=0,fork=0",
-                                 "value:horizon=2,fork=1"};
+                                 "value:horizon=2,fork=1", "s3fifo:approx=1", "value:ghost=1"};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         ikv_cache *c = make(10, good[i]);
         CHECKED(c);
@@ -1393,6 +1415,7 @@ int main(void) {
         cmocka_unit_test(test_value_horizon),
         cmocka_unit_test(test_sieve_visited),
         cmocka_unit_test(test_s3fifo_small_and_ghost),
+        cmocka_unit_test(test_value_ghost_feedback),
         cmocka_unit_test(test_arc_adapts),
         cmocka_unit_test(test_policy_params),
         cmocka_unit_test(test_golden_mooncake),

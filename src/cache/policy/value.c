@@ -56,8 +56,9 @@
  * Measured (simulated, token hit ratio, order mode; docs/simulator.md, docs/synthetic.md): on
  * WEKA at 0.5 M and 2 M tokens with 64, 128 and 355 conversations above lru, s3fifo and sieve
  * in all six cells (at 2 M / 64 by 0.02 points: a tie, as wherever capacity is barely short,
- * within 0.1-0.3 points of lru either way) and above arc in five (0.09 points below at 2 M /
- * 355); opt is 3-17 points higher. On the synthetic many-apps scenario (500 apps, 1 M tokens)
+ * within 0.1-0.3 points of lru either way); above the exact arc (Fig. 4, 2026-12-01) in
+ * three of the six (arc leads by 1.0, 0.2, 0.3 points at 0.5 M / 128, 0.5 M / 355, 2 M / 355)
+ * and below it on the Mooncake traces at 1 M and 3 M; opt is 3-17 points higher. On the synthetic many-apps scenario (500 apps, 1 M tokens)
  * level with lru up to 1,000 users and 1.3-1.8 points above it at 10,000 and 100,000 (three
  * seeds; arc is 7-18 points above value there); the previous version was 3-6 points below lru
  * there. horizon=0,fork=0 gives the previous version exactly.
@@ -80,7 +81,15 @@
  * the horizon, 0.38 with it); the cost as a divisor of the gap, or as a credit in units of
  * the eviction horizon (up to 10 and 6 points of token hits lost at 2 M / 355).
  *
- * Parameters: new (unproven gap in mean gaps, default 4; 0 = no penalty), smooth (default
+ * Ghost feedback (ghost=W > 0, off by default; issue 15): an exact ghost (ghostq.h) of the
+ * last c evicted keys; a block that misses while its key is there comes back proven, with a
+ * gap of W horizons, which its children inherit. +0.3 to +1.7 points where many chains return
+ * just after being dropped, -0.8 to -1.3 where value keeps a stable set of conversations
+ * (docs/simulator.md); hence not the default. ARC-style adaptation of `new` from which of two
+ * ghost lists (evicted unproven / proven) is hit was tried in both directions and lost to the
+ * fixed default (2 M / 355: 0.33 and 0.416 against 0.419); removed.
+ *
+ * Parameters: new (unproven gap in mean gaps, default 4; 0 = no penalty), ghost (default 0), smooth (default
  * 0.5; 1 = last gap only), cost (default 0.1; 0 = cost ignored), lru2 (weight of gap(b) for
  * proven and inherited blocks, default 1; 0 orders them by recency alone), horizon (weight of
  * H, default 1; 0 = every gap counts in full), fork (1 = forks start unproven, default; 0 =
