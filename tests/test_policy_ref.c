@@ -593,6 +593,7 @@ static void test_export(void **st) {
     assert_int_equal(run_isokv((const char *[]){"trace", "export", "/nonexistent.jsonl", "-o", out, NULL}), 1);
     assert_int_equal(access(out, F_OK), -1); /* nothing written */
     assert_int_equal(run_isokv((const char *[]){"trace", "export", in, "-o", "/nonexistent-dir/x", NULL}), 1);
+    assert_int_equal(run_isokv((const char *[]){"trace", "export", in, "-o", "/dev/null", NULL}), 1);
 }
 
 int main(void) {

@@ -10,7 +10,8 @@
  * tokens (never 0), next access = the record index of the next record with the same id, or -1.
  * Computing next access needs the whole stream: ids are gathered in memory (8 bytes a record
  * plus a 16-byte-a-slot hash map at load <= 1/2) and written at the end, to a temporary name
- * renamed into place, so a failure never leaves a partial file.
+ * renamed into place through the project's atomic output helper (ikv_outset), so a failure
+ * never leaves a partial file and a device or directory is refused as a target.
  */
 #include "cli.h"
 
@@ -19,7 +20,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #define CMD "trace export"
 
@@ -163,13 +163,16 @@ static int export_main(int argc, char **argv) {
         free(r), free(next);
         return cli_fail(CMD, "out of memory for %llu records", (unsigned long long)n);
     }
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp.%d", out, (int)getpid()) >= (int)sizeof tmp) {
+    ikv_outset *os = NULL;
+    FILE *f = NULL;
+    int orc = ikv_outset_create(&os);
+    if (!orc) orc = ikv_outset_add(os, out, &f, NULL);
+    if (orc) {
         free(r), free(next);
-        return cli_usage_error(CMD, "output path too long");
+        ikv_outset_destroy(os);
+        return cli_fail(CMD, "%s", errmsg(orc));
     }
-    FILE *f = fopen(tmp, "wb");
-    int ok = f != NULL;
+    int ok = 1;
     unsigned char buf[24 * 1024];
     size_t fill = 0;
     for (uint64_t i = 0; ok && i < n; i++) {
@@ -184,12 +187,10 @@ static int export_main(int argc, char **argv) {
             fill = 0;
         }
     }
-    if (f && fclose(f)) ok = 0;
     free(r), free(next);
-    if (!ok || rename(tmp, out)) {
-        remove(tmp);
-        return cli_fail(CMD, "%s: cannot write the output file", out);
-    }
+    orc = ok ? ikv_outset_commit(os) : IKV_EIO;
+    ikv_outset_destroy(os);
+    if (orc) return cli_fail(CMD, "%s: cannot write the output file (%s)", out, errmsg(orc));
     fprintf(stderr, "isokv trace export: %llu records (blocks) to %s%s\n", (unsigned long long)n,
             out, skipped ? " (malformed records skipped; see --strict)" : "");
     return IKV_EXIT_OK;
