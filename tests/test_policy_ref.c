@@ -51,21 +51,24 @@ typedef struct stream {
 
 static uint64_t le(const unsigned char *p, int bytes) {
     uint64_t v = 0;
-    for (int i = bytes - 1; i >= 0; i--) v = v << 8 | p[i];
+    for (int i = bytes - 1; i >= 0; i--)
+        v = v << 8 | p[i];
     return v;
 }
 
 /* next[i] by a backward pass over an open-addressing table of the ids seen so far. */
 static void compute_next(stream *s) {
     size_t cap = 16;
-    while (cap < 2 * s->n) cap *= 2;
+    while (cap < 2 * s->n)
+        cap *= 2;
     uint64_t *key = calloc(cap, 8);
     int64_t *at = malloc(cap * 8);
     char *used = calloc(cap, 1);
     assert_true(key && at && used);
     for (size_t i = s->n; i-- > 0;) {
         size_t h = (size_t)((s->id[i] * 0x9e3779b97f4a7c15ull) >> 20) & (cap - 1);
-        while (used[h] && key[h] != s->id[i]) h = (h + 1) & (cap - 1);
+        while (used[h] && key[h] != s->id[i])
+            h = (h + 1) & (cap - 1);
         s->next[i] = used[h] ? at[h] : INT64_MAX;
         used[h] = 1, key[h] = s->id[i], at[h] = (int64_t)i;
     }
@@ -107,10 +110,12 @@ static void write_og(const stream *s, const char *path) {
     assert_non_null(f);
     for (size_t i = 0; i < s->n; i++) {
         unsigned char r[24];
-        uint64_t v[4] = {i / 100, s->id[i], 1, s->next[i] == INT64_MAX ? UINT64_MAX : (uint64_t)s->next[i]};
+        uint64_t v[4] = {i / 100, s->id[i], 1,
+                         s->next[i] == INT64_MAX ? UINT64_MAX : (uint64_t)s->next[i]};
         int w[4] = {4, 8, 4, 8}, o = 0;
         for (int k = 0; k < 4; k++)
-            for (int b = 0; b < w[k]; b++) r[o++] = (unsigned char)(v[k] >> (8 * b));
+            for (int b = 0; b < w[k]; b++)
+                r[o++] = (unsigned char)(v[k] >> (8 * b));
         assert_int_equal(fwrite(r, 1, 24, f), 24);
     }
     assert_int_equal(fclose(f), 0);
@@ -172,16 +177,22 @@ static uint64_t model_simple(const stream *s, size_t c, const char *p) {
             size_t v = 0;
             for (size_t j = 1; j < l.n; j++) {
                 int better;
-                if (!strcmp(p, "opt")) better = l.a[j] > l.a[v];
-                else if (!strcmp(p, "lfu")) better = l.a[j] < l.a[v] || (l.a[j] == l.a[v] && l.b[j] < l.b[v]);
-                else better = l.a[j] < l.a[v];
+                if (!strcmp(p, "opt"))
+                    better = l.a[j] > l.a[v];
+                else if (!strcmp(p, "lfu"))
+                    better = l.a[j] < l.a[v] || (l.a[j] == l.a[v] && l.b[j] < l.b[v]);
+                else
+                    better = l.a[j] < l.a[v];
                 if (better) v = j;
             }
             bl_del(&l, v);
         }
-        if (!strcmp(p, "lfu")) bl_push(&l, s->id[t], 1, (int64_t)t);
-        else if (!strcmp(p, "opt")) bl_push(&l, s->id[t], nx, 0);
-        else bl_push(&l, s->id[t], (int64_t)t, 0);
+        if (!strcmp(p, "lfu"))
+            bl_push(&l, s->id[t], 1, (int64_t)t);
+        else if (!strcmp(p, "opt"))
+            bl_push(&l, s->id[t], nx, 0);
+        else
+            bl_push(&l, s->id[t], (int64_t)t, 0);
     }
     bl_free(&l);
     return miss;
@@ -242,8 +253,10 @@ static uint64_t model_s3fifo(const stream *s, size_t c) {
                     uint64_t y = M.id[0];
                     int64_t f = M.a[0];
                     bl_del(&M, 0);
-                    if (f >= 1) bl_push(&M, y, (f < 3 ? f : 3) - 1, 0);
-                    else evicted = 1;
+                    if (f >= 1)
+                        bl_push(&M, y, (f < 3 ? f : 3) - 1, 0);
+                    else
+                        evicted = 1;
                 }
             } else {
                 while (!evicted && S.n) {
@@ -262,8 +275,10 @@ static uint64_t model_s3fifo(const stream *s, size_t c) {
                 }
             }
         }
-        if (g >= 0) bl_push(&M, x, 0, 0);
-        else bl_push(&S, x, 0, 0);
+        if (g >= 0)
+            bl_push(&M, x, 0, 0);
+        else
+            bl_push(&S, x, 0, 0);
     }
     bl_free(&S), bl_free(&M), bl_free(&G);
     return miss;
@@ -392,8 +407,8 @@ static void test_weka_slice_vs_model_and_libcachesim(void **st) {
             uint64_t want = model(&s, CAPS[k], POLICIES[p]);
             if (got != want || got != RECORDED[p][k])
                 fail_msg("%s at %zu blocks: core %llu misses, model %llu, libCacheSim %llu",
-                         POLICIES[p], CAPS[k], (unsigned long long)got,
-                         (unsigned long long)want, (unsigned long long)RECORDED[p][k]);
+                         POLICIES[p], CAPS[k], (unsigned long long)got, (unsigned long long)want,
+                         (unsigned long long)RECORDED[p][k]);
         }
     stream_free(&s);
 }
@@ -404,7 +419,8 @@ static stream zipf_stream(size_t n, size_t ids, uint64_t seed) {
     stream s = {malloc(n * 8), malloc(n * 8), n};
     double *cdf = malloc(ids * sizeof *cdf), sum = 0;
     assert_true(s.id && s.next && cdf);
-    for (size_t i = 0; i < ids; i++) cdf[i] = sum += 1.0 / pow((double)(i + 1), 0.9);
+    for (size_t i = 0; i < ids; i++)
+        cdf[i] = sum += 1.0 / pow((double)(i + 1), 0.9);
     uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
     for (size_t t = 0; t < n; t++) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
@@ -412,8 +428,10 @@ static stream zipf_stream(size_t n, size_t ids, uint64_t seed) {
         size_t lo = 0, hi = ids - 1;
         while (lo < hi) {
             size_t mid = (lo + hi) / 2;
-            if (cdf[mid] < u) lo = mid + 1;
-            else hi = mid;
+            if (cdf[mid] < u)
+                lo = mid + 1;
+            else
+                hi = mid;
         }
         s.id[t] = lo * 7919 + 13; /* not dense, not ordered by popularity */
     }
@@ -443,7 +461,8 @@ static void test_zipf_vs_model(void **st) {
                              (unsigned long long)seed, POLICIES[p], caps[k],
                              (unsigned long long)got[p], (unsigned long long)want);
             }
-            for (size_t p = 0; p < NPOL; p++) assert_true(got[p] >= got[NPOL - 1]); /* opt */
+            for (size_t p = 0; p < NPOL; p++)
+                assert_true(got[p] >= got[NPOL - 1]); /* opt */
             lru_fifo_differ |= got[0] != got[1];
             lfu_sieve_differ |= got[2] != got[4];
         }
@@ -472,7 +491,8 @@ static int read_all(const char *path, uint64_t *n) {
     *n = 0;
     if (rc) return rc;
     ikv_request q;
-    while ((rc = ikv_trace_next(t, &q)) == 1) (*n)++;
+    while ((rc = ikv_trace_next(t, &q)) == 1)
+        (*n)++;
     ikv_trace_close(t);
     return rc;
 }
@@ -522,7 +542,8 @@ static int run_isokv(const char *const *args) {
     if (!bin) bin = "build/isokv";
     const char *argv[16] = {bin};
     size_t k = 1;
-    for (; args[k - 1] && k < 15; k++) argv[k] = args[k - 1];
+    for (; args[k - 1] && k < 15; k++)
+        argv[k] = args[k - 1];
     argv[k] = NULL;
     posix_spawn_file_actions_t fa;
     posix_spawn_file_actions_init(&fa);
@@ -587,13 +608,17 @@ static void test_export(void **st) {
     assert_int_equal(n, 8490);
     /* errors */
     assert_int_equal(run_isokv((const char *[]){"trace", "export", in, NULL}), 2);
-    assert_int_equal(run_isokv((const char *[]){"trace", "export", in, "-o", out, "--bogus", NULL}), 2);
+    assert_int_equal(run_isokv((const char *[]){"trace", "export", in, "-o", out, "--bogus", NULL}),
+                     2);
     assert_int_equal(run_isokv((const char *[]){"trace", "frobnicate", NULL}), 2);
     unlink(out);
-    assert_int_equal(run_isokv((const char *[]){"trace", "export", "/nonexistent.jsonl", "-o", out, NULL}), 1);
+    assert_int_equal(
+        run_isokv((const char *[]){"trace", "export", "/nonexistent.jsonl", "-o", out, NULL}), 1);
     assert_int_equal(access(out, F_OK), -1); /* nothing written */
-    assert_int_equal(run_isokv((const char *[]){"trace", "export", in, "-o", "/nonexistent-dir/x", NULL}), 1);
-    assert_int_equal(run_isokv((const char *[]){"trace", "export", in, "-o", "/dev/null", NULL}), 1);
+    assert_int_equal(
+        run_isokv((const char *[]){"trace", "export", in, "-o", "/nonexistent-dir/x", NULL}), 1);
+    assert_int_equal(run_isokv((const char *[]){"trace", "export", in, "-o", "/dev/null", NULL}),
+                     1);
 }
 
 int main(void) {

@@ -54,7 +54,8 @@ typedef struct rec {
 } rec;
 
 static void put32(unsigned char *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (unsigned char)(v >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        p[i] = (unsigned char)(v >> (8 * i));
 }
 
 static void put64(unsigned char *p, uint64_t v) {
@@ -65,7 +66,8 @@ static void put64(unsigned char *p, uint64_t v) {
 /* next[i] = index of the next record with rec[i].id, or -1. Open addressing, backward pass. */
 static int next_access(const rec *r, uint64_t n, int64_t *next) {
     uint64_t cap = 16;
-    while (cap < 2 * n) cap *= 2;
+    while (cap < 2 * n)
+        cap *= 2;
     uint64_t *key = calloc(cap, sizeof *key);
     int64_t *at = malloc(cap * sizeof *at);
     uint8_t *used = calloc(cap, 1);
@@ -75,7 +77,8 @@ static int next_access(const rec *r, uint64_t n, int64_t *next) {
     }
     for (uint64_t i = n; i-- > 0;) {
         uint64_t h = (r[i].id * 0x9e3779b97f4a7c15ull) & (cap - 1);
-        while (used[h] && key[h] != r[i].id) h = (h + 1) & (cap - 1);
+        while (used[h] && key[h] != r[i].id)
+            h = (h + 1) & (cap - 1);
         next[i] = used[h] ? at[h] : -1;
         used[h] = 1;
         key[h] = r[i].id;

@@ -46,8 +46,10 @@ static void load(void) {
     *(void **)&f.sasum = dlsym(h, "cblas_sasum");
     *(void **)&f.set_num_threads = dlsym(h, "openblas_set_num_threads");
     if (!f.sgemm || !f.sasum || !f.set_num_threads) {
-        snprintf(load_msg, sizeof load_msg, "%s lacks cblas_sgemm, cblas_sasum or "
-                 "openblas_set_num_threads", IKV_OPENBLAS_LIB);
+        snprintf(load_msg, sizeof load_msg,
+                 "%s lacks cblas_sgemm, cblas_sasum or "
+                 "openblas_set_num_threads",
+                 IKV_OPENBLAS_LIB);
         load_rc = IKV_EUNSUPPORTED;
         return;
     }

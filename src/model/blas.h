@@ -29,8 +29,8 @@ int ikv__blas_load(void);
 /* 1 once OpenBLAS has been loaded in this process (tests, diagnostics). */
 int ikv__blas_loaded(void);
 
-#define cblas_sgemm (*ikv__blas.sgemm)
-#define cblas_sasum (*ikv__blas.sasum)
+#define cblas_sgemm              (*ikv__blas.sgemm)
+#define cblas_sasum              (*ikv__blas.sasum)
 #define openblas_set_num_threads (*ikv__blas.set_num_threads)
 
 #endif

@@ -26,7 +26,7 @@
 
 #include <string.h>
 
-#define REC 24
+#define REC      24
 #define BUF_RECS 8192
 
 typedef struct og_state {
@@ -89,7 +89,8 @@ static int og_next(ikv_trace *t, ikv_request *req) {
             int rc = refill(t, s);
             if (rc) return rc;
             if (s->len == 0) {
-                if (s->offset == 0) return ikv_error(IKV_EEMPTY, "%s: empty trace (no records)", t->path);
+                if (s->offset == 0)
+                    return ikv_error(IKV_EEMPTY, "%s: empty trace (no records)", t->path);
                 return 0;
             }
             if (s->len < REC)
@@ -116,8 +117,9 @@ static int og_next(ikv_trace *t, ikv_request *req) {
         if (size == 0) {
             t->lineno = v + 1; /* "file:N" in the message names the 1-based record */
             t->line_complete = 1;
-            int rc = ikv__trace_malformed(t, "object size 0 (record at byte offset %llu; "
-                                             "libCacheSim skips these too)",
+            int rc = ikv__trace_malformed(t,
+                                          "object size 0 (record at byte offset %llu; "
+                                          "libCacheSim skips these too)",
                                           (unsigned long long)at);
             if (rc) return rc;
             continue;

@@ -53,10 +53,14 @@ void ikv__ghostq_free(ikv__ghostq *g) {
 static void release(ikv__ghostq *g, uint32_t i) {
     ikv__gslot *s = &g->slot[i];
     int l = list_of(g, i);
-    if (s->prev != IKV_NIL) g->slot[s->prev].next = s->next;
-    else g->head[l] = s->next;
-    if (s->next != IKV_NIL) g->slot[s->next].prev = s->prev;
-    else g->tail[l] = s->prev;
+    if (s->prev != IKV_NIL)
+        g->slot[s->prev].next = s->next;
+    else
+        g->head[l] = s->next;
+    if (s->next != IKV_NIL)
+        g->slot[s->next].prev = s->prev;
+    else
+        g->tail[l] = s->prev;
     g->n[l]--;
     uint32_t *link = &g->bucket[bucket_of(g, fp_at(g, i))];
     while (*link != i) {
@@ -91,8 +95,10 @@ void ikv__ghostq_add(ikv__ghostq *g, ikv_key k, int list) {
     *b = i;
     s->prev = IKV_NIL;
     s->next = g->head[list];
-    if (g->head[list] != IKV_NIL) g->slot[g->head[list]].prev = i;
-    else g->tail[list] = i;
+    if (g->head[list] != IKV_NIL)
+        g->slot[g->head[list]].prev = i;
+    else
+        g->tail[list] = i;
     g->head[list] = i;
     g->n[list]++;
 }
@@ -124,7 +130,8 @@ int ikv__ghostq_check(const ikv__ghostq *g) {
             /* the slot is on its bucket's chain */
             uint32_t j = g->bucket[bucket_of(g, fp_at(g, i))];
             uint64_t steps = 0;
-            while (j != IKV_NIL && j != i && steps++ < g->cap) j = g->slot[j].hnext;
+            while (j != IKV_NIL && j != i && steps++ < g->cap)
+                j = g->slot[j].hnext;
             if (j != i) return 0;
             prev = i;
             if (++n > g->cap) return 0;

@@ -36,14 +36,14 @@ typedef struct ikv__gslot {
 } ikv__gslot;
 
 typedef struct ikv__ghostq {
-    ikv__gslot *slot;    /* cap slots */
-    uint32_t *bucket;    /* nbuckets chain heads (IKV_NIL = empty) */
-    uint32_t cap;        /* keys remembered at most (0: remembers nothing) */
+    ikv__gslot *slot; /* cap slots */
+    uint32_t *bucket; /* nbuckets chain heads (IKV_NIL = empty) */
+    uint32_t cap;     /* keys remembered at most (0: remembers nothing) */
     uint32_t nbuckets;
-    uint32_t free;       /* first free slot */
+    uint32_t free; /* first free slot */
     uint32_t head[2], tail[2];
-    uint64_t n[2];       /* keys per list */
-    uint64_t forced;     /* entries dropped because every slot was in use (see add) */
+    uint64_t n[2];   /* keys per list */
+    uint64_t forced; /* entries dropped because every slot was in use (see add) */
 } ikv__ghostq;
 
 /* Sizes a ghost for at most `cap` keys (0: a ghost that remembers nothing; cap < 2^32 - 1).
