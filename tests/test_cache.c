@@ -571,8 +571,10 @@ static void test_value_ghost_feedback(void **st) {
  * and outlives the one-hit blocks inserted after it, unless the ghost is off. */
 static void test_s3fifo_small_and_ghost(void **st) {
     (void)st;
-    for (int ghost = 1; ghost >= 0; ghost--) {
-        ikv_cache *c = make(10, ghost ? "s3fifo" : "s3fifo:ghost=0");
+    static const char *const cfg[] = {"s3fifo", "s3fifo:approx=1", "s3fifo:ghost=0"};
+    for (int k = 0; k < 3; k++) {
+        int ghost = k < 2;
+        ikv_cache *c = make(10, cfg[k]);
         uint64_t t = 1;
         req1(c, 100, t++);
         req1(c, 100, t++), req1(c, 100, t++); /* 100 hit twice: freq 2 */
