@@ -64,7 +64,14 @@ typedef struct ikv_trace_opts {
     uint64_t conversations;   /* weka: take the first N conversations (0 = all) */
     double window;            /* weka: conversation i starts at i*window/N seconds (def. 3600) */
     uint64_t max_requests;    /* stop after this many (0 = all) */
+    /* Resource bounds: a record asking for more is a malformed line naming the limit, so a
+     * short hostile line cannot make the reader allocate and hash millions of tokens. */
+    uint64_t max_request_tokens; /* input (and output) tokens of one request (0 = default) */
+    uint64_t max_segment_tokens; /* tokens of one segment, segments traces (0 = default) */
 } ikv_trace_opts;
+
+#define IKV_TRACE_DEFAULT_MAX_REQUEST_TOKENS (UINT64_C(1) << 21) /* 2097152: 10x real traces */
+#define IKV_TRACE_DEFAULT_MAX_SEGMENT_TOKENS (UINT64_C(1) << 20) /* 1048576 */
 
 typedef struct ikv_trace ikv_trace;
 
@@ -81,6 +88,7 @@ int ikv_trace_rewind(ikv_trace *t);
 uint64_t ikv_trace_skipped(const ikv_trace *t);
 const char *ikv_trace_first_error(const ikv_trace *t);
 ikv_trace_format ikv_trace_format_of(const ikv_trace *t);
+const char *ikv_trace_path(const ikv_trace *t);
 uint32_t ikv_trace_block_tokens(const ikv_trace *t); /* 512 mooncake, 64 weka, N segments */
 uint32_t ikv_trace_tenants(const ikv_trace *t);      /* distinct tenant indices seen so far */
 void ikv_trace_close(ikv_trace *t);

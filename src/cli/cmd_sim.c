@@ -381,11 +381,9 @@ static void progress_cb(void *ctx, uint64_t done, uint64_t total) {
     ikv_progress_update(p, done);
 }
 
+/* "1M", "512k", "999": the unit is chosen after rounding (ikv_fmt_count). */
 static void fmt_tokens(char *buf, size_t n, double tok) {
-    if (tok >= 1e9) snprintf(buf, n, "%.3gG", tok / 1e9);
-    else if (tok >= 1e6) snprintf(buf, n, "%.3gM", tok / 1e6);
-    else if (tok >= 1e3) snprintf(buf, n, "%.3gk", tok / 1e3);
-    else snprintf(buf, n, "%.0f", tok);
+    ikv_fmt_count(buf, n, tok);
 }
 
 /* The JSON object of one replay (caller owns it). */

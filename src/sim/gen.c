@@ -195,7 +195,8 @@ static double total_rate(const ikv_gen_opts *o) {
 #define BAD(...) return ikv_error(IKV_EPARAM, __VA_ARGS__)
 
 int ikv_gen_opts_check(const ikv_gen_opts *o) {
-    if (!o->block_tokens || o->block_tokens > 65536) BAD("gen: block_tokens must be 1..65536");
+    if (!o->block_tokens || o->block_tokens > IKV_MAX_BLOCK_TOKENS)
+        BAD("gen: block_tokens must be 1..%u", IKV_MAX_BLOCK_TOKENS);
     if (!o->users || o->users > MAX_TABLE)
         BAD("gen: users must be 1..%llu", (unsigned long long)MAX_TABLE);
     if (!(o->user_alpha >= 0 && o->user_alpha <= 10)) BAD("gen: user_alpha must be 0..10");
