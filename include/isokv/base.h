@@ -75,6 +75,11 @@ int ikv_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)
  * pointer stays valid until the next ikv_error() on this thread. */
 const char *ikv_errdetail(void);
 
+/* The detail of the last ikv_error() on this thread if it was given for code err, else
+ * ikv_strerror(err): what to print for a call that returned err, so a bare `return IKV_ENOMEM`
+ * never shows a stale detail (or "success"). */
+const char *ikv_errdetail_for(int err);
+
 /* Programmer errors (broken invariants) abort with file and line; bad input never does. */
 #define IKV_ASSERT(x)                                                                           \
     do {                                                                                       \

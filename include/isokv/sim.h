@@ -129,7 +129,8 @@ typedef struct ikv_replay_opts {
     int pin_public;           /* pin each request's leading public blocks after insertion */
     double pin_budget;        /* fraction of tier 0 that may be pinned (default 0.5) */
     double chunk_reuse;       /* < 0: off; else R: doc chunks hit anywhere, R recomputed */
-    uint64_t thrash_window;   /* ghost list size in blocks (0 = total capacity in blocks) */
+    uint64_t thrash_window;   /* ghost list size in blocks (0 = total capacity in blocks; at
+                                 most IKV_REPLAY_MAX_THRASH_WINDOW); memory follows the drops */
     int check_every;          /* tests: run ikv_cache_check every N requests (0 = never) */
     void (*progress)(void *ctx, uint64_t done, uint64_t total); /* may be NULL */
     void *progress_ctx;
@@ -149,6 +150,13 @@ typedef struct ikv_request_outcome {
 } ikv_request_outcome;
 
 void ikv_replay_opts_default(ikv_replay_opts *o);
+
+/* Parses a tier list "hbm=2M,dram=16M,ssd=200M" (fastest first, each tier once, token
+ * capacities > 0 with k/M/G suffixes) into tiers[IKV_MAX_TIERS] and *n. 0, or IKV_EPARAM with a
+ * detail (unknown tier, duplicate, slower before faster, bad capacity); nothing written then. */
+int ikv_replay_tiers_parse(const char *spec, ikv_replay_tier *tiers, size_t *n);
+
+#define IKV_REPLAY_MAX_THRASH_WINDOW (UINT64_C(0xFFFFFFFE)) /* 32-bit ring positions */
 
 /* What a replay measured. Token and block counts are exact; simulated times come from the cost
  * model named in model/hw; wall-clock figures (replay_seconds, block_ops_per_s) are measured. */
