@@ -67,7 +67,9 @@ static void usage(FILE *f) {
             "  --budget X        compute budget, GPU-seconds per request\n"
             "  --allow-poll      allow step 7 (only a complex request may then reach it)\n"
             "\n"
-            "Exit codes: 0 success, 1 bad input (unknown model, hardware or parameter), 2 usage.\n",
+            "Exit codes: 0 success, 1 bad input (the --config file: unreadable, malformed, an\n"
+            "unknown name or a value out of range in it), 2 usage error (unknown option, a\n"
+            "malformed value, or an unknown model, hardware or parameter named by a flag).\n",
             models, hws);
 }
 
@@ -409,7 +411,8 @@ int ikv_cmd_plan(int argc, char **argv) {
                                                     : NULL;
         if (key) {
             if (!v) return cli_usage_error(CMD, "%s needs a value", a);
-            if (ikv_plan_param_set(&p, key, v)) return cli_fail(CMD, "%s: %s", a, ikv_errdetail());
+            if (ikv_plan_param_set(&p, key, v))
+                return cli_usage_error(CMD, "%s: %s", a, ikv_errdetail());
             i++;
         } else if (!strcmp(a, "--set")) {
             if (!v) return cli_usage_error(CMD, "--set needs KEY=VALUE");
@@ -419,7 +422,8 @@ int ikv_cmd_plan(int argc, char **argv) {
                 return cli_usage_error(CMD, "--set needs KEY=VALUE, got '%s'", v);
             memcpy(kbuf, v, (size_t)(eq - v));
             kbuf[eq - v] = '\0';
-            if (ikv_plan_param_set(&p, kbuf, eq + 1)) return cli_fail(CMD, "%s", ikv_errdetail());
+            if (ikv_plan_param_set(&p, kbuf, eq + 1))
+                return cli_usage_error(CMD, "--set: %s", ikv_errdetail());
             i++;
         } else if (!strcmp(a, "--config")) {
             if (!v) return cli_usage_error(CMD, "--config needs a file");
@@ -466,8 +470,13 @@ int ikv_cmd_plan(int argc, char **argv) {
 
     const ikv_model_spec *m;
     const ikv_hw_spec *hw;
-    if (ikv_model_lookup(o.model, &m)) return cli_fail(CMD, "%s", ikv_errdetail());
-    if (ikv_hw_lookup(o.hw, &hw)) return cli_fail(CMD, "%s", ikv_errdetail());
+    /* a name from a flag is a usage error; from the --config file, a bad input */
+    if (ikv_model_lookup(o.model, &m))
+        return o.model == cmodel ? cli_fail(CMD, "%s: %s", "--config", ikv_errdetail())
+                                 : cli_usage_error(CMD, "--model: %s", ikv_errdetail());
+    if (ikv_hw_lookup(o.hw, &hw))
+        return o.hw == chw ? cli_fail(CMD, "%s: %s", "--config", ikv_errdetail())
+                           : cli_usage_error(CMD, "--hw: %s", ikv_errdetail());
     ikv_plan_result r;
     if (ikv_plan_walk(&p, m, hw, &r)) return cli_fail(CMD, "%s", ikv_errdetail());
 

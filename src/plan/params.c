@@ -26,7 +26,7 @@ typedef struct row {
     { {k, 0, d, lo, hi, integ, unit, src}, offsetof(ikv_plan_params, field) }
 
 static const row table[] = {
-    NUM("prompt", prompt, 2048, 1, 1e7, 1, "tokens", "request shape (CLI example of issue 5)"),
+    NUM("prompt", prompt, 2048, 1, 1e7, 1, "tokens", "request shape: a 2k-token prompt"),
     NUM("output", output, 256, 1, 1e6, 1, "tokens", "request shape"),
     NUM("batch", batch, 16, 1, 4096, 1, "requests",
         "a moderately loaded interactive replica; vLLM's max_num_seqs default is 256"),
@@ -86,10 +86,10 @@ static const row table[] = {
     NUM("value.per_s", value_per_s, 0.01, 0, 1e6, 0, "$/s",
         "assumption: an interactive request loses 1 cent per second of waiting"),
     NUM("cap.max_gpus", cap_max_gpus, 64, 1, 1e6, 1, "GPUs", "eight 8-GPU nodes"),
-    NUM("route.simple", route_simple, 2, 0, 7, 1, "step", "issue 5: simple requests stop at 2"),
-    NUM("route.medium", route_medium, 4, 0, 7, 1, "step", "issue 5: medium at 4"),
+    NUM("route.simple", route_simple, 2, 0, 7, 1, "step", "router policy: simple requests stop at step 2 (tp)"),
+    NUM("route.medium", route_medium, 4, 0, 7, 1, "step", "router policy: medium requests stop at step 4 (pp)"),
     NUM("route.complex", route_complex, 6, 0, 7, 1, "step",
-        "issue 5: complex may go to 6; 7 only when allowed"),
+        "router policy: complex requests may go to step 6 (hedge); 7 only when allowed"),
 };
 
 #define NROWS (sizeof table / sizeof table[0])
