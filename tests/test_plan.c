@@ -459,16 +459,35 @@ static void test_cli_json(void **st) {
 static void test_cli_errors(void **st) {
     (void)st;
     static char out[1 << 16];
+    /* one exit-code rule (issue 9): a name or value given by a flag that is unknown or
+     * malformed is a usage error (2); a bad --config file is a failed input (1) */
     int rc = run_cli("plan --model gpt-9", out, sizeof out);
     if (rc < 0) skip();
-    assert_int_equal(rc, 1);
+    assert_int_equal(rc, 2);
     assert_non_null(strstr(read_err(), "unknown model 'gpt-9'"));
-    assert_int_equal(run_cli("plan --hw tpu", out, sizeof out), 1);
+    assert_int_equal(run_cli("plan --hw tpu", out, sizeof out), 2);
     assert_non_null(strstr(read_err(), "unknown hardware 'tpu'"));
-    assert_int_equal(run_cli("plan --set spec.beta=2", out, sizeof out), 1);
+    assert_int_equal(run_cli("plan --set spec.beta=2", out, sizeof out), 2);
     assert_non_null(strstr(read_err(), "spec.beta"));
-    assert_int_equal(run_cli("plan --set spec.alpha=2", out, sizeof out), 1);
-    assert_int_equal(run_cli("plan --prompt -5", out, sizeof out), 1);
+    assert_int_equal(run_cli("plan --set spec.alpha=2", out, sizeof out), 2);
+    assert_int_equal(run_cli("plan --prompt -5", out, sizeof out), 2);
+    {
+        char cfg[512], args[600];
+        snprintf(cfg, sizeof cfg, "/tmp/ikv_test_plan_cfg.%ld.json", (long)getpid());
+        FILE *f = fopen(cfg, "w");
+        assert_non_null(f);
+        fputs("{\"spec\": {\"beta\": 2}}\n", f);
+        fclose(f);
+        snprintf(args, sizeof args, "plan --config %s", cfg);
+        assert_int_equal(run_cli(args, out, sizeof out), 1);
+        assert_non_null(strstr(read_err(), "unknown parameter 'spec.beta'"));
+        f = fopen(cfg, "w");
+        assert_non_null(f);
+        fputs("{\"model\": \"gpt-9\"}\n", f);
+        fclose(f);
+        assert_int_equal(run_cli(args, out, sizeof out), 1);
+        unlink(cfg);
+    }
     assert_int_equal(run_cli("plan --frobnicate", out, sizeof out), 2);
     assert_int_equal(run_cli("plan route", out, sizeof out), 2);
     assert_int_equal(run_cli("plan route --class urgent", out, sizeof out), 2);
@@ -477,6 +496,7 @@ static void test_cli_errors(void **st) {
     assert_non_null(strstr(out, "usage: isokv plan"));
     assert_int_equal(run_cli("plan --params", out, sizeof out), 0);
     assert_non_null(strstr(out, "spec.alpha"));
+    assert_null(strstr(out, "issue")); /* regression: sources cited the issue that asked */
     /* --plot writes the SVG and the PNG, or fails cleanly naming the file */
     char dir[] = "/tmp/ikv-plan-plot-XXXXXX";
     assert_non_null(mkdtemp(dir));
