@@ -76,6 +76,8 @@ check plan_config_unknown_parameter_is_input 1 "unknown parameter 'nosuch'" $BIN
 # numbers take the same k/M/G suffixes everywhere
 check sim_suffixes 0 "requests             100" $BIN sim "$MOON" --max-requests 0.1k --seed 1k
 check run_suffixes 0 "" $BIN run --model "$MODEL" --prompt hi -n 2 --seed 1k --kv-mem 64M
+check plan_suffixes 0 "prompt 2000, output 1000" $BIN plan --prompt 2k --output 1k
+check version_unknown_flag 2 "unknown option '--bogus'" $BIN version --bogus
 check gen_rejects_typo 2 "bad value '12x'" $BIN gen -o "$TMP/g.jsonl" --users 12x
 
 # messages

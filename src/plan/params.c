@@ -181,11 +181,14 @@ int ikv_plan_param_set(ikv_plan_params *p, const char *key, const char *value) {
         return ikv_error(IKV_EPARAM, "unknown parameter '%s' (isokv plan --params lists them)",
                          key);
     if (r->info.is_string) return set_string(p, r, value);
-    char *end;
-    errno = 0;
-    double v = strtod(value, &end);
-    if (!*value || *end || errno)
-        return ikv_error(IKV_EPARAM, "parameter %s: '%s' is not a number", key, value);
+    /* a number, or a count with a k/M/G suffix ("2k" prompt tokens), like every other flag */
+    double v;
+    uint64_t u;
+    if (ikv_parse_double(value, &v)) {
+        if (ikv_parse_count(value, &u))
+            return ikv_error(IKV_EPARAM, "parameter %s: '%s' is not a number", key, value);
+        v = (double)u;
+    }
     return set_number(p, r, v);
 }
 
