@@ -71,6 +71,7 @@ check plan_unknown_model 2 "unknown model 'gpt-9'" $BIN plan --model gpt-9
 check plan_unknown_parameter 2 "unknown parameter" $BIN plan --set nosuch=1
 check bench_unknown_config 2 "unknown model config 'nosuch'" $BIN bench engine --config nosuch
 echo '{"nosuch": 1}' >"$TMP/plan.json"
+check plan_config_deep_nesting 1 "JSON nested deeper than 1000 levels" $BIN plan --config tests/fuzz/regress/plan_config/deep_nesting.json
 check plan_config_unknown_parameter_is_input 1 "unknown parameter 'nosuch'" $BIN plan --config "$TMP/plan.json"
 
 # numbers take the same k/M/G suffixes everywhere

@@ -289,7 +289,22 @@ int ikv_plan_params_load_json(ikv_plan_params *p, const char *path) {
         size_t off = errp ? (size_t)(errp - buf) : 0, line = 1;
         for (size_t i = 0; i < off && i < len; i++)
             line += buf[i] == '\n';
+        /* say why when it is cJSON's nesting limit, not a syntax error */
+        size_t depth = 0, max = 0;
+        for (size_t i = 0; i < len && max <= CJSON_NESTING_LIMIT; i++) {
+            if (buf[i] == '"') {
+                for (i++; i < len && buf[i] != '"'; i++)
+                    if (buf[i] == '\\') i++;
+            } else if (buf[i] == '{' || buf[i] == '[') {
+                if (++depth > max) max = depth;
+            } else if ((buf[i] == '}' || buf[i] == ']') && depth) {
+                depth--;
+            }
+        }
         ikv_free(buf);
+        if (max > CJSON_NESTING_LIMIT)
+            return ikv_error(IKV_EFORMAT, "%s:%zu: JSON nested deeper than %d levels", path, line,
+                             CJSON_NESTING_LIMIT);
         return ikv_error(IKV_EFORMAT, "%s:%zu: malformed JSON", path, line);
     }
     ikv_free(buf);
