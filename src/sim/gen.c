@@ -237,8 +237,21 @@ int ikv_gen_opts_check(const ikv_gen_opts *o) {
     double longest = (double)o->system_tokens + o->tool_tokens + o->memory_tokens +
                      (double)o->docs_per_query * o->doc_tokens +
                      (double)o->turns * (o->query_tokens + (double)o->output_tokens);
-    if (longest > IKV_SEG_MAX_TOKENS)
-        BAD("gen: the longest prompt (%.0f tokens) exceeds %u", longest, IKV_SEG_MAX_TOKENS);
+    /* ... and what the readers accept by default, so `isokv sim` replays every file gen writes
+     * without raising --max-request-tokens / --max-segment-tokens */
+    if (longest > (double)IKV_TRACE_DEFAULT_MAX_REQUEST_TOKENS)
+        BAD("gen: the longest prompt (%.0f tokens) exceeds %llu (the trace readers' default "
+            "--max-request-tokens)",
+            longest, (unsigned long long)IKV_TRACE_DEFAULT_MAX_REQUEST_TOKENS);
+    double seg = o->system_tokens;
+    const double others[] = {o->tool_tokens, o->memory_item_tokens, o->doc_tokens,
+                             o->query_tokens, o->output_tokens}; /* history: one per turn */
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
+        if (others[i] > seg) seg = others[i];
+    if (seg > (double)IKV_TRACE_DEFAULT_MAX_SEGMENT_TOKENS)
+        BAD("gen: a segment of %.0f tokens exceeds %llu (the trace readers' default "
+            "--max-segment-tokens)",
+            seg, (unsigned long long)IKV_TRACE_DEFAULT_MAX_SEGMENT_TOKENS);
     return 0;
 }
 
