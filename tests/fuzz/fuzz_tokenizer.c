@@ -12,6 +12,20 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size < 2) return 0;
     uint32_t vocab = ((uint32_t)data[0] | (uint32_t)data[1] << 8) % 1024;
+    if (vocab & 1) {
+        /* odd: use the number of whole pieces the file holds (4-byte max length, then per
+         * piece a float score, an int32 length and the bytes), so mutated files still load
+         * and the merge and decode paths see them */
+        size_t off = 2 + 4, pieces = 0;
+        while (pieces < 1024 && off + 8 <= size) {
+            int32_t len;
+            memcpy(&len, data + off + 4, 4);
+            if (len < 0 || (size_t)len > size - off - 8) break;
+            off += 8 + (size_t)len;
+            pieces++;
+        }
+        vocab = (uint32_t)pieces;
+    }
     const char *path = fuzz_write_file("tok", data + 2, size - 2);
     if (!path) return 0;
     ikv_tokenizer *t;
