@@ -253,15 +253,21 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_index: %s: '%s' is not a count\n", a, v);
             return 2;
         }
-        if (!strcmp(a, "--ops")) ops = (size_t)x;
-        else if (!strcmp(a, "--cap")) cap = x;
-        else if (!strcmp(a, "--seqs")) seqs = (size_t)x;
-        else if (!strcmp(a, "--seed")) rng = x | 1;
-        else only = v;
+        if (!strcmp(a, "--ops"))
+            ops = (size_t)x;
+        else if (!strcmp(a, "--cap"))
+            cap = x;
+        else if (!strcmp(a, "--seqs"))
+            seqs = (size_t)x;
+        else if (!strcmp(a, "--seed"))
+            rng = x | 1;
+        else
+            only = v;
     }
     if (only) {
         int found = 0;
-        for (size_t p = 0; p < ikv_policy_count(); p++) found |= !strcmp(only, ikv_policy_name(p));
+        for (size_t p = 0; p < ikv_policy_count(); p++)
+            found |= !strcmp(only, ikv_policy_name(p));
         if (!found) {
             fprintf(stderr, "bench_index: unknown policy '%s'\n", only);
             return 2;

@@ -100,8 +100,19 @@ static void test_parse_count(void **st) {
     assert_int_equal(ikv_parse_count("3G", &v), 0), assert_int_equal(v, 3000000000ull);
     assert_int_equal(ikv_parse_count("18446744073709551615", &v), 0);
     assert_true(v == UINT64_MAX);
-    const char *bad[] = {"", "12x", "-1", "1.5", "0x10", "inf", "nan", "1e30", "2^20", "k",
-                         "1kk", " 1", "18446744073709551616"};
+    const char *bad[] = {"",
+                         "12x",
+                         "-1",
+                         "1.5",
+                         "0x10",
+                         "inf",
+                         "nan",
+                         "1e30",
+                         "2^20",
+                         "k",
+                         "1kk",
+                         " 1",
+                         "18446744073709551616"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
         assert_int_equal(ikv_parse_count(bad[i], &v), -1);
     double d;
@@ -115,10 +126,12 @@ static void test_parse_count(void **st) {
 static void test_fmt_count(void **st) {
     (void)st;
     char b[32];
-    struct { double v; const char *s; } cases[] = {
-        {0, "0"},         {999, "999"},        {999.6, "1k"},     {1500, "1.5k"},
-        {999600, "1M"},   {999936, "1M"},      {2e6, "2M"},       {123456789, "123M"},
-        {999.5e9, "1T"},  {16777216, "16.8M"},
+    struct {
+        double v;
+        const char *s;
+    } cases[] = {
+        {0, "0"},       {999, "999"}, {999.6, "1k"},       {1500, "1.5k"},  {999600, "1M"},
+        {999936, "1M"}, {2e6, "2M"},  {123456789, "123M"}, {999.5e9, "1T"}, {16777216, "16.8M"},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         ikv_fmt_count(b, sizeof b, cases[i].v);
@@ -385,9 +398,8 @@ int main(void) {
         cmocka_unit_test(test_keys_ids),         cmocka_unit_test(test_outset_commit),
         cmocka_unit_test(test_outset_abandon),   cmocka_unit_test(test_outset_refuses_non_regular),
         cmocka_unit_test(test_outset_same_file), cmocka_unit_test(test_outset_all_or_nothing),
-        cmocka_unit_test(test_outset_oom),
-        cmocka_unit_test(test_parse_count),      cmocka_unit_test(test_fmt_count),
-        cmocka_unit_test(test_errdetail_for),
+        cmocka_unit_test(test_outset_oom),       cmocka_unit_test(test_parse_count),
+        cmocka_unit_test(test_fmt_count),        cmocka_unit_test(test_errdetail_for),
     };
     return cmocka_run_group_tests(tests, setup_odir, teardown_odir);
 }

@@ -1306,8 +1306,13 @@ static void test_regress_kv_mem_beyond_memory(void **st) {
  * --decode 0 / --prefix 0 ran a benchmark with nothing to measure. */
 static void test_regress_bench_bound_and_zero_sizes(void **st) {
     (void)st;
-    ikv_engine_bench_options o = {.config = "tiny", .prefix = 32, .suffix = 8, .decode = 4,
-                                  .threads = {1, 0}, .seed = 1, .repeat = 1};
+    ikv_engine_bench_options o = {.config = "tiny",
+                                  .prefix = 32,
+                                  .suffix = 8,
+                                  .decode = 4,
+                                  .threads = {1, 0},
+                                  .seed = 1,
+                                  .repeat = 1};
     ikv_engine_bench_result r;
     o.decode = 0;
     assert_int_equal(ikv_engine_bench(&o, &r), IKV_EINVAL);
@@ -1330,7 +1335,8 @@ static void test_regress_bench_bound_and_zero_sizes(void **st) {
     FILE *f = open_memstream(&buf, &len);
     ikv_engine_bench_print(&r, f, 0);
     fclose(f);
-    if (r.llc_bytes) assert_non_null(strstr(buf, "no bandwidth bound applies"));
+    if (r.llc_bytes)
+        assert_non_null(strstr(buf, "no bandwidth bound applies"));
     else if (w->decode_tok_s > w->decode_bound_tok_s)
         assert_non_null(strstr(buf, "above the bound: caches hold part"));
     free(buf);

@@ -901,7 +901,8 @@ static int read_all(const char *path, const ikv_trace_opts *to, uint64_t *skippe
     if (rc) return rc;
     ikv_request q;
     int n = 0;
-    while ((rc = ikv_trace_next(t, &q)) == 1) n++;
+    while ((rc = ikv_trace_next(t, &q)) == 1)
+        n++;
     *skipped = ikv_trace_skipped(t);
     snprintf(first, cap, "%s", ikv_trace_first_error(t) ? ikv_trace_first_error(t) : "");
     ikv_trace_close(t);
@@ -918,7 +919,8 @@ static void test_regress_nul_byte_in_line(void **state) {
     n += (size_t)snprintf(buf + n, sizeof buf - n, "%s", good1);
     n += (size_t)snprintf(buf + n, sizeof buf - n, "{\"timestamp\": 5, \"input_length\": 1");
     buf[n++] = 0;
-    n += (size_t)snprintf(buf + n, sizeof buf - n, ", \"output_length\": 1, \"hash_ids\": [7]}\n%s", good2);
+    n += (size_t)snprintf(buf + n, sizeof buf - n, ", \"output_length\": 1, \"hash_ids\": [7]}\n%s",
+                          good2);
     write_bytes(path, buf, n);
     ikv_trace_opts to = {0};
     uint64_t sk;
@@ -955,15 +957,18 @@ static void test_regress_all_malformed_names_file(void **state) {
     (void)state;
     char path[512], want[1400];
     tmp_path(path, sizeof path, "allbad.jsonl");
-    write_file(path, "{\"timestamp\": -1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [0]}\n"
-                     "{\"timestamp\": 1}\n");
+    write_file(path,
+               "{\"timestamp\": -1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [0]}\n"
+               "{\"timestamp\": 1}\n");
     ikv_trace_opts to = {.format = IKV_TRACE_MOONCAKE};
     ikv_replay_opts ro;
     ikv_replay_opts_default(&ro);
     ikv_replay_result r;
     assert_int_equal(replay_file(path, &to, &ro, &r), IKV_EEMPTY);
-    snprintf(want, sizeof want, "%s: no valid request to replay: 2 malformed lines skipped; the "
-             "first: %s:1: \"timestamp\"", path, path);
+    snprintf(want, sizeof want,
+             "%s: no valid request to replay: 2 malformed lines skipped; the "
+             "first: %s:1: \"timestamp\"",
+             path, path);
     assert_non_null(strstr(ikv_errdetail(), want));
 }
 
@@ -972,10 +977,12 @@ static void test_regress_absurd_numbers(void **state) {
     (void)state;
     char path[512], text[1024], first[512], want[1400];
     tmp_path(path, sizeof path, "absurd.jsonl");
-    snprintf(text, sizeof text, "%s%s%s%s", good1,
-             "{\"timestamp\": 1e308, \"input_length\": 1, \"output_length\": 5, \"hash_ids\": [0]}\n",
-             "{\"timestamp\": 2, \"input_length\": 1, \"output_length\": 4294967295, \"hash_ids\": [0]}\n",
-             good2);
+    snprintf(
+        text, sizeof text, "%s%s%s%s", good1,
+        "{\"timestamp\": 1e308, \"input_length\": 1, \"output_length\": 5, \"hash_ids\": [0]}\n",
+        "{\"timestamp\": 2, \"input_length\": 1, \"output_length\": 4294967295, \"hash_ids\": "
+        "[0]}\n",
+        good2);
     write_file(path, text);
     ikv_trace_opts to = {.strict = 1};
     ikv_trace *t;
@@ -992,12 +999,15 @@ static void test_regress_absurd_numbers(void **state) {
     assert_int_equal(sk, 2);
     /* the output length: the limit is named, and it is configurable */
     snprintf(text, sizeof text, "%s%s", good1,
-             "{\"timestamp\": 2, \"input_length\": 1, \"output_length\": 4294967295, \"hash_ids\": [0]}\n");
+             "{\"timestamp\": 2, \"input_length\": 1, \"output_length\": 4294967295, \"hash_ids\": "
+             "[0]}\n");
     write_file(path, text);
     to.strict = 1;
     assert_int_equal(read_all(path, &to, &sk, first, sizeof first), IKV_EFORMAT);
-    snprintf(want, sizeof want, "%s:2: \"output_length\" 4294967295 is more than the limit of "
-             "2097152 tokens (--max-request-tokens)", path);
+    snprintf(want, sizeof want,
+             "%s:2: \"output_length\" 4294967295 is more than the limit of "
+             "2097152 tokens (--max-request-tokens)",
+             path);
     assert_non_null(strstr(ikv_errdetail(), want));
     to.max_request_tokens = 100;
     assert_int_equal(read_all(path, &to, &sk, first, sizeof first), IKV_EFORMAT);
@@ -1012,8 +1022,10 @@ static void test_regress_deep_nesting(void **state) {
     static char text[8192];
     tmp_path(path, sizeof path, "deep.jsonl");
     size_t n = (size_t)snprintf(text, sizeof text, "%s{\"timestamp\": 1, \"hash_ids\": ", good1);
-    for (int i = 0; i < 1200; i++) text[n++] = '[';
-    for (int i = 0; i < 1200; i++) text[n++] = ']';
+    for (int i = 0; i < 1200; i++)
+        text[n++] = '[';
+    for (int i = 0; i < 1200; i++)
+        text[n++] = ']';
     n += (size_t)snprintf(text + n, sizeof text - n, "}\n%s", good2);
     write_bytes(path, text, n);
     ikv_trace_opts to = {0};
@@ -1035,15 +1047,17 @@ static void test_regress_weka_zero_requests(void **state) {
     (void)state;
     char path[512], first[512], want[1400];
     tmp_path(path, sizeof path, "weka0.jsonl");
-    write_file(path, "{\"id\":\"a\",\"block_size\":64,\"hash_id_scope\":\"local\",\"requests\":[]}\n");
+    write_file(path,
+               "{\"id\":\"a\",\"block_size\":64,\"hash_id_scope\":\"local\",\"requests\":[]}\n");
     ikv_trace_opts to = {0};
     ikv_trace *t;
     assert_int_equal(ikv_trace_open(path, &to, &t), IKV_EEMPTY);
     snprintf(want, sizeof want, "%s:1: the conversation has no requests", path);
     assert_non_null(strstr(ikv_errdetail(), want));
-    write_file(path, "{\"id\":\"a\",\"block_size\":64,\"hash_id_scope\":\"local\",\"requests\":[]}\n"
-                     "{\"id\":\"b\",\"block_size\":64,\"requests\":[{\"t\":0,\"type\":\"n\",\"in\":64,"
-                     "\"out\":1,\"hash_ids\":[3]}]}\n");
+    write_file(path,
+               "{\"id\":\"a\",\"block_size\":64,\"hash_id_scope\":\"local\",\"requests\":[]}\n"
+               "{\"id\":\"b\",\"block_size\":64,\"requests\":[{\"t\":0,\"type\":\"n\",\"in\":64,"
+               "\"out\":1,\"hash_ids\":[3]}]}\n");
     uint64_t sk;
     assert_int_equal(read_all(path, &to, &sk, first, sizeof first), 1);
     assert_int_equal(sk, 1);
@@ -1062,8 +1076,10 @@ static void test_regress_segment_token_caps(void **state) {
     ikv_trace_opts to = {.format = IKV_TRACE_SEGMENTS, .strict = 1};
     uint64_t sk;
     assert_int_equal(read_all(path, &to, &sk, first, sizeof first), IKV_EFORMAT);
-    snprintf(want, sizeof want, "%s:1: segments[0] has 16777216 tokens, more than the limit of "
-             "1048576 per segment (--max-segment-tokens)", path);
+    snprintf(want, sizeof want,
+             "%s:1: segments[0] has 16777216 tokens, more than the limit of "
+             "1048576 per segment (--max-segment-tokens)",
+             path);
     assert_non_null(strstr(ikv_errdetail(), want));
     write_file(path, "{\"time\":0,\"tenant\":\"u\",\"segments\":[{\"kind\":\"doc\",\"id\":\"d\","
                      "\"tokens\":60},{\"kind\":\"query\",\"id\":\"q\",\"tokens\":60}]}\n");
@@ -1074,7 +1090,8 @@ static void test_regress_segment_token_caps(void **state) {
     to.max_request_tokens = 120;
     to.max_segment_tokens = 50;
     assert_int_equal(read_all(path, &to, &sk, first, sizeof first), IKV_EFORMAT);
-    assert_non_null(strstr(ikv_errdetail(), "segments[0] has 60 tokens, more than the limit of 50"));
+    assert_non_null(
+        strstr(ikv_errdetail(), "segments[0] has 60 tokens, more than the limit of 50"));
     to.max_segment_tokens = 60;
     assert_int_equal(read_all(path, &to, &sk, first, sizeof first), 1);
 }
@@ -1138,13 +1155,15 @@ static void test_regress_block_size_limit(void **state) {
     char path[512];
     tmp_path(path, sizeof path, "bt.jsonl");
     write_file(path, "{\"format\":\"isokv-segments\",\"version\":1,\"block_tokens\":65536}\n"
-                     "{\"time\":0,\"tenant\":\"u\",\"segments\":[{\"kind\":\"query\",\"id\":\"q\",\"tokens\":20}]}\n");
+                     "{\"time\":0,\"tenant\":\"u\",\"segments\":[{\"kind\":\"query\",\"id\":\"q\","
+                     "\"tokens\":20}]}\n");
     ikv_trace_opts to = {0};
     ikv_trace *t;
     assert_int_equal(ikv_trace_open(path, &to, &t), IKV_EFORMAT);
     assert_non_null(strstr(ikv_errdetail(), "must be 1..65535"));
     write_file(path, "{\"format\":\"isokv-segments\",\"version\":1,\"block_tokens\":65535}\n"
-                     "{\"time\":0,\"tenant\":\"u\",\"segments\":[{\"kind\":\"query\",\"id\":\"q\",\"tokens\":70000}]}\n");
+                     "{\"time\":0,\"tenant\":\"u\",\"segments\":[{\"kind\":\"query\",\"id\":\"q\","
+                     "\"tokens\":70000}]}\n");
     ikv_replay_opts ro;
     ikv_replay_opts_default(&ro);
     ikv_replay_result r;

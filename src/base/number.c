@@ -43,11 +43,24 @@ int ikv_parse_count(const char *s, uint64_t *out) {
     double mul = 1;
     if (*end) {
         switch (*end) {
-        case 'k': case 'K': mul = 1e3; break;
-        case 'm': case 'M': mul = 1e6; break;
-        case 'g': case 'G': mul = 1e9; break;
-        case 't': case 'T': mul = 1e12; break;
-        default: return -1;
+        case 'k':
+        case 'K':
+            mul = 1e3;
+            break;
+        case 'm':
+        case 'M':
+            mul = 1e6;
+            break;
+        case 'g':
+        case 'G':
+            mul = 1e9;
+            break;
+        case 't':
+        case 'T':
+            mul = 1e12;
+            break;
+        default:
+            return -1;
         }
         if (end[1]) return -1;
     }

@@ -46,11 +46,12 @@ static int engine(int argc, char **argv) {
             json = 1;
             continue;
         }
-        static const char *const valued[] = {"--config", "--prefix", "--suffix", "--decode",
-                                             "--seed",   "--repeat", "--tile",   "--group",
-                                             "--threads"};
+        static const char *const valued[] = {"--config", "--prefix", "--suffix",
+                                             "--decode", "--seed",   "--repeat",
+                                             "--tile",   "--group",  "--threads"};
         int known = 0;
-        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
+            known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("bench", "unknown option '%s'", a);
         if (!v) return cli_usage_error("bench", "option '%s' needs a value", a);
         if (!strcmp(a, "--config"))
@@ -61,8 +62,8 @@ static int engine(int argc, char **argv) {
             if (cli_parse_u64(v, &x) || (strcmp(a, "--seed") && x > 1000000))
                 return cli_usage_error("bench", "bad value '%s' for %s", v, a);
             /* a zero prefix has nothing to reuse, a zero decode nothing to time */
-            if (x == 0 && (!strcmp(a, "--prefix") || !strcmp(a, "--decode") ||
-                           !strcmp(a, "--suffix")))
+            if (x == 0 &&
+                (!strcmp(a, "--prefix") || !strcmp(a, "--decode") || !strcmp(a, "--suffix")))
                 return cli_usage_error("bench", "%s must be at least 1, got '%s'", a, v);
             if (!strcmp(a, "--prefix"))
                 o.prefix = (uint32_t)x;

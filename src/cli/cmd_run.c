@@ -100,11 +100,12 @@ int ikv_cmd_run(int argc, char **argv) {
             *(a[2] == 's' ? &stop_eos : &raw) = 1;
             continue;
         }
-        static const char *const valued[] = {"--model", "--tokenizer", "--prompt", "--tenant",
-                                             "--policy", "-n", "--seed", "--threads", "--kv-mem",
-                                             "--public", "--repeat", "--temp", "--topp"};
+        static const char *const valued[] = {
+            "--model",   "--tokenizer", "--prompt", "--tenant", "--policy", "-n",    "--seed",
+            "--threads", "--kv-mem",    "--public", "--repeat", "--temp",   "--topp"};
         int known = 0;
-        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
+            known |= !strcmp(a, valued[k]);
         if (!known) return cli_usage_error("run", "unknown option '%s'", a);
         if (!v) return cli_usage_error("run", "option '%s' needs a value", a);
         if (!strcmp(a, "--model"))

@@ -49,30 +49,31 @@ typedef struct sim_args {
 } sim_args;
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: isokv sim TRACE [options]\n"
-            "       isokv sim sweep TRACE --vary KEY=v1,v2,.. [--policy p1,p2,..]\n"
-            "                       [--capacity-tokens c1,c2,..] --out DIR [--jobs J] [options]\n"
-            "\n"
-            "Replays a trace (Mooncake JSONL, WEKA agentic JSONL.gz, isokv segments JSONL; plain\n"
-            "or gzip) through the isokv cache core and reports hits, evictions, thrash and, in timed\n"
-            "mode, simulated TTFT. Times are SIMULATED on the roofline cost model (src/cost/).\n"
-            "\n"
-            "trace:\n"
-            "  --format F            auto (default), mooncake, weka, segments\n"
-            "  --strict              a malformed line is fatal (default: skip and count it)\n"
-            "  --conversations N     weka: the first N conversations (default all)\n"
-            "  --window W            weka: conversation i starts at i*W/N seconds (default 3600)\n"
-            "  --max-requests N      stop after N requests\n"
-            "  --seed S              key seed (default 0)\n"
-            "  --max-request-tokens N  a record asking for more input or output tokens is\n"
-            "                        malformed (default 2097152)\n"
-            "  --max-segment-tokens N  segments: the same for one segment (default 1048576)\n"
-            "cache:\n"
-            "  --capacity-tokens C   one tier of C tokens (k/M/G suffixes; 0 or 'unlimited' =\n"
-            "                        every distinct block fits; default unlimited)\n"
-            "  --tiers SPEC          e.g. hbm=2M,dram=16M,ssd=200M (token capacities, fastest first)\n"
-            "  --policy NAME[:k=v]   eviction policy of every tier (default lru); registered:");
+    fprintf(
+        f,
+        "usage: isokv sim TRACE [options]\n"
+        "       isokv sim sweep TRACE --vary KEY=v1,v2,.. [--policy p1,p2,..]\n"
+        "                       [--capacity-tokens c1,c2,..] --out DIR [--jobs J] [options]\n"
+        "\n"
+        "Replays a trace (Mooncake JSONL, WEKA agentic JSONL.gz, isokv segments JSONL; plain\n"
+        "or gzip) through the isokv cache core and reports hits, evictions, thrash and, in timed\n"
+        "mode, simulated TTFT. Times are SIMULATED on the roofline cost model (src/cost/).\n"
+        "\n"
+        "trace:\n"
+        "  --format F            auto (default), mooncake, weka, segments\n"
+        "  --strict              a malformed line is fatal (default: skip and count it)\n"
+        "  --conversations N     weka: the first N conversations (default all)\n"
+        "  --window W            weka: conversation i starts at i*W/N seconds (default 3600)\n"
+        "  --max-requests N      stop after N requests\n"
+        "  --seed S              key seed (default 0)\n"
+        "  --max-request-tokens N  a record asking for more input or output tokens is\n"
+        "                        malformed (default 2097152)\n"
+        "  --max-segment-tokens N  segments: the same for one segment (default 1048576)\n"
+        "cache:\n"
+        "  --capacity-tokens C   one tier of C tokens (k/M/G suffixes; 0 or 'unlimited' =\n"
+        "                        every distinct block fits; default unlimited)\n"
+        "  --tiers SPEC          e.g. hbm=2M,dram=16M,ssd=200M (token capacities, fastest first)\n"
+        "  --policy NAME[:k=v]   eviction policy of every tier (default lru); registered:");
     for (size_t i = 0; i < ikv_policy_count(); i++) fprintf(f, " %s", ikv_policy_name(i));
     fprintf(f,
             "\n"
@@ -320,11 +321,10 @@ static int parse_args(int argc, char **argv, int first, sim_args *a, sweep_args 
             } else if (!strncmp(name, "--max-request-tokens", 20) ||
                        !strncmp(name, "--max-segment-tokens", 20)) {
                 if (u == 0 || u > UINT32_MAX)
-                    return cli_usage_error(CMD, "%.*s must be 1..%u", (int)strcspn(name, "="),
-                                           name, UINT32_MAX);
+                    return cli_usage_error(CMD, "%.*s must be 1..%u", (int)strcspn(name, "="), name,
+                                           UINT32_MAX);
                 *(name[6] == 'r' ? &a->to.max_request_tokens : &a->to.max_segment_tokens) = u;
-            }
-            else if (!strncmp(name, "--jobs", 6)) {
+            } else if (!strncmp(name, "--jobs", 6)) {
                 if (!sw) return cli_usage_error(CMD, "--jobs is a sweep option");
                 sw->jobs = (uint32_t)u;
             }

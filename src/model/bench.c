@@ -286,9 +286,9 @@ int ikv_engine_bench(const ikv_engine_bench_options *o, ikv_engine_bench_result 
          * step d: n + D/2 on average); when that fits in the last-level cache the steps run
          * from cache and a memory-bandwidth bound says nothing (a 40M-parameter model on a
          * 480 MB L3 read "222%" of it) */
-        row->step_bytes = (double)ikv_model_decode_bytes(&r->cfg) +
-                          (double)ikv_model_kv_bytes_per_token(&r->cfg) *
-                              ((double)n + (double)o->decode / 2);
+        row->step_bytes =
+            (double)ikv_model_decode_bytes(&r->cfg) +
+            (double)ikv_model_kv_bytes_per_token(&r->cfg) * ((double)n + (double)o->decode / 2);
         row->bound_applies = !(r->llc_bytes && row->step_bytes <= (double)r->llc_bytes);
         row->decode_bound_tok_s = row->bound_applies ? row->read_gbs * 1e9 / row->step_bytes : 0;
         r->n_rows++;

@@ -159,8 +159,8 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
         ikv_fmt_count(want, sizeof want, (double)o.kv_mem);
         ikv_fmt_count(have, sizeof have, (double)phys);
         return ikv_error(IKV_ERANGE,
-                         "kv-mem %sB (%llu bytes) is more than this machine's %sB of memory",
-                         want, (unsigned long long)o.kv_mem, have);
+                         "kv-mem %sB (%llu bytes) is more than this machine's %sB of memory", want,
+                         (unsigned long long)o.kv_mem, have);
     }
     uint64_t nblocks = o.kv_mem / block_bytes;
     if (nblocks < reserve + 1 || nblocks > UINT32_MAX - 1)

@@ -94,10 +94,10 @@
  * by a degree-7 polynomial (Cephes expf coefficients; relative error ~1e-7 on [-ln2/2, ln2/2]);
  * r is clamped to [-87, 0] (e^-87 ~ 1.6e-38, nothing next to the row maximum's 1; the upper
  * clamp and the NaN -> -87 rule only matter for a corrupt checkpoint's inf/NaN weights, whose
- * conversion to int would otherwise be undefined; found by tests/fuzz/fuzz_checkpoint.c). The SSE2 lanes
- * and the scalar tail do the same operations in the same order (C11 mode: no FMA contraction),
- * so a value's result does not depend on which path computed it. libm's expf costs a call per
- * attention entry; this is 4 entries per few instructions. */
+ * conversion to int would otherwise be undefined; found by tests/fuzz/fuzz_checkpoint.c). The SSE2
+ * lanes and the scalar tail do the same operations in the same order (C11 mode: no FMA
+ * contraction), so a value's result does not depend on which path computed it. libm's expf costs a
+ * call per attention entry; this is 4 entries per few instructions. */
 #define EXP_LOG2E 1.44269504088896341f
 #define EXP_MAGIC 12582912.0f /* 1.5 * 2^23: adding it rounds to an integer */
 #define EXP_C1    0.693359375f
@@ -105,7 +105,7 @@
 
 static inline float exp_neg_scalar(float r) {
     r = r > -87.0f ? r : -87.0f; /* NaN too: a NaN never reaches the int conversion below */
-    r = r < 0.0f ? r : 0.0f;      /* +inf (a row of infinities in a corrupt checkpoint) too */
+    r = r < 0.0f ? r : 0.0f;     /* +inf (a row of infinities in a corrupt checkpoint) too */
     float n = (r * EXP_LOG2E + EXP_MAGIC) - EXP_MAGIC;
     float f = (r - n * EXP_C1) - n * EXP_C2;
     float p = 1.9875691500e-4f;

@@ -86,8 +86,10 @@ static const row table[] = {
     NUM("value.per_s", value_per_s, 0.01, 0, 1e6, 0, "$/s",
         "assumption: an interactive request loses 1 cent per second of waiting"),
     NUM("cap.max_gpus", cap_max_gpus, 64, 1, 1e6, 1, "GPUs", "eight 8-GPU nodes"),
-    NUM("route.simple", route_simple, 2, 0, 7, 1, "step", "router policy: simple requests stop at step 2 (tp)"),
-    NUM("route.medium", route_medium, 4, 0, 7, 1, "step", "router policy: medium requests stop at step 4 (pp)"),
+    NUM("route.simple", route_simple, 2, 0, 7, 1, "step",
+        "router policy: simple requests stop at step 2 (tp)"),
+    NUM("route.medium", route_medium, 4, 0, 7, 1, "step",
+        "router policy: medium requests stop at step 4 (pp)"),
     NUM("route.complex", route_complex, 6, 0, 7, 1, "step",
         "router policy: complex requests may go to step 6 (hedge); 7 only when allowed"),
 };

@@ -244,8 +244,8 @@ int ikv_gen_opts_check(const ikv_gen_opts *o) {
             "--max-request-tokens)",
             longest, (unsigned long long)IKV_TRACE_DEFAULT_MAX_REQUEST_TOKENS);
     double seg = o->system_tokens;
-    const double others[] = {o->tool_tokens, o->memory_item_tokens, o->doc_tokens,
-                             o->query_tokens, o->output_tokens}; /* history: one per turn */
+    const double others[] = {o->tool_tokens, o->memory_item_tokens, o->doc_tokens, o->query_tokens,
+                             o->output_tokens}; /* history: one per turn */
     for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
         if (others[i] > seg) seg = others[i];
     if (seg > (double)IKV_TRACE_DEFAULT_MAX_SEGMENT_TOKENS)

@@ -140,7 +140,7 @@ typedef struct ghost {
     uint64_t cap;     /* W, the window: the ring's logical size */
     uint64_t alloc;   /* entries allocated (<= cap) */
     uint64_t nb, pos;
-    int nomem;        /* a growth failed (on_evict cannot return it; checked per request) */
+    int nomem; /* a growth failed (on_evict cannot return it; checked per request) */
 } ghost;
 
 /* The window is W entries, but memory follows the drops: the ring starts small and doubles
@@ -169,7 +169,8 @@ static int ghost_grow(ghost *g) {
     g->live = lv;
     memset(g->live + g->alloc, 0, (size_t)(n - g->alloc));
     uint64_t nb = 1;
-    while (nb < n) nb <<= 1;
+    while (nb < n)
+        nb <<= 1;
     if (nb != g->nb) {
         uint32_t *b = ikv_malloc((size_t)nb * sizeof *b);
         if (!b) return IKV_ENOMEM;
@@ -799,10 +800,12 @@ static int setup(replay *s, ikv_trace *t, uint64_t *total) {
         sum += cfg.tiers[i].capacity;
     }
     if ((rc = ikv_cache_create(&cfg, &s->c))) return rc;
-    r->thrash_window = o->thrash_window ? o->thrash_window
-                       : sum < IKV_REPLAY_MAX_THRASH_WINDOW ? sum : IKV_REPLAY_MAX_THRASH_WINDOW;
+    r->thrash_window = o->thrash_window                     ? o->thrash_window
+                       : sum < IKV_REPLAY_MAX_THRASH_WINDOW ? sum
+                                                            : IKV_REPLAY_MAX_THRASH_WINDOW;
     if (r->thrash_window > IKV_REPLAY_MAX_THRASH_WINDOW)
-        return ikv_error(IKV_ERANGE, "thrash window of %llu blocks is more than the %llu the ghost "
+        return ikv_error(IKV_ERANGE,
+                         "thrash window of %llu blocks is more than the %llu the ghost "
                          "list can index",
                          (unsigned long long)r->thrash_window,
                          (unsigned long long)IKV_REPLAY_MAX_THRASH_WINDOW);

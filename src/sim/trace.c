@@ -89,8 +89,8 @@ static int refill(ikv_trace *t) {
     const char *msg = gzerror(t->gz, &zerr);
     if (got < 0 || (zerr != Z_OK && zerr != Z_STREAM_END)) {
         if (zerr == Z_BUF_ERROR || (msg && strstr(msg, "unexpected end")))
-            return ikv_error(IKV_ETRUNC, "%s: truncated gzip stream after line %llu (%s)",
-                             t->path, (unsigned long long)t->lineno, msg ? msg : "");
+            return ikv_error(IKV_ETRUNC, "%s: truncated gzip stream after line %llu (%s)", t->path,
+                             (unsigned long long)t->lineno, msg ? msg : "");
         return ikv_error(IKV_EIO, "%s: read error after line %llu (%s)", t->path,
                          (unsigned long long)t->lineno, msg ? msg : "zlib error");
     }
@@ -104,10 +104,12 @@ static int refill(ikv_trace *t) {
 static int line_room(ikv_trace *t, size_t need) {
     if (need + 1 <= t->line_cap) return 0;
     size_t cap = t->line_cap ? t->line_cap : 1 << 16;
-    while (cap < need + 1) cap *= 2;
+    while (cap < need + 1)
+        cap *= 2;
     char *p = ikv_realloc(t->line, cap);
-    if (!p) return ikv_error(IKV_ENOMEM, "%s:%llu: line too long for memory", t->path,
-                             (unsigned long long)t->lineno + 1);
+    if (!p)
+        return ikv_error(IKV_ENOMEM, "%s:%llu: line too long for memory", t->path,
+                         (unsigned long long)t->lineno + 1);
     t->line = p;
     t->line_cap = cap;
     return 0;
@@ -249,7 +251,8 @@ const char *ikv__trace_json_problem(ikv_trace *t, cJSON **obj, char *why, size_t
                                                                        : t->line_len;
     if (!is_blank(t->line + off, t->line_len - off)) {
         cJSON_Delete(j);
-        while (off < t->line_len && (t->line[off] == ' ' || t->line[off] == '\t')) off++;
+        while (off < t->line_len && (t->line[off] == ' ' || t->line[off] == '\t'))
+            off++;
         snprintf(why, why_len, "trailing content after the JSON object at column %zu", off + 1);
         return why;
     }

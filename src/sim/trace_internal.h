@@ -9,7 +9,8 @@
  * const ikv__trace_reader and is listed once in trace.c's registry:
  *
  *     ikv_trace_open ─ detect (first record, parsed once with cJSON) ─ rd->open
- *     ikv_trace_next ─ rd->next ─ (index, max_requests)                 ikv_trace_rewind ─ rd->rewind
+ *     ikv_trace_next ─ rd->next ─ (index, max_requests)                 ikv_trace_rewind ─
+ * rd->rewind
  *
  * A reader keeps its own state in t->state (allocated in open, freed in close). It may stream
  * (read one line per request: mooncake, segments) or read the whole file in open (weka, which

@@ -73,8 +73,7 @@ static int read_header(ikv_trace *t, seg_state *s, uint32_t *block) {
     else if (ikv__json_uint(j, "version", UINT32_MAX, &v) || v != HEADER_VERSION)
         bad = "header: unsupported \"version\" (this reader knows 1)";
     else if (cJSON_GetObjectItemCaseSensitive(j, "block_tokens") &&
-             (ikv__json_uint(j, "block_tokens", MAX_BLOCK_TOKENS, &bt) || bt == 0))
-{
+             (ikv__json_uint(j, "block_tokens", MAX_BLOCK_TOKENS, &bt) || bt == 0)) {
         snprintf(why, sizeof why, "header: \"block_tokens\" must be 1..%u", IKV_MAX_BLOCK_TOKENS);
         bad = why;
     }
@@ -270,10 +269,10 @@ static int seg_next(ikv_trace *t, ikv_request *req) {
         else if (output > ikv__trace_max_request_tokens(t)) {
             snprintf(why, sizeof why,
                      "\"output\" %llu is more than the limit of %llu tokens (--max-request-tokens)",
-                     (unsigned long long)output, (unsigned long long)ikv__trace_max_request_tokens(t));
+                     (unsigned long long)output,
+                     (unsigned long long)ikv__trace_max_request_tokens(t));
             bad = why;
-        }
-        else if (!cJSON_IsArray(segs))
+        } else if (!cJSON_IsArray(segs))
             bad = "\"segments\" missing or not an array";
         else
             bad = parse_segments(t, s, segs, &n, why, sizeof why, &nomem);

@@ -5,7 +5,8 @@
  * One conversation per line:
  *     {"id", "block_size": 64, "hash_id_scope": "local", ...,
  *      "requests": [{"t": s, "type": "n"|"s", "in", "out", "hash_ids": [..]},
- *                   {"t": s, "type": "subagent", "requests": [ {..t from the subagent's start..} ]}]}
+ *                   {"t": s, "type": "subagent", "requests": [ {..t from the subagent's start..}
+ * ]}]}
  *
  * Keys. Ids are local to the conversation and, like Mooncake's, prefix ids (an id stands for a
  * block and all before it). Conversation i (0-based among accepted lines) uses namespace i + 1:
@@ -196,8 +197,8 @@ static int add_requests(weka *w, const cJSON *arr, double base, uint32_t conv, u
             return 1;
         }
         if (base + t > IKV__TRACE_MAX_SECONDS) {
-            snprintf(w->why, sizeof w->why, "%s: \"t\" %.6g s is more than 1e9 s (31 years)",
-                     here, base + t);
+            snprintf(w->why, sizeof w->why, "%s: \"t\" %.6g s is more than 1e9 s (31 years)", here,
+                     base + t);
             return 1;
         }
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(r, "type");

@@ -20,7 +20,8 @@ static void run_engine(const ikv_model *m) {
     if (ikv_engine_create(m, &eo, &e)) return;
     uint32_t toks[6];
     size_t n = c->seq_len < 6 ? (size_t)c->seq_len : 6;
-    for (size_t i = 0; i < n; i++) toks[i] = (uint32_t)((i * 7 + 1) % (uint32_t)c->vocab_size);
+    for (size_t i = 0; i < n; i++)
+        toks[i] = (uint32_t)((i * 7 + 1) % (uint32_t)c->vocab_size);
     for (int pass = 0; pass < 2; pass++) {
         ikv_request rq = {.tokens = toks, .n = n, .tenant = "fuzz", .public_tokens = 0};
         ikv_seq *s;
@@ -54,14 +55,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (size >= 28 && (fuzz_pick(data, size, 2) == 0)) {
         int32_t h[7];
         memcpy(h, data, sizeof h);
-        ikv_model_config c = {.dim = h[0], .hidden_dim = h[1], .n_layers = h[2], .n_heads = h[3],
-                              .n_kv_heads = h[4], .seq_len = h[6], .shared_classifier = h[5] > 0};
+        ikv_model_config c = {.dim = h[0],
+                              .hidden_dim = h[1],
+                              .n_layers = h[2],
+                              .n_heads = h[3],
+                              .n_kv_heads = h[4],
+                              .seq_len = h[6],
+                              .shared_classifier = h[5] > 0};
         c.vocab_size = h[5] == INT32_MIN ? 0 : (h[5] < 0 ? -h[5] : h[5]);
         if (ikv_model_config_check(&c) == 0 && ikv_model_file_bytes(&c) <= sizeof fitted) {
             n = (size_t)ikv_model_file_bytes(&c);
             size_t k = size < n ? size : n;
             memcpy(fitted, data, k);
-            for (size_t i = k; i < n; i++) fitted[i] = (uint8_t)(i * 37 % 61); /* small floats */
+            for (size_t i = k; i < n; i++)
+                fitted[i] = (uint8_t)(i * 37 % 61); /* small floats */
             in = fitted;
         }
     }

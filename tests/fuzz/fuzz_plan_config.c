@@ -26,8 +26,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     ikv_plan_point pts[128];
     (void)ikv_plan_curve(&p, m, hw, pts, 128);
     for (int cls = 0; cls < 3; cls++) {
-        ikv_route_req req = {.cls = (ikv_req_class)cls, .slo_s = 0.5, .budget_gpu_s = 0,
-                             .allow_poll = cls == 2};
+        ikv_route_req req = {
+            .cls = (ikv_req_class)cls, .slo_s = 0.5, .budget_gpu_s = 0, .allow_poll = cls == 2};
         ikv_route_decision d;
         ikv_plan_route(&p, &r, &req, &d);
         if (d.step < 0 || d.step >= IKV_PLAN_STEPS) abort();
