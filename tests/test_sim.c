@@ -1130,10 +1130,15 @@ static void test_regress_tiers_spec(void **state) {
     assert_int_equal(ikv_replay_tiers_parse("hbm=1M,hbm=100k", tiers, &n), IKV_EPARAM);
     assert_non_null(strstr(ikv_errdetail(), "tier 'hbm' is given twice"));
     assert_int_equal(ikv_replay_tiers_parse("hbm=1M,ssd=2M,dram=3M", tiers, &n), IKV_EPARAM);
+    /* "faster" is the cost model's load time: RDMA (remote) beats NVMe (ssd) */
+    assert_int_equal(ikv_replay_tiers_parse("dram=1M,ssd=2M,remote=3M", tiers, &n), IKV_EPARAM);
+    assert_non_null(strstr(ikv_errdetail(), "'remote' comes after the slower 'ssd'"));
     assert_int_equal(ikv_replay_tiers_parse("hbm=0", tiers, &n), IKV_EPARAM);
     assert_int_equal(ikv_replay_tiers_parse("hbm=1M,", tiers, &n), IKV_EPARAM);
     assert_int_equal(ikv_replay_tiers_parse("tape=1M", tiers, &n), IKV_EPARAM);
     assert_int_equal(n, 99); /* untouched on error */
+    assert_int_equal(ikv_replay_tiers_parse("hbm=1k,dram=2k,remote=3k,ssd=4k", tiers, &n), 0);
+    assert_int_equal(n, 4);
     assert_int_equal(ikv_replay_tiers_parse("hbm=2M,dram=16M,ssd=1.5G", tiers, &n), 0);
     assert_int_equal(n, 3);
     assert_string_equal(tiers[2].name, "ssd");

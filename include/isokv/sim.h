@@ -153,8 +153,14 @@ void ikv_replay_opts_default(ikv_replay_opts *o);
 
 /* Parses a tier list "hbm=2M,dram=16M,ssd=200M" (fastest first, each tier once, token
  * capacities > 0 with k/M/G suffixes) into tiers[IKV_MAX_TIERS] and *n. 0, or IKV_EPARAM with a
- * detail (unknown tier, duplicate, slower before faster, bad capacity); nothing written then. */
+ * detail (unknown tier, duplicate, slower before faster, bad capacity); nothing written then.
+ * "Faster" is a shorter ikv_load_time of a block: hbm, dram, remote, ssd in the catalog. */
 int ikv_replay_tiers_parse(const char *spec, ikv_replay_tier *tiers, size_t *n);
+
+struct ikv_cost_cfg;
+/* The order and uniqueness check of ikv_replay_tiers_parse on a given cost model (ikv_replay
+ * runs it with its model and hardware). 0 or IKV_EPARAM with a detail. */
+int ikv_replay_tiers_check(const ikv_replay_tier *tiers, size_t n, const struct ikv_cost_cfg *cfg);
 
 #define IKV_REPLAY_MAX_THRASH_WINDOW (UINT64_C(0xFFFFFFFE)) /* 32-bit ring positions */
 

@@ -772,6 +772,7 @@ static int setup(replay *s, ikv_trace *t, uint64_t *total) {
         *total = reqs;
     }
     if (o->n_tiers) {
+        if ((rc = ikv_replay_tiers_check(o->tiers, o->n_tiers, &s->cost))) return rc;
         cfg.n_tiers = o->n_tiers;
         for (size_t i = 0; i < o->n_tiers; i++) {
             const ikv_replay_tier *rt = &o->tiers[i];

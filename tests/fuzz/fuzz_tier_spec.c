@@ -1,6 +1,7 @@
 /*
  * Fuzz harness: a --tiers specification through ikv_replay_tiers_parse; when it is accepted,
- * the tiers must be what the parser promises (fastest first, each once, capacities > 0), and a
+ * the tiers must be what the parser promises (fastest first by the cost model's load time of a
+ * block, each once, capacities > 0), and a
  * small built-in segments trace is replayed on them in timed mode (docs/fuzzing.md). The input
  * is the spec (at most 256 bytes); capacities are clamped to 4096 blocks for the replay.
  */
@@ -27,11 +28,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t n = 0;
     if (ikv_replay_tiers_parse(spec, tiers, &n) == 0) {
         if (n < 1 || n > IKV_MAX_TIERS) abort();
+        const ikv_model_spec *m;
+        const ikv_hw_spec *hw;
+        if (ikv_model_lookup("llama3-70b", &m) || ikv_hw_lookup("h100", &hw)) abort();
+        ikv_cost_cfg cfg;
+        ikv_cost_cfg_init(&cfg, m, hw);
         ikv_tier prev = IKV_TIER_COUNT;
         for (size_t i = 0; i < n; i++) {
             ikv_tier k;
             if (ikv_tier_parse(tiers[i].name, &k) || tiers[i].capacity_tokens == 0) abort();
-            if (i && k <= prev) abort();
+            /* each tier once, and none loads a block faster than the one before it */
+            for (size_t j = 0; j < i; j++)
+                if (!strcmp(tiers[j].name, tiers[i].name)) abort();
+            if (i && ikv_load_time(&cfg, k, 1, 64) < ikv_load_time(&cfg, prev, 1, 64)) abort();
             prev = k;
             if (tiers[i].capacity_tokens > 4096 * 16) tiers[i].capacity_tokens = 4096 * 16;
         }
