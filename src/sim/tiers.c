@@ -7,9 +7,9 @@
  * orders hbm < dram < remote < ssd on every hardware of the catalog (RDMA at 25-50 GB/s and
  * 10 us beats NVMe at 3.5-7 GB/s and 100 us). The parser ranks with llama3-70b on h100;
  * ikv_replay checks the order again on the model and hardware it runs with
- * (ikv_replay_tiers_check). Each tier appears at most once. Capacities are token counts with the usual k/M/G suffixes (ikv_parse_count), > 0.
- * Errors are IKV_EPARAM with a detail naming the piece at fault; *n and tiers are written only
- * on success.
+ * (ikv_replay_tiers_check). Each tier appears at most once. Capacities are token counts with the
+ * usual k/M/G suffixes (ikv_parse_count), > 0. Errors are IKV_EPARAM with a detail naming the piece
+ * at fault; *n and tiers are written only on success.
  */
 #include "isokv/cost.h"
 #include "isokv/sim.h"
