@@ -66,6 +66,7 @@ check bench_engine_unknown_config 2 "unknown model config" "$BENCH_ENGINE" nosuc
 
 # unknown policy / parameter / model names are usage errors
 check sim_unknown_policy_param 2 "" $BIN sim "$MOON" --policy lru:bogus=1
+check sweep_unknown_policy_param 2 "unknown parameter 'bogus'" $BIN sim sweep "$MOON" --vary max-requests=10,20 --policy lru,value:bogus=1 --out "$TMP/sw" --no-plot
 check run_unknown_policy 2 "unknown eviction policy 'nosuch'" $BIN run --model "$MODEL" --prompt hi --policy nosuch
 check plan_unknown_model 2 "unknown model 'gpt-9'" $BIN plan --model gpt-9
 check plan_unknown_parameter 2 "unknown parameter" $BIN plan --set nosuch=1

@@ -117,6 +117,22 @@ static int policy_known(const char *spec) {
     return 0;
 }
 
+/* 1 (after printing the usage error) if the policy's own parser rejects the parameters of
+ * spec ("lru:bogus=1"), checked on a throwaway cache, so a sweep fails at its flags exactly as a
+ * single replay does, before any run starts. */
+static int policy_params_bad(const char *spec) {
+    ikv_cache_config cfg;
+    ikv_cache_config_default(&cfg, 16, spec);
+    ikv_cache *c = NULL;
+    int rc = ikv_cache_create(&cfg, &c);
+    if (rc == IKV_EPOLICY || rc == IKV_EPARAM) {
+        cli_usage_error(CMD, "--policy: %s", ikv_errdetail_for(rc));
+        return 1;
+    }
+    if (!rc) ikv_cache_destroy(c);
+    return 0;
+}
+
 static int policy_error(const char *spec) {
     char list[512] = "";
     for (size_t i = 0; i < ikv_policy_count(); i++) {
@@ -288,8 +304,10 @@ static int parse_args(int argc, char **argv, int first, sim_args *a, sweep_args 
                 sw->n_pol = split_policies(sw->pol_buf, sw->policies, MAX_LIST);
                 for (size_t k = 0; k < sw->n_pol; k++)
                     if (!policy_known(sw->policies[k])) return policy_error(sw->policies[k]);
+                    else if (policy_params_bad(sw->policies[k])) return IKV_EXIT_USAGE;
             } else {
                 if (!policy_known(v)) return policy_error(v);
+                if (policy_params_bad(v)) return IKV_EXIT_USAGE;
                 a->ro.policy = v;
             }
         } else if (OPT("--model")) {
