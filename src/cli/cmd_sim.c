@@ -304,7 +304,8 @@ static int parse_args(int argc, char **argv, int first, sim_args *a, sweep_args 
                 sw->n_pol = split_policies(sw->pol_buf, sw->policies, MAX_LIST);
                 for (size_t k = 0; k < sw->n_pol; k++)
                     if (!policy_known(sw->policies[k])) return policy_error(sw->policies[k]);
-                    else if (policy_params_bad(sw->policies[k])) return IKV_EXIT_USAGE;
+                    else if (policy_params_bad(sw->policies[k]))
+                        return IKV_EXIT_USAGE;
             } else {
                 if (!policy_known(v)) return policy_error(v);
                 if (policy_params_bad(v)) return IKV_EXIT_USAGE;
