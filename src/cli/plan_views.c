@@ -169,7 +169,7 @@ static int frontier_plot(const char *cmd, const char *out, const ikv_plan_fronti
     }
     double kx = hx[f->knee], ky = hy[f->knee];
     plan_series s[] = {
-        {"feasible configurations", "dots lc rgb '#bbbbbb'", nc, cx, cy, NULL},
+        {"feasible configurations", "points pt 7 ps 0.2 lc rgb '#c8c8c8'", nc, cx, cy, NULL},
         {"efficient frontier (lower convex hull)", "linespoints lw 2 pt 7 ps 0.6 lc rgb '#2ca02c'",
          f->n_hull, hx, hy, NULL},
         {"seven-step walk", "linespoints lw 1.5 pt 5 ps 1 lc rgb '#1f77b4'", IKV_PLAN_STEPS, wx, wy,
