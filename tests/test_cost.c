@@ -253,8 +253,8 @@ static void test_kv_width_and_window(void **st) {
     m.kv_bytes_per_elem = 4;
     assert_true(ikv_kv_bytes_per_token(&m) == kv2 * 2);
     m.kv_bytes_per_elem = 0;
-    const uint64_t cases[][2] = {{0, 10}, {0, 700}, {100, 50}, {300, 400}, {600, 300},
-                                 {1000, 7}, {0, 512}, {512, 1}};
+    const uint64_t cases[][2] = {{0, 10},    {0, 700},  {100, 50}, {300, 400},
+                                 {600, 300}, {1000, 7}, {0, 512},  {512, 1}};
     for (uint32_t w = 1; w <= 1024; w = w * 4 + 1) {
         for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
             uint64_t p = cases[c][0], n = cases[c][1];

@@ -432,7 +432,7 @@ static void test_pareto_fuzz(void **st) {
         }
         size_t h = ikv_plan_lower_hull(pts, k, hull);
         assert_true(h >= 1 && h <= k);
-        assert_int_equal(hull[0], 0);     /* the cheapest point */
+        assert_int_equal(hull[0], 0);         /* the cheapest point */
         assert_int_equal(hull[h - 1], k - 1); /* the fastest point */
         double prev = -INFINITY;
         for (size_t i = 1; i < h; i++) {
@@ -492,7 +492,8 @@ static void test_frontier_default(void **st) {
             if (f.walk_where[k] == IKV_PLAN_DOMINATED) {
                 const ikv_plan_cloud_pt *q = &f.cloud[f.walk_dominated_by[k]];
                 assert_true(q->feasible && q->pareto);
-                assert_true(dominated(s->compute_gpu_s, s->latency_s, q->compute_gpu_s, q->latency_s));
+                assert_true(
+                    dominated(s->compute_gpu_s, s->latency_s, q->compute_gpu_s, q->latency_s));
             } else {
                 assert_int_equal(f.walk_dominated_by[k], -1);
             }
@@ -523,11 +524,16 @@ static void test_frontier_bruteforce(void **st) {
     (void)st;
     ikv_plan_params p;
     ikv_plan_params_default(&p);
-    const char *set[][2] = {{"tp.size", "4"},           {"pp.nodes", "2"},
-                            {"frontier.max_nodes", "2"}, {"spec.gamma", "2"},
-                            {"frontier.max_gamma", "2"}, {"search.branches", "2"},
-                            {"frontier.max_branches", "3"}, {"hedge.copies", "2"},
-                            {"frontier.max_copies", "2"}, {"batch", "4"}};
+    const char *set[][2] = {{"tp.size", "4"},
+                            {"pp.nodes", "2"},
+                            {"frontier.max_nodes", "2"},
+                            {"spec.gamma", "2"},
+                            {"frontier.max_gamma", "2"},
+                            {"search.branches", "2"},
+                            {"frontier.max_branches", "3"},
+                            {"hedge.copies", "2"},
+                            {"frontier.max_copies", "2"},
+                            {"batch", "4"}};
     for (size_t i = 0; i < sizeof set / sizeof set[0]; i++)
         assert_int_equal(ikv_plan_param_set(&p, set[i][0], set[i][1]), 0);
     ikv_plan_frontier f;
@@ -545,10 +551,13 @@ static void test_frontier_bruteforce(void **st) {
             const ikv_plan_cloud_pt *b = &f.cloud[j];
             if (!b->feasible || j == i) continue;
             dom |= dominated(a->compute_gpu_s, a->latency_s, b->compute_gpu_s, b->latency_s);
-            twin |= b->pareto && b->compute_gpu_s == a->compute_gpu_s && b->latency_s == a->latency_s;
+            twin |=
+                b->pareto && b->compute_gpu_s == a->compute_gpu_s && b->latency_s == a->latency_s;
         }
-        if (dom) assert_int_equal(a->pareto, 0);
-        else assert_true(a->pareto || twin);
+        if (dom)
+            assert_int_equal(a->pareto, 0);
+        else
+            assert_true(a->pareto || twin);
         pareto += a->pareto;
     }
     assert_int_equal(pareto, f.n_pareto);
@@ -664,9 +673,19 @@ static void test_jump_parse(void **st) {
     assert_true(j.j[3].a == 1024);
     assert_true(j.j[4].a == 0.95 && j.j[4].b == 0.05);
     assert_true(j.j[5].a == 0.6);
-    const char *bad[] = {"w3", "", "w4,", "gqa:kv=0", "gqa:heads=2", "swa:w=x", "prefix",
-                         "prefix:h=1", "prefix:h=-0.1", "draft:alpha=1.5", "kv8:x=1",
-                         "prefix:sim=/nonexistent.json", "w8,w8,w8,w8,w8,w8,w8,w8,w8"};
+    const char *bad[] = {"w3",
+                         "",
+                         "w4,",
+                         "gqa:kv=0",
+                         "gqa:heads=2",
+                         "swa:w=x",
+                         "prefix",
+                         "prefix:h=1",
+                         "prefix:h=-0.1",
+                         "draft:alpha=1.5",
+                         "kv8:x=1",
+                         "prefix:sim=/nonexistent.json",
+                         "w8,w8,w8,w8,w8,w8,w8,w8,w8"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         j = before;
         assert_true(ikv_plan_jumps_parse(bad[i], &j) < 0);
@@ -1037,7 +1056,8 @@ static void test_cli_measured(void **st) {
     cJSON_ArrayForEach(e, fr) {
         double fc = cJSON_GetObjectItem(e, "compute_gpu_s")->valuedouble;
         double fl = cJSON_GetObjectItem(e, "latency_ms")->valuedouble;
-        for (int i = 0; i < 4; i++) assert_false(dominated(fc, fl, c[i], l[i]));
+        for (int i = 0; i < 4; i++)
+            assert_false(dominated(fc, fl, c[i], l[i]));
     }
     assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "steps")), 3);
     cJSON_Delete(j);
@@ -1053,17 +1073,28 @@ static void test_cli_measured(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roofline_bounds), cmocka_unit_test(test_baseline_fit),
-        cmocka_unit_test(test_walk_shape),      cmocka_unit_test(test_spec_acceptance),
-        cmocka_unit_test(test_knee_moves),      cmocka_unit_test(test_utility_curve),
-        cmocka_unit_test(test_router),          cmocka_unit_test(test_params),
-        cmocka_unit_test(test_json_config),     cmocka_unit_test(test_curve),
-        cmocka_unit_test(test_cli_json),        cmocka_unit_test(test_cli_errors),
-        cmocka_unit_test(test_pareto_fuzz),     cmocka_unit_test(test_frontier_default),
-        cmocka_unit_test(test_frontier_bruteforce), cmocka_unit_test(test_frontier_knee),
-        cmocka_unit_test(test_route_frontier),  cmocka_unit_test(test_jump_parse),
-        cmocka_unit_test(test_jump_sim_file),   cmocka_unit_test(test_jump_effects),
-        cmocka_unit_test(test_cli_frontier),    cmocka_unit_test(test_cli_measured),
+        cmocka_unit_test(test_roofline_bounds),
+        cmocka_unit_test(test_baseline_fit),
+        cmocka_unit_test(test_walk_shape),
+        cmocka_unit_test(test_spec_acceptance),
+        cmocka_unit_test(test_knee_moves),
+        cmocka_unit_test(test_utility_curve),
+        cmocka_unit_test(test_router),
+        cmocka_unit_test(test_params),
+        cmocka_unit_test(test_json_config),
+        cmocka_unit_test(test_curve),
+        cmocka_unit_test(test_cli_json),
+        cmocka_unit_test(test_cli_errors),
+        cmocka_unit_test(test_pareto_fuzz),
+        cmocka_unit_test(test_frontier_default),
+        cmocka_unit_test(test_frontier_bruteforce),
+        cmocka_unit_test(test_frontier_knee),
+        cmocka_unit_test(test_route_frontier),
+        cmocka_unit_test(test_jump_parse),
+        cmocka_unit_test(test_jump_sim_file),
+        cmocka_unit_test(test_jump_effects),
+        cmocka_unit_test(test_cli_frontier),
+        cmocka_unit_test(test_cli_measured),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

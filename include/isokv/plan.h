@@ -44,9 +44,9 @@ extern "C" {
  * (ikv_plan_param_at) and docs/planner.md. */
 typedef struct ikv_plan_params {
     /* the request shape */
-    double prompt; /* prompt tokens (none cached) */
-    double output; /* output tokens */
-    double batch;  /* concurrent requests sharing one replica's decode steps */
+    double prompt;     /* prompt tokens (none cached) */
+    double output;     /* output tokens */
+    double batch;      /* concurrent requests sharing one replica's decode steps */
     double prefix_hit; /* fraction of the prompt found in the prefix cache (0: none) */
     /* baseline (step 0) */
     double base_mfu, base_mbu; /* achieved fractions of peak with naive kernels */
@@ -242,19 +242,19 @@ typedef struct ikv_plan_frontier {
     size_t n_pareto;          /* of which not dominated */
     ikv_plan_cloud_pt *cloud; /* [n_cloud], owned */
     size_t n_hull;
-    ikv_plan_step *hull;        /* [n_hull]: cheapest first; d_*, mrts and d_utility relative
-                                   to the previous hull point; owned */
-    ikv_plan_config *hull_cfg;  /* [n_hull], owned */
-    int knee;                   /* hull index of the highest cumulative utility (ties: lower) */
-    double mrts_threshold;      /* value_per_s * 3600 / price (GPU-s per s) the segment MRTS is
-                                   compared with when there is no utility curve; INFINITY at
-                                   price 0 */
+    ikv_plan_step *hull;       /* [n_hull]: cheapest first; d_*, mrts and d_utility relative
+                                  to the previous hull point; owned */
+    ikv_plan_config *hull_cfg; /* [n_hull], owned */
+    int knee;                  /* hull index of the highest cumulative utility (ties: lower) */
+    double mrts_threshold;     /* value_per_s * 3600 / price (GPU-s per s) the segment MRTS is
+                                  compared with when there is no utility curve; INFINITY at
+                                  price 0 */
     /* the walk of ikv_plan_walk against the hull (filled when max_level = 7) */
     ikv_plan_where walk_where[IKV_PLAN_STEPS];
-    double walk_excess[IKV_PLAN_STEPS]; /* C - hull's C at the step's L, GPU-s; NAN when L is
-                                           below every feasible latency */
-    long walk_dominated_by[IKV_PLAN_STEPS]; /* cloud index of a Pareto point that dominates the
-                                               step, -1 if none */
+    double walk_excess[IKV_PLAN_STEPS];        /* C - hull's C at the step's L, GPU-s; NAN when L is
+                                                  below every feasible latency */
+    long walk_dominated_by[IKV_PLAN_STEPS];    /* cloud index of a Pareto point that dominates the
+                                                  step, -1 if none */
     uint8_t walk_out_of_order[IKV_PLAN_STEPS]; /* its MRTS is below an earlier step's */
 } ikv_plan_frontier;
 

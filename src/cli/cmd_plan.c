@@ -279,8 +279,8 @@ static int parse_num_flag(const char *flag, const char *v, double *out) {
 }
 
 /* plan route --frontier: the frontier of the levers the class may use, and the router on it. */
-static int route_frontier(const ikv_plan_params *p, const ikv_model_spec *m,
-                          const ikv_hw_spec *hw, const opts *o) {
+static int route_frontier(const ikv_plan_params *p, const ikv_model_spec *m, const ikv_hw_spec *hw,
+                          const opts *o) {
     ikv_route_req req = {.cls = o->cls,
                          .slo_s = o->slo_ms * 1e-3,
                          .budget_gpu_s = o->budget,

@@ -42,7 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#define NPTS 4
+#define NPTS            4
 #define CORE_PRICE_HOUR 0.04 /* $ per core-hour: cloud vCPU list prices, $0.02-0.05 */
 #define VALUE_PER_S     0.01 /* $ per second saved, as value.per_s */
 
@@ -72,8 +72,8 @@ static void fill_prompt(uint32_t *t, size_t n, uint64_t seed, uint32_t vocab) {
 static int measure(ikv_engine *e, const uint32_t *tok, size_t n, size_t pub, int no_cache,
                    uint32_t out, uint32_t vocab, double *ttft, double *tpot, double *cpu,
                    size_t *cached) {
-    ikv_request r = {.tokens = tok, .n = n, .tenant = "measured", .public_tokens = pub,
-                     .no_cache = no_cache};
+    ikv_request r = {
+        .tokens = tok, .n = n, .tenant = "measured", .public_tokens = pub, .no_cache = no_cache};
     ikv_seq *s;
     ikv_prefill_info info;
     double c0 = cpu_now();
@@ -169,8 +169,13 @@ int plan_measured_main(const char *cmd, const plan_measured_opts *o, int json, c
     /* the engine's own probes, at 1 and 2 threads */
     ikv_progress prog;
     ikv_progress_init(&prog, stderr, "plan --measured", 2 + (uint64_t)NPTS * R);
-    ikv_engine_bench_options bo = {.config = "tiny", .prefix = 16, .suffix = 16, .decode = 1,
-                                   .threads = {1, 2}, .seed = 7, .repeat = 1};
+    ikv_engine_bench_options bo = {.config = "tiny",
+                                   .prefix = 16,
+                                   .suffix = 16,
+                                   .decode = 1,
+                                   .threads = {1, 2},
+                                   .seed = 7,
+                                   .repeat = 1};
     ikv_engine_bench_result br;
     if ((rc = ikv_engine_bench(&bo, &br)) || br.n_rows != 2) {
         ikv_model_destroy(model);
@@ -207,7 +212,8 @@ int plan_measured_main(const char *cmd, const plan_measured_opts *o, int json, c
                     /* a first tenant inserts the shared prefix (not timed) */
                     memcpy(b, a, sizeof(uint32_t) * shared);
                     fill_prompt(b + shared, P - shared, seed + 5, V);
-                    ikv_request w = {.tokens = b, .n = P, .tenant = "warm", .public_tokens = shared};
+                    ikv_request w = {
+                        .tokens = b, .n = P, .tenant = "warm", .public_tokens = shared};
                     ikv_seq *s;
                     ikv_prefill_info wi;
                     if ((rc = ikv_engine_begin(e, &w, &s, &wi))) break;
@@ -399,10 +405,9 @@ int plan_measured_main(const char *cmd, const plan_measured_opts *o, int json, c
            "L error");
     for (int i = 0; i < NPTS; i++) {
         const mpoint *q = &pts[i];
-        printf("%-24s %7zu %9.2f %9.3f %9.1f %9.3f %9.3f | %9.2f %9.3f %9.1f %+7.0f%%\n",
-               q->label, q->hit ? q->cached : 0, q->ttft * 1e3, q->tpot * 1e3, q->l * 1e3, q->c,
-               q->cpu_s, q->p_ttft * 1e3, q->p_tpot * 1e3, q->p_l * 1e3,
-               100 * (q->p_l - q->l) / q->l);
+        printf("%-24s %7zu %9.2f %9.3f %9.1f %9.3f %9.3f | %9.2f %9.3f %9.1f %+7.0f%%\n", q->label,
+               q->hit ? q->cached : 0, q->ttft * 1e3, q->tpot * 1e3, q->l * 1e3, q->c, q->cpu_s,
+               q->p_ttft * 1e3, q->p_tpot * 1e3, q->p_l * 1e3, 100 * (q->p_l - q->l) / q->l);
     }
     printf("\nmeasured walk (MRTS: CPU-s per second saved):\n");
     for (int k = 0; k < 3; k++) {

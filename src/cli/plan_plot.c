@@ -51,8 +51,7 @@ static void put_label(FILE *f, const char *s) {
 static int target_ok(const char *cmd, const char *path) {
     struct stat st;
     if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
-        return cli_fail(cmd, "--plot: %s exists and is not a regular file; not replacing it",
-                        path);
+        return cli_fail(cmd, "--plot: %s exists and is not a regular file; not replacing it", path);
     if (strchr(path, '\n')) return cli_fail(cmd, "--plot: the file name must not hold a newline");
     return 0;
 }
@@ -110,7 +109,8 @@ int plan_plot(const char *cmd, const char *out, const char *title, const char *x
     const char *td = getenv("TMPDIR");
     char dir[4096];
     snprintf(dir, sizeof dir, "%s/isokv-plot-XXXXXX", td && *td && strlen(td) < 3000 ? td : "/tmp");
-    if (!mkdtemp(dir)) return cli_fail(cmd, "cannot create a temporary directory: %s", strerror(errno));
+    if (!mkdtemp(dir))
+        return cli_fail(cmd, "cannot create a temporary directory: %s", strerror(errno));
 
     int bad = 0;
     char path[4200];

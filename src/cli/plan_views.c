@@ -72,8 +72,8 @@ static void fmt_num(char *b, size_t cap, double v) {
 }
 
 static void print_hull(const ikv_plan_frontier *f) {
-    printf("%-5s %-8s %-44s %4s %9s %9s %8s %9s %10s\n", "point", "level", "configuration",
-           "GPUs", "C GPU-s", "L ms", "TTFT ms", "MRTS", "dU $");
+    printf("%-5s %-8s %-44s %4s %9s %9s %8s %9s %10s\n", "point", "level", "configuration", "GPUs",
+           "C GPU-s", "L ms", "TTFT ms", "MRTS", "dU $");
     for (size_t i = 0; i < f->n_hull; i++) {
         const ikv_plan_step *s = &f->hull[i];
         char mr[32];
@@ -86,8 +86,8 @@ static void print_hull(const ikv_plan_frontier *f) {
 
 static void print_knee(const ikv_plan_params *p, const ikv_plan_frontier *f) {
     const ikv_plan_step *k = &f->hull[f->knee];
-    printf("knee: point %d (%s), %.1f ms for %.3f GPU-s: ", f->knee, k->config,
-           k->latency_s * 1e3, k->compute_gpu_s);
+    printf("knee: point %d (%s), %.1f ms for %.3f GPU-s: ", f->knee, k->config, k->latency_s * 1e3,
+           k->compute_gpu_s);
     if (p->n_util)
         printf("the highest cumulative utility on the curve of %zu points (where the segment "
                "MRTS crosses the utility curve's slope / price)\n",
@@ -110,7 +110,8 @@ static int cmp_cell(const void *a, const void *b) {
 /* Writes the feasible cloud, one point per cell, into x/y (allocated, n returned). */
 static size_t thin_cloud(const ikv_plan_frontier *f, double **xo, double **yo) {
     cell *c = ikv_malloc((f->n_cloud + 1) * sizeof *c);
-    double *x = ikv_malloc((f->n_cloud + 1) * sizeof *x), *y = ikv_malloc((f->n_cloud + 1) * sizeof *y);
+    double *x = ikv_malloc((f->n_cloud + 1) * sizeof *x),
+           *y = ikv_malloc((f->n_cloud + 1) * sizeof *y);
     size_t n = 0, m = 0;
     if (!c || !x || !y) {
         ikv_free(c), ikv_free(x), ikv_free(y);
@@ -137,8 +138,8 @@ static size_t thin_cloud(const ikv_plan_frontier *f, double **xo, double **yo) {
 }
 
 /* Hull, walk and knee series of one scenario into caller arrays (n_hull and 8 entries). */
-static void series_xy(const ikv_plan_frontier *f, const ikv_plan_result *w, double *hx,
-                      double *hy, double *wx, double *wy) {
+static void series_xy(const ikv_plan_frontier *f, const ikv_plan_result *w, double *hx, double *hy,
+                      double *wx, double *wy) {
     for (size_t i = 0; i < f->n_hull; i++) {
         hx[i] = f->hull[i].latency_s * 1e3;
         hy[i] = f->hull[i].compute_gpu_s;
@@ -262,8 +263,8 @@ static void cfg_words(const ikv_plan_config *c, char *b, size_t cap) {
 static void print_walk_vs(const ikv_plan_frontier *f, const ikv_plan_result *w) {
     printf("\nthe seven-step walk against the frontier (excess: C above the hull at the step's "
            "L):\n");
-    printf("%-4s %-8s %9s %9s %9s %-11s %12s %-12s %s\n", "step", "name", "C GPU-s", "L ms",
-           "MRTS", "where", "excess GPU-s", "order", "dominated by");
+    printf("%-4s %-8s %9s %9s %9s %-11s %12s %-12s %s\n", "step", "name", "C GPU-s", "L ms", "MRTS",
+           "where", "excess GPU-s", "order", "dominated by");
     for (int k = 0; k < IKV_PLAN_STEPS; k++) {
         const ikv_plan_step *s = &w->steps[k];
         char mr[32], ex[32], dom[160] = "";
@@ -340,8 +341,8 @@ static void print_jump_rows(const ikv_plan_frontier *nf, const ikv_plan_result *
     char after[32], ratio[32];
     fmt_num(after, sizeof after, c);
     fmt_num(ratio, sizeof ratio, c / k->compute_gpu_s);
-    printf("%-12s %9.1f %11.3f %11s %8s\n", "old knee", k->latency_s * 1e3, k->compute_gpu_s,
-           after, ratio);
+    printf("%-12s %9.1f %11.3f %11s %8s\n", "old knee", k->latency_s * 1e3, k->compute_gpu_s, after,
+           ratio);
     printf("(n/a: the new frontier cannot reach that latency)\n");
 }
 
@@ -461,8 +462,8 @@ int plan_jump_main(const char *cmd, const ikv_plan_params *p, const ikv_model_sp
     if (!rc && json) {
         rc = print_json(cmd, jump_json(p, &np, j, &of, &ow, &nf, &nw));
     } else if (!rc) {
-        printf("isokv plan --jump: %s -> %s on %s, prompt %.0f, output %.0f, batch %.0f\n",
-               m->name, nm.name, hw->name, p->prompt, p->output, p->batch);
+        printf("isokv plan --jump: %s -> %s on %s, prompt %.0f, output %.0f, batch %.0f\n", m->name,
+               nm.name, hw->name, p->prompt, p->output, p->batch);
         printf("(simulated on the isokv roofline cost model, not measured)\n");
         for (size_t i = 0; i < j->n; i++) {
             const ikv_plan_jump_info *in = ikv_plan_jump_info_at(j->j[i].kind);

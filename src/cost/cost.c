@@ -176,7 +176,8 @@ static double roofline(const ikv_cost_cfg *c, double flops, double bytes) {
 
 double ikv_prefill_bytes(const ikv_model_spec *m, uint64_t p, uint64_t n) {
     if (n == 0) return 0;
-    return ikv_model_weight_bytes(m) + kv_tokens(m, (double)p + (double)n) * ikv_kv_bytes_per_token(m);
+    return ikv_model_weight_bytes(m) +
+           kv_tokens(m, (double)p + (double)n) * ikv_kv_bytes_per_token(m);
 }
 
 double ikv_prefill_time(const ikv_cost_cfg *cfg, uint64_t p, uint64_t n) {

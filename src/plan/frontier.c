@@ -215,8 +215,7 @@ int ikv_plan_frontier_build(const ikv_plan_params *p, const ikv_model_spec *mode
                                     q->level = (uint8_t)s.step;
                                     q->pareto = 0;
                                     q->feasible = s.fits && s.gpus <= p->cap_max_gpus &&
-                                                  s.step <= max_level &&
-                                                  isfinite(s.latency_s) &&
+                                                  s.step <= max_level && isfinite(s.latency_s) &&
                                                   isfinite(s.compute_gpu_s);
                                     if (q->feasible) {
                                         xy[nf].c = q->compute_gpu_s;

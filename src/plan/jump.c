@@ -130,8 +130,10 @@ static int sim_hit(const char *path, long run, double *out) {
     const cJSON *h = cJSON_GetObjectItemCaseSensitive(o, "token_hit_ratio");
     if (!cJSON_IsNumber(h)) {
         cJSON_Delete(root);
-        return ikv_error(IKV_EFORMAT, "jump prefix:sim=%s: no token_hit_ratio (an `isokv sim "
-                                      "--json` output is expected)", path);
+        return ikv_error(IKV_EFORMAT,
+                         "jump prefix:sim=%s: no token_hit_ratio (an `isokv sim "
+                         "--json` output is expected)",
+                         path);
     }
     *out = h->valuedouble;
     cJSON_Delete(root);

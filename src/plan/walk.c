@@ -185,8 +185,8 @@ static const char *const step_names[IKV_PLAN_STEPS] = {"baseline", "kernels", "t
                                                        "pp",       "search",  "hedge", "poll"};
 
 ikv_plan_config ikv_plan_walk_config(const ikv_plan_params *p, uint32_t base_tp, int k) {
-    ikv_plan_config c = {.tp = base_tp, .nodes = 1, .branches = 1, .copies = 1,
-                         .batch = (uint32_t)p->batch};
+    ikv_plan_config c = {
+        .tp = base_tp, .nodes = 1, .branches = 1, .copies = 1, .batch = (uint32_t)p->batch};
     if (k >= 1) c.kernels = 1;
     if (k >= 2 && (uint32_t)p->tp_size > c.tp) c.tp = (uint32_t)p->tp_size;
     if (k >= 3) c.gamma = (uint32_t)p->spec_gamma;
@@ -324,8 +324,10 @@ int ikv_plan_eval(const ikv_plan_params *p, const ikv_model_spec *model, const i
     int rc = ikv__plan_setup(p, model, hw, &x);
     if (rc) return rc;
     if (!c->tp || (c->tp & (c->tp - 1)) || !c->nodes || !c->branches || !c->copies || !c->batch)
-        return ikv_error(IKV_ERANGE, "plan: configuration with a zero lever or TP %u not a power "
-                                     "of two", c->tp);
+        return ikv_error(IKV_ERANGE,
+                         "plan: configuration with a zero lever or TP %u not a power "
+                         "of two",
+                         c->tp);
     ikv__plan_eval(&x, c, out);
     return 0;
 }
