@@ -190,7 +190,8 @@ ikv_plan_config ikv_plan_walk_config(const ikv_plan_params *p, uint32_t base_tp,
  * compared with. */
 int ikv_plan_config_level(const ikv_plan_params *p, uint32_t base_tp, const ikv_plan_config *c);
 
-/* Evaluates one configuration into *out (step = its level, name = that step's name; the d_*
+/* Evaluates one configuration into *out (step = its level, name = that step's name, or "batch"
+ * for level 7 reached by a smaller batch without polling; the d_*
  * fields, mrts and d_utility are zero/NAN: they need a previous point). Returns 0 or an error
  * as ikv_plan_walk (the baseline must fit). Does not allocate. */
 int ikv_plan_eval(const ikv_plan_params *p, const ikv_model_spec *model, const ikv_hw_spec *hw,

@@ -323,27 +323,39 @@ int plan_frontier_main(const char *cmd, const ikv_plan_params *p, const ikv_mode
 
 /* ---- jumps ---- */
 
+/* The compute the same latency costs: the old walk step's own C, the old frontier's and the
+ * new frontier's at its latency; the ratio is new frontier / old frontier (the jump alone, not
+ * the walk's distance from its frontier). */
+static void same_latency(const ikv_plan_frontier *of, const ikv_plan_frontier *nf, double l,
+                         double *c_old, double *c_new) {
+    *c_old = ikv_plan_frontier_compute_at(of, l);
+    *c_new = ikv_plan_frontier_compute_at(nf, l);
+}
+
 static void print_jump_rows(const ikv_plan_frontier *nf, const ikv_plan_result *ow,
                             const ikv_plan_frontier *of) {
-    printf("\ncompute for the same latency after the jump (new frontier's C at the old L):\n");
-    printf("%-12s %9s %11s %11s %8s\n", "old point", "L ms", "C before", "C after", "ratio");
-    for (int k = 0; k < IKV_PLAN_STEPS; k++) {
-        const ikv_plan_step *s = &ow->steps[k];
-        double c = ikv_plan_frontier_compute_at(nf, s->latency_s);
-        char after[32], ratio[32];
-        fmt_num(after, sizeof after, c);
-        fmt_num(ratio, sizeof ratio, c / s->compute_gpu_s);
-        printf("step %d %-5s %9.1f %11.3f %11s %8s\n", k, s->name, s->latency_s * 1e3,
-               s->compute_gpu_s, after, ratio);
+    printf("\ncompute for the same latency, before and after the jump (GPU-s per request):\n");
+    printf("%-14s %9s %10s %14s %14s %8s\n", "old point", "L ms", "walk C", "frontier before",
+           "frontier after", "ratio");
+    for (int k = 0; k <= IKV_PLAN_STEPS; k++) {
+        const ikv_plan_step *s = k < IKV_PLAN_STEPS ? &ow->steps[k] : &of->hull[of->knee];
+        double co, cn;
+        same_latency(of, nf, s->latency_s, &co, &cn);
+        char name[32], wc[32], b[32], a[32], r[32];
+        if (k < IKV_PLAN_STEPS) {
+            snprintf(name, sizeof name, "step %d %s", k, s->name);
+            snprintf(wc, sizeof wc, "%.3f", s->compute_gpu_s);
+        } else {
+            snprintf(name, sizeof name, "old knee");
+            snprintf(wc, sizeof wc, "-");
+        }
+        fmt_num(b, sizeof b, co);
+        fmt_num(a, sizeof a, cn);
+        fmt_num(r, sizeof r, cn / co);
+        printf("%-14s %9.1f %10s %14s %14s %8s\n", name, s->latency_s * 1e3, wc, b, a, r);
     }
-    const ikv_plan_step *k = &of->hull[of->knee];
-    double c = ikv_plan_frontier_compute_at(nf, k->latency_s);
-    char after[32], ratio[32];
-    fmt_num(after, sizeof after, c);
-    fmt_num(ratio, sizeof ratio, c / k->compute_gpu_s);
-    printf("%-12s %9.1f %11.3f %11s %8s\n", "old knee", k->latency_s * 1e3, k->compute_gpu_s, after,
-           ratio);
-    printf("(n/a: the new frontier cannot reach that latency)\n");
+    printf("(ratio: after / before on the frontiers; n/a: the frontier cannot reach that "
+           "latency)\n");
 }
 
 static cJSON *jump_json(const ikv_plan_params *p, const ikv_plan_params *np,
@@ -387,20 +399,29 @@ static cJSON *jump_json(const ikv_plan_params *p, const ikv_plan_params *np,
     cJSON *same = cJSON_AddArrayToObject(o, "same_latency");
     for (int k = 0; k <= IKV_PLAN_STEPS; k++) {
         const ikv_plan_step *s = k < IKV_PLAN_STEPS ? &ow->steps[k] : &of->hull[of->knee];
-        double c = ikv_plan_frontier_compute_at(nf, s->latency_s);
+        double co, cn;
+        same_latency(of, nf, s->latency_s, &co, &cn);
         cJSON *x = cJSON_CreateObject();
-        if (k < IKV_PLAN_STEPS)
+        if (k < IKV_PLAN_STEPS) {
             cJSON_AddNumberToObject(x, "step", k);
-        else
+            cJSON_AddNumberToObject(x, "walk_compute_gpu_s", s->compute_gpu_s);
+        } else {
             cJSON_AddStringToObject(x, "point", "old frontier knee");
+        }
         cJSON_AddNumberToObject(x, "latency_ms", s->latency_s * 1e3);
-        cJSON_AddNumberToObject(x, "compute_before_gpu_s", s->compute_gpu_s);
-        if (isnan(c)) {
-            cJSON_AddNullToObject(x, "compute_after_gpu_s");
+        if (isnan(co))
+            cJSON_AddNullToObject(x, "compute_before_gpu_s");
+        else
+            cJSON_AddNumberToObject(x, "compute_before_gpu_s", co);
+        if (isnan(cn) || isnan(co)) {
+            if (isnan(cn))
+                cJSON_AddNullToObject(x, "compute_after_gpu_s");
+            else
+                cJSON_AddNumberToObject(x, "compute_after_gpu_s", cn);
             cJSON_AddNullToObject(x, "ratio");
         } else {
-            cJSON_AddNumberToObject(x, "compute_after_gpu_s", c);
-            cJSON_AddNumberToObject(x, "ratio", c / s->compute_gpu_s);
+            cJSON_AddNumberToObject(x, "compute_after_gpu_s", cn);
+            cJSON_AddNumberToObject(x, "ratio", cn / co);
         }
         cJSON_AddItemToArray(same, x);
     }

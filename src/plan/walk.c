@@ -315,7 +315,9 @@ static void fill_step(const ctx *x, const state *st, int k, ikv_plan_step *s) {
 
 void ikv__plan_eval(const ikv__plan_ctx *x, const ikv_plan_config *c, ikv_plan_step *out) {
     state st = state_of(x->p, c);
-    fill_step(x, &st, ikv_plan_config_level(x->p, x->base_tp, c), out);
+    int level = ikv_plan_config_level(x->p, x->base_tp, c);
+    fill_step(x, &st, level, out);
+    if (level == 7 && !c->poll) out->name = "batch"; /* step 7's lever without the polling */
 }
 
 int ikv_plan_eval(const ikv_plan_params *p, const ikv_model_spec *model, const ikv_hw_spec *hw,
