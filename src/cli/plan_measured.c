@@ -317,7 +317,7 @@ int plan_measured_main(const char *cmd, const plan_measured_opts *o, int json, c
             {"measured", "points pt 7 ps 1.5 lc rgb '#1f77b4'", NPTS, mx, my, NULL},
             {NULL, "labels offset char 1,1 left font ',9'", NPTS, mx, my, labels},
             {"measured walk", "lines lw 1.5 lc rgb '#1f77b4'", 3, wx, wy, NULL},
-            {"measured frontier", "lines lw 2 dt 2 lc rgb '#2ca02c'", nh[0], hx, hy, NULL},
+            {"measured frontier", "linespoints lw 2 dt 2 pt 4 ps 2.5 lc rgb '#2ca02c'", nh[0], hx, hy, NULL},
             {"roofline prediction", "points pt 6 ps 1.5 lc rgb '#d62728'", NPTS, px, py, NULL},
         };
         char title[400];
