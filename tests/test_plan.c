@@ -638,6 +638,19 @@ static void test_route_frontier(void **st) {
         ikv_plan_frontier_free(&f);
     }
     ikv_plan_frontier f;
+    /* a space too large to evaluate is refused before anything is allocated */
+    ikv_plan_params big = p;
+    assert_int_equal(ikv_plan_param_set(&big, "frontier.max_branches", "1024"), 0);
+    assert_int_equal(ikv_plan_param_set(&big, "frontier.max_copies", "64"), 0);
+    {
+        const ikv_model_spec *m;
+        const ikv_hw_spec *h;
+        ikv_model_lookup("llama3-70b", &m);
+        ikv_hw_lookup("h100", &h);
+        assert_int_equal(ikv_plan_frontier_build(&big, m, h, 7, &f), IKV_ERANGE);
+        assert_non_null(strstr(ikv_errdetail(), "frontier.max_"));
+        assert_null(f.cloud);
+    }
     frontier(&p, "llama3-70b", "h100", 7, &f);
     ikv_route_req req = {.cls = IKV_CLASS_SIMPLE};
     ikv_route_decision d;
@@ -1065,6 +1078,8 @@ static void test_cli_measured(void **st) {
     assert_int_equal(run_cli("plan --measured --engine-model /nonexistent.bin", out, sizeof out),
                      1);
     assert_non_null(strstr(read_err(), "/nonexistent.bin"));
+    /* regression: this error message once read the model's seq_len after freeing the model
+     * (caught by ASan here) */
     assert_int_equal(run_cli("plan --measured --engine-config tiny --prompt 300", out, sizeof out),
                      1);
     assert_non_null(strstr(read_err(), "seq_len"));

@@ -259,13 +259,16 @@ typedef struct ikv_plan_frontier {
     uint8_t walk_out_of_order[IKV_PLAN_STEPS]; /* its MRTS is below an earlier step's */
 } ikv_plan_frontier;
 
+#define IKV_PLAN_MAX_CLOUD 4000000 /* configurations one frontier may evaluate (~200 MB) */
+
 /* Evaluates the whole configuration space (kernels naive/fused; TP 1, 2, .. tp.size; nodes
  * 1..max(pp.nodes, frontier.max_nodes); draft length 0..max(spec.gamma, frontier.max_gamma);
  * branches, copies likewise; batch = batch, batch/2, .., 1; polling at batch 1), keeps the
  * feasible points whose level is at most max_level (7: all; a router class cap otherwise),
  * finds the non-dominated ones, the lower convex hull, the knee and, for max_level 7, where
  * the seven-step walk leaves the hull. Allocates the cloud and hull (through ikv_malloc).
- * Returns 0, IKV_ENOMEM, or an error as ikv_plan_walk; on error *out holds nothing to free. */
+ * Returns 0, IKV_ENOMEM, IKV_ERANGE (more than IKV_PLAN_MAX_CLOUD configurations), or an error
+ * as ikv_plan_walk; on error *out holds nothing to free. */
 int ikv_plan_frontier_build(const ikv_plan_params *p, const ikv_model_spec *model,
                             const ikv_hw_spec *hw, int max_level, ikv_plan_frontier *out);
 void ikv_plan_frontier_free(ikv_plan_frontier *f);

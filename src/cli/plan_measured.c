@@ -155,11 +155,12 @@ int plan_measured_main(const char *cmd, const plan_measured_opts *o, int json, c
     const ikv_model_config *mc = ikv_model_cfg(model);
     uint32_t V = (uint32_t)mc->vocab_size;
     if ((uint64_t)P + O > (uint64_t)mc->seq_len) {
+        int seq_len = (int)mc->seq_len; /* mc lives in the model */
         ikv_model_destroy(model);
         return cli_fail(cmd,
                         "--measured: prompt %u + output %u exceed the model's seq_len %d (use "
                         "--prompt/--output)",
-                        P, O, (int)mc->seq_len);
+                        P, O, seq_len);
     }
     if (V < 4) {
         ikv_model_destroy(model);
@@ -317,7 +318,8 @@ int plan_measured_main(const char *cmd, const plan_measured_opts *o, int json, c
             {"measured", "points pt 7 ps 1.5 lc rgb '#1f77b4'", NPTS, mx, my, NULL},
             {NULL, "labels offset char 1,1 left font ',9'", NPTS, mx, my, labels},
             {"measured walk", "lines lw 1.5 lc rgb '#1f77b4'", 3, wx, wy, NULL},
-            {"measured frontier", "linespoints lw 2 dt 2 pt 4 ps 2.5 lc rgb '#2ca02c'", nh[0], hx, hy, NULL},
+            {"measured frontier", "linespoints lw 2 dt 2 pt 4 ps 2.5 lc rgb '#2ca02c'", nh[0], hx,
+             hy, NULL},
             {"roofline prediction", "points pt 6 ps 1.5 lc rgb '#d62728'", NPTS, px, py, NULL},
         };
         char title[400];

@@ -185,6 +185,11 @@ int ikv_plan_frontier_build(const ikv_plan_params *p, const ikv_model_spec *mode
     uint32_t bmax = umax(p->search_branches, p->fr_max_branches);
     uint32_t hmax = umax(p->hedge_copies, p->fr_max_copies);
     size_t n = 2 * (size_t)n_tp * nmax * (gmax + 1) * bmax * hmax * (nb + 1);
+    if (n > IKV_PLAN_MAX_CLOUD)
+        return ikv_error(IKV_ERANGE,
+                         "frontier: %zu configurations exceed the limit of %d; lower "
+                         "frontier.max_nodes/max_gamma/max_branches/max_copies",
+                         n, IKV_PLAN_MAX_CLOUD);
     ikv_plan_frontier f = {.base_tp = x.base_tp, .max_level = max_level};
     f.cloud = ikv_malloc(n * sizeof *f.cloud);
     ikv_plan_xy *xy = ikv_malloc(n * sizeof *xy);
