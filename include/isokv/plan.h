@@ -27,6 +27,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "isokv/cost.h"
 
@@ -281,6 +282,8 @@ double ikv_plan_frontier_compute_at(const ikv_plan_frontier *f, double l);
  * cloud point, L strictly falling and C strictly rising, MRTS strictly rising, knee in range.
  * Returns 1, or 0 with an ikv_errdetail message. O(n_cloud x n_hull). */
 int ikv_plan_frontier_check(const ikv_plan_frontier *f);
+/* Writes the counts, the hull (configuration, C, L, MRTS) and the walk's placement to out. */
+void ikv_plan_frontier_dump(const ikv_plan_frontier *f, FILE *out);
 
 /* ---- algorithmic jumps: changes that move the whole isoquant ---- */
 

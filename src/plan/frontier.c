@@ -314,3 +314,20 @@ int ikv_plan_frontier_check(const ikv_plan_frontier *f) {
     }
     return 1;
 }
+
+void ikv_plan_frontier_dump(const ikv_plan_frontier *f, FILE *out) {
+    fprintf(out,
+            "frontier: %zu configurations, %zu feasible, %zu not dominated, %zu on the hull, "
+            "levers up to step %d, base TP%u, knee %d, MRTS threshold %g\n",
+            f->n_cloud, f->n_feasible, f->n_pareto, f->n_hull, f->max_level, f->base_tp, f->knee,
+            f->mrts_threshold);
+    for (size_t i = 0; i < f->n_hull; i++)
+        fprintf(out, "  hull %zu: level %d %-44s C %.6g GPU-s L %.6g s MRTS %g\n", i,
+                f->hull[i].step, f->hull[i].config, f->hull[i].compute_gpu_s, f->hull[i].latency_s,
+                i ? f->hull[i].mrts : NAN);
+    if (f->max_level == 7)
+        for (int k = 0; k < IKV_PLAN_STEPS; k++)
+            fprintf(out, "  walk step %d: %s, excess %g GPU-s%s, dominated by cloud %ld\n", k,
+                    ikv_plan_where_name(f->walk_where[k]), f->walk_excess[k],
+                    f->walk_out_of_order[k] ? ", out of order" : "", f->walk_dominated_by[k]);
+}
