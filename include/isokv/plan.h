@@ -20,7 +20,16 @@
  * cost/ ("simulated", never measured). The formulas and every default with its source are in
  * src/plan/plan.c and docs/planner.md.
  *
- * Pure computation: no allocation except in ikv_plan_params_load_json (cJSON), no globals.
+ * Beyond the fixed walk (frontier.c, jump.c):
+ *   frontier  every combination of the steps' levers (plus batch), the non-dominated ones and
+ *             their lower convex hull of C against L, along which MRTS rises; its knee; where
+ *             the seven steps leave it; the router on it (ikv_plan_route_frontier);
+ *   jumps     changes that move the whole curve (quantized weights or KV, fewer KV heads, an
+ *             attention window, a better draft, a prefix-cache hit ratio), as transformations
+ *             of the model spec and the parameters.
+ *
+ * Pure computation, no globals; allocation only in ikv_plan_params_load_json (cJSON), the
+ * frontier's cloud and hull, and reading an `isokv sim` file for a prefix jump.
  */
 #ifndef ISOKV_PLAN_H
 #define ISOKV_PLAN_H

@@ -72,13 +72,13 @@ static void fmt_num(char *b, size_t cap, double v) {
 }
 
 static void print_hull(const ikv_plan_frontier *f) {
-    printf("%-5s %-8s %-44s %4s %9s %9s %8s %9s %10s\n", "point", "level", "configuration", "GPUs",
+    printf("%-5s %-8s %-48s %4s %9s %9s %8s %9s %10s\n", "point", "level", "configuration", "GPUs",
            "C GPU-s", "L ms", "TTFT ms", "MRTS", "dU $");
     for (size_t i = 0; i < f->n_hull; i++) {
         const ikv_plan_step *s = &f->hull[i];
         char mr[32];
         fmt_num(mr, sizeof mr, i ? s->mrts : NAN);
-        printf("%-5zu %d %-6s %-44s %4u %9.3f %9.1f %8.1f %9s %+10.5f%s\n", i, s->step, s->name,
+        printf("%-5zu %d %-6s %-48s %4u %9.3f %9.1f %8.1f %9s %+10.5f%s\n", i, s->step, s->name,
                s->config, s->gpus, s->compute_gpu_s, s->latency_s * 1e3, s->ttft_s * 1e3, mr,
                s->d_utility, (int)i == f->knee ? "  <- knee" : "");
     }
