@@ -295,7 +295,7 @@ int plan_frontier_main(const char *cmd, const ikv_plan_params *p, const ikv_mode
     int rc = IKV_EXIT_OK;
     if (f.n_hull == 0) {
         ikv_plan_frontier_free(&f);
-        return cli_fail(cmd, "no feasible configuration");
+        return cli_fail(cmd, "no feasible configuration (memory, cap.max_gpus)");
     }
     if (plot) rc = frontier_plot(cmd, plot, &f, &w);
     if (!rc) {
@@ -478,7 +478,9 @@ int plan_jump_main(const char *cmd, const ikv_plan_params *p, const ikv_model_sp
         return cli_fail(cmd, "%s", ikv_errdetail());
     }
     int rc = IKV_EXIT_OK;
-    if (!of.n_hull || !nf.n_hull) rc = cli_fail(cmd, "no feasible configuration");
+    if (!of.n_hull || !nf.n_hull)
+        rc = cli_fail(cmd, "no feasible configuration %s the jump (memory, cap.max_gpus)",
+                      of.n_hull ? "after" : "before");
     if (!rc && plot) rc = jump_plot(cmd, plot, &of, &ow, &nf, &nw);
     if (!rc && json) {
         rc = print_json(cmd, jump_json(p, &np, j, &of, &ow, &nf, &nw));
