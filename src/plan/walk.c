@@ -5,8 +5,10 @@
  * A configuration (struct state) is: achieved MFU/MBU and host overhead per forward (kernels),
  * KV waste, TP degree t inside a node, pipeline stages s across nodes, speculative decoding
  * (draft length g, acceptance a), search branches n, hedged copies h, dedicated replica with
- * busy polling. Its evaluation, with b = batch (1 when dedicated), P = prompt, O = output,
- * ctx = P + O / 2 (mean decode context), W = weight bytes, k = KV bytes per token:
+ * busy polling, batch b (ikv_plan_config: the walk sets them step by step, the frontier freely).
+ * Its evaluation, with b = the configuration's batch (1 when dedicated), P = prompt, O = output,
+ * ctx = P + O / 2 (mean decode context), W = weight bytes, k = KV bytes per token (a sequence
+ * keeps at most the model's attention window of them), h = prefix.hit:
  *
  *   fwd(q seqs, context c, m new tokens each)      one forward pass on t GPUs
  *      = max(F / (peak mfu' t), (W + q (c + m) k) / (bw mbu' t))
@@ -14,8 +16,9 @@
  *      F = q kv_flops(c, m) + logits;  mfu' = mfu tp_eff^log2(t), likewise mbu'
  *   allreduce(S, t) = launch + 2 (t - 1) hop + 2 (t - 1) / t * S / (nvlink_bw link)  (ring)
  *
- *   TTFT   = fwd(1, 0, P); with s stages and M = s chunks_per_stage chunks of P / M tokens,
- *            pipelined: (M + s - 1) fwd(1, P/2, P/M) / s + (s - 1) (hop + chunk bytes / net)
+ *   TTFT   = fwd(1, hP, (1-h)P) (the cached hP are not recomputed); with s stages and
+ *            M = s chunks_per_stage chunks of (1-h)P / M tokens, pipelined:
+ *            (M + s - 1) fwd(1, hP + (1-h)P/2, (1-h)P/M) / s + (s - 1) (hop + chunk bytes / net)
  *   TPOT   = fwd(b n, ctx, 1) [+ (s - 1) (hop + b n d 2 / net)]
  *   spec:    TPOT = (g T_draft + fwd(b n, ctx, g + 1)) / E,  E = (1 - a^(g+1)) / (1 - a)
  *            (Leviathan et al. 2023, eq. 1), T_draft = the draft model's fwd on the same GPUs
