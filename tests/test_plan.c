@@ -1066,6 +1066,22 @@ static void test_cli_frontier(void **st) {
     assert_int_equal(access(png, R_OK), 0);
     unlink(svg);
     unlink(png);
+    /* a title with a quote and a newline (from the jump's sim file name) stays a title */
+    char simf[256];
+    snprintf(simf, sizeof simf, "%s/s'i\nm.json", dir);
+    FILE *sf = fopen(simf, "w");
+    assert_non_null(sf);
+    fputs("{\"token_hit_ratio\": 0.5}", sf);
+    fclose(sf);
+    snprintf(svg, sizeof svg, "%s/j.svg", dir);
+    snprintf(png, sizeof png, "%s/j.png", dir);
+    snprintf(args, sizeof args, "plan --jump 'prefix:sim=%s/s'\\''i\nm.json' --plot %s", dir, svg);
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    assert_int_equal(access(svg, R_OK), 0);
+    assert_int_equal(access(png, R_OK), 0);
+    unlink(svg);
+    unlink(png);
+    unlink(simf);
     snprintf(svg, sizeof svg, "%s/sub.svg", dir);
     assert_int_equal(mkdir(svg, 0700), 0);
     snprintf(args, sizeof args, "plan --jump kv8 --plot %s", svg);

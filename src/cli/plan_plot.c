@@ -9,7 +9,8 @@
  *      files (a directory, a device, a FIFO, a symlink): a rename over them would replace or
  *      misdirect something that is not ours;
  *   3. the script names every path and title in gnuplot single quotes, where the only special
- *      character is the quote itself (written twice); names with a newline are refused;
+ *      character is the quote itself (written twice); a control character in a title becomes a
+ *      space (a newline would end the string's line), names holding one are refused;
  *   4. gnuplot runs by fork + execvp("gnuplot", {"gnuplot", script}): no shell sees any of it;
  *   5. on success the temporary files are renamed onto OUT.svg and OUT.png; on any failure
  *      they are removed, so no partial output is ever left.
@@ -29,14 +30,22 @@
 
 #define MAX_SERIES 16
 
-/* Writes s into f as a gnuplot single-quoted string. */
+/* Writes s into f as a gnuplot single-quoted string: a quote is written twice, a control
+ * character (which could end the script line inside the string) becomes a space. Paths never
+ * reach here with one (has_control refuses them). */
 static void put_quoted(FILE *f, const char *s) {
     fputc('\'', f);
     for (; *s; s++) {
         if (*s == '\'') fputc('\'', f);
-        fputc(*s, f);
+        fputc((unsigned char)*s < 0x20 || *s == 0x7f ? ' ' : *s, f);
     }
     fputc('\'', f);
+}
+
+static int has_control(const char *s) {
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || *s == 0x7f) return 1;
+    return 0;
 }
 
 /* Writes a label as a double-quoted data-file string, unsafe characters replaced. */
@@ -52,7 +61,8 @@ static int target_ok(const char *cmd, const char *path) {
     struct stat st;
     if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
         return cli_fail(cmd, "--plot: %s exists and is not a regular file; not replacing it", path);
-    if (strchr(path, '\n')) return cli_fail(cmd, "--plot: the file name must not hold a newline");
+    if (has_control(path))
+        return cli_fail(cmd, "--plot: the file name must not hold control characters");
     return 0;
 }
 
@@ -108,7 +118,8 @@ int plan_plot(const char *cmd, const char *out, const char *title, const char *x
 
     const char *td = getenv("TMPDIR");
     char dir[4096];
-    snprintf(dir, sizeof dir, "%s/isokv-plot-XXXXXX", td && *td && strlen(td) < 3000 ? td : "/tmp");
+    if (!td || !*td || strlen(td) >= 3000 || has_control(td)) td = "/tmp";
+    snprintf(dir, sizeof dir, "%s/isokv-plot-XXXXXX", td);
     if (!mkdtemp(dir))
         return cli_fail(cmd, "cannot create a temporary directory: %s", strerror(errno));
 

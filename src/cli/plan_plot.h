@@ -18,7 +18,7 @@ typedef struct plan_series {
 /* Draws the series into `out` (SVG) and its .png sibling: data and script in a fresh temporary
  * directory, gnuplot run by fork/exec with an argument vector, its outputs written to files
  * made by mkstemp next to the targets and renamed into place only when gnuplot succeeded.
- * Refuses a target that exists and is not a regular file, and names with a newline; every
+ * Refuses a target that exists and is not a regular file, and names with control characters; every
  * string that reaches the script is quoted. Prints the reason and returns IKV_EXIT_FAIL on
  * failure (nothing left behind), IKV_EXIT_OK on success. */
 int plan_plot(const char *cmd, const char *out, const char *title, const char *xlabel,
