@@ -276,7 +276,7 @@ int plan_measured_main(const char *cmd, const plan_measured_opts *o, int json, c
     }
     /* frontier of the measured and of the predicted points */
     ikv_plan_step hull[2][NPTS];
-    size_t nh[2];
+    size_t nh[2], knee[2] = {0, 0};
     for (int v = 0; v < 2; v++) {
         ikv_plan_xy xy[NPTS];
         size_t hidx[NPTS];
@@ -292,6 +292,12 @@ int plan_measured_main(const char *cmd, const plan_measured_opts *o, int json, c
             if (v) q.ttft = q.p_ttft, q.tpot = q.p_tpot, q.l = q.p_l, q.c = q.p_c;
             step_of(&q, (int)xy[hidx[i]].id, q.label, &hull[v][i]);
             if (i) delta(&hull[v][i], &hull[v][i - 1]);
+        }
+        /* the knee: highest cumulative utility from the cheapest point (ties: the cheaper) */
+        double u = 0, best = 0;
+        for (size_t i = 1; i < nh[v]; i++) {
+            u += hull[v][i].d_utility;
+            if (u > best) best = u, knee[v] = i;
         }
     }
 
@@ -377,6 +383,8 @@ int plan_measured_main(const char *cmd, const plan_measured_opts *o, int json, c
         cJSON *fr = cJSON_AddArrayToObject(j, "frontier");
         for (size_t i = 0; i < nh[0]; i++)
             cJSON_AddItemToArray(fr, plan_step_json(&hull[0][i], i == 0));
+        cJSON_AddNumberToObject(j, "frontier_knee", (double)knee[0]);
+        cJSON_AddNumberToObject(j, "mrts_threshold", VALUE_PER_S * 3600 / CORE_PRICE_HOUR);
         cJSON *pf = cJSON_AddArrayToObject(j, "predicted_frontier");
         for (size_t i = 0; i < nh[1]; i++)
             cJSON_AddItemToArray(pf, plan_step_json(&hull[1][i], i == 0));
@@ -430,10 +438,14 @@ int plan_measured_main(const char *cmd, const plan_measured_opts *o, int json, c
                 snprintf(mr, sizeof mr, "%.3g", hull[v][i].mrts);
             else
                 snprintf(mr, sizeof mr, "n/a");
-            printf("  %-24s C %8.3f  L %9.1f ms  MRTS %s\n", hull[v][i].config,
-                   hull[v][i].compute_gpu_s, hull[v][i].latency_s * 1e3, mr);
+            printf("  %-24s C %8.3f  L %9.1f ms  MRTS %s%s\n", hull[v][i].config,
+                   hull[v][i].compute_gpu_s, hull[v][i].latency_s * 1e3, mr,
+                   i == knee[v] ? "  <- knee" : "");
         }
     }
+    printf("knee: highest cumulative utility at $%.2f per core-hour and $%.2f per second saved "
+           "(segment MRTS crossing %.0f CPU-s per s)\n",
+           CORE_PRICE_HOUR, VALUE_PER_S, VALUE_PER_S * 3600 / CORE_PRICE_HOUR);
     printf("not measured (not on main yet): batch size, speculative decoding, response cache\n");
     if (plot) printf("plot: %s (and its .png)\n", plot);
     ikv_model_destroy(model);
