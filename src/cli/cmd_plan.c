@@ -9,8 +9,10 @@
  *   isokv plan --frontier | --jump J[,J...] | --measured [...]   (plan_views.c, plan_measured.c)
  *
  * The numbers come from plan/ on the cost/ roofline: they are simulated, and every output says
- * so. --plot writes the gnuplot data and script to a temporary directory, runs gnuplot, and
- * renames the SVG (and a PNG next to it) into place, so a failure never leaves a partial file.
+ * so. --plot writes the gnuplot data and script to a temporary directory, runs gnuplot (an
+ * argument vector, no shell; user strings escaped by cli_gp_string), and renames the SVG and the
+ * PNG next to it into place as one atomic output set (ikv_outset), so a failure never leaves a
+ * partial file and a device or other non-regular target is refused.
  */
 #include "cli.h"
 #include "plan_cli.h"
@@ -27,7 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #define CMD       "plan"

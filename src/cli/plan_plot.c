@@ -2,51 +2,30 @@
  * gnuplot for `isokv plan --plot`: the walk, the frontier cloud and hull, a jump's two
  * isoquants, the measured points.
  *
- *   1. the series go to data files s0.dat, s1.dat, ... in a mkdtemp directory; labels are
- *      written double-quoted with any '"', '\' or control character replaced by '_';
- *   2. two empty files are made by mkstemp next to OUT.svg and OUT.png (same directory, so
- *      the final rename is atomic), after refusing targets that exist and are not regular
- *      files (a directory, a device, a FIFO, a symlink): a rename over them would replace or
- *      misdirect something that is not ours;
- *   3. the script names every path and title in gnuplot single quotes, where the only special
- *      character is the quote itself (written twice); a control character in a title becomes a
- *      space (a newline would end the string's line), names holding one are refused;
- *   4. gnuplot runs by fork + execvp("gnuplot", {"gnuplot", script}): no shell sees any of it;
- *   5. on success the temporary files are renamed onto OUT.svg and OUT.png; on any failure
- *      they are removed, so no partial output is ever left.
+ *   1. OUT.svg and OUT.png form one atomic output set (ikv_outset, src/base/outfile.c): a
+ *      device, directory, FIFO or other non-regular target is refused up front, gnuplot
+ *      writes the set's temporary files, and both are renamed into place only when gnuplot
+ *      succeeded; on any failure they are removed, so no partial output is ever left;
+ *   2. the series go to data files s0.dat, s1.dat, ... in a mkdtemp directory; labels are
+ *      written double-quoted with any '"', '\\' or control character replaced by '_';
+ *   3. every path and title in the script is written by cli_gp_string, which gnuplot reads
+ *      back as exactly those bytes and never as code (quotes, backquotes, '@', newlines);
+ *   4. gnuplot runs through cli_spawn_wait(argv): an argument vector, no shell.
  */
 #include "plan_plot.h"
 
 #include "cli.h"
+
+#include "isokv/base.h"
 
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #define MAX_SERIES 16
-
-/* Writes s into f as a gnuplot single-quoted string: a quote is written twice, a control
- * character (which could end the script line inside the string) becomes a space. Paths never
- * reach here with one (has_control refuses them). */
-static void put_quoted(FILE *f, const char *s) {
-    fputc('\'', f);
-    for (; *s; s++) {
-        if (*s == '\'') fputc('\'', f);
-        fputc((unsigned char)*s < 0x20 || *s == 0x7f ? ' ' : *s, f);
-    }
-    fputc('\'', f);
-}
-
-static int has_control(const char *s) {
-    for (; *s; s++)
-        if ((unsigned char)*s < 0x20 || *s == 0x7f) return 1;
-    return 0;
-}
 
 /* Writes a label as a double-quoted data-file string, unsafe characters replaced. */
 static void put_label(FILE *f, const char *s) {
@@ -54,42 +33,6 @@ static void put_label(FILE *f, const char *s) {
     for (; *s; s++)
         fputc(*s == '"' || *s == '\\' || (unsigned char)*s < 0x20 ? '_' : *s, f);
     fputc('"', f);
-}
-
-/* Refuses an existing non-regular target; 0 when it is absent or a regular file. */
-static int target_ok(const char *cmd, const char *path) {
-    struct stat st;
-    if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
-        return cli_fail(cmd, "--plot: %s exists and is not a regular file; not replacing it", path);
-    if (has_control(path))
-        return cli_fail(cmd, "--plot: the file name must not hold control characters");
-    return 0;
-}
-
-/* Makes an empty temporary file next to path (path.XXXXXX); 0 or -1. */
-static int make_sibling(const char *path, char *tmp, size_t cap) {
-    if ((size_t)snprintf(tmp, cap, "%s.XXXXXX", path) >= cap) return -1;
-    int fd = mkstemp(tmp);
-    if (fd < 0) return -1;
-    mode_t mask = umask(0);
-    umask(mask);
-    fchmod(fd, 0666 & ~mask); /* mkstemp makes 0600; the image gets the usual mode */
-    close(fd);
-    return 0;
-}
-
-static int run_gnuplot(const char *script) {
-    char *const argv[] = {"gnuplot", (char *)script, NULL};
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        execvp("gnuplot", argv);
-        _exit(127);
-    }
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR) return -1;
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 /* Removes dir/s<i>.dat for i < ns, dir/plot.gp and dir. */
@@ -114,14 +57,25 @@ int plan_plot(const char *cmd, const char *out, const char *title, const char *x
         snprintf(png, sizeof png, "%.*s.png", (int)(ol - 4), out);
     else
         snprintf(png, sizeof png, "%s.png", out);
-    if (target_ok(cmd, out) || target_ok(cmd, png)) return IKV_EXIT_FAIL;
+    /* the two outputs, checked and given temporary files before any work */
+    ikv_outset *outs = NULL;
+    const char *tsvg = NULL, *tpng = NULL;
+    int rc = ikv_outset_create(&outs);
+    if (!rc) rc = ikv_outset_add(outs, out, NULL, &tsvg);
+    if (!rc) rc = ikv_outset_add(outs, png, NULL, &tpng);
+    if (rc) {
+        ikv_outset_destroy(outs);
+        return cli_fail(cmd, "--plot: %s", ikv_errdetail());
+    }
 
     const char *td = getenv("TMPDIR");
     char dir[4096];
-    if (!td || !*td || strlen(td) >= 3000 || has_control(td)) td = "/tmp";
+    if (!td || !*td || strlen(td) >= 3000) td = "/tmp";
     snprintf(dir, sizeof dir, "%s/isokv-plot-XXXXXX", td);
-    if (!mkdtemp(dir))
+    if (!mkdtemp(dir)) {
+        ikv_outset_destroy(outs);
         return cli_fail(cmd, "cannot create a temporary directory: %s", strerror(errno));
+    }
 
     int bad = 0;
     char path[4200];
@@ -144,34 +98,19 @@ int plan_plot(const char *cmd, const char *out, const char *title, const char *x
         bad |= ferror(f) != 0;
         bad |= fclose(f) != 0;
     }
-    char tsvg[4200], tpng[4200];
-    if (bad) {
-        remove_dir(dir, ns);
-        return cli_fail(cmd, "cannot write the plot data in %s", dir);
-    }
-    if (make_sibling(out, tsvg, sizeof tsvg)) {
-        int e = errno;
-        remove_dir(dir, ns);
-        return cli_fail(cmd, "cannot write %s: %s", out, strerror(e));
-    }
-    if (make_sibling(png, tpng, sizeof tpng)) {
-        int e = errno;
-        unlink(tsvg);
-        remove_dir(dir, ns);
-        return cli_fail(cmd, "cannot write %s: %s", png, strerror(e));
-    }
-
     snprintf(path, sizeof path, "%s/plot.gp", dir);
-    FILE *g = fopen(path, "w");
+    FILE *g = bad ? NULL : fopen(path, "w");
     if (g) {
-        fputs("set terminal svg size 1000,680 dynamic background rgb 'white'\nset output ", g);
-        put_quoted(g, tsvg);
+        fputs("set termoption noenhanced\n"
+              "set terminal svg size 1000,680 dynamic background rgb 'white'\nset output ",
+              g);
+        cli_gp_string(g, tsvg);
         fputs("\nset title ", g);
-        put_quoted(g, title);
-        fputs(" noenhanced\nset xlabel ", g);
-        put_quoted(g, xlabel);
+        cli_gp_string(g, title);
+        fputs("\nset xlabel ", g);
+        cli_gp_string(g, xlabel);
         fputs("\nset ylabel ", g);
-        put_quoted(g, ylabel);
+        cli_gp_string(g, ylabel);
         fputs("\nset logscale xy\nset grid\nset key top right noenhanced\n"
               "set datafile separator whitespace\nplot ",
               g);
@@ -179,42 +118,43 @@ int plan_plot(const char *cmd, const char *out, const char *title, const char *x
             char dat[4200];
             snprintf(dat, sizeof dat, "%s/s%zu.dat", dir, i);
             if (i) fputs(", \\\n     ", g);
-            put_quoted(g, dat);
+            cli_gp_string(g, dat);
             fprintf(g, " using 1:2%s with %s ", s[i].labels ? ":3" : "", s[i].with);
             if (s[i].title) {
                 fputs("title ", g);
-                put_quoted(g, s[i].title);
+                cli_gp_string(g, s[i].title);
             } else {
                 fputs("notitle", g);
             }
         }
         fputs("\nset terminal pngcairo size 1000,680 background rgb 'white'\nset output ", g);
-        put_quoted(g, tpng);
+        cli_gp_string(g, tpng);
         fputs("\nreplot\nset output\n", g);
         bad |= ferror(g) != 0;
         bad |= fclose(g) != 0;
     } else {
         bad = 1;
     }
-    int rc = bad ? -2 : run_gnuplot(path);
+    if (bad) {
+        remove_dir(dir, ns);
+        ikv_outset_destroy(outs);
+        return cli_fail(cmd, "cannot write the plot data and script in %s", td);
+    }
+    fflush(stdout);
+    char *argv[] = {"gnuplot", path, NULL};
+    rc = cli_spawn_wait(argv);
+    int e = errno;
     remove_dir(dir, ns);
     if (rc) {
-        unlink(tsvg);
-        unlink(tpng);
-        if (rc == -2) return cli_fail(cmd, "cannot write the gnuplot script");
-        return cli_fail(cmd, "gnuplot failed (exit %d); is gnuplot installed (scripts/deps.sh)?",
-                        rc);
+        ikv_outset_destroy(outs);
+        if (rc < 0 && e == ENOENT)
+            return cli_fail(cmd,
+                            "gnuplot not found on PATH: install gnuplot-nox (scripts/deps.sh)");
+        if (rc < 0) return cli_fail(cmd, "cannot run gnuplot: %s", strerror(e));
+        return cli_fail(cmd, "gnuplot failed (exit %d)", rc);
     }
-    if (rename(tsvg, out)) {
-        int e = errno;
-        unlink(tsvg);
-        unlink(tpng);
-        return cli_fail(cmd, "cannot write %s: %s", out, strerror(e));
-    }
-    if (rename(tpng, png)) {
-        int e = errno;
-        unlink(tpng);
-        return cli_fail(cmd, "cannot write %s: %s", png, strerror(e));
-    }
+    rc = ikv_outset_commit(outs);
+    ikv_outset_destroy(outs);
+    if (rc) return cli_fail(cmd, "--plot: %s", ikv_errdetail());
     return IKV_EXIT_OK;
 }

@@ -15,11 +15,10 @@ typedef struct plan_series {
     const char *const *labels; /* [n] point labels drawn next to the points, or NULL */
 } plan_series;
 
-/* Draws the series into `out` (SVG) and its .png sibling: data and script in a fresh temporary
- * directory, gnuplot run by fork/exec with an argument vector, its outputs written to files
- * made by mkstemp next to the targets and renamed into place only when gnuplot succeeded.
- * Refuses a target that exists and is not a regular file, and names with control characters; every
- * string that reaches the script is quoted. Prints the reason and returns IKV_EXIT_FAIL on
+/* Draws the series into `out` (SVG) and its .png sibling, one atomic output set (ikv_outset:
+ * both appear or neither; a non-regular target is refused): data and script in a fresh
+ * temporary directory, every string in the script written by cli_gp_string, gnuplot run by
+ * cli_spawn_wait with an argument vector. Prints the reason and returns IKV_EXIT_FAIL on
  * failure (nothing left behind), IKV_EXIT_OK on success. */
 int plan_plot(const char *cmd, const char *out, const char *title, const char *xlabel,
               const char *ylabel, const plan_series *s, size_t ns);
