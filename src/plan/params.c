@@ -30,6 +30,8 @@ static const row table[] = {
     NUM("output", output, 256, 1, 1e6, 1, "tokens", "request shape"),
     NUM("batch", batch, 16, 1, 4096, 1, "requests",
         "a moderately loaded interactive replica; vLLM's max_num_seqs default is 256"),
+    NUM("prefix.hit", prefix_hit, 0, 0, 0.999, 0, "fraction",
+        "prompt share found in the prefix cache; measure it with isokv sim (--jump prefix:sim=)"),
     NUM("base.mfu", base_mfu, 0.30, 1e-3, 1, 0, "fraction",
         "eager PyTorch/HF transformers prefill: unfused attention and small kernels"),
     NUM("base.mbu", base_mbu, 0.50, 1e-3, 1, 0, "fraction",
@@ -92,6 +94,14 @@ static const row table[] = {
         "router policy: medium requests stop at step 4 (pp)"),
     NUM("route.complex", route_complex, 6, 0, 7, 1, "step",
         "router policy: complex requests may go to step 6 (hedge); 7 only when allowed"),
+    NUM("frontier.max_nodes", fr_max_nodes, 4, 1, 64, 1, "nodes",
+        "frontier sweep: pipeline stages 1..max(pp.nodes, this)"),
+    NUM("frontier.max_gamma", fr_max_gamma, 8, 1, 64, 1, "tokens",
+        "frontier sweep: draft length 0 (off)..max(spec.gamma, this)"),
+    NUM("frontier.max_branches", fr_max_branches, 8, 1, 1024, 1, "branches",
+        "frontier sweep: search branches 1..max(search.branches, this)"),
+    NUM("frontier.max_copies", fr_max_copies, 4, 1, 64, 1, "copies",
+        "frontier sweep: hedged copies 1..max(hedge.copies, this)"),
 };
 
 #define NROWS (sizeof table / sizeof table[0])
