@@ -29,6 +29,7 @@
 
 #include "isokv/base.h"
 #include "isokv/cache.h"
+#include "isokv/store.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -161,6 +162,13 @@ typedef struct ikv_engine_options {
                               of every step; sets OpenBLAS to 1 thread (process-wide).
                               0 = one thread, OpenBLAS's own thread setting left alone */
     uint64_t key_seed;     /* secret seed of block keys and scope salts */
+    /* Lower tiers, fastest first, after the KV pool (tier 0): opened stores (the caller owns
+     * them; open them with ikv_engine_store_params; they must outlive the engine) and the
+     * blocks the cache core gives each (0 = the store's capacity). See src/model/tiers.c. */
+    ikv_store *tiers[IKV_MAX_TIERS - 1];
+    uint64_t tier_blocks[IKV_MAX_TIERS - 1];
+    size_t n_tiers;
+    uint64_t tokenizer_fp; /* hash of the tokenizer, part of the model fingerprint (0 = none) */
 } ikv_engine_options;
 
 void ikv_engine_options_default(ikv_engine_options *o);
@@ -189,6 +197,10 @@ typedef struct ikv_prefill_info {
     size_t matched_blocks;  /* blocks the index matched */
     size_t rejected_blocks; /* matched blocks refused (token ids, depth or parent differ) */
     size_t inserted_blocks; /* new full blocks put in the cache */
+    size_t tier_tokens[IKV_MAX_TIERS]; /* prompt positions taken from each tier (0 = pool;
+                                          1.. = the lower tiers, loaded) */
+    size_t recomputed_tier_tokens;     /* positions found in a lower tier but recomputed
+                                          (cheaper, or the load failed) */
     double seconds;         /* wall time of the call (measured) */
 } ikv_prefill_info;
 
@@ -230,6 +242,37 @@ typedef struct ikv_engine_stats {
 void ikv_engine_stats_get(const ikv_engine *e, ikv_engine_stats *s);
 
 ikv_cache *ikv_engine_cache(ikv_engine *e); /* the prefix cache (owned by the engine) */
+
+/* ---- lower tiers (tiers.c) ----------------------------------------------------------------- */
+
+/* The model fingerprint: XXH3-64 of the checkpoint image, the tokenizer hash, the block size,
+ * the KV dtype and the block layout version. Every stored block carries it. */
+uint64_t ikv_engine_fingerprint(const ikv_model *m, const ikv_engine_options *o);
+
+/* The parameters a store needs to hold this engine's blocks (slot size, fingerprint). */
+void ikv_engine_store_params(const ikv_model *m, const ikv_engine_options *o,
+                             ikv_store_params *p);
+
+typedef struct ikv_engine_tier_stats {
+    const char *spec;         /* the store's spec */
+    uint64_t capacity;        /* blocks the cache core gives the tier */
+    uint64_t resident;        /* blocks the core holds in it now */
+    uint64_t loaded_blocks;   /* lower-tier hits loaded into the pool */
+    uint64_t recomputed_blocks; /* lower-tier hits recomputed because that was cheaper */
+    uint64_t failed_blocks;   /* loads that failed (miss, corrupt, mismatch, down): recomputed */
+    uint64_t probed_blocks;   /* blocks found by probing keys this index had never seen */
+    uint64_t demoted_blocks;  /* blocks written into the tier */
+    uint64_t deleted_blocks;  /* blocks deleted (dropped by the core, moved away) */
+    double load_s_per_block;  /* current estimate: probe at start, then a running average */
+    double put_s_per_block;
+    ikv_store_stats store;
+} ikv_engine_tier_stats;
+
+/* Fills st for lower tier t (1..n_tiers). Returns 0 or IKV_ERANGE. */
+int ikv_engine_tier_stats_get(const ikv_engine *e, size_t t, ikv_engine_tier_stats *st);
+/* The engine's measured prefill time for positions [a, b) (seconds; the running average of
+ * its prefills at the cost model in tiers.c), 0 before anything was measured. */
+double ikv_engine_prefill_estimate(const ikv_engine *e, size_t a, size_t b);
 const ikv_model *ikv_engine_model(const ikv_engine *e);
 
 /* Walks the pool invariants (every block free, private to one sequence, or cached under the
