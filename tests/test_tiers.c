@@ -474,6 +474,78 @@ static void test_cluster_tier(void **st) {
     ikv_store_close(s);
 }
 
+/* Runs isokv (IKV_BIN) with argv, stdout and stderr to files; returns the exit status. */
+static int run_cli(const char *const *args, const char *outp, const char *errp) {
+    const char *bin = getenv("IKV_BIN");
+    assert_non_null(bin);
+    const char *argv[32];
+    argv[0] = bin;
+    size_t n = 1;
+    for (; args[n - 1]; n++) argv[n] = args[n - 1];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int o = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644),
+            e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (o < 0 || e < 0) _exit(126);
+        dup2(o, 1), dup2(e, 2);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static char *slurp(const char *path) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return strdup(buf);
+}
+
+/* isokv run twice (two processes) over one file tier: the same text, and the second run's
+ * prompt comes from the tier. Bad --tier values exit 2 (malformed) or 1 (unwritable). */
+static void test_cli_two_runs(void **st) {
+    (void)st;
+    const char *src = getenv("IKV_SOURCE_DIR");
+    char model[600], tok[600], spec[600];
+    snprintf(model, sizeof model, "%s/data/models/stories260K/stories260K.bin", src ? src : ".");
+    snprintf(tok, sizeof tok, "%s/data/models/stories260K/tok512.bin", src ? src : ".");
+    snprintf(spec, sizeof spec, "file:%s:8M", tmp_path("cli.store"));
+    const char *args[] = {"run", "--model", model, "--tokenizer", tok, "--prompt",
+                          "Once upon a time, there was a little girl named Lily. She loved to "
+                          "play outside in the park.", "-n", "30", "--tier", spec, NULL};
+    const char *o1 = tmp_path("o1"), *e1 = tmp_path("e1");
+    assert_int_equal(run_cli(args, o1, e1), 0);
+    char *t1 = slurp(o1);
+    const char *o2 = tmp_path("o2"), *e2 = tmp_path("e2");
+    assert_int_equal(run_cli(args, o2, e2), 0);
+    char *t2 = slurp(o2), *err2 = slurp(e2);
+    assert_string_equal(t1, t2);
+    assert_true(strlen(t1) > 40);
+    char want[700];
+    snprintf(want, sizeof want, "%s 16", spec); /* 16 cached tokens from the file tier */
+    assert_non_null(strstr(err2, want));
+    assert_non_null(strstr(err2, "16 from the cache"));
+    free(t1), free(t2), free(err2);
+    const char *bad[] = {"run", "--model", model, "--prompt", "hi", "--tier", "nvme:1G", NULL};
+    assert_int_equal(run_cli(bad, o1, e1), 2);
+    char *e = slurp(e1);
+    assert_non_null(strstr(e, "unknown scheme"));
+    free(e);
+    const char *bad2[] = {"run", "--model", model, "--prompt", "hi", "--tier",
+                          "file:/nonexistent-dir/x.store:1M", NULL};
+    assert_int_equal(run_cli(bad2, o1, e1), 1);
+    e = slurp(e1);
+    assert_non_null(strstr(e, "cannot open"));
+    free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mem_tier),
@@ -481,6 +553,7 @@ int main(void) {
         cmocka_unit_test(test_load_or_recompute),
         cmocka_unit_test(test_measured_decision),
         cmocka_unit_test(test_two_processes_file),
+        cmocka_unit_test(test_cli_two_runs),
         cmocka_unit_test_teardown(test_redis_tier, teardown_redis),
         cmocka_unit_test_teardown(test_cluster_tier, teardown_redis),
     };
