@@ -156,19 +156,21 @@ static int redis_open(const char *rest, const ikv_store_params *p, void **impl, 
     s->r.timeout_s = p->timeout_s;
     s->fp = p->fingerprint;
     if (ikv__rconn_ensure(&s->r)) {
+        int rc = ikv_error(IKV_EIO, "tier redis://%s: cannot reach %s:%d within %.2f s", rest,
+                           s->r.host, s->r.port, p->timeout_s);
         ikv_free(s);
-        return ikv_error(IKV_EIO, "tier redis://%s: cannot reach %s:%d within %.2f s", rest,
-                         s->r.host, s->r.port, p->timeout_s);
+        return rc;
     }
     const char *ping[1] = {"PING"};
     redisReply *rep = ikv__rconn_cmd(&s->r, 1, ping, NULL);
     int ok = rep && rep->type == REDIS_REPLY_STATUS;
     if (rep) freeReplyObject(rep);
     if (!ok) {
+        int rc = ikv_error(IKV_EIO, "tier redis://%s: %s:%d does not answer PING", rest,
+                           s->r.host, s->r.port);
         ikv__rconn_close(&s->r);
         ikv_free(s);
-        return ikv_error(IKV_EIO, "tier redis://%s: %s:%d does not answer PING", rest, s->r.host,
-                         s->r.port);
+        return rc;
     }
     *impl = s;
     return 0;
