@@ -446,6 +446,101 @@ static void test_file_kill9(void **st) {
     ikv_store_close(s);
 }
 
+/* Differential fuzz against an oracle (the latest version put of each block, or absent): a
+ * get answers exactly the latest version or a miss (an eviction, never more than the store
+ * holds), never an older version or another block; for mem and file, with restarts of the
+ * file store in between. */
+static void fuzz_one(const char *spec, int reopen) {
+    ikv_store_params p = params();
+    ikv_store *s;
+    assert_int_equal(ikv_store_open(spec, &p, &s), 0);
+    enum { K = 300 };
+    int ver[K];
+    for (int i = 0; i < K; i++) ver[i] = -1;
+    uint64_t x = 12345;
+    uint8_t buf[SLOT], ref[SLOT];
+    void *bp = buf;
+    for (int step = 0; step < 4000; step++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int k = (int)(x % K), op = (int)(x >> 32) % 10;
+        if (op < 4) {
+            int v = step & 0xff;
+            make_blob(buf, (uint64_t)k, 5, v);
+            int rc;
+            assert_int_equal(ikv_store_put_run(s, &bp, 1, &rc), 1);
+            ver[k] = v;
+        } else if (op < 9) {
+            uint32_t toks[NTOK];
+            ikv_block_want w = want_of((uint64_t)k, 5, toks);
+            size_t len;
+            int rc;
+            ikv_store_get_run(s, &w, 1, &bp, SLOT, &len, &rc);
+            if (rc == 0) {
+                assert_true(ver[k] >= 0);
+                make_blob(ref, (uint64_t)k, 5, ver[k]);
+                assert_memory_equal(buf + IKV_BLOB_HDR, ref + IKV_BLOB_HDR, SLOT - IKV_BLOB_HDR);
+            } else {
+                assert_int_equal(rc, IKV_ENOENT);
+                ver[k] = -1; /* evicted: it may not come back */
+            }
+        } else {
+            ikv_key key = key_of((uint64_t)k);
+            uint64_t sc = 5;
+            assert_int_equal(ikv_store_del_run(s, &key, &sc, 1), 0);
+            ver[k] = -1;
+        }
+        if (step % 500 == 0) {
+            assert_int_equal(ikv_store_check(s), 1);
+            if (reopen) {
+                ikv_store_close(s);
+                assert_int_equal(ikv_store_open(spec, &p, &s), 0);
+            }
+        }
+    }
+    ikv_store_stats stt;
+    ikv_store_stats_get(s, &stt);
+    assert_true(stt.resident <= ikv_store_capacity(s));
+    assert_true(stt.evictions > 0); /* 300 blocks through 128 slots */
+    ikv_store_close(s);
+}
+
+static void test_fuzz_against_oracle(void **st) {
+    (void)st;
+    char spec[600];
+    snprintf(spec, sizeof spec, "mem:%d", SLOT * 128);
+    fuzz_one(spec, 0);
+    snprintf(spec, sizeof spec, "file:%s:%d", tmp_path("fuzz.store"), 3 * 4096 + SLOT * 128);
+    fuzz_one(spec, 1);
+}
+
+/* Every allocation failing in turn while opening a store: a clean IKV_ENOMEM, nothing left
+ * behind (ASan's leak check), and a store that works once it succeeds. */
+static void test_alloc_failure(void **st) {
+    (void)st;
+    ikv_store_params p = params();
+    char spec[2][600];
+    snprintf(spec[0], sizeof spec[0], "mem:1M");
+    snprintf(spec[1], sizeof spec[1], "file:%s:1M", tmp_path("oom.store"));
+    for (int b = 0; b < 2; b++) {
+        int ok = 0;
+        for (size_t k = 0; k < 20 && !ok; k++) {
+            ikv_store *s = NULL;
+            ikv_alloc_fail_after(k);
+            int rc = ikv_store_open(spec[b], &p, &s);
+            ikv_alloc_fail_after(SIZE_MAX);
+            if (rc == 0) {
+                ok = 1;
+                roundtrip(s, 0, 4, 1);
+                ikv_store_close(s);
+            } else {
+                assert_int_equal(rc, IKV_ENOMEM);
+                assert_null(s);
+            }
+        }
+        assert_true(ok);
+    }
+}
+
 /* ---- redis --------------------------------------------------------------------------------- */
 
 static void test_redis(void **st) {
@@ -617,6 +712,8 @@ int main(void) {
         cmocka_unit_test(test_file),
         cmocka_unit_test(test_file_torn_and_flipped),
         cmocka_unit_test(test_file_kill9),
+        cmocka_unit_test(test_fuzz_against_oracle),
+        cmocka_unit_test(test_alloc_failure),
         cmocka_unit_test_teardown(test_redis, teardown_redis),
         cmocka_unit_test_teardown(test_redis_cluster, teardown_redis),
     };

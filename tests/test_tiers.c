@@ -469,6 +469,15 @@ static void test_cluster_tier(void **st) {
     run(e, a, 300, NULL, 0, 0, &x);
     assert_int_equal(x.info.tier_tokens[1], 288);
     same(&x, &ref, 300, 288);
+    freeo(&x);
+    /* a master killed: no request fails, the blocks still on the others load, same output */
+    rh_stop(3);
+    ikv_engine_destroy(e);
+    assert_int_equal(ikv_engine_create(M, &o, &e), 0);
+    ikv__tiers_pin_load_s(e, 1, 1e-12);
+    run(e, a, 300, NULL, 0, 0, &x);
+    same(&x, &ref, 300, x.info.cached_tokens);
+    assert_true(x.info.cached_tokens < 288);
     freeo(&x), freeo(&ref);
     ikv_engine_destroy(e);
     ikv_store_close(s);
