@@ -542,6 +542,16 @@ static void test_cli_two_runs(void **st) {
     assert_non_null(strstr(err2, want));
     assert_non_null(strstr(err2, "16 from the cache"));
     free(t1), free(t2), free(err2);
+    /* bench engine --tier: the request whose prefix was pushed down takes it from the tier */
+    const char *bench[] = {"bench", "engine", "--config", "tiny", "--prefix", "128", "--suffix",
+                           "16", "--decode", "2", "--threads", "1", "--repeat", "1", "--tier",
+                           "mem:16M", "--json", NULL};
+    assert_int_equal(run_cli(bench, o1, e1), 0);
+    char *js = slurp(o1);
+    const char *k = strstr(js, "\"tier_loaded_tokens\": ");
+    assert_non_null(k);
+    assert_true(atoi(k + strlen("\"tier_loaded_tokens\": ")) > 0);
+    free(js);
     const char *bad[] = {"run", "--model", model, "--prompt", "hi", "--tier", "nvme:1G", NULL};
     assert_int_equal(run_cli(bad, o1, e1), 2);
     char *e = slurp(e1);

@@ -295,6 +295,11 @@ typedef struct ikv_engine_bench_options {
     uint32_t repeat; /* repetitions per thread count; each figure is the best (0 = 1) */
     uint32_t tile;   /* prefill tile rows (0 = the engine's default, 64) */
     uint32_t group;  /* tiles per projection call (0 = the engine's default, 8) */
+    /* lower tiers (store specs, fastest first): with any, the pool is sized to hold one
+     * request's blocks, a third request with another prefix pushes the first prefix down, and
+     * a fourth (another tenant, the first prefix) takes it from the tiers: TTFT from the tier */
+    const char *tiers[IKV_MAX_TIERS - 1];
+    size_t n_tiers;
 } ikv_engine_bench_options;
 
 typedef struct ikv_engine_bench_row {
@@ -311,6 +316,8 @@ typedef struct ikv_engine_bench_row {
     double read_gbs;           /* measured read bandwidth over 256 MiB: the best of a streaming
                                   sum per pool thread, sasum per pool thread, threaded sasum */
     double decode_bound_tok_s; /* read_gbs / weight bytes per token */
+    double ttft_tier_s;        /* with tiers: TTFT of the request whose prefix is in them */
+    size_t tier_loaded_tokens, tier_recomputed_tokens; /* that request's, by the decision */
     const char *peak_how, *read_how; /* which probe gave the peak / the bandwidth (static) */
 } ikv_engine_bench_row;
 
