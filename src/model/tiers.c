@@ -59,6 +59,9 @@ struct ikv__tiers {
     size_t payload, blob; /* bytes */
     uint8_t *stage;       /* [CH][blob] */
     void *stage_p[CH];
+    uint8_t *dq;          /* [CH][blob] demotions into tier 1 not yet written */
+    void *dq_p[CH];
+    size_t dq_n;
     size_t lens[CH];
     int rcs[CH];
     ikv_block_want want[CH];
@@ -187,10 +190,13 @@ void ikv__tiers_config(const ikv_engine *e, const ikv_engine_options *o, ikv_cac
     cc->promote_on_hit = 1;
 }
 
+static void flush(tiers *T);
+
 void ikv__tiers_destroy(ikv_engine *e) {
     tiers *T = e->tiers;
     if (!T) return;
-    void *bufs[] = {T->stage, T->nscope, T->mtier, T->src, T->pre, T->salt, T->found, T->pkeys,
+    flush(T);
+    void *bufs[] = {T->stage, T->dq, T->nscope, T->mtier, T->src, T->pre, T->salt, T->found, T->pkeys,
                     T->pscopes};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ikv_free(bufs[i]);
     ikv_free(T);
@@ -270,12 +276,14 @@ int ikv__tiers_create(ikv_engine *e, const ikv_engine_options *o) {
     T->payload = payload_bytes(e->m, e->bt);
     T->blob = p.slot_bytes;
     size_t mb = e->max_blocks;
-    if (!TALLOC(T->stage, CH * T->blob) || !TALLOC(T->nscope, e->node_limit) ||
+    if (!TALLOC(T->stage, CH * T->blob) || !TALLOC(T->dq, CH * T->blob) ||
+        !TALLOC(T->nscope, e->node_limit) ||
         !TALLOC(T->mtier, mb) || !TALLOC(T->src, mb) || !TALLOC(T->pre, mb) ||
         !TALLOC(T->salt, mb) || !TALLOC(T->found, mb) || !TALLOC(T->pkeys, mb) ||
         !TALLOC(T->pscopes, mb))
         return ikv_error(IKV_ENOMEM, "tier buffers");
     for (size_t i = 0; i < CH; i++) T->stage_p[i] = T->stage + i * T->blob;
+    for (size_t i = 0; i < CH; i++) T->dq_p[i] = T->dq + i * T->blob;
     for (size_t j = 0; j < mb; j++) T->pre[j] = IKV_NIL;
     for (size_t t = 0; t < T->n; t++) {
         if (!o->tiers[t]) return ikv_error(IKV_EINVAL, "lower tier %zu: no store", t + 1);
@@ -287,6 +295,16 @@ int ikv__tiers_create(ikv_engine *e, const ikv_engine_options *o) {
 }
 
 /* ---- the core's moves ---------------------------------------------------------------------- */
+
+/* Writes the queued demotions into tier 1 in one run (one pipelined round trip for Redis). */
+static void flush(tiers *T) {
+    if (!T->dq_n) return;
+    double t0 = ikv_now();
+    size_t ok = ikv_store_put_run(T->st[0], T->dq_p, T->dq_n, T->rcs);
+    if (ok == T->dq_n) ema(&T->put_s[0], (ikv_now() - t0) / (double)T->dq_n);
+    T->cnt[0].demoted += ok;
+    T->dq_n = 0;
+}
 
 /* A promoted node of the current request adopts the pool block loaded for it. */
 static void adopt(ikv_engine *e, tiers *T, uint32_t node, uint32_t j) {
@@ -311,13 +329,10 @@ void ikv__tiers_on_evict(ikv_engine *e, uint32_t node, ikv_key key, int from, in
         /* demotion: write the pool block's bytes (a block never computed is not written) */
         uint32_t b = e->node2blk[node];
         if (b == IKV_NIL || e->state[b] != IKV__BLK_READY) return;
-        pack(e, T, b, key, T->nscope[node], T->stage_p[0]);
-        double t0 = ikv_now();
-        if (ikv_store_put_run(T->st[0], T->stage_p, 1, T->rcs) == 1) {
-            ema(&T->put_s[0], ikv_now() - t0);
-            T->cnt[0].demoted++;
-        }
+        pack(e, T, b, key, T->nscope[node], T->dq_p[T->dq_n++]);
+        if (T->dq_n == CH) flush(T);
     } else if (from > 0 && to > from) {
+        flush(T); /* the block may still be queued */
         /* a lower tier's block moves down: get, put, and delete from a private store */
         size_t a = (size_t)from - 1, z = (size_t)to - 1;
         ikv_block_want w = {.key = key, .scope = T->nscope[node]};
@@ -328,8 +343,10 @@ void ikv__tiers_on_evict(ikv_engine *e, uint32_t node, ikv_key key, int from, in
             T->cnt[a].deleted++;
     } else if (from > 0 && to < 0) {
         size_t a = (size_t)from - 1;
+        if (a == 0) flush(T);
         if (!ikv_store_del_run(T->st[a], &key, &T->nscope[node], 1)) T->cnt[a].deleted++;
     } else if (from > 0 && to == 0) {
+        if (from == 1) flush(T);
         /* promotion: adopt the block loaded for it, if this is the current request's */
         if (T->adopting)
             for (uint32_t j = T->adopt_a; j < T->adopt_b; j++)
@@ -403,6 +420,7 @@ uint32_t ikv__tiers_match(ikv_engine *e, const ikv_request *r, struct ikv_seq *s
     tiers *T = e->tiers;
     const uint32_t bt = e->bt, limit = (uint32_t)((r->n - 1) / bt);
     inf->tier_tokens[0] = (size_t)m * bt;
+    flush(T); /* what the last request demoted is readable before anything is looked up */
     size_t cm = 0;
     ikv_cache_match(e->cache, e->keys, nfull, NULL, T->mtier, &cm);
     IKV_ASSERT(cm == *core_m);
@@ -499,6 +517,7 @@ void ikv__tiers_done(ikv_engine *e, const ikv_request *r, struct ikv_seq *s, uin
         if (b != IKV_NIL && e->bnode[b] != IKV_NIL)
             T->nscope[e->bnode[b]] = (uint64_t)(j + 1) * e->bt <= r->public_tokens ? pub : tenant;
     }
+    flush(T); /* this request's demotions, in one run */
     /* write-through to shared stores, so other engines find the new blocks at once */
     for (size_t t = 0; t < T->n; t++) {
         if (!ikv_store_shared(T->st[t])) continue;
