@@ -255,6 +255,34 @@ static void test_measured_decision(void **st) {
     ikv_store_close(s);
 }
 
+/* A pool too small for the prompt itself (2 cacheable blocks, 12 full blocks): the blocks it
+ * had no room for go to the file tier, the second request loads them as private blocks. */
+static void test_pool_smaller_than_prompt(void **st) {
+    (void)st;
+    char spec[600];
+    snprintf(spec, sizeof spec, "file:%s:4M", tmp_path("small.store"));
+    ikv_store *s = open_store(spec);
+    ikv_engine_options o = opts(2, &s, 1);
+    ikv_engine *e;
+    assert_int_equal(ikv_engine_create(M, &o, &e), 0);
+    ikv__tiers_pin_load_s(e, 1, 1e-12);
+    uint32_t a[200];
+    make_prompt(a, 200, 12);
+    out ref, x;
+    run(e, a, 200, NULL, 0, 1, &ref);
+    run(e, a, 200, NULL, 0, 0, &x);
+    assert_int_equal(x.info.inserted_blocks, 2);
+    freeo(&x);
+    run(e, a, 200, NULL, 0, 0, &x);
+    assert_int_equal(x.info.tier_tokens[0], 32);
+    assert_int_equal(x.info.tier_tokens[1], 160);
+    assert_int_equal(x.info.cached_tokens, 192);
+    same(&x, &ref, 200, 192);
+    freeo(&x), freeo(&ref);
+    ikv_engine_destroy(e);
+    ikv_store_close(s);
+}
+
 /* Writes prompt t through an engine with a file tier in a child process that then exits. */
 static void child_writes(const char *spec, const uint32_t *t, size_t n, const char *tenant,
                          uint64_t cap) {
@@ -571,6 +599,7 @@ int main(void) {
         cmocka_unit_test(test_file_tier),
         cmocka_unit_test(test_load_or_recompute),
         cmocka_unit_test(test_measured_decision),
+        cmocka_unit_test(test_pool_smaller_than_prompt),
         cmocka_unit_test(test_two_processes_file),
         cmocka_unit_test(test_cli_two_runs),
         cmocka_unit_test_teardown(test_redis_tier, teardown_redis),

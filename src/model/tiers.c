@@ -491,7 +491,17 @@ uint32_t ikv__tiers_match(ikv_engine *e, const ikv_request *r, struct ikv_seq *s
         }
         u = lo_end + (uint32_t)ins;
     }
-    for (uint32_t j = m; j < u; j++) {
+    /* loaded blocks the core had no room for still serve this request, as private blocks */
+    uint32_t v = u;
+    while (v < cand && T->pre[v] != IKV_NIL) {
+        uint32_t b = T->pre[v];
+        T->pre[v] = IKV_NIL;
+        e->bdepth[b] = v;
+        e->bparent[b] = v ? s->table[v - 1] : IKV_NIL;
+        s->table[v] = b;
+        s->n_blocks = ++v;
+    }
+    for (uint32_t j = m; j < v; j++) {
         size_t t = (size_t)T->src[j] - 1;
         T->cnt[t].loaded++;
         inf->tier_tokens[t + 1] += bt;
@@ -502,9 +512,11 @@ uint32_t ikv__tiers_match(ikv_engine *e, const ikv_request *r, struct ikv_seq *s
             push(e, T->pre[j]);
             T->pre[j] = IKV_NIL;
         }
-    inf->recomputed_tier_tokens = (size_t)(cand - u) * bt;
-    *core_m = u; /* the engine inserts [u, nfull): lower-tier ones are promoted, recomputed */
-    return u;
+    inf->recomputed_tier_tokens = (size_t)(cand - v) * bt;
+    /* the engine inserts [u, nfull) (lower-tier ones are promoted and recomputed) unless
+     * private loaded blocks follow u: then nothing is inserted (*core_m != v) */
+    *core_m = u;
+    return v;
 }
 
 void ikv__tiers_done(ikv_engine *e, const ikv_request *r, struct ikv_seq *s, uint32_t m,
@@ -518,14 +530,18 @@ void ikv__tiers_done(ikv_engine *e, const ikv_request *r, struct ikv_seq *s, uin
             T->nscope[e->bnode[b]] = (uint64_t)(j + 1) * e->bt <= r->public_tokens ? pub : tenant;
     }
     flush(T); /* this request's demotions, in one run */
-    /* write-through to shared stores, so other engines find the new blocks at once */
+    /* write-through to shared stores, so other engines find the new blocks at once: the
+     * inserted blocks, and the full blocks computed as private because the pool had no room
+     * (a later request finds them by probing) */
+    uint32_t nfull = r->no_cache ? 0 : (uint32_t)(r->n / e->bt); /* no keys without the cache */
+    for (uint32_t j = m; j < nfull; j++) T->salt[j] = (uint64_t)(j + 1) * e->bt <= r->public_tokens ? pub : tenant;
     for (size_t t = 0; t < T->n; t++) {
         if (!ikv_store_shared(T->st[t])) continue;
-        for (uint32_t j0 = m; j0 < m + inserted; j0 += CH) {
-            uint32_t k = m + inserted - j0 < CH ? m + inserted - j0 : CH;
+        for (uint32_t j0 = m; j0 < nfull; j0 += CH) {
+            uint32_t k = nfull - j0 < CH ? nfull - j0 : CH;
             for (uint32_t i = 0; i < k; i++) {
-                uint32_t b = s->table[j0 + i];
-                pack(e, T, b, e->bkey[b], T->nscope[e->bnode[b]], T->stage_p[i]);
+                uint32_t j = j0 + i, b = s->table[j];
+                pack(e, T, b, e->keys[j], T->salt[j], T->stage_p[i]);
             }
             double t0 = ikv_now();
             size_t ok = ikv_store_put_run(T->st[t], T->stage_p, k, T->rcs);
