@@ -129,6 +129,7 @@ static int measure(ikv_store *s, const geom *g, size_t nblk, size_t R, int repea
     int *rcs = malloc(R * sizeof *rcs);
     double bp = 1e30, bg = 1e30;
     int ok = 1;
+    size_t misses = 0;
     for (int rep = 0; rep < repeat && ok; rep++) {
         double t0 = ikv_now();
         for (size_t i0 = 0; i0 < nblk; i0 += R) {
@@ -149,7 +150,7 @@ static int measure(ikv_store *s, const geom *g, size_t nblk, size_t R, int repea
                 w[j] = (ikv_block_want){.key = {.lo = i0 + j + 1, .hi = salt}, .scope = salt};
                 dp[j] = dst + (i0 + j) * g->slot;
             }
-            if (ikv_store_get_run(s, w, k, dp, g->slot, lens, rcs) != k) ok = 0;
+            misses += k - ikv_store_get_run(s, w, k, dp, g->slot, lens, rcs);
         }
         double t2 = ikv_now();
         if (t1 - t0 < bp) bp = t1 - t0;
@@ -161,6 +162,9 @@ static int measure(ikv_store *s, const geom *g, size_t nblk, size_t R, int repea
     out->put_us_block = bp / (double)nblk * 1e6;
     out->get_us_block = bg / (double)nblk * 1e6;
     free(sp), free(dp), free(w), free(lens), free(rcs);
+    if (misses)
+        fprintf(stderr, "bench_store: %zu of %zu gets missed (a full set evicted them)\n", misses,
+                nblk * (size_t)repeat);
     return ok ? 0 : -1;
 }
 
@@ -188,15 +192,16 @@ static double seq_read_gbs(const char *path, size_t bytes, int repeat) {
     return (double)bytes / best / 1e9;
 }
 
-static double memcpy_gbs(uint8_t *dst, const uint8_t *src, size_t bytes, int repeat) {
+/* memcpy of the same blocks, one call per block slot to slot (the copies a get makes). */
+static double memcpy_gbs(uint8_t *dst, const uint8_t *src, size_t nblk, size_t slot, int repeat) {
     double best = 1e30;
     for (int r = 0; r < repeat; r++) {
         double t0 = ikv_now();
-        memcpy(dst, src, bytes);
+        for (size_t i = 0; i < nblk; i++) memcpy(dst + i * slot, src + i * slot, slot);
         double dt = ikv_now() - t0;
         if (dt < best) best = dt;
     }
-    return (double)bytes / best / 1e9;
+    return (double)nblk * (double)slot / best / 1e9;
 }
 
 int main(int argc, char **argv) {
@@ -264,11 +269,11 @@ int main(int argc, char **argv) {
         uint8_t *src = malloc(nblk * g.slot), *dst = malloc(nblk * g.slot);
         for (size_t i = 0; i < nblk * g.slot; i++) src[i] = (uint8_t)(i * 131 + 7);
         memset(dst, 0, nblk * g.slot);
-        double mc = memcpy_gbs(dst, src, nblk * g.slot, repeat);
+        double mc = memcpy_gbs(dst, src, nblk, g.slot, repeat);
         double blk_tok_us = g.recompute_s_per_tok * 1e6;
         printf("\nmodel %s: block %zu bytes (%zu KV + header and token ids); recompute %.1f "
                "us/token = %.1f us/block at a 512-token context (engine prefill, 1 thread, "
-               "measured); memcpy %.2f GB/s\n",
+               "measured); memcpy of the same blocks %.2f GB/s\n",
                name, g.slot, g.payload, blk_tok_us, blk_tok_us * 16, mc);
         printf("  %-26s %4s %9s %9s %11s %11s %12s\n", "backend", "run", "put GB/s", "get GB/s",
                "put us/blk", "get us/blk", "break-even / load:recompute");
@@ -277,11 +282,11 @@ int main(int argc, char **argv) {
         char fpath[600];
         snprintf(fpath, sizeof fpath, "%s/bench_store_%d.store", dir, (int)getpid());
         unlink(fpath);
-        snprintf(specs[nb++], sizeof specs[0], "mem:%zu", (nblk + 64) * g.slot * 2);
-        snprintf(specs[nb++], sizeof specs[0], "file:%s:%zu", fpath, (nblk + 64) * g.slot * 2);
+        snprintf(specs[nb++], sizeof specs[0], "mem:%zu", (nblk + 64) * g.slot * 4);
+        snprintf(specs[nb++], sizeof specs[0], "file:%s:%zu", fpath, (nblk + 64) * g.slot * 4);
         if (port > 0)
             snprintf(specs[nb++], sizeof specs[0], "redis://127.0.0.1:%d:%zu", port,
-                     (nblk + 64) * g.slot * 2);
+                     (nblk + 64) * g.slot * 4);
         for (size_t b = 0; b < nb; b++) {
             ikv_store *s;
             if (ikv_store_open(specs[b], &p, &s)) {
@@ -292,7 +297,7 @@ int main(int argc, char **argv) {
             size_t runs[3] = {1, 16, 256};
             for (int r = 0; r < 3; r++)
                 if (measure(s, &g, nblk, runs[r], repeat, src, dst, 100, &res[r]))
-                    fprintf(stderr, "bench_store: %s: some puts or gets failed\n", specs[b]);
+                    fprintf(stderr, "bench_store: %s: some puts failed\n", specs[b]);
             /* fit get time per run: a + R * blk from the runs of 1 and 256 */
             double t1 = res[0].get_us_block, t256 = res[2].get_us_block * 256;
             double per_blk = (t256 - t1) / 255, a = t1 - per_blk;
