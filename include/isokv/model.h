@@ -169,6 +169,9 @@ typedef struct ikv_engine_options {
     uint64_t tier_blocks[IKV_MAX_TIERS - 1];
     size_t n_tiers;
     uint64_t tokenizer_fp; /* hash of the tokenizer, part of the model fingerprint (0 = none) */
+    int tier_dtype;        /* lower tiers' payload: IKV_BLOB_DTYPE_F32 (0, exact) or
+                              IKV_BLOB_DTYPE_Q8 (int8 with a scale per token and kv head: about
+                              4x fewer bytes, lossy; hits from such a tier are reported) */
 } ikv_engine_options;
 
 void ikv_engine_options_default(ikv_engine_options *o);
@@ -201,6 +204,8 @@ typedef struct ikv_prefill_info {
                                           1.. = the lower tiers, loaded) */
     size_t recomputed_tier_tokens;     /* positions found in a lower tier but recomputed
                                           (cheaper, or the load failed) */
+    size_t lossy_tokens;               /* cached positions whose K/V went through a lossy (q8)
+                                          tier, now or when a pool block was loaded */
     double seconds;         /* wall time of the call (measured) */
 } ikv_prefill_info;
 
@@ -300,6 +305,7 @@ typedef struct ikv_engine_bench_options {
      * a fourth (another tenant, the first prefix) takes it from the tiers: TTFT from the tier */
     const char *tiers[IKV_MAX_TIERS - 1];
     size_t n_tiers;
+    int tier_dtype; /* IKV_BLOB_DTYPE_F32 or _Q8 */
 } ikv_engine_bench_options;
 
 typedef struct ikv_engine_bench_row {

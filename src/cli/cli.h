@@ -41,7 +41,10 @@ typedef struct cli_tiers {
     const char *specs[CLI_MAX_TIERS];
     size_t n;
     struct ikv_store *st[CLI_MAX_TIERS];
+    int dtype; /* --tier-dtype: 0 fp32, 1 q8 */
 } cli_tiers;
+/* Parses a --tier-dtype value (f32, q8); IKV_EXIT_USAGE with a message if neither. */
+int cli_tiers_dtype(cli_tiers *t, const char *cmd, const char *v);
 /* Records one --tier value; IKV_EXIT_USAGE (with a message) past CLI_MAX_TIERS. */
 int cli_tiers_add(cli_tiers *t, const char *cmd, const char *spec);
 /* Opens the stores for the model and sets eo's tier list (tokenizer: its file, or NULL).

@@ -16,7 +16,19 @@ const char cli_tiers_help[] =
     "--tier SPEC adds a lower KV tier below the engine's pool, fastest first (repeatable, up\n"
     "to 3): mem:SIZE, file:PATH:SIZE (persistent), redis://HOST:PORT[/DB]:SIZE,\n"
     "redis-cluster://HOST:PORT[,HOST:PORT...][:SIZE]. Blocks the pool evicts go down the\n"
-    "tiers; a later hit loads them back when loading is measured to beat recomputing.\n";
+    "tiers; a later hit loads them back when loading is measured to beat recomputing.\n"
+    "--tier-dtype q8 stores lower-tier blocks as int8 with a scale per token and kv head\n"
+    "(about 4x fewer bytes; lossy: such hits are reported; default f32, exact).\n";
+
+int cli_tiers_dtype(cli_tiers *t, const char *cmd, const char *v) {
+    if (!strcmp(v, "f32") || !strcmp(v, "fp32"))
+        t->dtype = IKV_BLOB_DTYPE_F32;
+    else if (!strcmp(v, "q8"))
+        t->dtype = IKV_BLOB_DTYPE_Q8;
+    else
+        return cli_usage_error(cmd, "--tier-dtype wants f32 or q8, got '%s'", v);
+    return IKV_EXIT_OK;
+}
 
 int cli_tiers_add(cli_tiers *t, const char *cmd, const char *spec) {
     if (t->n == CLI_MAX_TIERS)
@@ -44,6 +56,7 @@ int cli_tiers_open(cli_tiers *t, const char *cmd, const ikv_model *m, const char
                    ikv_engine_options *eo) {
     if (!t->n) return IKV_EXIT_OK;
     eo->tokenizer_fp = tokenizer ? file_hash(tokenizer) : 0;
+    eo->tier_dtype = t->dtype;
     ikv_store_params p;
     ikv_engine_store_params(m, eo, &p);
     for (size_t i = 0; i < t->n; i++) {

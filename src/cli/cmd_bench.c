@@ -17,7 +17,8 @@
 static void help(FILE *f) {
     fputs("usage: isokv bench engine [--config small] [--prefix 2048] [--suffix 32] [--decode 32]\n"
           "                          [--threads 1,2] [--repeat 3] [--tile 64] [--group 8]\n"
-          "                          [--seed S] [--json] [--tier SPEC]...\n\n"
+          "                          [--seed S] [--json] [--tier SPEC]...\n"
+          "                          [--tier-dtype q8]\n\n"
           "engine: builds a random-weight model of the config in memory and measures, at each\n"
           "thread count, TTFT cold vs warm for a P-token shared public prefix + Q-token private\n"
           "suffix (the warm request is another tenant's, reusing the prefix from the cache),\n"
@@ -57,6 +58,10 @@ static int engine(int argc, char **argv) {
             if (o.n_tiers == IKV_MAX_TIERS - 1)
                 return cli_usage_error("bench", "at most %d --tier options", IKV_MAX_TIERS - 1);
             o.tiers[o.n_tiers++] = v;
+        } else if (!strcmp(a, "--tier-dtype")) {
+            cli_tiers t = {0};
+            if (cli_tiers_dtype(&t, "bench", v)) return IKV_EXIT_USAGE;
+            o.tier_dtype = t.dtype;
         }
         else if (!strcmp(a, "--prefix") || !strcmp(a, "--suffix") || !strcmp(a, "--decode") ||
                  !strcmp(a, "--seed") || !strcmp(a, "--repeat") || !strcmp(a, "--tile") ||

@@ -27,7 +27,7 @@ static void help(FILE *f) {
     fputs("usage: isokv run --model M.bin [--tokenizer T.bin] --prompt TEXT [-n 64] [--temp 0]\n"
           "                 [--topp 0.9] [--seed S] [--threads T] [--kv-mem BYTES]\n"
           "                 [--policy NAME] [--tenant NAME] [--public N] [--repeat R]\n"
-          "                 [--stop-eos] [--raw-bytes] [--tier SPEC]...\n\n"
+          "                 [--stop-eos] [--raw-bytes] [--tier SPEC]... [--tier-dtype q8]\n\n"
           "Encodes the prompt (BOS first; byte-level when no tokenizer is given), prefills it\n"
           "through the prefix cache, then decodes up to -n tokens (stopping at BOS, also at EOS\n"
           "with --stop-eos, or at seq_len) and prints the text as llama2.c's run.c does: byte\n"
@@ -87,6 +87,8 @@ int ikv_cmd_run(int argc, char **argv) {
             eo.policy = v;
         else if (!strcmp(a, "--tier")) {
             if (cli_tiers_add(&tiers, "run", v)) return IKV_EXIT_USAGE;
+        } else if (!strcmp(a, "--tier-dtype")) {
+            if (cli_tiers_dtype(&tiers, "run", v)) return IKV_EXIT_USAGE;
         }
         else if (!strcmp(a, "-n"))
             bad = cli_parse_u64(v, &steps);
@@ -200,8 +202,11 @@ int ikv_cmd_run(int argc, char **argv) {
                     info.tier_tokens[0]);
             for (size_t t = 1; t <= tiers.n; t++)
                 fprintf(stderr, ", %s %zu", tiers.specs[t - 1], info.tier_tokens[t]);
-            fprintf(stderr, "; %zu tier tokens recomputed (cheaper or failed)\n",
+            fprintf(stderr, "; %zu tier tokens recomputed (cheaper or failed)",
                     info.recomputed_tier_tokens);
+            if (info.lossy_tokens)
+                fprintf(stderr, "; %zu cached tokens LOSSY (q8 tier)", info.lossy_tokens);
+            fprintf(stderr, "\n");
         }
     }
     cli_tiers_report(&tiers, e, "run");

@@ -224,6 +224,7 @@ int ikv_engine_bench(const ikv_engine_bench_options *o, ikv_engine_bench_result 
             uint64_t bb = ikv_model_kv_bytes_per_token(&r->cfg) * eo.block_tokens;
             uint64_t maxb = ((uint64_t)r->cfg.seq_len + eo.block_tokens - 1) / eo.block_tokens;
             eo.kv_mem = (maxb + n / eo.block_tokens + 2) * bb;
+            eo.tier_dtype = o->tier_dtype;
             ikv_store_params sp;
             ikv_engine_store_params(m, &eo, &sp);
             for (size_t t = 0; t < o->n_tiers && t < IKV_MAX_TIERS - 1 && !rc; t++)

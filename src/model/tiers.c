@@ -40,6 +40,7 @@
  */
 #include "internal.h"
 
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 #include <xxhash.h>
@@ -81,6 +82,8 @@ struct ikv__tiers {
     double load_s[IKV_MAX_TIERS - 1], put_s[IKV_MAX_TIERS - 1]; /* seconds per block */
     double s_per_flop;                                          /* prefill, 0 = unknown */
     int pinned[IKV_MAX_TIERS - 1];                              /* tests: load_s fixed */
+    int dtype;                                                  /* IKV_BLOB_DTYPE_* */
+    uint8_t *blossy; /* [nblocks] 1: the pool block's K/V went through a q8 tier */
     tier_counts cnt[IKV_MAX_TIERS - 1];
 };
 
@@ -91,11 +94,16 @@ typedef struct ikv__tiers tiers;
 uint64_t ikv_engine_fingerprint(const ikv_model *m, const ikv_engine_options *o) {
     uint64_t h = XXH3_64bits(m->image, m->image_bytes);
     uint64_t v[5] = {h, o ? o->tokenizer_fp : 0, o && o->block_tokens ? o->block_tokens : 16,
-                     IKV_BLOB_DTYPE_F32, LAYOUT_VERSION};
+                     o ? (uint64_t)o->tier_dtype : 0, LAYOUT_VERSION};
     return XXH3_64bits(v, sizeof v);
 }
 
-static size_t payload_bytes(const ikv_model *m, uint32_t bt) {
+/* Payload bytes of a block: fp32 K and V, or per (layer, K|V, kv head, token) a float scale
+ * and head_dim int8 values (q8). */
+static size_t payload_bytes(const ikv_model *m, uint32_t bt, int dtype) {
+    if (dtype == IKV_BLOB_DTYPE_Q8)
+        return (size_t)m->cfg.n_layers * 2 * (size_t)m->cfg.n_kv_heads * bt *
+               ((size_t)m->head_dim + 4);
     return (size_t)ikv_model_kv_bytes_per_token(&m->cfg) * bt;
 }
 
@@ -103,7 +111,7 @@ void ikv_engine_store_params(const ikv_model *m, const ikv_engine_options *o,
                              ikv_store_params *p) {
     uint32_t bt = o && o->block_tokens ? o->block_tokens : 16;
     memset(p, 0, sizeof *p);
-    p->slot_bytes = ikv_blob_bytes(bt, payload_bytes(m, bt));
+    p->slot_bytes = ikv_blob_bytes(bt, payload_bytes(m, bt, o ? o->tier_dtype : 0));
     p->fingerprint = ikv_engine_fingerprint(m, o);
 }
 
@@ -129,26 +137,58 @@ static size_t layer_floats(const ikv_engine *e) {
     return e->block_floats / (size_t)e->m->cfg.n_layers;
 }
 
-/* Packs pool block b (key, scope, token ids, K/V) into blob. */
+/* Packs pool block b (key, scope, token ids, K/V) into blob, as fp32 or q8: each row of
+ * head_dim values (one token of one kv head of K or V of one layer) becomes a float scale
+ * max|x| / 127 and round(x / scale) as int8 (all zeros: scale 0). Does not allocate. */
 static void pack(const ikv_engine *e, const tiers *T, uint32_t b, ikv_key key, uint64_t scope,
                  void *blob) {
     ikv_blob_desc d = {.key = key, .scope = scope, .ntok = e->bt,
-                       .payload_bytes = (uint32_t)T->payload, .dtype = IKV_BLOB_DTYPE_F32};
+                       .payload_bytes = (uint32_t)T->payload, .dtype = (uint8_t)T->dtype};
     void *pay;
     uint32_t *tok = ikv_blob_init(blob, &d, &pay);
     memcpy(tok, e->btokens + (size_t)b * e->bt, sizeof(uint32_t) * e->bt);
     size_t lf = layer_floats(e);
-    for (int l = 0; l < e->m->cfg.n_layers; l++)
-        memcpy((float *)pay + (size_t)l * lf, ikv__kv_at(e, b, l, 0, 0, 0), sizeof(float) * lf);
+    if (T->dtype == IKV_BLOB_DTYPE_F32) {
+        for (int l = 0; l < e->m->cfg.n_layers; l++)
+            memcpy((float *)pay + (size_t)l * lf, ikv__kv_at(e, b, l, 0, 0, 0), sizeof(float) * lf);
+        return;
+    }
+    size_t hd = (size_t)e->m->head_dim, rows = lf / hd;
+    uint8_t *q = pay;
+    for (int l = 0; l < e->m->cfg.n_layers; l++) {
+        const float *x = ikv__kv_at(e, b, l, 0, 0, 0);
+        for (size_t r = 0; r < rows; r++, x += hd, q += hd + 4) {
+            float mx = 0;
+            for (size_t i = 0; i < hd; i++) mx = fabsf(x[i]) > mx ? fabsf(x[i]) : mx;
+            float sc = mx / 127.0f, inv = mx > 0 ? 127.0f / mx : 0;
+            memcpy(q, &sc, 4);
+            for (size_t i = 0; i < hd; i++) ((int8_t *)q)[4 + i] = (int8_t)lrintf(x[i] * inv);
+        }
+    }
 }
 
-/* Copies a verified blob's token ids and K/V into pool block b. */
+/* Copies a verified blob's token ids and K/V (dequantized if q8) into pool block b. */
 static void unpack(ikv_engine *e, const void *blob, uint32_t b) {
     memcpy(e->btokens + (size_t)b * e->bt, ikv_blob_tokens(blob), sizeof(uint32_t) * e->bt);
-    const float *pay = ikv_blob_payload(blob);
+    const int dtype = ((const uint8_t *)blob)[6]; /* store.h: the header's dtype byte */
     size_t lf = layer_floats(e);
-    for (int l = 0; l < e->m->cfg.n_layers; l++)
-        memcpy(ikv__kv_at(e, b, l, 0, 0, 0), pay + (size_t)l * lf, sizeof(float) * lf);
+    e->tiers->blossy[b] = dtype == IKV_BLOB_DTYPE_Q8;
+    if (dtype == IKV_BLOB_DTYPE_F32) {
+        const float *pay = ikv_blob_payload(blob);
+        for (int l = 0; l < e->m->cfg.n_layers; l++)
+            memcpy(ikv__kv_at(e, b, l, 0, 0, 0), pay + (size_t)l * lf, sizeof(float) * lf);
+        return;
+    }
+    size_t hd = (size_t)e->m->head_dim, rows = lf / hd;
+    const uint8_t *q = ikv_blob_payload(blob);
+    for (int l = 0; l < e->m->cfg.n_layers; l++) {
+        float *x = ikv__kv_at(e, b, l, 0, 0, 0);
+        for (size_t r = 0; r < rows; r++, x += hd, q += hd + 4) {
+            float sc;
+            memcpy(&sc, q, 4);
+            for (size_t i = 0; i < hd; i++) x[i] = sc * (float)((const int8_t *)q)[4 + i];
+        }
+    }
 }
 
 /* ---- cost model ---------------------------------------------------------------------------- */
@@ -196,7 +236,7 @@ void ikv__tiers_destroy(ikv_engine *e) {
     tiers *T = e->tiers;
     if (!T) return;
     flush(T);
-    void *bufs[] = {T->stage, T->dq, T->nscope, T->mtier, T->src, T->pre, T->salt, T->found, T->pkeys,
+    void *bufs[] = {T->stage, T->dq, T->blossy, T->nscope, T->mtier, T->src, T->pre, T->salt, T->found, T->pkeys,
                     T->pscopes};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ikv_free(bufs[i]);
     ikv_free(T);
@@ -273,11 +313,14 @@ int ikv__tiers_create(ikv_engine *e, const ikv_engine_options *o) {
     ikv_store_params p;
     ikv_engine_store_params(e->m, o, &p);
     T->fp = p.fingerprint;
-    T->payload = payload_bytes(e->m, e->bt);
+    if (o->tier_dtype != IKV_BLOB_DTYPE_F32 && o->tier_dtype != IKV_BLOB_DTYPE_Q8)
+        return ikv_error(IKV_EINVAL, "tier dtype %d: expected fp32 (0) or q8 (1)", o->tier_dtype);
+    T->dtype = o->tier_dtype;
+    T->payload = payload_bytes(e->m, e->bt, T->dtype);
     T->blob = p.slot_bytes;
     size_t mb = e->max_blocks;
     if (!TALLOC(T->stage, CH * T->blob) || !TALLOC(T->dq, CH * T->blob) ||
-        !TALLOC(T->nscope, e->node_limit) ||
+        !TALLOC(T->nscope, e->node_limit) || !TALLOC(T->blossy, e->nblocks) ||
         !TALLOC(T->mtier, mb) || !TALLOC(T->src, mb) || !TALLOC(T->pre, mb) ||
         !TALLOC(T->salt, mb) || !TALLOC(T->found, mb) || !TALLOC(T->pkeys, mb) ||
         !TALLOC(T->pscopes, mb))
@@ -424,7 +467,10 @@ uint32_t ikv__tiers_match(ikv_engine *e, const ikv_request *r, struct ikv_seq *s
     size_t cm = 0;
     ikv_cache_match(e->cache, e->keys, nfull, NULL, T->mtier, &cm);
     IKV_ASSERT(cm == *core_m);
-    if (m < cm && T->mtier[m] == 0) return m; /* a rejected pool block: no tier past it */
+    if (m < cm && T->mtier[m] == 0) { /* a rejected pool block: no tier past it */
+        for (uint32_t j = 0; j < m; j++) inf->lossy_tokens += T->blossy[s->table[j]] ? bt : 0;
+        return m;
+    }
     if (m < cm) inf->rejected_blocks = 0;        /* they were lower-tier hits, not rejections */
     uint64_t tenant = ikv_scope_salt(e->opt.key_seed, r->tenant);
     uint64_t pub = ikv_scope_salt(e->opt.key_seed, NULL);
@@ -440,6 +486,7 @@ uint32_t ikv__tiers_match(ikv_engine *e, const ikv_request *r, struct ikv_seq *s
     if (lo_end > cand) lo_end = cand;
     if (cand <= m) {
         if (cm > m) *core_m = m; /* recompute the lower-tier blocks into fresh ones */
+        for (uint32_t j = 0; j < m; j++) inf->lossy_tokens += T->blossy[s->table[j]] ? bt : 0;
         return m;
     }
     /* the split: load [m, sp), recompute [sp, cand) */
@@ -506,6 +553,7 @@ uint32_t ikv__tiers_match(ikv_engine *e, const ikv_request *r, struct ikv_seq *s
         T->cnt[t].loaded++;
         inf->tier_tokens[t + 1] += bt;
     }
+    for (uint32_t j = 0; j < v; j++) inf->lossy_tokens += T->blossy[s->table[j]] ? bt : 0;
     /* loaded but not adopted (no room in the core): back to the pool, to be recomputed */
     for (uint32_t j = m; j < cand; j++)
         if (T->pre[j] != IKV_NIL) {
@@ -524,6 +572,7 @@ void ikv__tiers_done(ikv_engine *e, const ikv_request *r, struct ikv_seq *s, uin
     tiers *T = e->tiers;
     uint64_t tenant = ikv_scope_salt(e->opt.key_seed, r->tenant);
     uint64_t pub = ikv_scope_salt(e->opt.key_seed, NULL);
+    for (uint32_t j = m; j < s->n_blocks; j++) T->blossy[s->table[j]] = 0; /* computed: exact */
     for (uint32_t j = m; j < m + inserted; j++) {
         uint32_t b = s->table[j];
         if (b != IKV_NIL && e->bnode[b] != IKV_NIL)
