@@ -30,6 +30,17 @@
  * probed ones are inserted. The first load that fails (miss, corrupt, mismatch, down) ends the
  * loaded prefix; the rest is recomputed, and counted. Both outcomes are counted per tier.
  *
+ * Loaded blocks the core has no room for (a pool smaller than the prompt) still serve the
+ * request as private blocks. After the prefill, the request's new full blocks (inserted, or
+ * private for want of room) are written through to the shared stores, so other processes find
+ * them by probing; demotions into tier 1 are queued and written in runs of CH.
+ *
+ * q8 (options.tier_dtype): a payload row of head_dim values (one token, one kv head, K or V,
+ * one layer) is stored as a float scale max|x| / 127 and int8 round(x / scale): head_dim + 4
+ * bytes instead of 4 head_dim. Lossy: pool blocks loaded from q8 are flagged, and every
+ * request that uses them counts them in lossy_tokens. The dtype is part of the fingerprint, so
+ * an fp32 engine never takes a q8 block.
+ *
  * Fail closed: a blob is used only when its checksum, key, scope, fingerprint and token ids
  * hold (store.c). Keys in every store carry the tenant's scope salt, so a tenant never loads
  * another tenant's private block, even from a shared store.
