@@ -7,9 +7,10 @@
  *     bench_store [--models stories260K,small,base] [--mb 128] [--repeat 3] [--no-redis]
  *                 [--dir /tmp]
  *
- * Baselines measured here: memcpy of the same bytes (mem's target: get within 2x), and the
- * file's own sequential read rate (4 MiB preads over the slot bodies just written, so in the
- * same page-cache state as the gets; file's target: >= 70%). Redis is a redis-server child on a
+ * Baselines measured here: memcpy of the same blocks, slot to slot (mem's target: get within
+ * 2x), and the file's own sequential read rate (4 MiB preads over the slot bodies just written,
+ * into the buffer the gets wrote, so in the same page-cache and memory state; file's target:
+ * >= 70%). Redis is a redis-server child on a
  * free loopback port (killed at exit); its target is >= 300 MB/s with pipelining. Every figure
  * is the best of --repeat runs (the machine may be shared). Recompute: the engine's no-cache
  * prefill of a 512-token prompt (1 thread), best of --repeat; a block's recompute time is its
@@ -168,26 +169,25 @@ static int measure(ikv_store *s, const geom *g, size_t nblk, size_t R, int repea
     return ok ? 0 : -1;
 }
 
-/* Sequential read rate of the file's slot bodies (4 MiB preads), best of repeat. */
-static double seq_read_gbs(const char *path, size_t bytes, int repeat) {
+/* Sequential read rate of the file's slot bodies (4 MiB preads into dst, the buffer the gets
+ * filled, so both write the same memory), best of repeat. */
+static double seq_read_gbs(const char *path, size_t bytes, int repeat, uint8_t *dst) {
     int fd = open(path, O_RDONLY);
     if (fd < 0) return 0;
     size_t chunk = 4u << 20;
-    uint8_t *buf = malloc(chunk);
     double best = 1e30;
     for (int r = 0; r < repeat; r++) {
         double t0 = ikv_now();
         size_t done = 0;
         while (done < bytes) {
             size_t k = bytes - done < chunk ? bytes - done : chunk;
-            ssize_t got = pread(fd, buf, k, (off_t)(8192 + done));
+            ssize_t got = pread(fd, dst + done, k, (off_t)(8192 + done));
             if (got <= 0) break;
             done += (size_t)got;
         }
         double dt = ikv_now() - t0;
         if (dt < best) best = dt;
     }
-    free(buf);
     close(fd);
     return (double)bytes / best / 1e9;
 }
@@ -324,7 +324,7 @@ int main(int argc, char **argv) {
                 printf("  %-26s mem get (run of 256) / memcpy = %.2f (target >= 0.5)\n", "",
                        res[2].get_gbs / mc);
             if (b == 1) {
-                double sq = seq_read_gbs(fpath, nblk * (g.slot - 64), repeat);
+                double sq = seq_read_gbs(fpath, nblk * (g.slot - 64), repeat, dst);
                 printf("  %-26s sequential read of the file %.2f GB/s; get (run of 256) / "
                        "sequential = %.2f (target >= 0.7)\n", "", sq, res[2].get_gbs / sq);
             }
