@@ -64,8 +64,9 @@ static int start_redis(void) {
     if (pid == 0) {
         int dn = open("/dev/null", O_WRONLY);
         if (dn >= 0) dup2(dn, 1), dup2(dn, 2);
-        const char *argv[] = {"redis-server", "--port", ps, "--bind", "127.0.0.1", "--save", "",
-                              "--appendonly", "no", "--daemonize", "no", NULL};
+        const char *argv[] = {"redis-server", "--port",      ps,   "--bind",
+                              "127.0.0.1",    "--save",      "",   "--appendonly",
+                              "no",           "--daemonize", "no", NULL};
         execvp(argv[0], (char *const *)argv);
         _exit(127);
     }
@@ -102,7 +103,8 @@ static double measure_recompute(ikv_model *m, int repeat) {
     const ikv_model_config *c = ikv_model_cfg(m);
     size_t n = c->seq_len < 512 ? (size_t)c->seq_len : 512;
     uint32_t *t = malloc(n * sizeof *t);
-    for (size_t i = 0; i < n; i++) t[i] = 3 + (uint32_t)((i * 2654435761u) % (uint32_t)(c->vocab_size - 3));
+    for (size_t i = 0; i < n; i++)
+        t[i] = 3 + (uint32_t)((i * 2654435761u) % (uint32_t)(c->vocab_size - 3));
     double best = 1e30;
     for (int r = 0; r < repeat; r++) {
         ikv_request rq = {.tokens = t, .n = n, .no_cache = 1};
@@ -137,8 +139,10 @@ static int measure(ikv_store *s, const geom *g, size_t nblk, size_t R, int repea
             size_t k = nblk - i0 < R ? nblk - i0 : R;
             for (size_t j = 0; j < k; j++) {
                 uint8_t *b = src + (i0 + j) * g->slot;
-                ikv_blob_desc d = {.key = {.lo = i0 + j + 1, .hi = salt}, .scope = salt,
-                                   .ntok = 16, .payload_bytes = (uint32_t)g->payload};
+                ikv_blob_desc d = {.key = {.lo = i0 + j + 1, .hi = salt},
+                                   .scope = salt,
+                                   .ntok = 16,
+                                   .payload_bytes = (uint32_t)g->payload};
                 (void)ikv_blob_init(b, &d, NULL); /* header only: tokens and payload as filled */
                 sp[j] = b;
             }
@@ -197,7 +201,8 @@ static double memcpy_gbs(uint8_t *dst, const uint8_t *src, size_t nblk, size_t s
     double best = 1e30;
     for (int r = 0; r < repeat; r++) {
         double t0 = ikv_now();
-        for (size_t i = 0; i < nblk; i++) memcpy(dst + i * slot, src + i * slot, slot);
+        for (size_t i = 0; i < nblk; i++)
+            memcpy(dst + i * slot, src + i * slot, slot);
         double dt = ikv_now() - t0;
         if (dt < best) best = dt;
     }
@@ -218,10 +223,14 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_store: option '%s' needs a value\n", a);
             return 2;
         }
-        if (!strcmp(a, "--models")) models = v;
-        else if (!strcmp(a, "--dir")) dir = v;
-        else if (!strcmp(a, "--mb")) mb = (size_t)atol(v);
-        else if (!strcmp(a, "--repeat")) repeat = atoi(v);
+        if (!strcmp(a, "--models"))
+            models = v;
+        else if (!strcmp(a, "--dir"))
+            dir = v;
+        else if (!strcmp(a, "--mb"))
+            mb = (size_t)atol(v);
+        else if (!strcmp(a, "--repeat"))
+            repeat = atoi(v);
         else {
             fprintf(stderr, "bench_store: unknown option '%s'\n", a);
             return 2;
@@ -244,7 +253,8 @@ int main(int argc, char **argv) {
         if (!strcmp(name, "stories260K")) {
             const char *src = getenv("IKV_SOURCE_DIR");
             char path[600];
-            snprintf(path, sizeof path, "%s/data/models/stories260K/stories260K.bin", src ? src : ".");
+            snprintf(path, sizeof path, "%s/data/models/stories260K/stories260K.bin",
+                     src ? src : ".");
             if (ikv_model_load(path, &g.m)) {
                 fprintf(stderr, "bench_store: %s\n", ikv_errdetail());
                 continue;
@@ -267,7 +277,8 @@ int main(int argc, char **argv) {
         size_t nblk = mb * 1048576 / g.slot;
         if (nblk < 256) nblk = 256;
         uint8_t *src = malloc(nblk * g.slot), *dst = malloc(nblk * g.slot);
-        for (size_t i = 0; i < nblk * g.slot; i++) src[i] = (uint8_t)(i * 131 + 7);
+        for (size_t i = 0; i < nblk * g.slot; i++)
+            src[i] = (uint8_t)(i * 131 + 7);
         memset(dst, 0, nblk * g.slot);
         double mc = memcpy_gbs(dst, src, nblk, g.slot, repeat);
         double blk_tok_us = g.recompute_s_per_tok * 1e6;
@@ -316,9 +327,12 @@ int main(int argc, char **argv) {
                 } else {
                     snprintf(be, sizeof be, "%.3fx", res[r].get_us_block / (16 * c));
                 }
-                const char *label = b == 0 ? "mem" : b == 1 ? "file (page cache)" : "redis loopback";
-                printf("  %-26s %4zu %9.2f %9.2f %11.1f %11.1f %12s\n", r == 0 ? label : "", runs[r],
-                       res[r].put_gbs, res[r].get_gbs, res[r].put_us_block, res[r].get_us_block, be);
+                const char *label = b == 0   ? "mem"
+                                    : b == 1 ? "file (page cache)"
+                                             : "redis loopback";
+                printf("  %-26s %4zu %9.2f %9.2f %11.1f %11.1f %12s\n", r == 0 ? label : "",
+                       runs[r], res[r].put_gbs, res[r].get_gbs, res[r].put_us_block,
+                       res[r].get_us_block, be);
             }
             if (b == 0)
                 printf("  %-26s mem get (run of 256) / memcpy = %.2f (target >= 0.5)\n", "",
@@ -326,7 +340,8 @@ int main(int argc, char **argv) {
             if (b == 1) {
                 double sq = seq_read_gbs(fpath, nblk * (g.slot - 64), repeat, dst);
                 printf("  %-26s sequential read of the file %.2f GB/s; get (run of 256) / "
-                       "sequential = %.2f (target >= 0.7)\n", "", sq, res[2].get_gbs / sq);
+                       "sequential = %.2f (target >= 0.7)\n",
+                       "", sq, res[2].get_gbs / sq);
             }
             if (b == 2)
                 printf("  %-26s redis get (run of 256) %.0f MB/s (target >= 300)\n", "",

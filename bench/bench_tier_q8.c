@@ -45,8 +45,10 @@ static uint32_t argmax(const float *x, int n) {
 /* KL(p || q) of the softmaxes of logits a (p) and b (q), in nats. */
 static double kl(const float *a, const float *b, int n) {
     double ma = a[0], mb = b[0], sa = 0, sb = 0;
-    for (int i = 1; i < n; i++) ma = a[i] > ma ? a[i] : ma, mb = b[i] > mb ? b[i] : mb;
-    for (int i = 0; i < n; i++) sa += exp(a[i] - ma), sb += exp(b[i] - mb);
+    for (int i = 1; i < n; i++)
+        ma = a[i] > ma ? a[i] : ma, mb = b[i] > mb ? b[i] : mb;
+    for (int i = 0; i < n; i++)
+        sa += exp(a[i] - ma), sb += exp(b[i] - mb);
     double k = 0;
     for (int i = 0; i < n; i++) {
         double lp = a[i] - ma - log(sa), lq = b[i] - mb - log(sb);
@@ -87,10 +89,14 @@ int main(int argc, char **argv) {
     const char *models = "stories260K,small";
     size_t prompts = 8, len = 256, dec = 32;
     for (int i = 1; i + 1 < argc; i += 2) {
-        if (!strcmp(argv[i], "--models")) models = argv[i + 1];
-        else if (!strcmp(argv[i], "--prompts")) prompts = (size_t)atol(argv[i + 1]);
-        else if (!strcmp(argv[i], "--len")) len = (size_t)atol(argv[i + 1]);
-        else if (!strcmp(argv[i], "--decode")) dec = (size_t)atol(argv[i + 1]);
+        if (!strcmp(argv[i], "--models"))
+            models = argv[i + 1];
+        else if (!strcmp(argv[i], "--prompts"))
+            prompts = (size_t)atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--len"))
+            len = (size_t)atol(argv[i + 1]);
+        else if (!strcmp(argv[i], "--decode"))
+            dec = (size_t)atol(argv[i + 1]);
         else {
             fprintf(stderr, "bench_tier_q8: unknown option '%s'\n", argv[i]);
             return 2;
@@ -186,9 +192,9 @@ int main(int argc, char **argv) {
                 return 1;
             }
             size_t cached = 0, lossy = 0;
-            run(e, t, n, 1, dec, NULL, g_ref, r_ref, NULL, NULL);         /* fp32 reference */
-            run(e, t, n, 0, 0, NULL, NULL, r_q8, NULL, NULL);             /* writes q8 blocks */
-            run(e, t, n, 0, dec, g_ref, NULL, r_q8, &cached, &lossy);     /* q8, forced */
+            run(e, t, n, 1, dec, NULL, g_ref, r_ref, NULL, NULL);     /* fp32 reference */
+            run(e, t, n, 0, 0, NULL, NULL, r_q8, NULL, NULL);         /* writes q8 blocks */
+            run(e, t, n, 0, dec, g_ref, NULL, r_q8, &cached, &lossy); /* q8, forced */
             lossy_total += lossy;
             for (size_t d = 0; d <= dec; d++) {
                 const float *a = r_ref + d * (size_t)V, *b = r_q8 + d * (size_t)V;
@@ -199,7 +205,8 @@ int main(int argc, char **argv) {
             }
             run(e, t, n, 0, dec, NULL, g_q8, r_q8, NULL, NULL); /* q8, free running */
             size_t same = 0;
-            while (same < dec && g_q8[same] == g_ref[same]) same++;
+            while (same < dec && g_q8[same] == g_ref[same])
+                same++;
             free_run += (double)same;
             ikv_engine_destroy(e);
             ikv_store_close(st);
@@ -209,8 +216,8 @@ int main(int argc, char **argv) {
         printf("\nmodel %s (%s): block %zu bytes fp32, %zu q8 (%.2fx fewer); %zu of %zu prompt "
                "tokens per request came through q8\n",
                name, tok ? "trained, bundled" : "generated, random weights", p32.slot_bytes,
-               p8.slot_bytes, (double)p32.slot_bytes / (double)p8.slot_bytes,
-               lossy_total / prompts, n);
+               p8.slot_bytes, (double)p32.slot_bytes / (double)p8.slot_bytes, lossy_total / prompts,
+               n);
         printf("  greedy agreement %.4f over %.0f positions; KL(fp32 || q8) mean %.2e, max %.2e "
                "nats; free-running greedy: %.1f of %zu tokens identical before the first "
                "difference (mean)\n",

@@ -98,14 +98,31 @@ static pid_t rh_start(int i, int port, const char *cluster_dir) {
         int devnull = open("/dev/null", 1);
         if (devnull >= 0) dup2(devnull, 1), dup2(devnull, 2);
         if (cluster_dir) {
-            const char *argv[] = {"redis-server", "--port", p, "--bind", "127.0.0.1", "--save", "",
-                                  "--appendonly", "no", "--daemonize", "no", "--dir", cluster_dir,
-                                  "--cluster-enabled", "yes", "--cluster-config-file", conf,
-                                  "--cluster-node-timeout", "2000", NULL};
+            const char *argv[] = {"redis-server",
+                                  "--port",
+                                  p,
+                                  "--bind",
+                                  "127.0.0.1",
+                                  "--save",
+                                  "",
+                                  "--appendonly",
+                                  "no",
+                                  "--daemonize",
+                                  "no",
+                                  "--dir",
+                                  cluster_dir,
+                                  "--cluster-enabled",
+                                  "yes",
+                                  "--cluster-config-file",
+                                  conf,
+                                  "--cluster-node-timeout",
+                                  "2000",
+                                  NULL};
             execvp(argv[0], (char *const *)argv);
         } else {
-            const char *argv[] = {"redis-server", "--port", p, "--bind", "127.0.0.1", "--save", "",
-                                  "--appendonly", "no", "--daemonize", "no", NULL};
+            const char *argv[] = {"redis-server", "--port",      p,    "--bind",
+                                  "127.0.0.1",    "--save",      "",   "--appendonly",
+                                  "no",           "--daemonize", "no", NULL};
             execvp(argv[0], (char *const *)argv);
         }
         _exit(127);
@@ -169,8 +186,8 @@ static int rh_cluster(const char *dir, int ports[3]) {
         if (ports[i] < 0 || rh_start(2 + i, ports[i], d[i]) < 0) return 0;
         snprintf(hp[i], sizeof hp[i], "127.0.0.1:%d", ports[i]);
     }
-    const char *argv[] = {"redis-cli", "--cluster", "create", hp[0], hp[1], hp[2],
-                          "--cluster-replicas", "0", "--cluster-yes", NULL};
+    const char *argv[] = {"redis-cli", "--cluster",          "create", hp[0],           hp[1],
+                          hp[2],       "--cluster-replicas", "0",      "--cluster-yes", NULL};
     if (rh_run(argv, 30) != 0) return 0;
     for (int t = 0; t < 200; t++) {
         int ok = 1;

@@ -57,9 +57,9 @@ static int teardown_redis(void **st) {
 }
 
 #define NTOK 16
-#define PAY 1000
+#define PAY  1000
 #define SLOT (IKV_BLOB_HDR + NTOK * 4 + PAY)
-#define FP UINT64_C(0x1234567890abcdef)
+#define FP   UINT64_C(0x1234567890abcdef)
 
 static ikv_key key_of(uint64_t i) {
     return (ikv_key){.lo = i * 0x9e3779b97f4a7c15ull + 1, .hi = i ^ 0xabcdefull};
@@ -70,13 +70,16 @@ static void make_blob(uint8_t *b, uint64_t i, uint64_t scope, int v) {
     ikv_blob_desc d = {.key = key_of(i), .scope = scope, .ntok = NTOK, .payload_bytes = PAY};
     void *pay;
     uint32_t *t = ikv_blob_init(b, &d, &pay);
-    for (int j = 0; j < NTOK; j++) t[j] = (uint32_t)(i * 31 + (uint64_t)j);
+    for (int j = 0; j < NTOK; j++)
+        t[j] = (uint32_t)(i * 31 + (uint64_t)j);
     uint8_t *p = pay;
-    for (int j = 0; j < PAY; j++) p[j] = (uint8_t)(i * 7 + (uint64_t)j * 13 + (uint64_t)v);
+    for (int j = 0; j < PAY; j++)
+        p[j] = (uint8_t)(i * 7 + (uint64_t)j * 13 + (uint64_t)v);
 }
 
 static ikv_block_want want_of(uint64_t i, uint64_t scope, uint32_t *toks) {
-    for (int j = 0; j < NTOK; j++) toks[j] = (uint32_t)(i * 31 + (uint64_t)j);
+    for (int j = 0; j < NTOK; j++)
+        toks[j] = (uint32_t)(i * 31 + (uint64_t)j);
     return (ikv_block_want){.key = key_of(i), .scope = scope, .tokens = toks, .ntok = NTOK};
 }
 
@@ -104,11 +107,13 @@ static void roundtrip(ikv_store *s, uint64_t first, size_t n, uint64_t scope) {
         assert_int_equal(lens[i], SLOT);
         make_blob(ref, first + i, scope, 0);
         /* everything but the sealed fields (fingerprint, time, checksum) is the put's bytes */
-        assert_memory_equal((uint8_t *)gp[i] + IKV_BLOB_HDR, ref + IKV_BLOB_HDR, SLOT - IKV_BLOB_HDR);
+        assert_memory_equal((uint8_t *)gp[i] + IKV_BLOB_HDR, ref + IKV_BLOB_HDR,
+                            SLOT - IKV_BLOB_HDR);
         assert_memory_equal(gp[i], ref, 32);
         assert_int_equal(ikv_blob_check(gp[i], lens[i]), 0);
     }
-    free(blobs), free(got), free(ref), free(bp), free(gp), free(w), free(toks), free(lens), free(rcs);
+    free(blobs), free(got), free(ref), free(bp), free(gp), free(w), free(toks), free(lens),
+        free(rcs);
 }
 
 /* One get of block i: its rc. */
@@ -285,7 +290,8 @@ static void test_full_store_evicts(void **st) {
     assert_true(stt.resident <= cap);
     assert_int_equal(stt.evictions, 1000 - stt.resident);
     uint64_t hits = 0;
-    for (uint64_t i = 0; i < 1000; i++) hits += get1(s, i, 3) == 0;
+    for (uint64_t i = 0; i < 1000; i++)
+        hits += get1(s, i, 3) == 0;
     assert_int_equal(hits, stt.resident);
     assert_int_equal(ikv_store_check(s), 1);
     ikv_store_close(s);
@@ -358,7 +364,8 @@ static void test_file_torn_and_flipped(void **st) {
     char spec[600];
     snprintf(spec, sizeof spec, "file:%s:1M", path);
     assert_int_equal(ikv_store_open(spec, &p, &s), 0);
-    for (uint64_t i = 0; i < 20; i++) put1(s, i, 9, 0);
+    for (uint64_t i = 0; i < 20; i++)
+        put1(s, i, 9, 0);
     long body, hdr = find_slot(path, 3, 9, &body);
     assert_true(hdr > 0);
     /* a flipped byte in the payload: detected, counted, a miss */
@@ -386,7 +393,8 @@ static void test_file_torn_and_flipped(void **st) {
     assert_int_equal(stt.dropped, 2);
     assert_int_equal(get1(s, 3, 9), IKV_ENOENT);
     assert_int_equal(get1(s, 4, 9), IKV_ENOENT);
-    for (uint64_t i = 5; i < 20; i++) assert_int_equal(get1(s, i, 9), 0);
+    for (uint64_t i = 5; i < 20; i++)
+        assert_int_equal(get1(s, i, 9), 0);
     assert_int_equal(ikv_store_check(s), 1);
     ikv_store_close(s);
 }
@@ -421,7 +429,8 @@ static void test_file_kill9(void **st) {
     }
     close(pfd[1]);
     uint32_t last = 0, n;
-    while (read(pfd[0], &n, sizeof n) == sizeof n && n < 3000) last = n;
+    while (read(pfd[0], &n, sizeof n) == sizeof n && n < 3000)
+        last = n;
     kill(pid, SIGKILL);
     int status;
     waitpid(pid, &status, 0);
@@ -456,7 +465,8 @@ static void fuzz_one(const char *spec, int reopen) {
     assert_int_equal(ikv_store_open(spec, &p, &s), 0);
     enum { K = 300 };
     int ver[K];
-    for (int i = 0; i < K; i++) ver[i] = -1;
+    for (int i = 0; i < K; i++)
+        ver[i] = -1;
     uint64_t x = 12345;
     uint8_t buf[SLOT], ref[SLOT];
     void *bp = buf;
@@ -582,7 +592,8 @@ static void test_redis(void **st) {
     /* killed: misses counted as down, nothing blocks past the timeout */
     rh_stop(0);
     double t0 = ikv_now();
-    for (int i = 0; i < 20; i++) assert_int_equal(get1(s, 102, 1), IKV_EIO);
+    for (int i = 0; i < 20; i++)
+        assert_int_equal(get1(s, 102, 1), IKV_EIO);
     assert_true(ikv_now() - t0 < 10);
     ikv_store_stats stt;
     ikv_store_stats_get(s, &stt);
@@ -652,11 +663,13 @@ static void test_redis_cluster(void **st) {
     ikv_store_params p = params();
     ikv_store *s;
     char spec[256];
-    snprintf(spec, sizeof spec, "redis-cluster://127.0.0.1:%d,127.0.0.1:%d:64M", ports[0], ports[1]);
+    snprintf(spec, sizeof spec, "redis-cluster://127.0.0.1:%d,127.0.0.1:%d:64M", ports[0],
+             ports[1]);
     assert_int_equal(ikv_store_open(spec, &p, &s), 0);
     assert_int_equal(ikv_store_check(s), 1);
     roundtrip(s, 0, 256, 4);
-    for (int i = 0; i < 3; i++) assert_true(dbsize(ports[i]) > 40); /* spread over all three */
+    for (int i = 0; i < 3; i++)
+        assert_true(dbsize(ports[i]) > 40); /* spread over all three */
     assert_int_equal(dbsize(ports[0]) + dbsize(ports[1]) + dbsize(ports[2]), 256);
     /* migrate block 7's slot to another master, by hand: ASK while it moves, MOVED after */
     char name[96];

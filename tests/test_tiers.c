@@ -90,8 +90,12 @@ static void run(ikv_engine *e, const uint32_t *t, size_t n, const char *tenant, 
                 int no_cache, out *o) {
     int V = M->cfg.vocab_size;
     o->logits = calloc((n + DEC) * (size_t)V, 4);
-    ikv_request rq = {.tokens = t, .n = n, .tenant = tenant, .public_tokens = pub,
-                      .no_cache = no_cache, .logits_all = o->logits};
+    ikv_request rq = {.tokens = t,
+                      .n = n,
+                      .tenant = tenant,
+                      .public_tokens = pub,
+                      .no_cache = no_cache,
+                      .logits_all = o->logits};
     ikv_seq *s;
     assert_int_equal(ikv_engine_begin(e, &rq, &s, &o->info), 0);
     assert_true(ikv_engine_check(e));
@@ -126,7 +130,8 @@ static ikv_engine_options opts(uint64_t cap, ikv_store **st, size_t n) {
     uint64_t bb = ikv_model_kv_bytes_per_token(&M->cfg) * 16;
     uint32_t maxb = (uint32_t)((M->cfg.seq_len + 15) / 16);
     o.kv_mem = (maxb + cap) * bb;
-    for (size_t i = 0; i < n; i++) o.tiers[i] = st[i];
+    for (size_t i = 0; i < n; i++)
+        o.tiers[i] = st[i];
     o.n_tiers = n;
     return o;
 }
@@ -410,9 +415,12 @@ static void test_two_processes_file(void **st) {
     uint8_t sb[4096];
     assert_int_equal(pread(fd, sb, sizeof sb, 0), 4096);
     uint64_t nslots = 0, data_off = 0, slot = 0;
-    for (int i = 7; i >= 0; i--) nslots = nslots << 8 | sb[24 + i];
-    for (int i = 7; i >= 0; i--) data_off = data_off << 8 | sb[32 + i];
-    for (int i = 7; i >= 0; i--) slot = slot << 8 | sb[16 + i];
+    for (int i = 7; i >= 0; i--)
+        nslots = nslots << 8 | sb[24 + i];
+    for (int i = 7; i >= 0; i--)
+        data_off = data_off << 8 | sb[32 + i];
+    for (int i = 7; i >= 0; i--)
+        slot = slot << 8 | sb[16 + i];
     size_t flipped = 0;
     for (uint64_t k = 0; k < nslots; k++) {
         uint8_t h[4];
@@ -492,7 +500,8 @@ static void test_redis_tier(void **st) {
     assert_non_null(keys);
     assert_true(keys->elements >= 6);
     for (size_t i = 0; i < keys->elements; i++) {
-        redisReply *r = rh_cmd(port, "SETRANGE %s 5000 %b", keys->element[i]->str, "\x7f", (size_t)1);
+        redisReply *r =
+            rh_cmd(port, "SETRANGE %s 5000 %b", keys->element[i]->str, "\x7f", (size_t)1);
         assert_non_null(r);
         freeReplyObject(r);
     }
@@ -594,7 +603,8 @@ static int run_cli(const char *const *args, const char *outp, const char *errp) 
     const char *argv[32];
     argv[0] = bin;
     size_t n = 1;
-    for (; args[n - 1]; n++) argv[n] = args[n - 1];
+    for (; args[n - 1]; n++)
+        argv[n] = args[n - 1];
     argv[n] = NULL;
     pid_t pid = fork();
     assert_true(pid >= 0);
@@ -630,9 +640,19 @@ static void test_cli_two_runs(void **st) {
     snprintf(model, sizeof model, "%s/data/models/stories260K/stories260K.bin", src ? src : ".");
     snprintf(tok, sizeof tok, "%s/data/models/stories260K/tok512.bin", src ? src : ".");
     snprintf(spec, sizeof spec, "file:%s:8M", tmp_path("cli.store"));
-    const char *args[] = {"run", "--model", model, "--tokenizer", tok, "--prompt",
+    const char *args[] = {"run",
+                          "--model",
+                          model,
+                          "--tokenizer",
+                          tok,
+                          "--prompt",
                           "Once upon a time, there was a little girl named Lily. She loved to "
-                          "play outside in the park.", "-n", "30", "--tier", spec, NULL};
+                          "play outside in the park.",
+                          "-n",
+                          "30",
+                          "--tier",
+                          spec,
+                          NULL};
     const char *o1 = tmp_path("o1"), *e1 = tmp_path("e1");
     assert_int_equal(run_cli(args, o1, e1), 0);
     char *t1 = slurp(o1);
@@ -647,9 +667,9 @@ static void test_cli_two_runs(void **st) {
     assert_non_null(strstr(err2, "16 from the cache"));
     free(t1), free(t2), free(err2);
     /* bench engine --tier: the request whose prefix was pushed down takes it from the tier */
-    const char *bench[] = {"bench", "engine", "--config", "tiny", "--prefix", "128", "--suffix",
-                           "16", "--decode", "2", "--threads", "1", "--repeat", "1", "--tier",
-                           "mem:16M", "--json", NULL};
+    const char *bench[] = {"bench",    "engine", "--config", "tiny",    "--prefix",  "128",
+                           "--suffix", "16",     "--decode", "2",       "--threads", "1",
+                           "--repeat", "1",      "--tier",   "mem:16M", "--json",    NULL};
     assert_int_equal(run_cli(bench, o1, e1), 0);
     char *js = slurp(o1);
     const char *k = strstr(js, "\"tier_loaded_tokens\": ");
@@ -661,8 +681,9 @@ static void test_cli_two_runs(void **st) {
     char *e = slurp(e1);
     assert_non_null(strstr(e, "unknown scheme"));
     free(e);
-    const char *bad2[] = {"run", "--model", model, "--prompt", "hi", "--tier",
-                          "file:/nonexistent-dir/x.store:1M", NULL};
+    const char *bad2[] = {
+        "run", "--model", model, "--prompt", "hi", "--tier", "file:/nonexistent-dir/x.store:1M",
+        NULL};
     assert_int_equal(run_cli(bad2, o1, e1), 1);
     e = slurp(e1);
     assert_non_null(strstr(e, "cannot open"));

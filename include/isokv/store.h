@@ -51,11 +51,11 @@
 extern "C" {
 #endif
 
-#define IKV_BLOB_MAGIC 0x42564b49u /* "IKVB" little-endian */
-#define IKV_BLOB_VERSION 1
-#define IKV_BLOB_HDR 64
+#define IKV_BLOB_MAGIC     0x42564b49u /* "IKVB" little-endian */
+#define IKV_BLOB_VERSION   1
+#define IKV_BLOB_HDR       64
 #define IKV_BLOB_DTYPE_F32 0
-#define IKV_BLOB_DTYPE_Q8 1
+#define IKV_BLOB_DTYPE_Q8  1
 
 /* The header fields a caller sets (the store fills fingerprint, write time and checksum). */
 typedef struct ikv_blob_desc {
@@ -105,16 +105,16 @@ typedef struct ikv_block_want {
 } ikv_block_want;
 
 typedef struct ikv_store_stats {
-    uint64_t capacity;   /* blocks the store holds */
-    uint64_t resident;   /* valid blocks (mem, file: exact; redis: blocks this process put) */
+    uint64_t capacity; /* blocks the store holds */
+    uint64_t resident; /* valid blocks (mem, file: exact; redis: blocks this process put) */
     uint64_t puts, put_bytes, put_fail;
     uint64_t gets, hits, misses, corrupt, mismatch, down;
     uint64_t get_bytes;
     uint64_t deletes, evictions; /* evictions: valid blocks overwritten to make room */
     uint64_t exists_calls, exists_found;
-    uint64_t recovered, dropped; /* file: valid / invalid slots found when it was opened */
-    uint64_t reconnects;         /* redis: successful reconnects after a failure */
-    uint64_t redirects;          /* redis-cluster: MOVED and ASK replies followed */
+    uint64_t recovered, dropped;     /* file: valid / invalid slots found when it was opened */
+    uint64_t reconnects;             /* redis: successful reconnects after a failure */
+    uint64_t redirects;              /* redis-cluster: MOVED and ASK replies followed */
     double put_seconds, get_seconds; /* measured wall time spent in puts / gets */
 } ikv_store_stats;
 

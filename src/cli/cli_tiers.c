@@ -45,7 +45,8 @@ static uint64_t file_hash(const char *path) {
     XXH3_64bits_reset(s);
     char buf[65536];
     size_t n;
-    while ((n = fread(buf, 1, sizeof buf, f)) > 0) XXH3_64bits_update(s, buf, n);
+    while ((n = fread(buf, 1, sizeof buf, f)) > 0)
+        XXH3_64bits_update(s, buf, n);
     fclose(f);
     uint64_t h = XXH3_64bits_digest(s);
     XXH3_freeState(s);
@@ -78,14 +79,14 @@ void cli_tiers_report(const cli_tiers *t, const ikv_engine *e, const char *cmd) 
                 "failed %llu (miss/corrupt/mismatch/down), probed %llu, written %llu; store: "
                 "%llu hits, %llu misses, %llu corrupt, %llu mismatch, %llu down, %llu "
                 "recovered at open; measured %.1f us/block get, %.1f us/block put\n",
-                cmd, i + 1, s.spec, (unsigned long long)s.resident,
-                (unsigned long long)s.capacity, (unsigned long long)s.loaded_blocks,
-                (unsigned long long)s.recomputed_blocks, (unsigned long long)s.failed_blocks,
-                (unsigned long long)s.probed_blocks, (unsigned long long)s.demoted_blocks,
-                (unsigned long long)s.store.hits, (unsigned long long)s.store.misses,
-                (unsigned long long)s.store.corrupt, (unsigned long long)s.store.mismatch,
-                (unsigned long long)s.store.down, (unsigned long long)s.store.recovered,
-                s.load_s_per_block * 1e6, s.put_s_per_block * 1e6);
+                cmd, i + 1, s.spec, (unsigned long long)s.resident, (unsigned long long)s.capacity,
+                (unsigned long long)s.loaded_blocks, (unsigned long long)s.recomputed_blocks,
+                (unsigned long long)s.failed_blocks, (unsigned long long)s.probed_blocks,
+                (unsigned long long)s.demoted_blocks, (unsigned long long)s.store.hits,
+                (unsigned long long)s.store.misses, (unsigned long long)s.store.corrupt,
+                (unsigned long long)s.store.mismatch, (unsigned long long)s.store.down,
+                (unsigned long long)s.store.recovered, s.load_s_per_block * 1e6,
+                s.put_s_per_block * 1e6);
     }
 }
 

@@ -56,9 +56,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#define CH 16            /* blocks per staged get run */
-#define EMA 0.3          /* weight of a new measurement in the running averages */
-#define LAYOUT_VERSION 1 /* the payload layout above */
+#define CH             16  /* blocks per staged get run */
+#define EMA            0.3 /* weight of a new measurement in the running averages */
+#define LAYOUT_VERSION 1   /* the payload layout above */
 
 typedef struct tier_counts {
     uint64_t loaded, recomputed, failed, probed, demoted, deleted;
@@ -71,7 +71,7 @@ struct ikv__tiers {
     size_t payload, blob; /* bytes */
     uint8_t *stage;       /* [CH][blob] */
     void *stage_p[CH];
-    uint8_t *dq;          /* [CH][blob] demotions into tier 1 not yet written */
+    uint8_t *dq; /* [CH][blob] demotions into tier 1 not yet written */
     void *dq_p[CH];
     size_t dq_n;
     size_t lens[CH];
@@ -118,8 +118,7 @@ static size_t payload_bytes(const ikv_model *m, uint32_t bt, int dtype) {
     return (size_t)ikv_model_kv_bytes_per_token(&m->cfg) * bt;
 }
 
-void ikv_engine_store_params(const ikv_model *m, const ikv_engine_options *o,
-                             ikv_store_params *p) {
+void ikv_engine_store_params(const ikv_model *m, const ikv_engine_options *o, ikv_store_params *p) {
     uint32_t bt = o && o->block_tokens ? o->block_tokens : 16;
     memset(p, 0, sizeof *p);
     p->slot_bytes = ikv_blob_bytes(bt, payload_bytes(m, bt, o ? o->tier_dtype : 0));
@@ -153,8 +152,11 @@ static size_t layer_floats(const ikv_engine *e) {
  * max|x| / 127 and round(x / scale) as int8 (all zeros: scale 0). Does not allocate. */
 static void pack(const ikv_engine *e, const tiers *T, uint32_t b, ikv_key key, uint64_t scope,
                  void *blob) {
-    ikv_blob_desc d = {.key = key, .scope = scope, .ntok = e->bt,
-                       .payload_bytes = (uint32_t)T->payload, .dtype = (uint8_t)T->dtype};
+    ikv_blob_desc d = {.key = key,
+                       .scope = scope,
+                       .ntok = e->bt,
+                       .payload_bytes = (uint32_t)T->payload,
+                       .dtype = (uint8_t)T->dtype};
     void *pay;
     uint32_t *tok = ikv_blob_init(blob, &d, &pay);
     memcpy(tok, e->btokens + (size_t)b * e->bt, sizeof(uint32_t) * e->bt);
@@ -170,10 +172,12 @@ static void pack(const ikv_engine *e, const tiers *T, uint32_t b, ikv_key key, u
         const float *x = ikv__kv_at(e, b, l, 0, 0, 0);
         for (size_t r = 0; r < rows; r++, x += hd, q += hd + 4) {
             float mx = 0;
-            for (size_t i = 0; i < hd; i++) mx = fabsf(x[i]) > mx ? fabsf(x[i]) : mx;
+            for (size_t i = 0; i < hd; i++)
+                mx = fabsf(x[i]) > mx ? fabsf(x[i]) : mx;
             float sc = mx / 127.0f, inv = mx > 0 ? 127.0f / mx : 0;
             memcpy(q, &sc, 4);
-            for (size_t i = 0; i < hd; i++) ((int8_t *)q)[4 + i] = (int8_t)lrintf(x[i] * inv);
+            for (size_t i = 0; i < hd; i++)
+                ((int8_t *)q)[4 + i] = (int8_t)lrintf(x[i] * inv);
         }
     }
 }
@@ -197,7 +201,8 @@ static void unpack(ikv_engine *e, const void *blob, uint32_t b) {
         for (size_t r = 0; r < rows; r++, x += hd, q += hd + 4) {
             float sc;
             memcpy(&sc, q, 4);
-            for (size_t i = 0; i < hd; i++) x[i] = sc * (float)((const int8_t *)q)[4 + i];
+            for (size_t i = 0; i < hd; i++)
+                x[i] = sc * (float)((const int8_t *)q)[4 + i];
         }
     }
 }
@@ -247,9 +252,10 @@ void ikv__tiers_destroy(ikv_engine *e) {
     tiers *T = e->tiers;
     if (!T) return;
     flush(T);
-    void *bufs[] = {T->stage, T->dq, T->blossy, T->nscope, T->mtier, T->src, T->pre, T->salt, T->found, T->pkeys,
-                    T->pscopes};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) ikv_free(bufs[i]);
+    void *bufs[] = {T->stage, T->dq,   T->blossy, T->nscope, T->mtier,  T->src,
+                    T->pre,   T->salt, T->found,  T->pkeys,  T->pscopes};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        ikv_free(bufs[i]);
     ikv_free(T);
     e->tiers = NULL;
 }
@@ -280,7 +286,8 @@ static void probe_store(ikv_engine *e, tiers *T, size_t t) {
     double t1 = ikv_now();
     ikv_block_want w[NP];
     size_t lens[NP];
-    for (int i = 0; i < NP; i++) w[i] = (ikv_block_want){.key = keys[i], .scope = 0};
+    for (int i = 0; i < NP; i++)
+        w[i] = (ikv_block_want){.key = keys[i], .scope = 0};
     size_t got = ikv_store_get_run(T->st[t], w, NP, bl, T->blob, lens, rcs);
     double t2 = ikv_now();
     (void)ikv_store_del_run(T->st[t], keys, scopes, NP);
@@ -299,7 +306,8 @@ static void probe_prefill(ikv_engine *e) {
     if (nb > e->n_free) return;
     uint32_t *toks = ikv_calloc(L, sizeof *toks);
     if (!toks) return;
-    for (uint32_t j = 0; j < nb; j++) s->table[j] = e->free_stack[e->n_free - 1 - j];
+    for (uint32_t j = 0; j < nb; j++)
+        s->table[j] = e->free_stack[e->n_free - 1 - j];
     s->n_blocks = nb;
     double t0 = ikv_now();
     ikv__prefill(e, s, toks, 0, L);
@@ -336,14 +344,18 @@ int ikv__tiers_create(ikv_engine *e, const ikv_engine_options *o) {
         !TALLOC(T->salt, mb) || !TALLOC(T->found, mb) || !TALLOC(T->pkeys, mb) ||
         !TALLOC(T->pscopes, mb))
         return ikv_error(IKV_ENOMEM, "tier buffers");
-    for (size_t i = 0; i < CH; i++) T->stage_p[i] = T->stage + i * T->blob;
-    for (size_t i = 0; i < CH; i++) T->dq_p[i] = T->dq + i * T->blob;
-    for (size_t j = 0; j < mb; j++) T->pre[j] = IKV_NIL;
+    for (size_t i = 0; i < CH; i++)
+        T->stage_p[i] = T->stage + i * T->blob;
+    for (size_t i = 0; i < CH; i++)
+        T->dq_p[i] = T->dq + i * T->blob;
+    for (size_t j = 0; j < mb; j++)
+        T->pre[j] = IKV_NIL;
     for (size_t t = 0; t < T->n; t++) {
         if (!o->tiers[t]) return ikv_error(IKV_EINVAL, "lower tier %zu: no store", t + 1);
         T->st[t] = o->tiers[t];
     }
-    for (size_t t = 0; t < T->n; t++) probe_store(e, T, t);
+    for (size_t t = 0; t < T->n; t++)
+        probe_store(e, T, t);
     probe_prefill(e);
     return 0;
 }
@@ -367,8 +379,8 @@ static void adopt(ikv_engine *e, tiers *T, uint32_t node, uint32_t j) {
     e->state[b] = IKV__BLK_READY;
     e->bnode[b] = node;
     e->bdepth[b] = j;
-    e->bparent[b] = j ? (j - 1 < T->adopt_seq->n_blocks ? T->adopt_seq->table[j - 1] : IKV_NIL)
-                      : IKV_NIL;
+    e->bparent[b] =
+        j ? (j - 1 < T->adopt_seq->n_blocks ? T->adopt_seq->table[j - 1] : IKV_NIL) : IKV_NIL;
     e->bkey[b] = e->keys[j];
     e->node2blk[node] = b;
     T->nscope[node] = T->salt[j];
@@ -420,7 +432,8 @@ void ikv__tiers_on_evict(ikv_engine *e, uint32_t node, ikv_key key, int from, in
  * the leading run found and returns its end. */
 static uint32_t probe(ikv_engine *e, tiers *T, uint32_t a, uint32_t nfull) {
     uint32_t end = a;
-    for (uint32_t j = a; j < nfull; j++) T->src[j] = 0;
+    for (uint32_t j = a; j < nfull; j++)
+        T->src[j] = 0;
     for (size_t t = 0; t < T->n && end < nfull; t++) {
         if (!ikv_store_shared(T->st[t])) continue;
         /* one call for the first key still missing, then one run for the rest */
@@ -432,7 +445,8 @@ static uint32_t probe(ikv_engine *e, tiers *T, uint32_t a, uint32_t nfull) {
             for (uint32_t j = end + 1; j < nfull; j++)
                 if (!T->src[j] && T->found[j - end - 1]) T->src[j] = (uint8_t)(t + 1);
         }
-        while (end < nfull && T->src[end]) end++;
+        while (end < nfull && T->src[end])
+            end++;
     }
     return end;
 }
@@ -445,7 +459,8 @@ static uint32_t load(ikv_engine *e, tiers *T, const ikv_request *r, uint32_t m, 
         size_t t = (size_t)T->src[j] - 1;
         uint32_t k = 0;
         while (j + k < s && k < CH && T->src[j + k] == t + 1) {
-            T->want[k] = (ikv_block_want){.key = e->keys[j + k], .scope = T->salt[j + k],
+            T->want[k] = (ikv_block_want){.key = e->keys[j + k],
+                                          .scope = T->salt[j + k],
                                           .tokens = r->tokens + (size_t)(j + k) * e->bt,
                                           .ntok = e->bt};
             k++;
@@ -479,25 +494,29 @@ uint32_t ikv__tiers_match(ikv_engine *e, const ikv_request *r, struct ikv_seq *s
     ikv_cache_match(e->cache, e->keys, nfull, NULL, T->mtier, &cm);
     IKV_ASSERT(cm == *core_m);
     if (m < cm && T->mtier[m] == 0) { /* a rejected pool block: no tier past it */
-        for (uint32_t j = 0; j < m; j++) inf->lossy_tokens += T->blossy[s->table[j]] ? bt : 0;
+        for (uint32_t j = 0; j < m; j++)
+            inf->lossy_tokens += T->blossy[s->table[j]] ? bt : 0;
         return m;
     }
-    if (m < cm) inf->rejected_blocks = 0;        /* they were lower-tier hits, not rejections */
+    if (m < cm) inf->rejected_blocks = 0; /* they were lower-tier hits, not rejections */
     uint64_t tenant = ikv_scope_salt(e->opt.key_seed, r->tenant);
     uint64_t pub = ikv_scope_salt(e->opt.key_seed, NULL);
     for (uint32_t j = 0; j < nfull; j++)
         T->salt[j] = (uint64_t)(j + 1) * bt <= r->public_tokens ? pub : tenant;
-    for (uint32_t j = m; j < cm; j++) T->src[j] = T->mtier[j];
+    for (uint32_t j = m; j < cm; j++)
+        T->src[j] = T->mtier[j];
     uint32_t lo_end = (uint32_t)cm, cand = lo_end;
     if (cand < nfull && cand < limit) {
         cand = probe(e, T, lo_end, nfull);
-        for (uint32_t j = lo_end; j < cand; j++) T->cnt[T->src[j] - 1].probed++;
+        for (uint32_t j = lo_end; j < cand; j++)
+            T->cnt[T->src[j] - 1].probed++;
     }
     if (cand > limit) cand = limit;
     if (lo_end > cand) lo_end = cand;
     if (cand <= m) {
         if (cm > m) *core_m = m; /* recompute the lower-tier blocks into fresh ones */
-        for (uint32_t j = 0; j < m; j++) inf->lossy_tokens += T->blossy[s->table[j]] ? bt : 0;
+        for (uint32_t j = 0; j < m; j++)
+            inf->lossy_tokens += T->blossy[s->table[j]] ? bt : 0;
         return m;
     }
     /* the split: load [m, sp), recompute [sp, cand) */
@@ -505,7 +524,8 @@ uint32_t ikv__tiers_match(ikv_engine *e, const ikv_request *r, struct ikv_seq *s
     double best = -1, load_s = 0;
     for (uint32_t x = m;; x++) {
         if (x == m || x == cand || T->src[x] != T->src[x - 1]) {
-            double cost = load_s + ikv_engine_prefill_estimate(e, (size_t)x * bt, (size_t)cand * bt);
+            double cost =
+                load_s + ikv_engine_prefill_estimate(e, (size_t)x * bt, (size_t)cand * bt);
             if (T->s_per_flop <= 0 && x < cand) cost = 1e300; /* nothing measured: load */
             if (best < 0 || cost < best) best = cost, sp = x;
         }
@@ -513,7 +533,8 @@ uint32_t ikv__tiers_match(ikv_engine *e, const ikv_request *r, struct ikv_seq *s
         size_t t = (size_t)T->src[x] - 1;
         load_s += T->load_s[t] > 0 ? T->load_s[t] : 0;
     }
-    for (uint32_t j = sp; j < cand; j++) T->cnt[T->src[j] - 1].recomputed++;
+    for (uint32_t j = sp; j < cand; j++)
+        T->cnt[T->src[j] - 1].recomputed++;
     uint32_t got = load(e, T, r, m, sp);
     for (uint32_t j = got; j < sp; j++)
         if (j > got) T->cnt[T->src[j] - 1].recomputed++;
@@ -533,7 +554,8 @@ uint32_t ikv__tiers_match(ikv_engine *e, const ikv_request *r, struct ikv_seq *s
         /* lock the promoted blocks [m, u) for the request (the hit held them only briefly) */
         int rc = ikv_cache_lock(e->cache, e->nodes + m, u - m);
         IKV_ASSERT(rc == 0);
-        for (uint32_t j = m; j < u; j++) s->locked[s->n_locked++] = e->nodes[j];
+        for (uint32_t j = m; j < u; j++)
+            s->locked[s->n_locked++] = e->nodes[j];
     }
     /* insert the probed blocks [lo_end, got) under them, locked; they adopt their blocks */
     if (u == lo_end && got > lo_end) {
@@ -564,7 +586,8 @@ uint32_t ikv__tiers_match(ikv_engine *e, const ikv_request *r, struct ikv_seq *s
         T->cnt[t].loaded++;
         inf->tier_tokens[t + 1] += bt;
     }
-    for (uint32_t j = 0; j < v; j++) inf->lossy_tokens += T->blossy[s->table[j]] ? bt : 0;
+    for (uint32_t j = 0; j < v; j++)
+        inf->lossy_tokens += T->blossy[s->table[j]] ? bt : 0;
     /* loaded but not adopted (no room in the core): back to the pool, to be recomputed */
     for (uint32_t j = m; j < cand; j++)
         if (T->pre[j] != IKV_NIL) {
@@ -583,7 +606,8 @@ void ikv__tiers_done(ikv_engine *e, const ikv_request *r, struct ikv_seq *s, uin
     tiers *T = e->tiers;
     uint64_t tenant = ikv_scope_salt(e->opt.key_seed, r->tenant);
     uint64_t pub = ikv_scope_salt(e->opt.key_seed, NULL);
-    for (uint32_t j = m; j < s->n_blocks; j++) T->blossy[s->table[j]] = 0; /* computed: exact */
+    for (uint32_t j = m; j < s->n_blocks; j++)
+        T->blossy[s->table[j]] = 0; /* computed: exact */
     for (uint32_t j = m; j < m + inserted; j++) {
         uint32_t b = s->table[j];
         if (b != IKV_NIL && e->bnode[b] != IKV_NIL)
@@ -594,7 +618,8 @@ void ikv__tiers_done(ikv_engine *e, const ikv_request *r, struct ikv_seq *s, uin
      * inserted blocks, and the full blocks computed as private because the pool had no room
      * (a later request finds them by probing) */
     uint32_t nfull = r->no_cache ? 0 : (uint32_t)(r->n / e->bt); /* no keys without the cache */
-    for (uint32_t j = m; j < nfull; j++) T->salt[j] = (uint64_t)(j + 1) * e->bt <= r->public_tokens ? pub : tenant;
+    for (uint32_t j = m; j < nfull; j++)
+        T->salt[j] = (uint64_t)(j + 1) * e->bt <= r->public_tokens ? pub : tenant;
     for (size_t t = 0; t < T->n; t++) {
         if (!ikv_store_shared(T->st[t])) continue;
         for (uint32_t j0 = m; j0 < nfull; j0 += CH) {

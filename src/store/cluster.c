@@ -19,8 +19,8 @@
 #include <string.h>
 
 #define MAX_NODES 32
-#define NSLOTS 16384
-#define NO_NODE 0xff
+#define NSLOTS    16384
+#define NO_NODE   0xff
 
 typedef struct cstore {
     ikv__rconn nodes[MAX_NODES];
@@ -98,7 +98,8 @@ static int cluster_open(const char *rest, const ikv_store_params *p, void **impl
     if (last && (!lastcomma || last > lastcomma)) {
         /* HOST:PORT:SIZE has two colons in its last seed */
         const char *prev = last - 1;
-        while (prev > rest && *prev != ':' && *prev != ',') prev--;
+        while (prev > rest && *prev != ':' && *prev != ',')
+            prev--;
         if (*prev == ':') {
             if (ikv_parse_size(last + 1, &size) || size == 0) {
                 ikv_free(s);
@@ -116,8 +117,10 @@ static int cluster_open(const char *rest, const ikv_store_params *p, void **impl
         if (ikv__rconn_parse(&tmp, a, (size_t)(e - a)) ||
             node_of(s, tmp.host, strlen(tmp.host), tmp.port) == NO_NODE) {
             ikv_free(s);
-            return ikv_error(IKV_EPARAM, "tier redis-cluster://%s: expected "
-                             "HOST:PORT[,HOST:PORT...][:SIZE]", rest);
+            return ikv_error(IKV_EPARAM,
+                             "tier redis-cluster://%s: expected "
+                             "HOST:PORT[,HOST:PORT...][:SIZE]",
+                             rest);
         }
         a = c ? c + 1 : end;
     }
@@ -133,10 +136,13 @@ static int cluster_open(const char *rest, const ikv_store_params *p, void **impl
                          (unsigned long long)size);
     }
     if (refresh(s)) {
-        for (size_t i = 0; i < s->nn; i++) ikv__rconn_close(&s->nodes[i]);
+        for (size_t i = 0; i < s->nn; i++)
+            ikv__rconn_close(&s->nodes[i]);
         ikv_free(s);
-        return ikv_error(IKV_EIO, "tier redis-cluster://%s: no seed answers CLUSTER SLOTS within "
-                         "%.2f s", rest, p->timeout_s);
+        return ikv_error(IKV_EIO,
+                         "tier redis-cluster://%s: no seed answers CLUSTER SLOTS within "
+                         "%.2f s",
+                         rest, p->timeout_s);
     }
     *impl = s;
     return 0;
@@ -145,7 +151,8 @@ static int cluster_open(const char *rest, const ikv_store_params *p, void **impl
 static void cluster_close(void *impl) {
     cstore *s = impl;
     if (!s) return;
-    for (size_t i = 0; i < s->nn; i++) ikv__rconn_close(&s->nodes[i]);
+    for (size_t i = 0; i < s->nn; i++)
+        ikv__rconn_close(&s->nodes[i]);
     ikv_free(s);
 }
 
@@ -171,8 +178,8 @@ static uint8_t redirect(cstore *s, const redisReply *rep, int *ask, unsigned *sl
 
 /* Runs one verb over a chunk: split by master, pipelined per node, redirections followed. */
 static void run(cstore *s, const char *verb, const ikv_key *keys, const uint64_t *scopes,
-                const void *const *vals, const size_t *vlens, size_t n, int *rcs, void (*fn)(void *, size_t, redisReply *),
-                ikv__rctx *g) {
+                const void *const *vals, const size_t *vlens, size_t n, int *rcs,
+                void (*fn)(void *, size_t, redisReply *), ikv__rctx *g) {
     char names[IKV__STORE_CHUNK][96];
     size_t nl[IKV__STORE_CHUNK];
     unsigned slots[IKV__STORE_CHUNK];
@@ -194,7 +201,8 @@ static void run(cstore *s, const char *verb, const ikv_key *keys, const uint64_t
             if (!k) continue;
             ikv__rconn *r = &s->nodes[nd];
             if (ikv__rconn_ensure(r)) {
-                for (size_t j = 0; j < k; j++) target[idx[j]] = NO_NODE;
+                for (size_t j = 0; j < k; j++)
+                    target[idx[j]] = NO_NODE;
                 s->need_refresh = 1;
                 continue;
             }
@@ -262,7 +270,8 @@ static void cluster_put(void *impl, const ikv_key *keys, const uint64_t *scopes,
     cstore *s = impl;
     ikv__rctx g = {.rcs = rcs};
     run(s, "SET", keys, scopes, blobs, lens, n, rcs, ikv__redis_on_set, &g);
-    for (size_t i = 0; i < n; i++) s->resident += rcs[i] == 0;
+    for (size_t i = 0; i < n; i++)
+        s->resident += rcs[i] == 0;
 }
 
 static void cluster_get(void *impl, const ikv_key *keys, const uint64_t *scopes, size_t n,
@@ -288,8 +297,10 @@ static int cluster_del(void *impl, const ikv_key *keys, const uint64_t *scopes, 
     ikv__rctx g = {.rcs = rcs, .found = found};
     run(s, "DEL", keys, scopes, NULL, NULL, n, rcs, ikv__redis_on_int, &g);
     for (size_t i = 0; i < n; i++) {
-        if (rcs[i]) rc = IKV_EIO;
-        else if (found[i] && s->resident) s->resident--;
+        if (rcs[i])
+            rc = IKV_EIO;
+        else if (found[i] && s->resident)
+            s->resident--;
     }
     return rc;
 }
@@ -298,7 +309,8 @@ static void cluster_stats(void *impl, ikv_store_stats *st) {
     const cstore *s = impl;
     st->resident = s->resident;
     st->redirects = s->moved + s->asked;
-    for (size_t i = 0; i < s->nn; i++) st->reconnects += s->nodes[i].reconnects;
+    for (size_t i = 0; i < s->nn; i++)
+        st->reconnects += s->nodes[i].reconnects;
 }
 
 /* Every slot maps to a known node. */
@@ -310,9 +322,6 @@ static int cluster_check(void *impl) {
                              s->slot_node[i], s->nn);
     return 1;
 }
-
-
-
 
 const ikv__store_ops ikv__store_redis_cluster = {
     .scheme = "redis-cluster",

@@ -36,9 +36,9 @@
 #include <unistd.h>
 #include <xxhash.h>
 
-#define WAYS 8
-#define SUPER 4096
-#define FILE_MAGIC "IKVSTORE"
+#define WAYS         8
+#define SUPER        4096
+#define FILE_MAGIC   "IKVSTORE"
 #define FILE_VERSION 1u
 
 typedef struct fstore {
@@ -100,7 +100,8 @@ static int recover(fstore *f) {
         for (uint64_t j = 0; j < k; j++) {
             const uint8_t *h = hdrs + j * IKV_BLOB_HDR;
             int any = 0;
-            for (int b = 0; b < IKV_BLOB_HDR && !any; b++) any = h[b] != 0;
+            for (int b = 0; b < IKV_BLOB_HDR && !any; b++)
+                any = h[b] != 0;
             if (!any) continue;
             int ok = 0;
             ikv_blob_desc d;
@@ -179,8 +180,8 @@ static int file_open(const char *rest, const ikv_store_params *p, void **impl, u
         if (nslots == 0) {
             file_close(f);
             unlink(f->path);
-            return ikv_error(IKV_EPARAM, "tier file:%s: %llu bytes hold no slot of %zu bytes",
-                             rest, (unsigned long long)size, p->slot_bytes);
+            return ikv_error(IKV_EPARAM, "tier file:%s: %llu bytes hold no slot of %zu bytes", rest,
+                             (unsigned long long)size, p->slot_bytes);
         }
         f->ways = nslots < WAYS ? nslots : WAYS;
         f->nsets = nslots / f->ways;
@@ -201,14 +202,17 @@ static int file_open(const char *rest, const ikv_store_params *p, void **impl, u
         if ((uint64_t)stt.st_size < SUPER || rd_full(f->fd, sb, SUPER, 0) ||
             memcmp(sb, FILE_MAGIC, 8)) {
             file_close(f);
-            return ikv_error(IKV_EIO, "tier file:%s: '%.*s' exists and is not an isokv store "
-                             "(no IKVSTORE superblock): refusing to overwrite it", rest,
-                             (int)plen, rest);
+            return ikv_error(IKV_EIO,
+                             "tier file:%s: '%.*s' exists and is not an isokv store "
+                             "(no IKVSTORE superblock): refusing to overwrite it",
+                             rest, (int)plen, rest);
         }
         if (ikv__rd64(sb + 40) != XXH3_64bits(sb, 40) || ikv__rd32(sb + 8) != FILE_VERSION) {
             file_close(f);
-            return ikv_error(IKV_EIO, "tier file:%s: superblock of '%.*s' is corrupt or of "
-                             "another version", rest, (int)plen, rest);
+            return ikv_error(IKV_EIO,
+                             "tier file:%s: superblock of '%.*s' is corrupt or of "
+                             "another version",
+                             rest, (int)plen, rest);
         }
         f->ways = ikv__rd32(sb + 12);
         uint64_t sbytes = ikv__rd64(sb + 16);
@@ -216,7 +220,8 @@ static int file_open(const char *rest, const ikv_store_params *p, void **impl, u
         f->data_off = ikv__rd64(sb + 32);
         if (sbytes != p->slot_bytes) {
             file_close(f);
-            return ikv_error(IKV_EIO, "tier file:%s: '%.*s' holds slots of %llu bytes; this "
+            return ikv_error(IKV_EIO,
+                             "tier file:%s: '%.*s' holds slots of %llu bytes; this "
                              "engine needs %zu (another model or block size): use another path",
                              rest, (int)plen, rest, (unsigned long long)sbytes, p->slot_bytes);
         }
@@ -224,8 +229,10 @@ static int file_open(const char *rest, const ikv_store_params *p, void **impl, u
             f->data_off < SUPER + f->nslots * IKV_BLOB_HDR ||
             (uint64_t)stt.st_size < f->data_off + f->nslots * f->body) {
             file_close(f);
-            return ikv_error(IKV_EIO, "tier file:%s: '%.*s' is shorter than its superblock says "
-                             "(%llu slots)", rest, (int)plen, rest, (unsigned long long)f->nslots);
+            return ikv_error(IKV_EIO,
+                             "tier file:%s: '%.*s' is shorter than its superblock says "
+                             "(%llu slots)",
+                             rest, (int)plen, rest, (unsigned long long)f->nslots);
         }
         f->nsets = f->nslots / f->ways;
         if (recover(f)) {
@@ -271,8 +278,10 @@ static void file_put(void *impl, const ikv_key *keys, const uint64_t *scopes,
                 if (!ikv__blob_ident(hdrs + j * IKV_BLOB_HDR, &k, &sc, &t)) t = 0;
                 if (t < oldest) oldest = t, w = (int)j;
             }
-            if (oldest) f->evictions++;
-            else fresh = 1;
+            if (oldest)
+                f->evictions++;
+            else
+                fresh = 1;
         }
         uint64_t slot = s0 + (uint64_t)w;
         const uint8_t *b = blobs[i];
@@ -368,7 +377,8 @@ static int file_check(void *impl) {
         memcpy(f->scratch, h, IKV_BLOB_HDR);
         if (rd_full(f->fd, f->scratch + IKV_BLOB_HDR, len - IKV_BLOB_HDR, body_off(f, s)) ||
             ikv_blob_check(f->scratch, len))
-            return ikv_error(IKV_EINVAL, "file store: slot %llu has a header but fails its checksum",
+            return ikv_error(IKV_EINVAL,
+                             "file store: slot %llu has a header but fails its checksum",
                              (unsigned long long)s);
     }
     if (used != f->resident)

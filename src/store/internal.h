@@ -58,7 +58,8 @@ static inline uint64_t ikv__store_set(ikv_key key, uint64_t scope, uint64_t nset
 static inline uint64_t ikv__rd64(const void *p) {
     const uint8_t *b = p;
     uint64_t v = 0;
-    for (int i = 7; i >= 0; i--) v = v << 8 | b[i];
+    for (int i = 7; i >= 0; i--)
+        v = v << 8 | b[i];
     return v;
 }
 static inline uint32_t ikv__rd32(const void *p) {
@@ -67,11 +68,13 @@ static inline uint32_t ikv__rd32(const void *p) {
 }
 static inline void ikv__wr64(void *p, uint64_t v) {
     uint8_t *b = p;
-    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 8; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
 }
 static inline void ikv__wr32(void *p, uint32_t v) {
     uint8_t *b = p;
-    for (int i = 0; i < 4; i++) b[i] = (uint8_t)(v >> (8 * i));
+    for (int i = 0; i < 4; i++)
+        b[i] = (uint8_t)(v >> (8 * i));
 }
 
 /* The (key, scope, write time) of a blob header, when its magic is right; 0 if not. */

@@ -86,12 +86,14 @@ static void mem_put(void *impl, const ikv_key *keys, const uint64_t *scopes,
                 uint64_t sq = m->ix[s0 + w].seq;
                 if (sq < oldest) oldest = sq, slot = s0 + w;
             }
-            if (oldest) m->evictions++;
-            else m->resident++;
+            if (oldest)
+                m->evictions++;
+            else
+                m->resident++;
         }
         memcpy(m->slab + slot * m->slot_bytes, blobs[i], lens[i]);
-        m->ix[slot] = (entry){.key = keys[i], .scope = scopes[i], .seq = ++m->seq,
-                              .len = (uint32_t)lens[i]};
+        m->ix[slot] =
+            (entry){.key = keys[i], .scope = scopes[i], .seq = ++m->seq, .len = (uint32_t)lens[i]};
         rcs[i] = 0;
     }
 }
@@ -118,7 +120,8 @@ static void mem_get(void *impl, const ikv_key *keys, const uint64_t *scopes, siz
 static int mem_exists(void *impl, const ikv_key *keys, const uint64_t *scopes, size_t n,
                       uint8_t *found) {
     const mem *m = impl;
-    for (size_t i = 0; i < n; i++) found[i] = find(m, keys[i], scopes[i], NULL) != UINT64_MAX;
+    for (size_t i = 0; i < n; i++)
+        found[i] = find(m, keys[i], scopes[i], NULL) != UINT64_MAX;
     return 0;
 }
 
@@ -152,10 +155,12 @@ static int mem_check(void *impl) {
         uint64_t sc;
         if (!ikv__blob_ident(m->slab + i * m->slot_bytes, &k, &sc, NULL) ||
             !ikv_key_eq(k, e->key) || sc != e->scope)
-            return ikv_error(IKV_EINVAL, "mem store: slot %llu holds another blob than its index says",
+            return ikv_error(IKV_EINVAL,
+                             "mem store: slot %llu holds another blob than its index says",
                              (unsigned long long)i);
         if (ikv__store_set(k, sc, m->nsets) != i / m->ways)
-            return ikv_error(IKV_EINVAL, "mem store: slot %llu is outside its set", (unsigned long long)i);
+            return ikv_error(IKV_EINVAL, "mem store: slot %llu is outside its set",
+                             (unsigned long long)i);
     }
     if (used != m->resident)
         return ikv_error(IKV_EINVAL, "mem store: %llu used slots, resident says %llu",

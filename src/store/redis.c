@@ -28,17 +28,20 @@ static uint16_t crc16(const char *buf, size_t len) {
     uint16_t crc = 0;
     for (size_t i = 0; i < len; i++) {
         crc ^= (uint16_t)((uint8_t)buf[i] << 8);
-        for (int b = 0; b < 8; b++) crc = crc & 0x8000 ? (uint16_t)(crc << 1 ^ 0x1021) : (uint16_t)(crc << 1);
+        for (int b = 0; b < 8; b++)
+            crc = crc & 0x8000 ? (uint16_t)(crc << 1 ^ 0x1021) : (uint16_t)(crc << 1);
     }
     return crc;
 }
 
 unsigned ikv__redis_slot(const char *key, size_t len) {
     size_t s = 0;
-    while (s < len && key[s] != '{') s++;
+    while (s < len && key[s] != '{')
+        s++;
     if (s < len) {
         size_t e = s + 1;
-        while (e < len && key[e] != '}') e++;
+        while (e < len && key[e] != '}')
+            e++;
         if (e < len && e > s + 1) return crc16(key + s + 1, e - s - 1) & 16383u;
     }
     return crc16(key, len) & 16383u;
@@ -47,7 +50,8 @@ unsigned ikv__redis_slot(const char *key, size_t len) {
 /* ---- connection --------------------------------------------------------------------------- */
 
 static struct timeval tv_of(double s) {
-    struct timeval tv = {.tv_sec = (time_t)s, .tv_usec = (suseconds_t)((s - (double)(time_t)s) * 1e6)};
+    struct timeval tv = {.tv_sec = (time_t)s,
+                         .tv_usec = (suseconds_t)((s - (double)(time_t)s) * 1e6)};
     return tv;
 }
 
@@ -144,8 +148,10 @@ static int redis_open(const char *rest, const ikv_store_params *p, void **impl, 
     }
     if (bad) {
         ikv_free(s);
-        return ikv_error(IKV_EPARAM, "tier redis://%s: expected redis://HOST:PORT[/DB]:SIZE with "
-                         "SIZE > 0 (k/M/G)", rest);
+        return ikv_error(IKV_EPARAM,
+                         "tier redis://%s: expected redis://HOST:PORT[/DB]:SIZE with "
+                         "SIZE > 0 (k/M/G)",
+                         rest);
     }
     *cap = size / p->slot_bytes;
     if (*cap == 0) {
@@ -166,8 +172,8 @@ static int redis_open(const char *rest, const ikv_store_params *p, void **impl, 
     int ok = rep && rep->type == REDIS_REPLY_STATUS;
     if (rep) freeReplyObject(rep);
     if (!ok) {
-        int rc = ikv_error(IKV_EIO, "tier redis://%s: %s:%d does not answer PING", rest,
-                           s->r.host, s->r.port);
+        int rc = ikv_error(IKV_EIO, "tier redis://%s: %s:%d does not answer PING", rest, s->r.host,
+                           s->r.port);
         ikv__rconn_close(&s->r);
         ikv_free(s);
         return rc;
@@ -187,9 +193,10 @@ static void redis_close(void *impl) {
  * on_reply(i, reply) for each, or sets rcs[i] = IKV_EIO for the ones lost to a failure. */
 typedef void (*reply_fn)(void *ctx, size_t i, redisReply *rep);
 static void pipeline(rstore *s, const char *verb, const ikv_key *keys, const uint64_t *scopes,
-                     const void *const *vals, const size_t *vlens, size_t n, int *rcs,
-                     reply_fn fn, void *ctx) {
-    for (size_t i = 0; i < n; i++) rcs[i] = IKV_EIO;
+                     const void *const *vals, const size_t *vlens, size_t n, int *rcs, reply_fn fn,
+                     void *ctx) {
+    for (size_t i = 0; i < n; i++)
+        rcs[i] = IKV_EIO;
     if (ikv__rconn_ensure(&s->r)) return;
     char name[96];
     size_t sent = 0;
@@ -249,7 +256,8 @@ static void redis_put(void *impl, const ikv_key *keys, const uint64_t *scopes,
     rstore *s = impl;
     getctx g = {.rcs = rcs};
     pipeline(s, "SET", keys, scopes, blobs, lens, n, rcs, ikv__redis_on_set, &g);
-    for (size_t i = 0; i < n; i++) s->resident += rcs[i] == 0;
+    for (size_t i = 0; i < n; i++)
+        s->resident += rcs[i] == 0;
 }
 
 static void redis_get(void *impl, const ikv_key *keys, const uint64_t *scopes, size_t n,

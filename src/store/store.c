@@ -46,11 +46,24 @@ int ikv_parse_size(const char *s, uint64_t *out) {
     double mul = 1;
     if (*end) {
         switch (*end) {
-        case 'k': case 'K': mul = 1024.0; break;
-        case 'm': case 'M': mul = 1024.0 * 1024; break;
-        case 'g': case 'G': mul = 1024.0 * 1024 * 1024; break;
-        case 't': case 'T': mul = 1024.0 * 1024 * 1024 * 1024; break;
-        default: return IKV_EPARAM;
+        case 'k':
+        case 'K':
+            mul = 1024.0;
+            break;
+        case 'm':
+        case 'M':
+            mul = 1024.0 * 1024;
+            break;
+        case 'g':
+        case 'G':
+            mul = 1024.0 * 1024 * 1024;
+            break;
+        case 't':
+        case 'T':
+            mul = 1024.0 * 1024 * 1024 * 1024;
+            break;
+        default:
+            return IKV_EPARAM;
         }
         end++;
         if (*end == 'i') end++;
@@ -82,13 +95,18 @@ uint32_t *ikv_blob_init(void *blob, const ikv_blob_desc *d, void **payload) {
 
 int ikv_blob_parse(const void *blob, size_t len, ikv_blob_desc *d, uint64_t *fingerprint) {
     const uint8_t *b = blob;
-    if (len < IKV_BLOB_HDR) return ikv_error(IKV_EFORMAT, "blob of %zu bytes: shorter than its header", len);
+    if (len < IKV_BLOB_HDR)
+        return ikv_error(IKV_EFORMAT, "blob of %zu bytes: shorter than its header", len);
     if (ikv__rd32(b) != IKV_BLOB_MAGIC) return ikv_error(IKV_EFORMAT, "blob: bad magic");
     unsigned ver = b[4] | (unsigned)b[5] << 8;
-    if (ver != IKV_BLOB_VERSION) return ikv_error(IKV_EFORMAT, "blob: format version %u, expected %u", ver, IKV_BLOB_VERSION);
+    if (ver != IKV_BLOB_VERSION)
+        return ikv_error(IKV_EFORMAT, "blob: format version %u, expected %u", ver,
+                         IKV_BLOB_VERSION);
     uint32_t ntok = ikv__rd32(b + 8), pay = ikv__rd32(b + 12);
     if (b[6] > IKV_BLOB_DTYPE_Q8 || ntok > (1u << 20) || ikv_blob_bytes(ntok, pay) != len)
-        return ikv_error(IKV_EFORMAT, "blob: %u tokens and %u payload bytes disagree with its %zu bytes", ntok, pay, len);
+        return ikv_error(IKV_EFORMAT,
+                         "blob: %u tokens and %u payload bytes disagree with its %zu bytes", ntok,
+                         pay, len);
     if (d) {
         d->dtype = b[6];
         d->ntok = ntok;
@@ -135,7 +153,8 @@ int ikv_blob_check(const void *blob, size_t len) {
     int rc = ikv_blob_parse(blob, len, NULL, NULL);
     if (rc) return rc;
     const uint8_t *b = blob;
-    if (blob_sum(b, len) != ikv__rd64(b + 56)) return ikv_error(IKV_ECORRUPT, "blob: checksum mismatch");
+    if (blob_sum(b, len) != ikv__rd64(b + 56))
+        return ikv_error(IKV_ECORRUPT, "blob: checksum mismatch");
     return 0;
 }
 
@@ -154,7 +173,8 @@ int ikv_store_open(const char *spec, const ikv_store_params *p, ikv_store **out)
     *out = NULL;
     if (!spec || !*spec) return ikv_error(IKV_EPARAM, "empty tier spec");
     if (!p || p->slot_bytes < IKV_BLOB_HDR)
-        return ikv_error(IKV_EINVAL, "store: slot size %zu is smaller than a blob header", p ? p->slot_bytes : 0);
+        return ikv_error(IKV_EINVAL, "store: slot size %zu is smaller than a blob header",
+                         p ? p->slot_bytes : 0);
     if (strlen(spec) >= sizeof((ikv_store *)0)->spec)
         return ikv_error(IKV_EPARAM, "tier spec '%.40s...' is too long", spec);
     const ikv__store_ops *ops = NULL;
@@ -256,18 +276,29 @@ size_t ikv_store_get_run(ikv_store *s, const ikv_block_want *want, size_t n, voi
         size_t k = n - i0 < IKV__STORE_CHUNK ? n - i0 : IKV__STORE_CHUNK;
         ikv_key keys[IKV__STORE_CHUNK];
         uint64_t scopes[IKV__STORE_CHUNK];
-        for (size_t j = 0; j < k; j++) keys[j] = want[i0 + j].key, scopes[j] = want[i0 + j].scope;
+        for (size_t j = 0; j < k; j++)
+            keys[j] = want[i0 + j].key, scopes[j] = want[i0 + j].scope;
         s->ops->get(s->impl, keys, scopes, k, bufs + i0, cap, lens + i0, rcs + i0);
         for (size_t j = 0; j < k; j++) {
             size_t i = i0 + j;
             s->st.gets++;
             if (rcs[i] == 0) rcs[i] = verify(s, &want[i], bufs[i], lens[i]);
             switch (rcs[i]) {
-            case 0: hits++, s->st.hits++, s->st.get_bytes += lens[i]; break;
-            case IKV_ENOENT: s->st.misses++; break;
-            case IKV_ECORRUPT: s->st.corrupt++; break;
-            case IKV_EMISMATCH: s->st.mismatch++; break;
-            default: s->st.down++; break;
+            case 0:
+                hits++, s->st.hits++, s->st.get_bytes += lens[i];
+                break;
+            case IKV_ENOENT:
+                s->st.misses++;
+                break;
+            case IKV_ECORRUPT:
+                s->st.corrupt++;
+                break;
+            case IKV_EMISMATCH:
+                s->st.mismatch++;
+                break;
+            default:
+                s->st.down++;
+                break;
             }
         }
     }
@@ -288,7 +319,8 @@ size_t ikv_store_exists_run(ikv_store *s, const ikv_key *keys, const uint64_t *s
             break;
         }
     }
-    for (size_t i = 0; i < n; i++) f += found[i] != 0;
+    for (size_t i = 0; i < n; i++)
+        f += found[i] != 0;
     s->st.exists_found += f;
     return f;
 }
