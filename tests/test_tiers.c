@@ -340,6 +340,35 @@ static void test_q8_tier(void **st) {
     freeo(&ref);
 }
 
+/* Every allocation failing in turn while creating an engine with a tier: a clean IKV_ENOMEM,
+ * nothing left behind (ASan's leak check), and an engine that works once it succeeds. */
+static void test_alloc_failure(void **st) {
+    (void)st;
+    ikv_store *s = open_store("mem:1M");
+    ikv_engine_options o = opts(8, &s, 1);
+    int ok = 0;
+    for (size_t k = 0; k < 400 && !ok; k++) {
+        ikv_engine *e = NULL;
+        ikv_alloc_fail_after(k);
+        int rc = ikv_engine_create(M, &o, &e);
+        ikv_alloc_fail_after(SIZE_MAX);
+        if (rc == 0) {
+            ok = 1;
+            uint32_t a[40];
+            make_prompt(a, 40, 14);
+            out x;
+            run(e, a, 40, NULL, 0, 0, &x);
+            freeo(&x);
+            ikv_engine_destroy(e);
+        } else {
+            assert_int_equal(rc, IKV_ENOMEM);
+            assert_null(e);
+        }
+    }
+    assert_true(ok);
+    ikv_store_close(s);
+}
+
 /* Writes prompt t through an engine with a file tier in a child process that then exits. */
 static void child_writes(const char *spec, const uint32_t *t, size_t n, const char *tenant,
                          uint64_t cap) {
@@ -698,6 +727,7 @@ int main(void) {
         cmocka_unit_test(test_measured_decision),
         cmocka_unit_test(test_pool_smaller_than_prompt),
         cmocka_unit_test(test_q8_tier),
+        cmocka_unit_test(test_alloc_failure),
         cmocka_unit_test(test_two_processes_file),
         cmocka_unit_test(test_cli_two_runs),
         cmocka_unit_test_teardown(test_redis_tier, teardown_redis),
