@@ -268,6 +268,14 @@ static void test_mem(void **st) {
     assert_string_equal(ikv_store_scheme(s), "mem");
     assert_false(ikv_store_shared(s));
     exercise(s);
+    char *buf = NULL;
+    size_t blen = 0;
+    FILE *mf = open_memstream(&buf, &blen);
+    ikv_store_dump(s, mf);
+    fclose(mf);
+    assert_non_null(strstr(buf, "store mem:2M (mem)"));
+    assert_non_null(strstr(buf, "1 mismatch"));
+    free(buf);
     ikv_store_close(s);
 }
 

@@ -157,6 +157,9 @@ int ikv_store_shared(const ikv_store *s);
  * Returns 1, or 0 with an ikv_errdetail message. */
 int ikv_store_check(ikv_store *s);
 
+/* Writes the store's spec, capacity and every counter to f, for debugging. */
+void ikv_store_dump(const ikv_store *s, FILE *f);
+
 /* The registered schemes, for --help: name and one-line description. */
 size_t ikv_store_backend_count(void);
 const char *ikv_store_backend_name(size_t i);

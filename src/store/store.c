@@ -10,6 +10,7 @@
  */
 #include "internal.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -355,4 +356,26 @@ int ikv_store_shared(const ikv_store *s) {
 }
 int ikv_store_check(ikv_store *s) {
     return s->ops->check ? s->ops->check(s->impl) : 1;
+}
+
+void ikv_store_dump(const ikv_store *s, FILE *f) {
+    ikv_store_stats st;
+    ikv_store_stats_get(s, &st);
+    fprintf(f,
+            "store %s (%s%s): %llu of %llu blocks, slot %zu bytes, fingerprint %016llx\n"
+            "  puts %llu (%llu bytes, %llu failed, %.3f s), gets %llu: %llu hits, %llu misses, "
+            "%llu corrupt, %llu mismatch, %llu down (%llu bytes, %.3f s)\n"
+            "  deletes %llu, evictions %llu, exists %llu calls / %llu found, recovered %llu, "
+            "dropped %llu, reconnects %llu, redirects %llu\n",
+            s->spec, s->ops->scheme, s->ops->shared ? ", shared" : "",
+            (unsigned long long)st.resident, (unsigned long long)st.capacity, s->p.slot_bytes,
+            (unsigned long long)s->p.fingerprint, (unsigned long long)st.puts,
+            (unsigned long long)st.put_bytes, (unsigned long long)st.put_fail, st.put_seconds,
+            (unsigned long long)st.gets, (unsigned long long)st.hits, (unsigned long long)st.misses,
+            (unsigned long long)st.corrupt, (unsigned long long)st.mismatch,
+            (unsigned long long)st.down, (unsigned long long)st.get_bytes, st.get_seconds,
+            (unsigned long long)st.deletes, (unsigned long long)st.evictions,
+            (unsigned long long)st.exists_calls, (unsigned long long)st.exists_found,
+            (unsigned long long)st.recovered, (unsigned long long)st.dropped,
+            (unsigned long long)st.reconnects, (unsigned long long)st.redirects);
 }
