@@ -369,6 +369,49 @@ static void test_alloc_failure(void **st) {
     ikv_store_close(s);
 }
 
+/* Two sequences in flight at once (max_seqs 2), both loading from the tier: the pool's
+ * reserve covers the blocks loaded before the core takes them; outputs stay exact. */
+static void test_two_sequences(void **st) {
+    (void)st;
+    ikv_store *s = open_store("mem:4M");
+    ikv_engine_options o = opts(6, &s, 1);
+    uint64_t bb = ikv_model_kv_bytes_per_token(&M->cfg) * 16;
+    o.max_seqs = 2;
+    o.kv_mem += 32 * bb; /* a second sequence's private reserve */
+    ikv_engine *e;
+    assert_int_equal(ikv_engine_create(M, &o, &e), 0);
+    ikv__tiers_pin_load_s(e, 1, 1e-12);
+    uint32_t a[100], b[100], c[100];
+    make_prompt(a, 100, 15), make_prompt(b, 100, 16), make_prompt(c, 100, 17);
+    out ra, rb, x;
+    run(e, a, 100, NULL, 0, 1, &ra);
+    run(e, b, 100, NULL, 0, 1, &rb);
+    run(e, a, 100, NULL, 0, 0, &x), freeo(&x);
+    run(e, b, 100, NULL, 0, 0, &x), freeo(&x);
+    run(e, c, 100, NULL, 0, 0, &x), freeo(&x); /* a and b are mostly in the tier now */
+    size_t V = (size_t)M->cfg.vocab_size;
+    float *la = calloc(100 * V, 4), *lb = calloc(100 * V, 4);
+    ikv_request qa = {.tokens = a, .n = 100, .logits_all = la};
+    ikv_request qb = {.tokens = b, .n = 100, .logits_all = lb};
+    ikv_seq *sa, *sb;
+    ikv_prefill_info ia, ib;
+    assert_int_equal(ikv_engine_begin(e, &qa, &sa, &ia), 0);
+    assert_true(ikv_engine_check(e));
+    assert_int_equal(ikv_engine_begin(e, &qb, &sb, &ib), 0);
+    assert_true(ikv_engine_check(e));
+    assert_true(ia.tier_tokens[1] + ib.tier_tokens[1] > 0);
+    assert_memory_equal(la + ia.cached_tokens * V, ra.logits + ia.cached_tokens * V,
+                        (100 - ia.cached_tokens) * V * 4);
+    assert_memory_equal(lb + ib.cached_tokens * V, rb.logits + ib.cached_tokens * V,
+                        (100 - ib.cached_tokens) * V * 4);
+    ikv_engine_end(e, sa);
+    ikv_engine_end(e, sb);
+    assert_true(ikv_engine_check(e));
+    free(la), free(lb), freeo(&ra), freeo(&rb);
+    ikv_engine_destroy(e);
+    ikv_store_close(s);
+}
+
 /* Writes prompt t through an engine with a file tier in a child process that then exits. */
 static void child_writes(const char *spec, const uint32_t *t, size_t n, const char *tenant,
                          uint64_t cap) {
@@ -728,6 +771,7 @@ int main(void) {
         cmocka_unit_test(test_pool_smaller_than_prompt),
         cmocka_unit_test(test_q8_tier),
         cmocka_unit_test(test_alloc_failure),
+        cmocka_unit_test(test_two_sequences),
         cmocka_unit_test(test_two_processes_file),
         cmocka_unit_test(test_cli_two_runs),
         cmocka_unit_test_teardown(test_redis_tier, teardown_redis),

@@ -158,7 +158,8 @@ uint32_t ikv__tiers_match(struct ikv_engine *e, const ikv_request *r, struct ikv
                           uint32_t m, size_t *core_m, uint32_t nfull, const ikv_access *acc,
                           ikv_prefill_info *inf);
 /* After the prefill of positions [m * bt, n): records the scopes of the inserted blocks
- * [m, m + inserted) and the measured prefill time. */
+ * [m, m + inserted) and the measured prefill time, flushes queued demotions, and writes the
+ * request's computed full blocks through to the shared stores. */
 void ikv__tiers_done(struct ikv_engine *e, const ikv_request *r, struct ikv_seq *s, uint32_t m,
                      uint32_t inserted, double prefill_s);
 
