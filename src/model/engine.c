@@ -74,12 +74,13 @@ static void pool_push(ikv_engine *e, uint32_t b) {
     e->free_stack[e->n_free++] = b;
 }
 
-/* The cache core dropped (or, with tiers, demoted) a block: its KV bytes are free again. */
+/* The cache core dropped or demoted a block: its KV bytes in the pool are free again. Moves
+ * between lower tiers and promotions are the stores' business (tiers.c). */
 static void on_evict(void *ctx, uint32_t node, ikv_key key, int from_tier, int to_tier) {
     ikv_engine *e = ctx;
-    (void)key, (void)from_tier;
-    IKV_ASSERT(to_tier < 0); /* single tier: eviction always drops */
     IKV_ASSERT(node < e->node_limit);
+    if (e->tiers) ikv__tiers_on_evict(e, node, key, from_tier, to_tier);
+    if (from_tier != 0) return;
     uint32_t b = e->node2blk[node];
     e->node2blk[node] = IKV_NIL;
     if (b == IKV_NIL) return;
@@ -90,6 +91,7 @@ static void on_evict(void *ctx, uint32_t node, ikv_key key, int from_tier, int t
 void ikv_engine_destroy(ikv_engine *e) {
     if (!e) return;
     ikv__pool_destroy(e->pool);
+    ikv__tiers_destroy(e);
     ikv_cache_destroy(e->cache);
     if (e->seqs)
         for (uint32_t i = 0; i < e->opt.max_seqs; i++) {
@@ -198,6 +200,7 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     cc.block_tokens = bt;
     cc.on_evict = on_evict;
     cc.evict_ctx = e;
+    if (o.n_tiers) ikv__tiers_config(e, &o, &cc);
     int rc = ikv_cache_create(&cc, &e->cache);
     if (rc) {
         ikv_free(e);
@@ -281,6 +284,10 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
         if (score > 0) e->TP = tp[got];
         if (!(best & 1)) e->G = 1;
         e->Q = best & 2 ? qq[got] : 0;
+    }
+    if (o.n_tiers && (rc = ikv__tiers_create(e, &o))) {
+        ikv_engine_destroy(e);
+        return rc;
     }
     *out = e;
     return 0;
@@ -380,6 +387,7 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
             }
             s->n_locked = m, s->n_blocks = m;
         }
+        if (e->tiers) m = ikv__tiers_match(e, r, s, m, &core_m, nfull, &acc, &inf);
         if (m == core_m && m < nfull) {
             size_t ins = 0;
             rc = ikv_cache_insert(e->cache, e->keys, nfull, m, &acc, 1, e->nodes + m, &ins);
@@ -419,7 +427,9 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
     /* prefill positions [m*bt, n) tile by tile */
     {
         size_t first = (size_t)m * bt, V = (size_t)c->vocab_size;
+        double t_pf = ikv_now();
         ikv__prefill(e, s, r->tokens, first, n);
+        if (e->tiers) ikv__tiers_done(e, r, s, m, inserted, ikv_now() - t_pf);
         if (r->logits_all) {
             for (size_t p = first; p < n; p++)
                 ikv__logits_row(e, ikv__prefill_row(e, first, p), r->logits_all + p * V);

@@ -135,7 +135,37 @@ struct ikv_engine {
     float *dpart; /* decode attention: [chunks][n_heads][head_dim + 2] (O, M, L) per chunk */
 
     uint64_t n_requests, n_cached_tokens, n_computed_tokens, n_rejected;
+    struct ikv__tiers *tiers; /* lower tiers (tiers.c); NULL without any */
 };
+
+/* ---- lower tiers (tiers.c) ---------------------------------------------------------------- */
+
+/* Adds the lower tiers of o to the cache config (before the cache is created). */
+void ikv__tiers_config(const struct ikv_engine *e, const ikv_engine_options *o,
+                       ikv_cache_config *cc);
+/* Allocates the tier state, probes every store's speed and the prefill rate. 0 or an error. */
+int ikv__tiers_create(struct ikv_engine *e, const ikv_engine_options *o);
+void ikv__tiers_destroy(struct ikv_engine *e);
+/* The core moved a block (from_tier -> to_tier; -1 = dropped): write, move, delete, adopt. */
+void ikv__tiers_on_evict(struct ikv_engine *e, uint32_t node, ikv_key key, int from_tier,
+                         int to_tier);
+/* After the local longest match: m verified pool blocks of s are locked; *core_m blocks are
+ * resident. Loads the lower-tier blocks that follow (from the core's tiers and, probing shared
+ * stores, blocks this index never saw) into fresh pool blocks, or leaves them to be
+ * recomputed, whichever is cheaper; locks and records the loaded ones in s. Returns the
+ * usable prefix and sets *core_m so the engine inserts the rest from there. */
+uint32_t ikv__tiers_match(struct ikv_engine *e, const ikv_request *r, struct ikv_seq *s,
+                          uint32_t m, size_t *core_m, uint32_t nfull, const ikv_access *acc,
+                          ikv_prefill_info *inf);
+/* After the prefill of positions [m * bt, n): records the scopes of the inserted blocks
+ * [m, m + inserted) and the measured prefill time, flushes queued demotions, and writes the
+ * request's computed full blocks through to the shared stores. */
+void ikv__tiers_done(struct ikv_engine *e, const ikv_request *r, struct ikv_seq *s, uint32_t m,
+                     uint32_t inserted, double prefill_s);
+
+/* Tests: pins lower tier t's (1..n) load estimate at s seconds per block (no running average
+ * updates it after); s < 0 unpins. */
+void ikv__tiers_pin_load_s(struct ikv_engine *e, size_t t, double s);
 
 /* K (kv = 0) or V (kv = 1) of `layer`, kv head `g`, slot `slot` of physical block b. */
 static inline float *ikv__kv_at(const struct ikv_engine *e, uint32_t b, int layer, int kv, int g,
