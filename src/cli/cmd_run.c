@@ -104,7 +104,8 @@ int ikv_cmd_run(int argc, char **argv) {
         }
         static const char *const valued[] = {
             "--model",   "--tokenizer", "--prompt", "--tenant", "--policy", "-n",    "--seed",
-            "--threads", "--kv-mem",    "--public", "--repeat", "--temp",   "--topp"};
+            "--threads", "--kv-mem",    "--public", "--repeat", "--temp",   "--topp",
+            "--tier",    "--tier-dtype"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(a, valued[k]);
@@ -124,8 +125,7 @@ int ikv_cmd_run(int argc, char **argv) {
             if (cli_tiers_add(&tiers, "run", v)) return IKV_EXIT_USAGE;
         } else if (!strcmp(a, "--tier-dtype")) {
             if (cli_tiers_dtype(&tiers, "run", v)) return IKV_EXIT_USAGE;
-        }
-        else if (!strcmp(a, "-n"))
+        } else if (!strcmp(a, "-n"))
             bad = cli_parse_u64(v, &steps);
         else if (!strcmp(a, "--seed"))
             bad = cli_parse_u64(v, &seed);
