@@ -448,12 +448,13 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, si
             r->n, s->seq_len);
     /* max_tokens: completions default 16 (OpenAI's), chat the rest of the context */
     long maxt = chat ? (long)(s->seq_len - r->n) : 16;
-    f = cJSON_GetObjectItemCaseSensitive(j, chat ? "max_completion_tokens" : "max_tokens");
-    if (chat && !f) f = cJSON_GetObjectItemCaseSensitive(j, "max_tokens");
+    const char *mname = chat ? "max_completion_tokens" : "max_tokens";
+    f = cJSON_GetObjectItemCaseSensitive(j, mname);
+    if (chat && !f) f = cJSON_GetObjectItemCaseSensitive(j, mname = "max_tokens");
     if (f && !cJSON_IsNull(f)) {
         if (!cJSON_IsNumber(f) || f->valuedouble < 1 ||
             f->valuedouble != (double)(long)f->valuedouble || f->valuedouble > 1e9)
-            BAD(f->string, "%s must be a positive integer", f->string);
+            BAD(mname, "%s must be a positive integer", mname);
         maxt = (long)f->valuedouble;
     }
     if ((size_t)maxt > s->seq_len - r->n) maxt = (long)(s->seq_len - r->n);
