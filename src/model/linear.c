@@ -53,14 +53,56 @@ __attribute__((target("avx2,fma"))) static float dot_avx2(const float *w, const 
     return (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) + tail;
 }
 
-/* Rows [r0, r1) of W against nx rows of X, AVX2 kernel (one weight row at a time). */
+/* w . x0 and w . x1 at once: each with exactly dot_avx2's accumulators, steps and final
+ * combination (so each result has dot_avx2's bits), sharing the loads of w and running 8 FMA
+ * chains instead of 4 (measured: the one-row loop is bound by its 4 chains once w is in L1). */
+__attribute__((target("avx2,fma"))) static void dot2_avx2(const float *w, const float *x0,
+                                                          const float *x1, size_t K, float *y0,
+                                                          float *y1) {
+    const size_t k32 = K & ~(size_t)31, k8 = K & ~(size_t)7;
+    size_t i = 0;
+    float t0 = 0.0f, t1 = 0.0f, l[8], m[8];
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m256 c0 = a0, c1 = a0, c2 = a0, c3 = a0;
+    for (; i < k32; i += 32) {
+        __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8),
+               w2 = _mm256_loadu_ps(w + i + 16), w3 = _mm256_loadu_ps(w + i + 24);
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + i), a0);
+        c0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + i), c0);
+        a1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x0 + i + 8), a1);
+        c1 = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x1 + i + 8), c1);
+        a2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x0 + i + 16), a2);
+        c2 = _mm256_fmadd_ps(w2, _mm256_loadu_ps(x1 + i + 16), c2);
+        a3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x0 + i + 24), a3);
+        c3 = _mm256_fmadd_ps(w3, _mm256_loadu_ps(x1 + i + 24), c3);
+    }
+    for (; i < k8; i += 8) {
+        __m256 w0 = _mm256_loadu_ps(w + i);
+        a0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x0 + i), a0);
+        c0 = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x1 + i), c0);
+    }
+    _mm256_storeu_ps(l, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    _mm256_storeu_ps(m, _mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)));
+    for (; i < K; i++) {
+        t0 += w[i] * x0[i];
+        t1 += w[i] * x1[i];
+    }
+    *y0 = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) + t0;
+    *y1 = (((m[0] + m[1]) + (m[2] + m[3])) + ((m[4] + m[5]) + (m[6] + m[7]))) + t1;
+}
+
+/* Rows [r0, r1) of W against nx rows of X, AVX2 kernel: one weight row at a time (read from
+ * memory once, then from L1), batch rows two at a time. */
 __attribute__((target("avx2,fma"))) static void rows_avx2(const float *W, size_t K, size_t r0,
                                                           size_t r1, const float *X, size_t ldx,
                                                           size_t nx, float *Y, size_t ldy) {
     for (size_t r = r0; r < r1; r++) {
         const float *w = W + r * K;
-        for (size_t b = 0; b < nx; b++)
-            Y[b * ldy + r] = dot_avx2(w, X + b * ldx, K);
+        size_t b = 0;
+        for (; b + 2 <= nx; b += 2)
+            dot2_avx2(w, X + b * ldx, X + (b + 1) * ldx, K, &Y[b * ldy + r],
+                      &Y[(b + 1) * ldy + r]);
+        if (b < nx) Y[b * ldy + r] = dot_avx2(w, X + b * ldx, K);
     }
 }
 #endif

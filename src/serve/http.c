@@ -614,7 +614,7 @@ static int sse_fill(stream *st) {
     srq *r = st->r;
     for (;;) {
         if (st->phase == 2) return 0;
-        if (st->phase == 0 && r->chat && r->state != SRQ_DONE) {
+        if (st->phase == 0 && r->chat) {
             st->phase = 1;
             if (sse_json(st, chunk(st, "", 1, NULL))) return -1;
             return 1;

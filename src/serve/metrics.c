@@ -34,7 +34,7 @@ static void hist_add(srv_hist *h, double v) {
 
 /* The stats of tenant `name`, created on first use ("other" once the table is full). */
 static srv_tenant_stats *tenant_stats(srv_metrics *m, const char *name) {
-    if (!name) name = "-";
+    if (!name) name = "none"; /* /health, /metrics, rejected before a tenant is known */
     for (size_t i = 0; i < m->n_tenants; i++)
         if (!strcmp(m->tenants[i].name, name)) return &m->tenants[i];
     if (m->n_tenants == SRV_MAX_TENANTS) {
