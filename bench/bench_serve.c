@@ -9,7 +9,7 @@
  * stream count N runs N client threads, each sending --requests streaming completions one after
  * another: prompts of --prompt token ids (the load-generator form), the first --prefix of them
  * the same in every request and declared public (isokv.public_prefix_tokens), the rest random
- * per request; greedy, --max-tokens. Prints per N: requests/s, aggregate output tokens/s (usage
+ * per request; greedy, exactly --max-tokens (ignore_eos). Prints per N: requests/s, aggregate output tokens/s (usage
  * completion tokens over the wall time of the round), TTFT p50 / p99 (request sent to first
  * byte of the stream), and the cached prompt tokens the server reported. --config NAME writes
  * a random-weight model of that shape (and a synthetic tokenizer) under /tmp first. All figures
@@ -81,7 +81,7 @@ static void *client(void *arg) {
             n += (size_t)sprintf(body + n, ",%u", t);
         }
         sprintf(body + n,
-                "],\"max_tokens\":%d,\"temperature\":0,\"stream\":true,\"stream_options\":"
+                "],\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,\"stream_options\":"
                 "{\"include_usage\":true},\"isokv\":{\"public_prefix_tokens\":%d}}",
                 j->max_tokens, j->prefix);
         rbuf b = {0};

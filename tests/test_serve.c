@@ -713,9 +713,11 @@ static int setup_load(void **st) {
     return server_start(&S2, extra);
 }
 
+static int S2_exit = -1; /* set by test_drain, which stops S2 itself */
+
 static int teardown_load(void **st) {
     (void)st;
-    int rc = server_stop(&S2);
+    int rc = S2.pid ? server_stop(&S2) : S2_exit;
     char p[160];
     snprintf(p, sizeof p, "%s/keys.json", S2.dir);
     unlink(p);
@@ -817,6 +819,73 @@ static void test_load(void **st) {
     assert_true(rss > 0 && rss < bound);
 }
 
+/* SIGTERM while streams run: /health and new requests get 503, the running streams finish
+ * (exactly max_tokens, ignore_eos), the server exits 0. */
+static void test_drain(void **st) {
+    (void)st;
+    enum { N = 8 };
+    CURLM *m = curl_multi_init();
+    CURL *h[N];
+    resp r[N];
+    struct curl_slist *hs[N];
+    memset(r, 0, sizeof r);
+    for (int i = 0; i < N; i++) {
+        h[i] = prep(S2.port, "POST", "/v1/completions", "k1",
+                    "{\"prompt\":[1,403],\"max_tokens\":500,\"temperature\":0,\"ignore_eos\":true,"
+                    "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+                    &r[i], &hs[i]);
+        curl_multi_add_handle(m, h[i]);
+    }
+    int running = 1, started = 0;
+    while (running && !started) { /* until every stream has sent something */
+        curl_multi_perform(m, &running);
+        started = 1;
+        for (int i = 0; i < N; i++)
+            started &= r[i].len > 0;
+        if (!started) curl_multi_poll(m, NULL, 0, 10, NULL);
+    }
+    assert_true(started);
+    kill(S2.pid, SIGTERM);
+    int saw503 = 0;
+    for (int k = 0; k < 400 && !saw503; k++) {
+        resp hr = http(S2.port, "GET", "/health", NULL, NULL);
+        saw503 = hr.status == 503;
+        free(hr.body);
+        curl_multi_perform(m, &running);
+    }
+    assert_true(saw503);
+    expect_error(http(S2.port, "POST", "/v1/completions", "k1", "{\"prompt\":\"a\"}"), 503, NULL,
+                 "shutting down");
+    while (running) {
+        curl_multi_perform(m, &running);
+        if (running) curl_multi_poll(m, NULL, 0, 50, NULL);
+    }
+    for (int i = 0; i < N; i++) {
+        curl_easy_getinfo(h[i], CURLINFO_RESPONSE_CODE, &r[i].status);
+        assert_int_equal(r[i].status, 200);
+        sse o;
+        parse_sse(r[i].body, &o);
+        assert_true(o.done);
+        assert_string_equal(o.finish, "length");
+        assert_int_equal((int)num(o.usage, "completion_tokens", NULL), 500);
+        cJSON_Delete(o.usage);
+        curl_multi_remove_handle(m, h[i]);
+        curl_easy_cleanup(h[i]);
+        curl_slist_free_all(hs[i]);
+        free(r[i].body);
+    }
+    curl_multi_cleanup(m);
+    int status = 0;
+    for (int k = 0; k < 300 && S2.pid; k++) {
+        if (waitpid(S2.pid, &status, WNOHANG) == S2.pid) S2.pid = 0;
+        else usleep(100 * 1000);
+    }
+    assert_int_equal(S2.pid, 0);
+    assert_true(WIFEXITED(status));
+    S2_exit = WEXITSTATUS(status);
+    assert_int_equal(S2_exit, 0);
+}
+
 int main(void) {
     const struct CMUnitTest api[] = {
         cmocka_unit_test(test_health_models_metrics), cmocka_unit_test(test_completions),
@@ -824,7 +893,7 @@ int main(void) {
         cmocka_unit_test(test_errors),                cmocka_unit_test(test_tenant_isolation),
         cmocka_unit_test(test_disconnect_cancels),    cmocka_unit_test(test_queue_full_429),
     };
-    const struct CMUnitTest load[] = {cmocka_unit_test(test_load)};
+    const struct CMUnitTest load[] = {cmocka_unit_test(test_load), cmocka_unit_test(test_drain)};
     int rc = cmocka_run_group_tests_name("serve_api", api, setup, teardown);
     rc |= cmocka_run_group_tests_name("serve_load", load, setup_load, teardown_load);
     return rc;

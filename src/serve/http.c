@@ -274,6 +274,9 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, si
     f = cJSON_GetObjectItemCaseSensitive(j, "stream");
     if (f && !cJSON_IsNull(f) && !cJSON_IsBool(f)) BAD("stream", "stream must be a boolean");
     r->stream = cJSON_IsTrue(f);
+    f = cJSON_GetObjectItemCaseSensitive(j, "ignore_eos"); /* vLLM's extension */
+    if (f && !cJSON_IsNull(f) && !cJSON_IsBool(f)) BAD("ignore_eos", "ignore_eos must be a boolean");
+    r->ignore_eos = cJSON_IsTrue(f);
     f = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
     if (f && !cJSON_IsNull(f)) {
         if (!cJSON_IsObject(f)) BAD("stream_options", "stream_options must be an object");

@@ -26,7 +26,7 @@ enum { SRQ_QUEUED = 0, SRQ_RUNNING, SRQ_DONE };
 
 typedef struct srq {
     uint64_t id;
-    int chat, stream, include_usage;
+    int chat, stream, include_usage, ignore_eos;
     char *tenant;   /* tenant name (metrics, log) */
     char *scope;    /* engine scope: tenant, or tenant + 0x1f + cache_salt */
     uint32_t *tokens;

@@ -184,7 +184,7 @@ static void admit(ikv_serve *s) {
 static int take_token(ikv_serve *s, size_t idx, uint32_t tok) {
     srq *r = s->running[idx];
     if (r->ntok == 0) r->t_first = ikv_now();
-    if (tok == IKV_TOK_EOS || tok == IKV_TOK_BOS) {
+    if (!r->ignore_eos && (tok == IKV_TOK_EOS || tok == IKV_TOK_BOS)) {
         finish_running(s, idx, "stop");
         return 1;
     }
