@@ -89,7 +89,8 @@ int ikv_cmd_serve(int argc, char **argv) {
                 if (u > 65535) return cli_usage_error(cmd, "--port %s is not in 0..65535", v);
                 o.port = (uint16_t)u;
             } else if (!strcmp(a, "--threads")) {
-                if (u < 1 || u > 256) return cli_usage_error(cmd, "--threads %s is not in 1..256", v);
+                if (u < 1 || u > 256)
+                    return cli_usage_error(cmd, "--threads %s is not in 1..256", v);
                 o.threads = (int)u;
             } else if (!strcmp(a, "--max-seqs")) {
                 if (u < 1 || u > 1024)
@@ -126,7 +127,8 @@ int ikv_cmd_serve(int argc, char **argv) {
     fprintf(stderr, "isokv serve: %s: draining (at most %g s)\n",
             sig == SIGTERM ? "SIGTERM" : "SIGINT", drain);
     size_t left = ikv_serve_drain(s, drain);
-    if (left) fprintf(stderr, "isokv serve: %zu requests unfinished after the drain: cancelled\n", left);
+    if (left)
+        fprintf(stderr, "isokv serve: %zu requests unfinished after the drain: cancelled\n", left);
     ikv_serve_destroy(s);
     fprintf(stderr, "isokv serve: stopped\n");
     return IKV_EXIT_OK;

@@ -56,9 +56,8 @@ __attribute__((target("avx2,fma"))) static float dot_avx2(const float *w, const 
 /* w . x0 and w . x1 at once: each with exactly dot_avx2's accumulators, steps and final
  * combination (so each result has dot_avx2's bits), sharing the loads of w and running 8 FMA
  * chains instead of 4 (measured: the one-row loop is bound by its 4 chains once w is in L1). */
-__attribute__((target("avx2,fma"))) static void dot2_avx2(const float *w, const float *x0,
-                                                          const float *x1, size_t K, float *y0,
-                                                          float *y1) {
+__attribute__((target("avx2,fma"))) static void
+dot2_avx2(const float *w, const float *x0, const float *x1, size_t K, float *y0, float *y1) {
     const size_t k32 = K & ~(size_t)31, k8 = K & ~(size_t)7;
     size_t i = 0;
     float t0 = 0.0f, t1 = 0.0f, l[8], m[8];

@@ -94,7 +94,8 @@ static const char *status_type(int status) {
 /* Queues a response with a malloc'd body (taken over), counting it in the metrics. */
 static enum MHD_Result respond(struct MHD_Connection *c, conn *cx, int status, char *body,
                                size_t len, const char *ctype, const char *hdr, const char *val) {
-    struct MHD_Response *rs = MHD_create_response_from_buffer_with_free_callback(len, body, ikv_free);
+    struct MHD_Response *rs =
+        MHD_create_response_from_buffer_with_free_callback(len, body, ikv_free);
     if (!rs) {
         ikv_free(body);
         return MHD_NO;
@@ -127,13 +128,12 @@ static enum MHD_Result respond_json(struct MHD_Connection *c, conn *cx, int stat
 }
 
 /* An OpenAI error object; logs one line for the rejected request. */
-static enum MHD_Result error_full(struct MHD_Connection *c, conn *cx, int status,
-                                  const char *param, const char *code, const char *hdr,
-                                  const char *val, const char *fmt, ...)
-    __attribute__((format(printf, 8, 9)));
-static enum MHD_Result error_full(struct MHD_Connection *c, conn *cx, int status,
-                                  const char *param, const char *code, const char *hdr,
-                                  const char *val, const char *fmt, ...) {
+static enum MHD_Result error_full(struct MHD_Connection *c, conn *cx, int status, const char *param,
+                                  const char *code, const char *hdr, const char *val,
+                                  const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+static enum MHD_Result error_full(struct MHD_Connection *c, conn *cx, int status, const char *param,
+                                  const char *code, const char *hdr, const char *val,
+                                  const char *fmt, ...) {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
@@ -157,7 +157,8 @@ static enum MHD_Result error_full(struct MHD_Connection *c, conn *cx, int status
     }
     return respond_json(c, cx, status, j, hdr, val);
 }
-#define ERR(status, param, code, ...) error_full(c, cx, status, param, code, NULL, NULL, __VA_ARGS__)
+#define ERR(status, param, code, ...)                                                              \
+    error_full(c, cx, status, param, code, NULL, NULL, __VA_ARGS__)
 
 /* ---- request parsing ---------------------------------------------------------------------- */
 
@@ -181,7 +182,8 @@ static int encode_text(ikv_serve *s, const char *text, const char *pub_text, siz
             rc = ikv_tokenizer_encode(s->tok, head, 1, 0, t, cap, &a);
             ikv_free(head);
         }
-        if (!rc && text[pub_len]) rc = ikv_tokenizer_encode(s->tok, text + pub_len, 0, 0, t + a, cap - a, &b);
+        if (!rc && text[pub_len])
+            rc = ikv_tokenizer_encode(s->tok, text + pub_len, 0, 0, t + a, cap - a, &b);
         *pub = a;
     } else {
         rc = ikv_tokenizer_encode(s->tok, text, 1, 0, t, cap, &a);
@@ -240,14 +242,15 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, si
     cJSON *j = cJSON_ParseWithLength(cx->body ? cx->body : "", cx->n);
     int st = 400;
     *param = NULL, *code = NULL;
-#define BAD(p, ...)                                                                             \
-    do {                                                                                       \
-        *param = p;                                                                            \
-        snprintf(msg, msz, __VA_ARGS__);                                                       \
-        goto out;                                                                              \
+#define BAD(p, ...)                                                                                \
+    do {                                                                                           \
+        *param = p;                                                                                \
+        snprintf(msg, msz, __VA_ARGS__);                                                           \
+        goto out;                                                                                  \
     } while (0)
-    if (!j) BAD(NULL, "request body is not valid JSON (near byte %zu)",
-                cJSON_GetErrorPtr() && cx->body ? (size_t)(cJSON_GetErrorPtr() - cx->body) : 0);
+    if (!j)
+        BAD(NULL, "request body is not valid JSON (near byte %zu)",
+            cJSON_GetErrorPtr() && cx->body ? (size_t)(cJSON_GetErrorPtr() - cx->body) : 0);
     if (!cJSON_IsObject(j)) BAD(NULL, "request body must be a JSON object");
     const cJSON *f;
     f = cJSON_GetObjectItemCaseSensitive(j, "model");
@@ -256,16 +259,15 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, si
         if (strcmp(f->valuestring, s->model_name) && strcmp(f->valuestring, s->model_path)) {
             st = 404;
             *code = "model_not_found";
-            BAD("model", "the model '%s' does not exist; this server serves '%s'",
-                f->valuestring, s->model_name);
+            BAD("model", "the model '%s' does not exist; this server serves '%s'", f->valuestring,
+                s->model_name);
         }
     }
     f = cJSON_GetObjectItemCaseSensitive(j, "n");
     if (f && !cJSON_IsNull(f) && (!cJSON_IsNumber(f) || f->valuedouble != 1))
         BAD("n", "n must be 1 (several choices per request are not supported)");
     f = cJSON_GetObjectItemCaseSensitive(j, "echo");
-    if (f && !cJSON_IsNull(f) && !cJSON_IsFalse(f))
-        BAD("echo", "echo is not supported");
+    if (f && !cJSON_IsNull(f) && !cJSON_IsFalse(f)) BAD("echo", "echo is not supported");
     f = cJSON_GetObjectItemCaseSensitive(j, "logprobs");
     if (f && !cJSON_IsNull(f) && !cJSON_IsFalse(f)) BAD("logprobs", "logprobs is not supported");
     f = cJSON_GetObjectItemCaseSensitive(j, "best_of");
@@ -275,7 +277,8 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, si
     if (f && !cJSON_IsNull(f) && !cJSON_IsBool(f)) BAD("stream", "stream must be a boolean");
     r->stream = cJSON_IsTrue(f);
     f = cJSON_GetObjectItemCaseSensitive(j, "ignore_eos"); /* vLLM's extension */
-    if (f && !cJSON_IsNull(f) && !cJSON_IsBool(f)) BAD("ignore_eos", "ignore_eos must be a boolean");
+    if (f && !cJSON_IsNull(f) && !cJSON_IsBool(f))
+        BAD("ignore_eos", "ignore_eos must be a boolean");
     r->ignore_eos = cJSON_IsTrue(f);
     f = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
     if (f && !cJSON_IsNull(f)) {
@@ -431,9 +434,9 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, si
         }
         ikv_free(sys.p), ikv_free(rest.p);
         if (bad == 1)
-            BAD("messages", "messages[%d] needs a string role and a string (or text parts) content", i);
-        if (bad == 2)
-            BAD("messages", "messages[%d].role must be system, user or assistant", i);
+            BAD("messages", "messages[%d] needs a string role and a string (or text parts) content",
+                i);
+        if (bad == 2) BAD("messages", "messages[%d].role must be system, user or assistant", i);
     }
     if (rc == IKV_ENOMEM) goto oom;
     if (rc) BAD("prompt", "cannot tokenize the prompt: %s", ikv_errdetail());
@@ -571,7 +574,7 @@ typedef struct stream {
     ikv_serve *s;
     srq *r;
     int fd;
-    int phase; /* 0: before the first chunk, 1: text, 2: all written */
+    int phase;   /* 0: before the first chunk, 1: text, 2: all written */
     size_t sent; /* text bytes sent */
     sbuf out;
     size_t off;
@@ -643,9 +646,11 @@ static int sse_fill(stream *st) {
                 cJSON_AddNullToObject(e, "code");
                 rc = sse_json(st, j);
             } else {
-                rc = sse_json(st, chunk(st, r->chat ? NULL : "", 0, r->finish ? r->finish : "length"));
+                rc = sse_json(st,
+                              chunk(st, r->chat ? NULL : "", 0, r->finish ? r->finish : "length"));
                 if (!rc && r->include_usage) {
-                    cJSON *j = answer_head(s, r, r->chat ? "chat.completion.chunk" : "text_completion");
+                    cJSON *j =
+                        answer_head(s, r, r->chat ? "chat.completion.chunk" : "text_completion");
                     cJSON_AddArrayToObject(j, "choices");
                     add_usage(j, r);
                     rc = sse_json(st, j);
@@ -797,8 +802,10 @@ static enum MHD_Result route(ikv_serve *s, struct MHD_Connection *c, conn *cx, c
                              const char *method) {
     static const struct {
         const char *path, *method;
-    } routes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
-                  {"/v1/models", "GET"},       {"/health", "GET"},
+    } routes[] = {{"/v1/completions", "POST"},
+                  {"/v1/chat/completions", "POST"},
+                  {"/v1/models", "GET"},
+                  {"/health", "GET"},
                   {"/metrics", "GET"}};
     int k = -1;
     for (int i = 0; i < 5; i++)
@@ -847,8 +854,8 @@ static enum MHD_Result route(ikv_serve *s, struct MHD_Connection *c, conn *cx, c
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload, size_t *upload_size, void **ctx) {
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **ctx) {
     (void)version;
     ikv_serve *s = cls;
     conn *cx = *ctx;
@@ -926,7 +933,8 @@ static int load_keys(ikv_serve *s, const char *path) {
     ikv_free(txt);
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
-        return ikv_error(IKV_EFORMAT, "%s: expected a JSON object {\"KEY\": \"tenant\", ...}", path);
+        return ikv_error(IKV_EFORMAT, "%s: expected a JSON object {\"KEY\": \"tenant\", ...}",
+                         path);
     }
     int n = cJSON_GetArraySize(j);
     if (n == 0) {
@@ -940,9 +948,11 @@ static int load_keys(ikv_serve *s, const char *path) {
     }
     const cJSON *k;
     cJSON_ArrayForEach(k, j) {
-        if (!cJSON_IsString(k) || !k->valuestring[0] || !k->string[0] || strlen(k->valuestring) > 60) {
-            rc = ikv_error(IKV_EFORMAT, "%s: key \"%s\": the tenant must be a name of 1..60 characters",
-                           path, k->string);
+        if (!cJSON_IsString(k) || !k->valuestring[0] || !k->string[0] ||
+            strlen(k->valuestring) > 60) {
+            rc = ikv_error(IKV_EFORMAT,
+                           "%s: key \"%s\": the tenant must be a name of 1..60 characters", path,
+                           k->string);
             break;
         }
         srv_key *e = &s->keys[s->nkeys++];
@@ -1039,8 +1049,8 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL, 0, NULL,
         NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
         MHD_OPTION_NOTIFY_COMPLETED, on_done, s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)1024,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_LISTEN_BACKLOG_SIZE,
-        (unsigned)256, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256,
+        MHD_OPTION_END);
     if (!s->httpd) {
         rc = ikv_error(IKV_EINVAL, "cannot listen on %s:%u (in use, or not an address here)",
                        o.host, (unsigned)o.port);
@@ -1058,10 +1068,11 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
              s->model_name, mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->vocab_size,
              mc->seq_len, (unsigned long long)es.pool_blocks,
              (double)es.pool_blocks * (double)es.block_bytes / 1048576.0,
-             (unsigned long long)es.cache_capacity, o.policy,
-             (unsigned long long)es.private_budget, o.max_seqs, o.max_batch_tokens, o.threads,
+             (unsigned long long)es.cache_capacity, o.policy, (unsigned long long)es.private_budget,
+             o.max_seqs, o.max_batch_tokens, o.threads,
              s->nkeys ? "tenants by API key" : "one tenant (default)",
-             s->public_text ? ", public prefix file" : (o.public_system ? ", public system prompts" : ""),
+             s->public_text ? ", public prefix file"
+                            : (o.public_system ? ", public system prompts" : ""),
              (ikv_now() - t0) * 1e3);
     if (!(s->describe = dupstr(d))) {
         rc = ikv_error(IKV_ENOMEM, "server");

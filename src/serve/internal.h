@@ -21,14 +21,14 @@
 #include <pthread.h>
 
 enum { SRQ_QUEUED = 0, SRQ_RUNNING, SRQ_DONE };
-#define SRV_MAX_STOP 4
+#define SRV_MAX_STOP    4
 #define SRV_MAX_TENANTS 64 /* metric label sets kept per tenant; more share "other" */
 
 typedef struct srq {
     uint64_t id;
     int chat, stream, include_usage, ignore_eos;
-    char *tenant;   /* tenant name (metrics, log) */
-    char *scope;    /* engine scope: tenant, or tenant + 0x1f + cache_salt */
+    char *tenant; /* tenant name (metrics, log) */
+    char *scope;  /* engine scope: tenant, or tenant + 0x1f + cache_salt */
     uint32_t *tokens;
     size_t n, public_tokens;
     uint32_t max_tokens;
@@ -42,21 +42,21 @@ typedef struct srq {
 
     /* shared (under mu) */
     int state, cancelled, refs;
-    char *text; /* generated text, committed bytes [0, tlen) */
+    char *text;                 /* generated text, committed bytes [0, tlen) */
     size_t tlen, tcap, raw_len; /* raw_len: bytes generated (text holds them all; tlen commits) */
     uint32_t ntok;
     const char *finish; /* "stop" | "length" | NULL while running */
     size_t cached, partial;
     double t_first, t_done;
-    int status;      /* 200, or an HTTP error decided by the scheduler */
+    int status; /* 200, or an HTTP error decided by the scheduler */
     char err[256];
     pthread_cond_t cv;
 
     /* scheduler only */
     ikv_seq *seq;
     ikv_sampler *smp;
-    uint32_t next;  /* token to decode next */
-    uint32_t prev;  /* previous token (detokenizing) */
+    uint32_t next; /* token to decode next */
+    uint32_t prev; /* previous token (detokenizing) */
     struct srq *qnext;
 } srq;
 
@@ -114,7 +114,7 @@ struct ikv_serve {
     size_t nkeys;
     char *public_text; /* --public-prefix file contents */
     size_t public_len;
-    int pinned_public; /* 1 once the public prefix's blocks are pinned */
+    int pinned_public;    /* 1 once the public prefix's blocks are pinned */
     float *logit_scratch; /* [vocab] scheduler's copy for the sampler */
     srv_metrics met;
 };

@@ -21,7 +21,7 @@ int ikv__status_slot(int status) {
 }
 
 static const double buckets[SRV_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
-                                                  0.25,  0.5,    1,     2.5,  5,     10,  30};
+                                                 0.25,  0.5,    1,     2.5,  5,     10,   30};
 
 static void hist_add(srv_hist *h, double v) {
     size_t i = 0;
@@ -201,8 +201,7 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
          "sequences served by forward steps (over isokv_steps_total: mean batch)");
     put(&b, "isokv_step_sequences_total %llu\n", (unsigned long long)m->step_rows);
     head(&b, "isokv_step_prefill_tokens_total", "counter", "prompt positions computed in steps");
-    put(&b, "isokv_step_prefill_tokens_total %llu\n",
-        (unsigned long long)m->step_prefill_tokens);
+    put(&b, "isokv_step_prefill_tokens_total %llu\n", (unsigned long long)m->step_prefill_tokens);
     head(&b, "isokv_cancelled_total", "counter", "requests cancelled by a client disconnect");
     put(&b, "isokv_cancelled_total %llu\n", (unsigned long long)m->cancelled);
     head(&b, "isokv_preempted_total", "counter",

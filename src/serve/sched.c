@@ -161,8 +161,7 @@ static void admit(ikv_serve *s) {
         if (rc == IKV_EFULL || rc == IKV_EBUSY) break; /* wait for a sequence to end */
         queue_pop(s);
         if (rc) {
-            fail_queued(s, r, rc == IKV_ETOOLONG || rc == IKV_EINVAL ? 400 : 500,
-                        ikv_errdetail());
+            fail_queued(s, r, rc == IKV_ETOOLONG || rc == IKV_EINVAL ? 400 : 500, ikv_errdetail());
             continue;
         }
         rc = ikv_sampler_create(s->vocab, r->temperature, r->top_p, r->seed, &r->smp);
