@@ -268,9 +268,9 @@ typedef struct ikv_engine_stats {
     uint64_t block_bytes;    /* KV bytes of one block */
     uint64_t cache_capacity; /* blocks */
     uint64_t requests, cached_tokens, computed_tokens, rejected_blocks;
-    uint64_t partial_hits;   /* admissions that copied a partial block's KV */
-    uint64_t parked_blocks;  /* partial blocks parked for reuse (counted in free_blocks too:
-                                reclaimed at once when a block is needed) */
+    uint64_t partial_hits;  /* admissions that copied a partial block's KV */
+    uint64_t parked_blocks; /* partial blocks parked for reuse (counted in free_blocks too:
+                               reclaimed at once when a block is needed) */
     uint64_t private_budget, reserved_blocks; /* admission: blocks set aside, reserved now */
     uint32_t prefill_group; /* tiles per projection call in use (options.group if the check at
                                create passed, else 1) */

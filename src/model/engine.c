@@ -138,10 +138,10 @@ void ikv_engine_destroy(ikv_engine *e) {
                     e->bkey,     e->free_stack, e->node2blk, e->seqs,   e->keys,    e->nodes,
                     e->x,        e->xb,         e->q,        e->k,      e->v,       e->att,
                     e->hb,       e->hb2,        e->S,        e->qg,     e->Kc,      e->Vc,
-                    e->rope_cos, e->rope_sin,   e->xn,       e->rinv,   e->dpart,
-                    e->parked,   e->dseq,       e->dpos,     e->dtok,   e->dcoff,   e->dx,
-                    e->dxn,      e->dxb,        e->dq,       e->dk,     e->dv,      e->datt,
-                    e->dhb,      e->dhb2,       e->dlog};
+                    e->rope_cos, e->rope_sin,   e->xn,       e->rinv,   e->dpart,   e->parked,
+                    e->dseq,     e->dpos,       e->dtok,     e->dcoff,  e->dx,      e->dxn,
+                    e->dxb,      e->dq,         e->dk,       e->dv,     e->datt,    e->dhb,
+                    e->dhb2,     e->dlog};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         ikv_free(bufs[i]);
     ikv_free(e);
@@ -243,32 +243,31 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     /* room for the widest tile pitch a prefill scheme may use (below) */
     const size_t TPmax = (T + 11) / 12 * 12, GT = (size_t)e->G * TPmax, ntiles = e->Lmax / T;
     size_t kvd = (size_t)m->kv_dim, hd = (size_t)m->head_dim, V = (size_t)c->vocab_size;
-    int ok = ALLOC(e->kv, (size_t)nblocks * e->block_floats) && ALLOC(e->state, nblocks) &&
-             ALLOC(e->bnode, nblocks) && ALLOC(e->bdepth, nblocks) && ALLOC(e->bparent, nblocks) &&
-             ALLOC(e->btokens, (size_t)nblocks * bt) && ALLOC(e->bkey, nblocks) &&
-             ALLOC(e->free_stack, nblocks) && ALLOC(e->node2blk, e->node_limit) &&
-             ALLOC(e->seqs, o.max_seqs) && ALLOC(e->keys, max_blocks) &&
-             ALLOC(e->nodes, max_blocks) && ALLOC(e->x, ntiles * TPmax * D) &&
-             ALLOC(e->xb, GT * D) && ALLOC(e->q, GT * q) && ALLOC(e->k, GT * kvd) &&
-             ALLOC(e->v, GT * kvd) && ALLOC(e->att, GT * q) && ALLOC(e->hb, GT * hid) &&
-             ALLOC(e->hb2, GT * hid) && ALLOC(e->S, P * e->S_rows * e->Lmax) &&
-             ALLOC(e->rinv, P * e->S_rows) &&
-             ALLOC(e->qg, P * T * (size_t)(c->n_heads / c->n_kv_heads) * hd) &&
-             ALLOC(e->Kc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
-             ALLOC(e->Vc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
-             ALLOC(e->rope_cos, (size_t)c->seq_len * hd / 2) &&
-             ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) && ALLOC(e->xn, P * D) &&
-             ALLOC(e->dpart, (size_t)e->dmax * (((size_t)max_blocks + IKV__DC_CHUNK - 1) /
-                                                IKV__DC_CHUNK) *
-                                 (size_t)c->n_heads * (hd + 2)) &&
-             ALLOC(e->parked, e->n_parked_max) && ALLOC(e->dseq, e->dmax) &&
-             ALLOC(e->dpos, e->dmax) && ALLOC(e->dtok, e->dmax) &&
-             ALLOC(e->dcoff, (size_t)e->dmax + 1) && ALLOC(e->dx, (size_t)e->dmax * D) &&
-             ALLOC(e->dxn, (size_t)e->dmax * D) && ALLOC(e->dxb, (size_t)e->dmax * D) &&
-             ALLOC(e->dq, (size_t)e->dmax * q) && ALLOC(e->datt, (size_t)e->dmax * q) &&
-             ALLOC(e->dk, (size_t)e->dmax * kvd) && ALLOC(e->dv, (size_t)e->dmax * kvd) &&
-             ALLOC(e->dhb, (size_t)e->dmax * hid) && ALLOC(e->dhb2, (size_t)e->dmax * hid) &&
-             ALLOC(e->dlog, (size_t)e->dmax * V);
+    int ok =
+        ALLOC(e->kv, (size_t)nblocks * e->block_floats) && ALLOC(e->state, nblocks) &&
+        ALLOC(e->bnode, nblocks) && ALLOC(e->bdepth, nblocks) && ALLOC(e->bparent, nblocks) &&
+        ALLOC(e->btokens, (size_t)nblocks * bt) && ALLOC(e->bkey, nblocks) &&
+        ALLOC(e->free_stack, nblocks) && ALLOC(e->node2blk, e->node_limit) &&
+        ALLOC(e->seqs, o.max_seqs) && ALLOC(e->keys, max_blocks) && ALLOC(e->nodes, max_blocks) &&
+        ALLOC(e->x, ntiles * TPmax * D) && ALLOC(e->xb, GT * D) && ALLOC(e->q, GT * q) &&
+        ALLOC(e->k, GT * kvd) && ALLOC(e->v, GT * kvd) && ALLOC(e->att, GT * q) &&
+        ALLOC(e->hb, GT * hid) && ALLOC(e->hb2, GT * hid) && ALLOC(e->S, P * e->S_rows * e->Lmax) &&
+        ALLOC(e->rinv, P * e->S_rows) &&
+        ALLOC(e->qg, P * T * (size_t)(c->n_heads / c->n_kv_heads) * hd) &&
+        ALLOC(e->Kc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
+        ALLOC(e->Vc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
+        ALLOC(e->rope_cos, (size_t)c->seq_len * hd / 2) &&
+        ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) && ALLOC(e->xn, P * D) &&
+        ALLOC(e->dpart, (size_t)e->dmax *
+                            (((size_t)max_blocks + IKV__DC_CHUNK - 1) / IKV__DC_CHUNK) *
+                            (size_t)c->n_heads * (hd + 2)) &&
+        ALLOC(e->parked, e->n_parked_max) && ALLOC(e->dseq, e->dmax) && ALLOC(e->dpos, e->dmax) &&
+        ALLOC(e->dtok, e->dmax) && ALLOC(e->dcoff, (size_t)e->dmax + 1) &&
+        ALLOC(e->dx, (size_t)e->dmax * D) && ALLOC(e->dxn, (size_t)e->dmax * D) &&
+        ALLOC(e->dxb, (size_t)e->dmax * D) && ALLOC(e->dq, (size_t)e->dmax * q) &&
+        ALLOC(e->datt, (size_t)e->dmax * q) && ALLOC(e->dk, (size_t)e->dmax * kvd) &&
+        ALLOC(e->dv, (size_t)e->dmax * kvd) && ALLOC(e->dhb, (size_t)e->dmax * hid) &&
+        ALLOC(e->dhb2, (size_t)e->dmax * hid) && ALLOC(e->dlog, (size_t)e->dmax * V);
     for (uint32_t i = 0; ok && i < o.max_seqs; i++)
         ok = ALLOC(e->seqs[i].table, max_blocks) && ALLOC(e->seqs[i].locked, max_blocks) &&
              ALLOC(e->seqs[i].logits, V) && ALLOC(e->seqs[i].tok, (size_t)c->seq_len);
@@ -390,9 +389,9 @@ static void copy_kv(ikv_engine *e, uint32_t dst, uint32_t src, uint32_t cnt) {
  * n positions) after the verified block `parent`, visible to a request of scope salt `tenant`
  * whose first public_tokens positions are public (pub: the public salt); at most `cap` tokens.
  * Sets *cnt to the tokens shared; returns the entry index or IKV_NIL. */
-static uint32_t park_find(const ikv_engine *e, uint32_t j, uint32_t parent,
-                          const uint32_t *tokens, uint32_t n, uint64_t tenant, uint64_t pub,
-                          size_t public_tokens, uint32_t cap, uint32_t *cnt) {
+static uint32_t park_find(const ikv_engine *e, uint32_t j, uint32_t parent, const uint32_t *tokens,
+                          uint32_t n, uint64_t tenant, uint64_t pub, size_t public_tokens,
+                          uint32_t cap, uint32_t *cnt) {
     const uint32_t bt = e->bt;
     uint32_t best = IKV_NIL, bc = 0;
     uint32_t avail = n - j * bt < bt ? n - j * bt : bt;
@@ -416,8 +415,7 @@ static uint32_t park_find(const ikv_engine *e, uint32_t j, uint32_t parent,
 /* Parks the last partial prompt block of an ending sequence (see the top of the file). */
 static void park_seq(ikv_engine *e, ikv_seq *s) {
     const uint32_t bt = e->bt, k0 = s->n_prompt % bt, j0 = s->n_prompt / bt;
-    if (s->no_cache || e->n_parked_max == 0 || k0 == 0 || s->n < s->n_prompt ||
-        j0 >= s->n_blocks)
+    if (s->no_cache || e->n_parked_max == 0 || k0 == 0 || s->n < s->n_prompt || j0 >= s->n_blocks)
         return;
     const uint32_t b = s->table[j0];
     const uint32_t parent = j0 ? s->table[j0 - 1] : IKV_NIL;
@@ -470,7 +468,8 @@ int ikv_engine_admit(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
 
     const uint32_t bt = e->bt, n = (uint32_t)r->n;
     const uint32_t nfull = n / bt, nblk = (n + bt - 1) / bt;
-    uint64_t lim = r->max_new && r->max_new < (size_t)c->seq_len ? n + r->max_new : (uint64_t)c->seq_len;
+    uint64_t lim =
+        r->max_new && r->max_new < (size_t)c->seq_len ? n + r->max_new : (uint64_t)c->seq_len;
     if (lim > (uint64_t)c->seq_len) lim = (uint64_t)c->seq_len;
     ikv_prefill_info inf;
     memset(&inf, 0, sizeof inf);
@@ -655,10 +654,9 @@ int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n) {
             return ikv_error(IKV_EINVAL, "step item %zu: token %u outside the vocabulary of %d", i,
                              items[i].token, (int)c->vocab_size);
         if (s->n >= s->limit)
-            return ikv_error(IKV_ETOOLONG,
-                             "step item %zu: sequence reached its limit of %u positions%s", i,
-                             s->limit,
-                             s->limit == (uint32_t)c->seq_len ? " (the model's seq_len)" : "");
+            return ikv_error(
+                IKV_ETOOLONG, "step item %zu: sequence reached its limit of %u positions%s", i,
+                s->limit, s->limit == (uint32_t)c->seq_len ? " (the model's seq_len)" : "");
     }
     size_t nd = 0;
     for (size_t i = 0; i < n; i++) {
@@ -843,9 +841,11 @@ int ikv_engine_check(const ikv_engine *e) {
         if (!s->active) continue;
         if (s->n_blocks < (s->n + e->bt - 1) / e->bt)
             return ikv_error(IKV_EINVAL, "sequence %u: block table shorter than its positions", i);
-        if (s->n > s->limit || s->n_prompt > s->limit || s->n_blocks < (s->n_prompt + e->bt - 1) / e->bt)
-            return ikv_error(IKV_EINVAL, "sequence %u: %u positions, %u prompt, limit %u, %u blocks",
-                             i, s->n, s->n_prompt, s->limit, s->n_blocks);
+        if (s->n > s->limit || s->n_prompt > s->limit ||
+            s->n_blocks < (s->n_prompt + e->bt - 1) / e->bt)
+            return ikv_error(IKV_EINVAL,
+                             "sequence %u: %u positions, %u prompt, limit %u, %u blocks", i, s->n,
+                             s->n_prompt, s->limit, s->n_blocks);
         uint64_t mine = 0;
         for (uint32_t j = 0; j < s->n_blocks; j++)
             if (e->state[s->table[j]] == IKV__BLK_PRIVATE)
@@ -889,8 +889,7 @@ void ikv_engine_dump(const ikv_engine *e, FILE *f) {
     static const char *names[] = {"free", "private", "pending", "ready", "parked"};
     for (uint32_t i = 0; i < e->n_parked; i++)
         fprintf(f, "  parked %u: block %u after %d, %u tokens\n", i, e->parked[i].blk,
-                e->parked[i].parent == IKV_NIL ? -1 : (int)e->parked[i].parent,
-                e->parked[i].ntok);
+                e->parked[i].parent == IKV_NIL ? -1 : (int)e->parked[i].parent, e->parked[i].ntok);
     for (uint32_t b = 0; b < e->nblocks; b++) {
         if (e->state[b] != IKV__BLK_PENDING && e->state[b] != IKV__BLK_READY) continue;
         const uint32_t *t = e->btokens + (size_t)b * e->bt;
