@@ -646,6 +646,8 @@ static void test_tenant_isolation(void **st) {
              (int)strlen(body) - 1, body);
     free(complete("key-b", nopub, &p, &c, NULL));
     assert_true(c == 0);
+    /* the public prefix's blocks are pinned */
+    assert_true(metric(S1.port, "isokv_pinned_blocks") >= pubblocks / 16);
     /* per-tenant metrics */
     assert_true(metric(S1.port, "isokv_requests_total{tenant=\"alice\",status=\"200\"}") >= 3);
     assert_true(metric(S1.port, "isokv_cached_prompt_tokens_total{tenant=\"bob\",tier=\"pool\"}") >=
@@ -687,10 +689,11 @@ static void test_queue_full_429(void **st) {
     struct curl_slist *hs[N];
     memset(r, 0, sizeof r);
     for (int i = 0; i < N; i++) {
-        h[i] = prep(
-            S1.port, "POST", "/v1/completions", "key-b",
-            "{\"prompt\":\"Once upon a time\",\"max_tokens\":490,\"temperature\":1,\"seed\":3}",
-            &r[i], &hs[i]);
+        h[i] =
+            prep(S1.port, "POST", "/v1/completions", "key-b",
+                 "{\"prompt\":\"Once upon a time\",\"max_tokens\":490,\"temperature\":1,\"seed\":3,"
+                 "\"ignore_eos\":true}",
+                 &r[i], &hs[i]);
         curl_multi_add_handle(m, h[i]);
     }
     int running = 1;

@@ -245,6 +245,12 @@ typedef struct ikv_step_item {
  * runs). Does not allocate. */
 int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n);
 
+/* Pins the cached blocks wholly inside the first n_public tokens of `tokens` (the public
+ * scope: a shared system prompt) for ttl requests (0 = until the engine ends), so eviction
+ * leaves them. Returns 0, IKV_ENOENT (not all of them are cached and ready), IKV_EBUDGET (the
+ * cache's pin budget is spent; nothing pinned), IKV_EINVAL (fewer than one block). */
+int ikv_engine_pin_public(ikv_engine *e, const uint32_t *tokens, size_t n_public, uint64_t ttl);
+
 /* Prompt positions of s not computed yet. */
 size_t ikv_seq_pending(const ikv_seq *s);
 

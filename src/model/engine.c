@@ -614,6 +614,27 @@ fail:
     return rc;
 }
 
+int ikv_engine_pin_public(ikv_engine *e, const uint32_t *tokens, size_t n_public, uint64_t ttl) {
+    const uint32_t bt = e->bt;
+    size_t nb = n_public / bt;
+    if (nb > e->max_blocks) nb = e->max_blocks;
+    if (nb == 0) return ikv_error(IKV_EINVAL, "a public prefix of %zu tokens has no full block",
+                                  n_public);
+    const uint64_t pub = ikv_scope_salt(e->opt.key_seed, NULL);
+    for (size_t j = 0; j < nb; j++)
+        e->keys[j] = ikv_key_chain(e->opt.key_seed, j ? &e->keys[j - 1] : NULL,
+                                   tokens + j * bt, bt, pub);
+    size_t got = 0;
+    ikv_cache_match(e->cache, e->keys, nb, e->nodes, NULL, &got);
+    for (size_t j = 0; j < got; j++) {
+        uint32_t b = e->node2blk[e->nodes[j]];
+        if (b == IKV_NIL || e->state[b] != IKV__BLK_READY) got = j;
+    }
+    if (got < nb)
+        return ikv_error(IKV_ENOENT, "%zu of the %zu public blocks are cached and ready", got, nb);
+    return ikv_cache_pin(e->cache, e->keys, nb, ttl ? e->clock + ttl : 0);
+}
+
 size_t ikv_seq_pending(const ikv_seq *s) {
     return s->n < s->n_prompt ? s->n_prompt - s->n : 0;
 }

@@ -368,6 +368,7 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, si
             if (!p->valuestring[0]) BAD("prompt", "prompt must not be empty");
             rc = encode_text(s, p->valuestring, s->public_text, s->public_len, &r->tokens, &r->n,
                              &r->public_tokens);
+            r->public_from_file = !rc && r->public_tokens > 0;
         } else if (cJSON_IsArray(p)) {
             int k = cJSON_GetArraySize(p), i = 0;
             if (k == 0) BAD("prompt", "prompt must not be empty");
@@ -429,6 +430,7 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, si
                 if (!rc)
                     rc = encode_text(s, all.p, s->public_text, s->public_len, &r->tokens, &r->n,
                                      &r->public_tokens);
+                r->public_from_file = !rc && r->public_tokens > 0;
                 ikv_free(all.p);
             }
         }
@@ -446,6 +448,7 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, si
                 "isokv.public_prefix_tokens is %ld, more than the prompt's %zu tokens",
                 declared_pub, r->n);
         r->public_tokens = (size_t)declared_pub;
+        r->public_from_file = 0;
     }
     if (r->n >= s->seq_len)
         BAD(chat ? "messages" : "prompt",

@@ -31,6 +31,7 @@ typedef struct srq {
     char *scope;  /* engine scope: tenant, or tenant + 0x1f + cache_salt */
     uint32_t *tokens;
     size_t n, public_tokens;
+    int public_from_file; /* the public part is the --public-prefix text */
     uint32_t max_tokens;
     float temperature, top_p;
     uint64_t seed;
