@@ -1,6 +1,7 @@
 /*
  * The HTTP side of isokv serve: libmicrohttpd with one thread per connection, the OpenAI API
- * (request parsing, validation, responses, server-sent events), tenants by API key, and the
+ * (request parsing, validation, responses, server-sent events; a list of prompts is one
+ * sequence per prompt, answered together), tenants by API key, and the
  * server's lifecycle (create, drain, destroy).
  *
  * A completion request is parsed and checked here (every bad field is a 400 naming it), turned
@@ -51,7 +52,9 @@ static void srq_free(srq *r) {
         ikv_free(r->stop[i]);
     ikv_free(r->text);
     pthread_cond_destroy(&r->cv);
+    srq *l = r->leader;
     ikv_free(r);
+    if (l && --l->refs == 0) srq_free(l);
 }
 
 void ikv__srq_unref(ikv_serve *s, srq *r) {
@@ -236,9 +239,10 @@ static int sb_add(sbuf *b, const char *a, const char *m, const char *z) {
     return 0;
 }
 
-/* Parses the request body into r. Returns 0, or an HTTP status with msg/param filled. */
-static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, size_t msz,
-                         const char **param, const char **code) {
+/* Parses the request body into r, with prompt number `which` of a list of prompts; *nprompts
+ * gets how many the request has. Returns 0, or an HTTP status with msg/param filled. */
+static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, int *nprompts,
+                         char *msg, size_t msz, const char **param, const char **code) {
     cJSON *j = cJSON_ParseWithLength(cx->body ? cx->body : "", cx->n);
     int st = 400;
     *param = NULL, *code = NULL;
@@ -357,13 +361,18 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, si
         f = cJSON_GetObjectItemCaseSensitive(j, "prompt");
         if (!f) BAD("prompt", "prompt is required");
         const cJSON *p = f;
-        if (cJSON_IsArray(f) && cJSON_GetArraySize(f) == 1 &&
-            (cJSON_IsString(f->child) || cJSON_IsArray(f->child)))
-            p = f->child; /* ["text"] or [[ids]]: one prompt */
-        else if (cJSON_IsArray(f) && cJSON_GetArraySize(f) > 1 &&
-                 (cJSON_IsString(f->child) || cJSON_IsArray(f->child)))
-            BAD("prompt", "prompt holds %d prompts; send one prompt per request",
-                cJSON_GetArraySize(f));
+        *nprompts = 1;
+        if (cJSON_IsArray(f) && cJSON_GetArraySize(f) >= 1 &&
+            (cJSON_IsString(f->child) || cJSON_IsArray(f->child))) {
+            /* ["text", ...] or [[ids], ...]: one choice per prompt */
+            *nprompts = cJSON_GetArraySize(f);
+            if (*nprompts > SRV_MAX_PROMPTS)
+                BAD("prompt", "prompt holds %d prompts; at most %d per request", *nprompts,
+                    SRV_MAX_PROMPTS);
+            p = cJSON_GetArrayItem(f, which);
+            if (!cJSON_IsString(p) && !cJSON_IsArray(p))
+                BAD("prompt", "prompt[%d] must be a string or a list of token ids", which);
+        }
         if (cJSON_IsString(p)) {
             if (!p->valuestring[0]) BAD("prompt", "prompt must not be empty");
             rc = encode_text(s, p->valuestring, s->public_text, s->public_len, &r->tokens, &r->n,
@@ -488,19 +497,25 @@ out:
 
 /* ---- answers ----------------------------------------------------------------------------- */
 
-static void add_usage(cJSON *parent, const srq *r) {
+/* The usage of a request's prompts g[0..n) (summed; ttft_ms of the first prompt). */
+static void add_usage(cJSON *parent, srq *const *g, int n) {
+    double pt = 0, ct = 0, ca = 0, pa = 0, pub = 0;
+    for (int i = 0; i < n; i++)
+        pt += (double)g[i]->n, ct += g[i]->ntok, ca += (double)g[i]->cached,
+            pa += (double)g[i]->partial, pub += (double)g[i]->public_tokens;
+    const srq *r = g[0];
     cJSON *u = cJSON_AddObjectToObject(parent, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", (double)r->n);
-    cJSON_AddNumberToObject(u, "completion_tokens", r->ntok);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(r->n + r->ntok));
+    cJSON_AddNumberToObject(u, "prompt_tokens", pt);
+    cJSON_AddNumberToObject(u, "completion_tokens", ct);
+    cJSON_AddNumberToObject(u, "total_tokens", pt + ct);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", (double)r->cached);
+    cJSON_AddNumberToObject(d, "cached_tokens", ca);
     cJSON *x = cJSON_AddObjectToObject(u, "isokv");
     cJSON *bt = cJSON_AddObjectToObject(x, "cached_tokens_by_tier");
-    cJSON_AddNumberToObject(bt, "pool", (double)r->cached);
-    cJSON_AddNumberToObject(x, "partial_block_tokens", (double)r->partial);
-    cJSON_AddNumberToObject(x, "computed_prompt_tokens", (double)(r->n - r->cached));
-    cJSON_AddNumberToObject(x, "public_prompt_tokens", (double)r->public_tokens);
+    cJSON_AddNumberToObject(bt, "pool", ca);
+    cJSON_AddNumberToObject(x, "partial_block_tokens", pa);
+    cJSON_AddNumberToObject(x, "computed_prompt_tokens", pt - ca);
+    cJSON_AddNumberToObject(x, "public_prompt_tokens", pub);
     cJSON_AddNumberToObject(x, "ttft_ms", r->t_first > 0 ? (r->t_first - r->t_arrive) * 1e3 : 0);
     cJSON_AddStringToObject(x, "tenant", r->tenant);
 }
@@ -518,28 +533,33 @@ static cJSON *answer_head(ikv_serve *s, const srq *r, const char *object) {
     return j;
 }
 
-/* A finished request's answer (not streamed). */
-static cJSON *answer_full(ikv_serve *s, const srq *r) {
-    cJSON *j = answer_head(s, r, r->chat ? "chat.completion" : "text_completion");
-    cJSON *ch = cJSON_AddArrayToObject(j, "choices"), *c0 = cJSON_CreateObject();
-    cJSON_AddItemToArray(ch, c0);
-    cJSON_AddNumberToObject(c0, "index", 0);
-    char *text = ikv_malloc(r->tlen + 1);
-    if (text) {
-        memcpy(text, r->text ? r->text : "", r->tlen);
-        text[r->tlen] = 0;
+/* A finished request's answer (not streamed): one choice per prompt. */
+static cJSON *answer_full(ikv_serve *s, srq *const *g, int n) {
+    const srq *r0 = g[0];
+    cJSON *j = answer_head(s, r0, r0->chat ? "chat.completion" : "text_completion");
+    cJSON *ch = cJSON_AddArrayToObject(j, "choices");
+    for (int i = 0; i < n; i++) {
+        const srq *r = g[i];
+        cJSON *c0 = cJSON_CreateObject();
+        cJSON_AddItemToArray(ch, c0);
+        cJSON_AddNumberToObject(c0, "index", i);
+        char *text = ikv_malloc(r->tlen + 1);
+        if (text) {
+            memcpy(text, r->text ? r->text : "", r->tlen);
+            text[r->tlen] = 0;
+        }
+        if (r->chat) {
+            cJSON *m = cJSON_AddObjectToObject(c0, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddStringToObject(m, "content", text ? text : "");
+        } else {
+            cJSON_AddStringToObject(c0, "text", text ? text : "");
+        }
+        ikv_free(text);
+        cJSON_AddNullToObject(c0, "logprobs");
+        cJSON_AddStringToObject(c0, "finish_reason", r->finish ? r->finish : "length");
     }
-    if (r->chat) {
-        cJSON *m = cJSON_AddObjectToObject(c0, "message");
-        cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", text ? text : "");
-    } else {
-        cJSON_AddStringToObject(c0, "text", text ? text : "");
-    }
-    ikv_free(text);
-    cJSON_AddNullToObject(c0, "logprobs");
-    cJSON_AddStringToObject(c0, "finish_reason", r->finish ? r->finish : "length");
-    add_usage(j, r);
+    add_usage(j, g, n);
     return j;
 }
 
@@ -575,10 +595,12 @@ static void cancel(ikv_serve *s, srq *r) {
 
 typedef struct stream {
     ikv_serve *s;
-    srq *r;
+    srq *g[SRV_MAX_PROMPTS]; /* the request's prompts; g[0] leads */
+    int n;
     int fd;
-    int phase;   /* 0: before the first chunk, 1: text, 2: all written */
-    size_t sent; /* text bytes sent */
+    int phase;                    /* 0: before the first chunk, 1: text, 2: all written */
+    size_t sent[SRV_MAX_PROMPTS]; /* text bytes sent per prompt */
+    int fin[SRV_MAX_PROMPTS];     /* finish chunk sent */
     sbuf out;
     size_t off;
 } stream;
@@ -593,13 +615,13 @@ static int sse_json(stream *st, cJSON *j) {
     return rc;
 }
 
-/* A chunk carrying text [a, b) of r (or a role / finish chunk). */
-static cJSON *chunk(stream *st, const char *text, int role, const char *finish) {
-    const srq *r = st->r;
+/* A chunk of choice `index` carrying text (or a role / finish chunk). */
+static cJSON *chunk(stream *st, int index, const char *text, int role, const char *finish) {
+    const srq *r = st->g[0];
     cJSON *j = answer_head(st->s, r, r->chat ? "chat.completion.chunk" : "text_completion");
     cJSON *ch = cJSON_AddArrayToObject(j, "choices"), *c0 = cJSON_CreateObject();
     cJSON_AddItemToArray(ch, c0);
-    cJSON_AddNumberToObject(c0, "index", 0);
+    cJSON_AddNumberToObject(c0, "index", index);
     if (r->chat) {
         cJSON *d = cJSON_AddObjectToObject(c0, "delta");
         if (role) cJSON_AddStringToObject(d, "role", "assistant");
@@ -616,59 +638,79 @@ static cJSON *chunk(stream *st, const char *text, int role, const char *finish) 
     return j;
 }
 
+/* Cancels every prompt of a stream (mu held). */
+static void cancel_all(ikv_serve *s, srq *const *g, int n) {
+    for (int i = 0; i < n; i++)
+        cancel(s, g[i]);
+}
+
 /* Fills st->out with what is new (mu held). Returns 1 when something was added, 0 when the
  * stream is over, -1 to abort (client gone, out of memory). */
 static int sse_fill(stream *st) {
     ikv_serve *s = st->s;
-    srq *r = st->r;
     for (;;) {
         if (st->phase == 2) return 0;
-        if (st->phase == 0 && r->chat) {
+        if (st->phase == 0 && st->g[0]->chat) {
             st->phase = 1;
-            if (sse_json(st, chunk(st, "", 1, NULL))) return -1;
+            if (sse_json(st, chunk(st, 0, "", 1, NULL))) return -1;
             return 1;
         }
-        if (r->tlen > st->sent) {
-            st->phase = 1;
-            char *t = ikv_malloc(r->tlen - st->sent + 1);
-            if (!t) return -1;
-            memcpy(t, r->text + st->sent, r->tlen - st->sent);
-            t[r->tlen - st->sent] = 0;
-            st->sent = r->tlen;
-            int rc = sse_json(st, chunk(st, t, 0, NULL));
-            ikv_free(t);
-            return rc ? -1 : 1;
-        }
-        if (r->state == SRQ_DONE) {
-            int rc = 0;
-            if (r->status != 200) {
-                cJSON *j = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(j, "error");
-                cJSON_AddStringToObject(e, "message", r->err[0] ? r->err : "request failed");
-                cJSON_AddStringToObject(e, "type", status_type(r->status));
-                cJSON_AddNullToObject(e, "param");
-                cJSON_AddNullToObject(e, "code");
-                rc = sse_json(st, j);
-            } else {
-                rc = sse_json(st,
-                              chunk(st, r->chat ? NULL : "", 0, r->finish ? r->finish : "length"));
-                if (!rc && r->include_usage) {
-                    cJSON *j =
-                        answer_head(s, r, r->chat ? "chat.completion.chunk" : "text_completion");
-                    cJSON_AddArrayToObject(j, "choices");
-                    add_usage(j, r);
-                    rc = sse_json(st, j);
+        int added = 0, all = 1;
+        for (int i = 0; i < st->n; i++) {
+            srq *r = st->g[i];
+            if (r->tlen > st->sent[i]) {
+                st->phase = 1;
+                char *t = ikv_malloc(r->tlen - st->sent[i] + 1);
+                if (!t) return -1;
+                memcpy(t, r->text + st->sent[i], r->tlen - st->sent[i]);
+                t[r->tlen - st->sent[i]] = 0;
+                st->sent[i] = r->tlen;
+                int rc = sse_json(st, chunk(st, i, t, 0, NULL));
+                ikv_free(t);
+                if (rc) return -1;
+                added = 1;
+            }
+            if (!st->fin[i] && r->state == SRQ_DONE) {
+                if (r->status != 200) { /* an error event ends the whole stream */
+                    cJSON *j = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(j, "error");
+                    cJSON_AddStringToObject(e, "message", r->err[0] ? r->err : "request failed");
+                    cJSON_AddStringToObject(e, "type", status_type(r->status));
+                    cJSON_AddNullToObject(e, "param");
+                    cJSON_AddNullToObject(e, "code");
+                    cancel_all(s, st->g, st->n);
+                    int rc = sse_json(st, j);
+                    if (!rc) rc = sb_add(&st->out, "data: [DONE]\n\n", "", "");
+                    st->phase = 2;
+                    return rc ? -1 : 1;
                 }
+                if (sse_json(
+                        st, chunk(st, i, r->chat ? NULL : "", 0, r->finish ? r->finish : "length")))
+                    return -1;
+                st->fin[i] = 1;
+                added = 1;
+            }
+            all &= st->fin[i];
+        }
+        if (all) {
+            int rc = 0;
+            if (st->g[0]->include_usage) {
+                cJSON *j = answer_head(
+                    s, st->g[0], st->g[0]->chat ? "chat.completion.chunk" : "text_completion");
+                cJSON_AddArrayToObject(j, "choices");
+                add_usage(j, st->g, st->n);
+                rc = sse_json(st, j);
             }
             if (!rc) rc = sb_add(&st->out, "data: [DONE]\n\n", "", "");
             st->phase = 2;
             return rc ? -1 : 1;
         }
+        if (added) return 1;
         if (s->stopping) return 0;
         if (peer_gone(st->fd)) {
-            cancel(s, r);
+            cancel_all(s, st->g, st->n);
             return -1;
         }
-        wait_a_bit(s, r);
+        wait_a_bit(s, st->g[0]);
     }
 }
 
@@ -693,8 +735,9 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
 static void sse_free(void *cls) {
     stream *st = cls;
     pthread_mutex_lock(&st->s->mu);
-    cancel(st->s, st->r);
-    ikv__srq_unref(st->s, st->r);
+    cancel_all(st->s, st->g, st->n);
+    for (int i = st->n - 1; i >= 0; i--)
+        ikv__srq_unref(st->s, st->g[i]);
     pthread_mutex_unlock(&st->s->mu);
     ikv_free(st->out.p);
     ikv_free(st);
@@ -713,51 +756,77 @@ static const char *tenant_of(ikv_serve *s, struct MHD_Connection *c) {
     return NULL;
 }
 
+/* Drops the HTTP thread's references to g[0..n) (mu held), members first. */
+static void unref_all(ikv_serve *s, srq *const *g, int n) {
+    for (int i = n - 1; i >= 0; i--)
+        ikv__srq_unref(s, g[i]);
+}
+
 static enum MHD_Result completion(ikv_serve *s, struct MHD_Connection *c, conn *cx, int chat) {
-    srq *r = ikv_calloc(1, sizeof *r);
-    if (!r) return ERR(500, NULL, NULL, "out of memory");
-    pthread_cond_init(&r->cv, NULL);
-    r->chat = chat;
-    r->refs = 1;
-    r->status = 200;
-    r->t_arrive = ikv_now();
-    r->t_arrive_wall = (double)time(NULL);
-    pthread_mutex_lock(&s->mu);
-    r->id = ++s->next_id;
-    pthread_mutex_unlock(&s->mu);
-    char msg[512];
-    const char *param, *code;
-    int st = parse_request(s, cx, chat, r, msg, sizeof msg, &param, &code);
-    if (st) {
-        srq_free(r);
-        return error_full(c, cx, st, param, code, NULL, NULL, "%s", msg);
+    srq *g[SRV_MAX_PROMPTS];
+    int n = 1;
+    for (int i = 0; i < n; i++) {
+        srq *r = ikv_calloc(1, sizeof *r);
+        if (!r) {
+            for (int k = i - 1; k >= 0; k--)
+                srq_free(g[k]);
+            return ERR(500, NULL, NULL, "out of memory");
+        }
+        pthread_cond_init(&r->cv, NULL);
+        r->wake = i ? &g[0]->cv : &r->cv;
+        if (i) {
+            r->leader = g[0];
+            g[0]->refs++;
+        }
+        r->chat = chat;
+        r->refs = 1;
+        r->status = 200;
+        r->t_arrive = ikv_now();
+        r->t_arrive_wall = (double)time(NULL);
+        pthread_mutex_lock(&s->mu);
+        r->id = ++s->next_id;
+        pthread_mutex_unlock(&s->mu);
+        g[i] = r;
+        char msg[512];
+        const char *param, *code;
+        int st = parse_request(s, cx, chat, r, i, &n, msg, sizeof msg, &param, &code);
+        if (st) {
+            for (int k = i; k >= 0; k--)
+                srq_free(g[k]);
+            return error_full(c, cx, st, param, code, NULL, NULL, "%s", msg);
+        }
     }
     pthread_mutex_lock(&s->mu);
     if (!s->ready || s->draining || s->stopping) {
         pthread_mutex_unlock(&s->mu);
-        srq_free(r);
+        for (int k = n - 1; k >= 0; k--)
+            srq_free(g[k]);
         return ERR(503, NULL, "unavailable", "the server is %s",
                    s->ready ? "shutting down" : "not ready");
     }
-    if (s->nqueue >= s->opt.max_queue) {
+    if (s->nqueue + (size_t)n > s->opt.max_queue) {
         size_t q = s->nqueue;
         pthread_mutex_unlock(&s->mu);
-        srq_free(r);
+        for (int k = n - 1; k >= 0; k--)
+            srq_free(g[k]);
         return error_full(c, cx, 429, NULL, "queue_full", "Retry-After", "1",
                           "%zu requests are waiting for admission (--max-queue); retry later", q);
     }
-    r->refs = 2; /* this thread and the scheduler */
-    if (s->qtail)
-        s->qtail->qnext = r;
-    else
-        s->qhead = r;
-    s->qtail = r;
-    s->nqueue++;
+    for (int i = 0; i < n; i++) {
+        srq *r = g[i];
+        r->refs++; /* the scheduler's */
+        if (s->qtail)
+            s->qtail->qnext = r;
+        else
+            s->qhead = r;
+        s->qtail = r;
+        s->nqueue++;
+    }
     pthread_cond_signal(&s->sched_cv);
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     int fd = ci ? ci->connect_fd : -1;
-    if (r->stream) {
+    if (g[0]->stream) {
         pthread_mutex_unlock(&s->mu);
         stream *sst = ikv_calloc(1, sizeof *sst);
         struct MHD_Response *rs =
@@ -765,13 +834,14 @@ static enum MHD_Result completion(ikv_serve *s, struct MHD_Connection *c, conn *
                 : NULL;
         if (!rs) {
             pthread_mutex_lock(&s->mu);
-            cancel(s, r);
-            ikv__srq_unref(s, r);
+            cancel_all(s, g, n);
+            unref_all(s, g, n);
             pthread_mutex_unlock(&s->mu);
             ikv_free(sst);
             return MHD_NO;
         }
-        sst->s = s, sst->r = r, sst->fd = fd;
+        sst->s = s, sst->n = n, sst->fd = fd;
+        memcpy(sst->g, g, sizeof(srq *) * (size_t)n);
         MHD_add_response_header(rs, "Content-Type", "text/event-stream");
         MHD_add_response_header(rs, "Cache-Control", "no-cache");
         enum MHD_Result ret = MHD_queue_response(c, 200, rs);
@@ -782,20 +852,25 @@ static enum MHD_Result completion(ikv_serve *s, struct MHD_Connection *c, conn *
         cx->responded = 1;
         return ret;
     }
-    while (r->state != SRQ_DONE) {
-        if (s->stopping || peer_gone(fd)) {
-            cancel(s, r);
-            ikv__srq_unref(s, r);
-            pthread_mutex_unlock(&s->mu);
-            return MHD_NO; /* nobody to answer */
+    for (int i = 0; i < n; i++)
+        while (g[i]->state != SRQ_DONE) {
+            if (s->stopping || peer_gone(fd)) {
+                cancel_all(s, g, n);
+                unref_all(s, g, n);
+                pthread_mutex_unlock(&s->mu);
+                return MHD_NO; /* nobody to answer */
+            }
+            wait_a_bit(s, g[0]);
         }
-        wait_a_bit(s, r);
-    }
-    int status = r->status;
-    cJSON *j = status == 200 ? answer_full(s, r) : NULL;
-    char err[256];
-    snprintf(err, sizeof err, "%s", r->err);
-    ikv__srq_unref(s, r);
+    int status = 200;
+    char err[256] = "";
+    for (int i = 0; i < n && status == 200; i++)
+        if (g[i]->status != 200) {
+            status = g[i]->status;
+            snprintf(err, sizeof err, "%s", g[i]->err);
+        }
+    cJSON *j = status == 200 ? answer_full(s, g, n) : NULL;
+    unref_all(s, g, n);
     pthread_mutex_unlock(&s->mu);
     if (status != 200) return ERR(status, NULL, NULL, "%s", err);
     return respond_json(c, cx, 200, j, NULL, NULL);

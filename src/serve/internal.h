@@ -22,6 +22,7 @@
 
 enum { SRQ_QUEUED = 0, SRQ_RUNNING, SRQ_DONE };
 #define SRV_MAX_STOP    4
+#define SRV_MAX_PROMPTS 16 /* prompts of one completion request (a list of strings) */
 #define SRV_MAX_TENANTS 64 /* metric label sets kept per tenant; more share "other" */
 
 typedef struct srq {
@@ -51,7 +52,9 @@ typedef struct srq {
     double t_first, t_done;
     int status; /* 200, or an HTTP error decided by the scheduler */
     char err[256];
-    pthread_cond_t cv;
+    pthread_cond_t cv;    /* the leader's wakes its connection thread */
+    pthread_cond_t *wake; /* the condition to broadcast: its own, or its group leader's */
+    struct srq *leader;   /* prompt 0 of its request (holds a reference), or NULL */
 
     /* scheduler only */
     ikv_seq *seq;

@@ -113,7 +113,7 @@ static void finish_running(ikv_serve *s, size_t idx, const char *reason) {
     if (r->cancelled) s->met.cancelled++;
     ikv__metrics_request(s, r);
     log_request(s, r);
-    pthread_cond_broadcast(&r->cv);
+    pthread_cond_broadcast(r->wake);
     pthread_cond_broadcast(&s->idle_cv);
     ikv__srq_unref(s, r);
 }
@@ -126,7 +126,7 @@ static void fail_queued(ikv_serve *s, srq *r, int status, const char *msg) {
     r->t_done = ikv_now();
     ikv__metrics_request(s, r);
     log_request(s, r);
-    pthread_cond_broadcast(&r->cv);
+    pthread_cond_broadcast(r->wake);
     pthread_cond_broadcast(&s->idle_cv);
     ikv__srq_unref(s, r);
 }
@@ -218,7 +218,7 @@ static int take_token(ikv_serve *s, size_t idx, uint32_t tok) {
     }
     r->tlen = committable(r);
     r->next = tok;
-    pthread_cond_broadcast(&r->cv);
+    pthread_cond_broadcast(r->wake);
     return 0;
 }
 
