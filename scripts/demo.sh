@@ -116,6 +116,47 @@ demo_store() {
 }
 # ---- end demo_store ----
 
+# ---- demo_serve (HTTP server; owner: serve) ----
+demo_serve() {
+  section "serve: isokv serve on the bundled stories260K, two tenants sharing a public system prompt (curl)"
+  local dir port pid i
+  dir=$(mktemp -d /tmp/isokv-demo-serve.XXXXXX)
+  printf '{"sk-alice": "alice", "sk-bob": "bob"}' > "$dir/keys.json"
+  printf 'You are a storyteller for small children. Your stories are short, kind and simple.' > "$dir/system.txt"
+  "$ISOKV" serve --port 0 --api-keys "$dir/keys.json" --public-prefix "$dir/system.txt" >"$dir/out" 2>"$dir/log" &
+  pid=$!
+  trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' RETURN
+  port=
+  for i in $(seq 1 100); do
+    port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$dir/out")
+    [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+    sleep 0.1
+  done
+  cat "$dir/out"
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E '^isokv_(engine_cached_tokens_total|blocks_inserted_total|partial_block_hits_total|kv_pool_blocks_used) ' > "$dir/m0"
+  local sys
+  sys=$(cat "$dir/system.txt")
+  ask() { # key story
+    curl -s "http://127.0.0.1:$port/v1/completions" -H "Authorization: Bearer $1" \
+      -d "{\"prompt\":\"$sys $2\",\"max_tokens\":24,\"temperature\":0}" |
+      jq -r '"\(.usage.isokv.tenant): prompt \(.usage.prompt_tokens) tokens, cached \(.usage.prompt_tokens_details.cached_tokens) (public \(.usage.isokv.public_prompt_tokens)) -> \(.choices[0].text | gsub("\n"; " "))"'
+  }
+  ask sk-alice "Tell me about a cat who found a hat."
+  ask sk-bob "Tell me about a cat who found a hat."
+  ask sk-alice "Tell me about a cat who found a hat."
+  ask sk-bob "Tell me about a dog who lost a ball."
+  echo "# streamed (SSE), bob:"
+  curl -sN "http://127.0.0.1:$port/v1/chat/completions" -H "Authorization: Bearer sk-bob" \
+    -d '{"messages":[{"role":"user","content":"A bird"}],"max_tokens":6,"temperature":0,"stream":true}' | head -c 600; echo
+  echo "# metrics that changed:"
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E '^isokv_(engine_cached_tokens_total|blocks_inserted_total|partial_block_hits_total|kv_pool_blocks_used) ' > "$dir/m1"
+  diff "$dir/m0" "$dir/m1" | grep '^>' | sed 's/^> /  /' || true
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E '^isokv_(requests_total|cached_prompt_tokens_total)\{' | sed 's/^/  /'
+  echo "# server log:"
+  sed 's/^/  /' "$dir/log"
+}
+# ---- end demo_serve ----
+
 # ---- sections (one line each) ----
 demo_cache
 demo_plan
@@ -123,3 +164,4 @@ demo_engine
 demo_store
 demo_sim
 demo_gen
+demo_serve

@@ -80,5 +80,6 @@ int ikv_cmd_model(int argc, char **argv);
 int ikv_cmd_run(int argc, char **argv);
 int ikv_cmd_bench(int argc, char **argv);
 int ikv_cmd_trace(int argc, char **argv);
+int ikv_cmd_serve(int argc, char **argv);
 
 #endif

@@ -601,25 +601,28 @@ uint32_t ikv__tiers_match(ikv_engine *e, const ikv_request *r, struct ikv_seq *s
     return v;
 }
 
-void ikv__tiers_done(ikv_engine *e, const ikv_request *r, struct ikv_seq *s, uint32_t m,
-                     uint32_t inserted, double prefill_s) {
+void ikv__tiers_done(ikv_engine *e, struct ikv_seq *s, uint32_t m, uint32_t inserted,
+                     double prefill_s) {
     tiers *T = e->tiers;
-    uint64_t tenant = ikv_scope_salt(e->opt.key_seed, r->tenant);
-    uint64_t pub = ikv_scope_salt(e->opt.key_seed, NULL);
+    const uint64_t tenant = s->salt, pub = ikv_scope_salt(e->opt.key_seed, NULL);
+    const size_t public_tokens = s->public_tokens, n = s->n_prompt;
     for (uint32_t j = m; j < s->n_blocks; j++)
         T->blossy[s->table[j]] = 0; /* computed: exact */
     for (uint32_t j = m; j < m + inserted; j++) {
         uint32_t b = s->table[j];
         if (b != IKV_NIL && e->bnode[b] != IKV_NIL)
-            T->nscope[e->bnode[b]] = (uint64_t)(j + 1) * e->bt <= r->public_tokens ? pub : tenant;
+            T->nscope[e->bnode[b]] = (uint64_t)(j + 1) * e->bt <= public_tokens ? pub : tenant;
     }
     flush(T); /* this request's demotions, in one run */
     /* write-through to shared stores, so other engines find the new blocks at once: the
      * inserted blocks, and the full blocks computed as private because the pool had no room
      * (a later request finds them by probing) */
-    uint32_t nfull = r->no_cache ? 0 : (uint32_t)(r->n / e->bt); /* no keys without the cache */
-    for (uint32_t j = m; j < nfull; j++)
-        T->salt[j] = (uint64_t)(j + 1) * e->bt <= r->public_tokens ? pub : tenant;
+    uint32_t nfull = s->no_cache ? 0 : (uint32_t)(n / e->bt); /* no keys without the cache */
+    for (uint32_t j = 0; j < nfull; j++) {
+        T->salt[j] = (uint64_t)(j + 1) * e->bt <= public_tokens ? pub : tenant;
+        e->keys[j] = ikv_key_chain(e->opt.key_seed, j ? &e->keys[j - 1] : NULL,
+                                   s->tok + (size_t)j * e->bt, e->bt, T->salt[j]);
+    }
     for (size_t t = 0; t < T->n; t++) {
         if (!ikv_store_shared(T->st[t])) continue;
         for (uint32_t j0 = m; j0 < nfull; j0 += CH) {
@@ -635,8 +638,7 @@ void ikv__tiers_done(ikv_engine *e, const ikv_request *r, struct ikv_seq *s, uin
         }
     }
     size_t first = (size_t)m * e->bt;
-    if (r->n > first && prefill_s > 0)
-        ema(&T->s_per_flop, prefill_s / prefill_flops(e, first, r->n));
+    if (n > first && prefill_s > 0) ema(&T->s_per_flop, prefill_s / prefill_flops(e, first, n));
 }
 
 void ikv__tiers_pin_load_s(ikv_engine *e, size_t t, double s) {
