@@ -575,9 +575,9 @@ static void test_q8_exact_with_cache(void **st) {
                 assert_memory_equal(warm_b + 96 * (size_t)V, cold + 96 * (size_t)V,
                                     sizeof(float) * (N + DEC - 96) * (size_t)V);
                 float *full = run_req(e, b, N, 0, DEC, &cached);
-                assert_int_equal(cached, 144);
-                assert_memory_equal(full + 144 * (size_t)V, cold + 144 * (size_t)V,
-                                    sizeof(float) * (N + DEC - 144) * (size_t)V);
+                assert_true(cached >= 144 && cached < N); /* whole blocks, or more (partial) */
+                assert_memory_equal(full + cached * (size_t)V, cold + cached * (size_t)V,
+                                    sizeof(float) * (N + DEC - cached) * (size_t)V);
                 /* int8 logits are finite and not all equal */
                 assert_true(isfinite(cold[(N - 1) * (size_t)V]));
                 assert_true(cold[(N - 1) * (size_t)V] != cold[(N - 1) * (size_t)V + 1]);

@@ -30,6 +30,7 @@
 
 #include "isokv/base.h"
 #include "isokv/cache.h"
+#include "isokv/store.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -193,6 +194,22 @@ typedef struct ikv_engine_options {
                               of every step; sets OpenBLAS to 1 thread (process-wide).
                               0 = one thread, OpenBLAS's own thread setting left alone */
     uint64_t key_seed;     /* secret seed of block keys and scope salts */
+    /* Lower tiers, fastest first, after the KV pool (tier 0): opened stores (the caller owns
+     * them; open them with ikv_engine_store_params; they must outlive the engine) and the
+     * blocks the cache core gives each (0 = the store's capacity). See src/model/tiers.c. */
+    ikv_store *tiers[IKV_MAX_TIERS - 1];
+    uint64_t tier_blocks[IKV_MAX_TIERS - 1];
+    size_t n_tiers;
+    uint64_t tokenizer_fp; /* hash of the tokenizer, part of the model fingerprint (0 = none) */
+    int tier_dtype;        /* lower tiers' payload: IKV_BLOB_DTYPE_F32 (0, exact) or
+                              IKV_BLOB_DTYPE_Q8 (int8 with a scale per token and kv head: about
+                              4x fewer bytes, lossy; hits from such a tier are reported) */
+    uint64_t private_blocks; /* pool blocks set aside for sequences' private blocks (partial
+                                last blocks, decode blocks); admission reserves from them.
+                                0 = max_seqs x ceil(seq_len / block_tokens), room for every
+                                sequence to reach seq_len. The cache gets the rest. */
+    uint32_t parked;         /* ended sequences' partial last blocks kept for reuse (0 =
+                                max_seqs + 8); they take only blocks that are free */
 } ikv_engine_options;
 
 void ikv_engine_options_default(ikv_engine_options *o);
@@ -212,19 +229,30 @@ typedef struct ikv_request {
     size_t public_tokens;   /* leading tokens declared public (shared across tenants) */
     int no_cache;           /* 1: neither look up nor insert (the cold reference) */
     float *logits_all;      /* optional [n][vocab]: logits of every position computed by this
-                               prefill are written to their rows (others untouched) */
+                               prefill are written to their rows (others untouched);
+                               ikv_engine_begin only */
+    size_t max_new;         /* positions the sequence may add after the prompt (0 = up to
+                               seq_len): admission reserves private blocks for them */
 } ikv_request;
 
 typedef struct ikv_prefill_info {
-    size_t cached_tokens;   /* prompt positions taken from the cache */
+    size_t cached_tokens;   /* prompt positions taken from the cache (full blocks, and a
+                               partial block's positions copied from a cached or parked one) */
+    size_t partial_tokens;  /* of which copied from a partial block (copy-on-write) */
     size_t computed_tokens; /* prompt positions computed */
     size_t matched_blocks;  /* blocks the index matched */
     size_t rejected_blocks; /* matched blocks refused (token ids, depth or parent differ) */
     size_t inserted_blocks; /* new full blocks put in the cache */
+    size_t tier_tokens[IKV_MAX_TIERS]; /* prompt positions taken from each tier (0 = pool;
+                                          1.. = the lower tiers, loaded) */
+    size_t recomputed_tier_tokens;     /* positions found in a lower tier but recomputed
+                                          (cheaper, or the load failed) */
+    size_t lossy_tokens;               /* cached positions whose K/V went through a lossy (q8)
+                                          tier, now or when a pool block was loaded */
     double seconds;         /* wall time of the call (measured) */
 } ikv_prefill_info;
 
-/* Starts a request: looks up, locks, inserts and prefills as described at the top. On success
+/* Starts a request: ikv_engine_admit, then one step computing all its prompt positions. On success
  * *seq is an in-flight sequence whose last-position logits are ikv_seq_logits(). Returns 0,
  * IKV_EINVAL (empty prompt, token >= vocab), IKV_ETOOLONG (prompt longer than seq_len),
  * IKV_EBUSY (max_seqs sequences already in flight), IKV_EFULL (no pool block: cannot happen
@@ -232,6 +260,48 @@ typedef struct ikv_prefill_info {
  * after inserting blocks (IKV_EFULL, or an unexpected cache error) releases the sequence but
  * leaves those blocks in the cache as pending, never matched, until evicted. Does not allocate. */
 int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **seq, ikv_prefill_info *info);
+
+/* Admission without compute: validates the request, takes a sequence slot, matches the
+ * prompt's blocks, locks the usable prefix, inserts the remaining full blocks (pending until
+ * computed), reserves private blocks for the rest of the prompt and max_new positions, and
+ * copies into a private (or pending) block the KV of a partial block that is already cached or
+ * parked (copy-on-write), so the sequence starts with every cached position present and
+ * ikv_seq_pending() prompt positions to compute with ikv_engine_step. info->computed_tokens is
+ * the positions still to compute; seconds the time of the admission. Returns 0, IKV_EINVAL,
+ * IKV_ETOOLONG, IKV_EBUSY (no free sequence slot), IKV_EFULL (the private blocks it needs are
+ * not free now: retry once sequences end; nothing changed), or a cache error. Does not
+ * allocate. */
+int ikv_engine_admit(ikv_engine *e, const ikv_request *r, ikv_seq **seq, ikv_prefill_info *info);
+
+/* One item of a forward step: a sequence and its next positions. While the sequence has
+ * prompt positions pending, the step computes the next min(n, pending) of them (a prefill
+ * chunk; n = 0: all); once none is pending, it decodes `token` at the next position (n
+ * ignored). */
+typedef struct ikv_step_item {
+    ikv_seq *seq;
+    uint32_t token; /* decode: the token appended */
+    size_t n;       /* prefill: positions of the prompt to compute (0 = all remaining) */
+    size_t done;    /* out: positions computed by this step */
+} ikv_step_item;
+
+/* Runs ONE forward step for items[0..n) (distinct sequences): each prefill chunk on its
+ * tiles, then the decode rows of all decoding sequences through every weight matrix as one
+ * batched product (ikv__linear_rows). Afterwards ikv_seq_logits() of a sequence with nothing
+ * pending is its last position's logits. A sequence's tokens, K/V and logits are bit-identical
+ * whatever else is in the step and however its prompt was chunked or cached
+ * (docs/engine.md, "Batches"). Returns 0, IKV_EINVAL (a sequence not in flight or twice, a
+ * token >= vocab; nothing runs), IKV_ETOOLONG (a decode past the sequence's limit; nothing
+ * runs). Does not allocate. */
+int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n);
+
+/* Pins the cached blocks wholly inside the first n_public tokens of `tokens` (the public
+ * scope: a shared system prompt) for ttl requests (0 = until the engine ends), so eviction
+ * leaves them. Returns 0, IKV_ENOENT (not all of them are cached and ready), IKV_EBUDGET (the
+ * cache's pin budget is spent; nothing pinned), IKV_EINVAL (fewer than one block). */
+int ikv_engine_pin_public(ikv_engine *e, const uint32_t *tokens, size_t n_public, uint64_t ttl);
+
+/* Prompt positions of s not computed yet. */
+size_t ikv_seq_pending(const ikv_seq *s);
 
 /* Appends `token` at the next position and runs one decode step (matrix-vector products).
  * Sets *logits (valid until the next call on this sequence). Returns 0, IKV_ETOOLONG at
@@ -253,6 +323,10 @@ typedef struct ikv_engine_stats {
     uint64_t block_bytes;    /* KV bytes of one block */
     uint64_t cache_capacity; /* blocks */
     uint64_t requests, cached_tokens, computed_tokens, rejected_blocks;
+    uint64_t partial_hits;  /* admissions that copied a partial block's KV */
+    uint64_t parked_blocks; /* partial blocks parked for reuse (counted in free_blocks too:
+                               reclaimed at once when a block is needed) */
+    uint64_t private_budget, reserved_blocks; /* admission: blocks set aside, reserved now */
     uint32_t prefill_group; /* tiles per projection call in use (options.group if the check at
                                create passed, else 1) */
     int prefill_trim;       /* 1: a tile alone goes through the projections on its rows only */
@@ -262,6 +336,37 @@ typedef struct ikv_engine_stats {
 void ikv_engine_stats_get(const ikv_engine *e, ikv_engine_stats *s);
 
 ikv_cache *ikv_engine_cache(ikv_engine *e); /* the prefix cache (owned by the engine) */
+
+/* ---- lower tiers (tiers.c) ----------------------------------------------------------------- */
+
+/* The model fingerprint: XXH3-64 of the checkpoint image, the tokenizer hash, the block size,
+ * the KV dtype and the block layout version. Every stored block carries it. */
+uint64_t ikv_engine_fingerprint(const ikv_model *m, const ikv_engine_options *o);
+
+/* The parameters a store needs to hold this engine's blocks (slot size, fingerprint). */
+void ikv_engine_store_params(const ikv_model *m, const ikv_engine_options *o,
+                             ikv_store_params *p);
+
+typedef struct ikv_engine_tier_stats {
+    const char *spec;         /* the store's spec */
+    uint64_t capacity;        /* blocks the cache core gives the tier */
+    uint64_t resident;        /* blocks the core holds in it now */
+    uint64_t loaded_blocks;   /* lower-tier hits loaded into the pool */
+    uint64_t recomputed_blocks; /* lower-tier hits recomputed because that was cheaper */
+    uint64_t failed_blocks;   /* loads that failed (miss, corrupt, mismatch, down): recomputed */
+    uint64_t probed_blocks;   /* blocks found by probing keys this index had never seen */
+    uint64_t demoted_blocks;  /* blocks written into the tier */
+    uint64_t deleted_blocks;  /* blocks deleted (dropped by the core, moved away) */
+    double load_s_per_block;  /* current estimate: probe at start, then a running average */
+    double put_s_per_block;
+    ikv_store_stats store;
+} ikv_engine_tier_stats;
+
+/* Fills st for lower tier t (1..n_tiers). Returns 0 or IKV_ERANGE. */
+int ikv_engine_tier_stats_get(const ikv_engine *e, size_t t, ikv_engine_tier_stats *st);
+/* The engine's measured prefill time for positions [a, b) (seconds; the running average of
+ * its prefills at the cost model in tiers.c), 0 before anything was measured. */
+double ikv_engine_prefill_estimate(const ikv_engine *e, size_t a, size_t b);
 const ikv_model *ikv_engine_model(const ikv_engine *e);
 
 /* Walks the pool invariants (every block free, private to one sequence, or cached under the
@@ -286,6 +391,12 @@ typedef struct ikv_engine_bench_options {
     uint32_t group;  /* tiles per projection call (0 = the engine's default, 8) */
     int q8;          /* > 0: the model quantized to int8 in groups of q8 (ikv_model_quantize) */
     int q8_prefill;  /* int8 model's prefill: -1 default, 1 int8 products, 0 dequantize+sgemm */
+    /* lower tiers (store specs, fastest first): with any, the pool is sized to hold one
+     * request's blocks, a third request with another prefix pushes the first prefix down, and
+     * a fourth (another tenant, the first prefix) takes it from the tiers: TTFT from the tier */
+    const char *tiers[IKV_MAX_TIERS - 1];
+    size_t n_tiers;
+    int tier_dtype; /* IKV_BLOB_DTYPE_F32 or _Q8 */
 } ikv_engine_bench_options;
 
 typedef struct ikv_engine_bench_row {
@@ -301,7 +412,13 @@ typedef struct ikv_engine_bench_row {
     double decode_tok_s;
     double read_gbs;           /* measured read bandwidth over 256 MiB: the best of a streaming
                                   sum per pool thread, sasum per pool thread, threaded sasum */
-    double decode_bound_tok_s; /* read_gbs / weight bytes per token */
+    double decode_bound_tok_s; /* read_gbs / step_bytes; 0 when the bound does not apply */
+    double step_bytes;         /* bytes one decode step reads: the weights it uses plus the KV
+                                  of the mean context over the decode steps */
+    int bound_applies;         /* 0 when step_bytes fit in the last-level cache: the steps then
+                                  read cache, not memory, and no memory bound holds */
+    double ttft_tier_s;        /* with tiers: TTFT of the request whose prefix is in them */
+    size_t tier_loaded_tokens, tier_recomputed_tokens; /* that request's, by the decision */
     const char *peak_how, *read_how; /* which probe gave the peak / the bandwidth (static) */
 } ikv_engine_bench_row;
 
@@ -312,6 +429,7 @@ typedef struct ikv_engine_bench_result {
     int q8_gemm;    /* int8 prefill by int8 products (1) or dequantize + sgemm (0) */
     const char *q8_kernels; /* the int8 kernel level in use ("avx512-vnni", ...) */
     long cores;
+    uint64_t llc_bytes; /* the last-level cache this machine reports (0: unknown) */
     size_t n_rows;
     ikv_engine_bench_row rows[2];
 } ikv_engine_bench_result;

@@ -539,8 +539,9 @@ void ikv__q8_gemm(const struct ikv_model *m, int k, int l, const float *X, size_
     }
 }
 
-int ikv__q8_gemv_packed(const struct ikv_model *m, int k, const uint8_t *packed, size_t pn0,
-                        const ikv__q8act *x, float *y, size_t r0, size_t r1) {
+int ikv__q8_linear_packed(const struct ikv_model *m, int k, const uint8_t *packed, size_t pn0,
+                          const ikv__q8act *x, size_t M, float *Y, size_t ldy, size_t r0,
+                          size_t r1) {
 #ifdef HAVE_X86_SIMD
     const size_t K = m->qm[k].cols, ng = K / (size_t)m->gs;
     const int lv = ikv__q8_simd_level();
@@ -550,7 +551,7 @@ int ikv__q8_gemv_packed(const struct ikv_model *m, int k, const uint8_t *packed,
         const uint8_t *p = packed + (r0 - pn0) / 16 * bs;
         for (size_t b = 0; b < nblk; b += 4) {
             const size_t nb = nblk - b < 4 ? nblk - b : 4;
-            gemm_vnni512(p + b * bs, bs, nb, K, m->gs, x, 1, y, 0, r0 + b * 16, r1);
+            gemm_vnni512(p + b * bs, bs, nb, K, m->gs, x, M, Y, ldy, r0 + b * 16, r1);
         }
         return 1;
     }
@@ -559,14 +560,20 @@ int ikv__q8_gemv_packed(const struct ikv_model *m, int k, const uint8_t *packed,
         const uint8_t *p = packed + (r0 - pn0) / 8 * bs;
         for (size_t b = 0; b < nblk; b += 4) {
             const size_t nb = nblk - b < 4 ? nblk - b : 4;
-            gemm_avx2(p + b * bs, bs, nb, K, m->gs, x, 1, y, 0, r0 + b * 8, r1);
+            gemm_avx2(p + b * bs, bs, nb, K, m->gs, x, M, Y, ldy, r0 + b * 8, r1);
         }
         return 1;
     }
 #else
-    (void)m, (void)k, (void)packed, (void)pn0, (void)x, (void)y, (void)r0, (void)r1;
+    (void)m, (void)k, (void)packed, (void)pn0, (void)x, (void)M, (void)Y, (void)ldy, (void)r0,
+        (void)r1;
 #endif
     return 0;
+}
+
+int ikv__q8_gemv_packed(const struct ikv_model *m, int k, const uint8_t *packed, size_t pn0,
+                        const ikv__q8act *x, float *y, size_t r0, size_t r1) {
+    return ikv__q8_linear_packed(m, k, packed, pn0, x, 1, y, 0, r0, r1);
 }
 
 /* ---- dequantization ---------------------------------------------------------------------------
