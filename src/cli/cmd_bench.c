@@ -58,7 +58,8 @@ static int engine(int argc, char **argv) {
         static const char *const valued[] = {"--config", "--prefix", "--suffix",
                                              "--decode", "--seed",   "--repeat",
                                              "--tile",   "--group",  "--threads",
-                                             "--tier",   "--tier-dtype"};
+                                             "--tier",   "--tier-dtype", "--q8",
+                                             "--q8-prefill"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(a, valued[k]);
