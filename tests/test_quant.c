@@ -488,6 +488,21 @@ static void test_quantize_cli(void **st) {
     assert_int_equal(run_isokv(args, out, sizeof out, err, sizeof err), 0);
     assert_non_null(strstr(out, "version 2: int8 weights in groups of 4"));
     assert_non_null(strstr(out, "521728 bytes on disk"));
+    /* bench engine --q8: int8 weights said in its output; a group that does not fit is refused */
+    assert_int_equal(run_isokv("bench engine --config tiny --q8 16 --prefix 32 --suffix 8 "
+                               "--decode 4 --threads 1 --repeat 1 --json",
+                               out, sizeof out, err, sizeof err),
+                     0);
+    assert_non_null(strstr(out, "\"weights\": \"int8\", \"q8_group\": 16"));
+    assert_non_null(strstr(out, "\"q8_prefill\": \"int8\""));
+    assert_int_equal(run_isokv("bench engine --config tiny --q8 32 --prefix 32 --suffix 8 "
+                               "--decode 4 --threads 1 --repeat 1",
+                               out, sizeof out, err, sizeof err),
+                     2); /* a flag that does not fit the config: a usage error */
+    assert_non_null(strstr(err, "does not divide hidden_dim"));
+    assert_int_equal(run_isokv("bench engine --config tiny --q8 16 --q8-prefill fast", out,
+                               sizeof out, err, sizeof err),
+                     2);
     /* quantizing an int8 file again is refused */
     snprintf(args, sizeof args, "model quantize '%s' -o '%s' --group 4", q, x);
     assert_int_equal(run_isokv(args, out, sizeof out, err, sizeof err), 1);
