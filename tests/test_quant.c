@@ -657,6 +657,58 @@ static void test_q8_levels_end_to_end(void **st) {
     ikv_model_destroy(f);
 }
 
+/* The server's batched decode with int8 weights: a sequence stepped together with two others
+ * (ikv_engine_step, one batched call per matrix) gets the bits it gets alone, at every step, at
+ * 1 and 2 threads. */
+static void test_q8_batched_decode(void **st) {
+    (void)st;
+    ikv_model_config c = wide();
+    ikv_model *f, *m;
+    assert_int_equal(ikv_model_random(&c, 13, &f), 0);
+    assert_int_equal(ikv_model_quantize(f, 32, &m), 0);
+    ikv_model_destroy(f);
+    enum { N = 40, DEC = 6 };
+    const int V = c.vocab_size;
+    uint32_t p[3][N];
+    for (int i = 0; i < 3; i++)
+        make_prompt(p[i], N - 7 * (size_t)i, 31 + (uint64_t)i, (uint32_t)V);
+    for (int th = 1; th <= 2; th++) {
+        ikv_engine_options o;
+        ikv_engine_options_default(&o);
+        o.threads = th;
+        o.max_seqs = 3;
+        ikv_engine *e;
+        assert_int_equal(ikv_engine_create(m, &o, &e), 0);
+        /* alone */
+        float *solo = calloc((size_t)DEC * (size_t)V, sizeof(float));
+        size_t cached;
+        float *lg = run_req(e, p[0], N, 1, DEC, &cached);
+        memcpy(solo, lg + (size_t)N * (size_t)V, sizeof(float) * (size_t)DEC * (size_t)V);
+        free(lg);
+        /* batched with two others */
+        ikv_seq *s[3];
+        for (int i = 0; i < 3; i++) {
+            ikv_request r = {.tokens = p[i], .n = N - 7 * (size_t)i, .no_cache = 1};
+            assert_int_equal(ikv_engine_begin(e, &r, &s[i], NULL), 0);
+        }
+        for (int d = 0; d < DEC; d++) {
+            ikv_step_item it[3];
+            memset(it, 0, sizeof it);
+            for (int i = 0; i < 3; i++)
+                it[i].seq = s[i], it[i].token = argmax(ikv_seq_logits(s[i]), V);
+            assert_int_equal(ikv_engine_step(e, it, 3), 0);
+            assert_memory_equal(ikv_seq_logits(s[0]), solo + (size_t)d * (size_t)V,
+                                sizeof(float) * (size_t)V);
+        }
+        for (int i = 0; i < 3; i++)
+            ikv_engine_end(e, s[i]);
+        assert_true(ikv_engine_check(e));
+        free(solo);
+        ikv_engine_destroy(e);
+    }
+    ikv_model_destroy(m);
+}
+
 /* ---- parity with runq.c
  * -------------------------------------------------------------------------- */
 
@@ -764,7 +816,7 @@ int main(void) {
         cmocka_unit_test(test_kernels_vs_oracle),   cmocka_unit_test(test_v2_loader_rejects),
         cmocka_unit_test(test_quantize_roundtrip),  cmocka_unit_test(test_quantize_cli),
         cmocka_unit_test(test_q8_exact_with_cache), cmocka_unit_test(test_q8_levels_end_to_end),
-        cmocka_unit_test(test_runq_parity),
+        cmocka_unit_test(test_q8_batched_decode),   cmocka_unit_test(test_runq_parity),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }
