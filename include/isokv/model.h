@@ -413,6 +413,8 @@ typedef struct ikv_blend_request {
     float max_dev;      /* < 0: the store's default */
     size_t max_new;     /* as ikv_request.max_new */
     int no_store;       /* 1: do not put this request's missing reusable segments in the store */
+    int no_cache;       /* 1: the exact path neither uses nor fills the prefix cache (a cold
+                           reference; the blend path never uses it) */
 } ikv_blend_request;
 
 typedef struct ikv_blend_info {

@@ -36,6 +36,8 @@ static void help(FILE *f) {
 }
 
 static int engine(int argc, char **argv) {
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "--chunks")) return ikv_cmd_bench_chunks(argc, argv);
     ikv_engine_bench_options o = {.config = "small",
                                   .prefix = 2048,
                                   .suffix = 32,

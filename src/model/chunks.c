@@ -615,7 +615,7 @@ int ikv_chunks_begin(ikv_chunks *c, const ikv_blend_request *r, ikv_seq **seq,
     if (full) {
         size_t g = inf.guard_tokens;
         ikv_request rq = {.tokens = c->tok, .n = n, .tenant = r->tenant, .public_tokens = pub,
-                          .max_new = r->max_new};
+                          .max_new = r->max_new, .no_cache = r->no_cache};
         if ((rc = ikv_engine_begin(e, &rq, &s, &inf.prefill))) return rc;
         inf.full = 1, inf.reused_tokens = 0, inf.recomputed_tokens = inf.reusable_tokens;
         inf.deviation_max = 0, inf.guard_tokens = g;
