@@ -394,7 +394,7 @@ typedef struct ikv_chunks_options {
 } ikv_chunks_options;
 
 #define IKV_BLEND_RATIO   0.15f /* measured default: docs/chunks.md */
-#define IKV_BLEND_MAX_DEV 1.0f  /* measured default: docs/chunks.md */
+#define IKV_BLEND_MAX_DEV 0.25f /* chosen from measurements: docs/chunks.md */
 
 void ikv_chunks_options_default(ikv_chunks_options *o);
 
