@@ -16,6 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "isokv/model.h"
 
 static ikv_model *tiny(void) {
@@ -319,11 +323,102 @@ static void test_stories260k(void **st) {
     ikv_model_destroy(m);
 }
 
+
+/* Runs $IKV_BIN with argv[1..] (stdout and stderr to files under dir); returns the exit code
+ * and the stderr text in err. */
+static int run_cli(const char *dir, char **argv, char *err, size_t errn) {
+    char op[512], ep[512];
+    snprintf(op, sizeof op, "%s/out", dir), snprintf(ep, sizeof ep, "%s/err", dir);
+    fflush(NULL);
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        int o = open(op, O_WRONLY | O_CREAT | O_TRUNC, 0600),
+            e = open(ep, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (o < 0 || e < 0) _exit(126);
+        dup2(o, 1), dup2(e, 2);
+        const char *b = getenv("IKV_BIN");
+        argv[0] = (char *)(b && *b ? b : "build/isokv");
+        execv(argv[0], argv);
+        _exit(127);
+    }
+    int st;
+    assert_int_equal(waitpid(pid, &st, 0), pid);
+    FILE *f = fopen(ep, "rb");
+    size_t k = f ? fread(err, 1, errn - 1, f) : 0;
+    err[k] = 0;
+    if (f) fclose(f);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+static void put(const char *path, const char *text) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* isokv run --segments: a second request with the documents reordered reuses them; bad files
+ * are refused naming the field (exit 1), bad flags are usage errors (exit 2). */
+static void test_cli_segments(void **st) {
+    (void)st;
+    char dir[] = "/tmp/ikv_test_chunks_XXXXXX", path[600], err[8192];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/req.json", dir);
+    put(path, "[{\"tenant\":\"u1\",\"segments\":[{\"kind\":\"system\",\"text\":\"A story.\","
+              "\"public\":true},{\"kind\":\"doc\",\"text\":\"Lily went to the park with her mom. "
+              "She saw a big red ball.\",\"reusable\":true,\"movable\":true},{\"kind\":\"doc\","
+              "\"text\":\"Tom had a little dog. The dog liked to run.\",\"reusable\":true,"
+              "\"movable\":true},{\"kind\":\"query\",\"text\":\"Once upon a time\"}]},"
+              "{\"tenant\":\"u1\",\"segments\":[{\"kind\":\"system\",\"text\":\"A story.\","
+              "\"public\":true},{\"kind\":\"doc\",\"text\":\"Tom had a little dog. The dog liked "
+              "to run.\",\"reusable\":true},{\"kind\":\"doc\",\"text\":\"Lily went to the park "
+              "with her mom. She saw a big red ball.\",\"reusable\":true},{\"kind\":\"query\","
+              "\"text\":\"Once upon a time\"}]}]");
+    char *a1[] = {NULL, "run", "--segments", path, "-n", "8", "--blend-ratio", "0.2", NULL};
+    assert_int_equal(run_cli(dir, a1, err, sizeof err), 0);
+    assert_non_null(strstr(err, "(0 hit, 2 missed, 2 stored)"));
+    assert_non_null(strstr(err, "(2 hit, 0 missed, 0 stored)"));
+    assert_non_null(strstr(err, "blended"));
+    char *a2[] = {NULL, "run", "--segments", path, "--prompt", "x", NULL};
+    assert_int_equal(run_cli(dir, a2, err, sizeof err), 2);
+    char *a3[] = {NULL, "run", "--segments", path, "--layout", "random", NULL};
+    assert_int_equal(run_cli(dir, a3, err, sizeof err), 2);
+    char *a4[] = {NULL, "run", "--segments", path, "--blend-ratio", "1.5", NULL};
+    assert_int_equal(run_cli(dir, a4, err, sizeof err), 2);
+    const char *bad[][2] = {
+        {"{\"segments\":[{\"kind\":\"doc\",\"tokens\":[1,2,700]}]}",
+         "request.segments[0].tokens[2]: not a token id"},
+        {"[{\"segments\":[]}]", "requests[0].segments: required"},
+        {"{\"segments\":[{\"kind\":\"dox\",\"text\":\"a\"}]}", "segments[0].kind: \"dox\""},
+        {"{\"segments\":[{\"kind\":\"doc\"}]}", "exactly one of \"text\" or \"tokens\""},
+        {"{\"segments\":[{\"kind\":\"doc\",\"text\":\"a\",\"reusable\":1}]}",
+         "segments[0].reusable: must be true or false"},
+        {"{\"segments\":[{\"kind\":\"doc\",\"text\":\"a\"}],\"blend_ratio\":2}",
+         "request.blend_ratio"},
+        {"[{\"segments\":", "invalid JSON"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        put(path, bad[i][0]);
+        char *a[] = {NULL, "run", "--segments", path, NULL};
+        assert_int_equal(run_cli(dir, a, err, sizeof err), 1);
+        if (!strstr(err, bad[i][1])) fail_msg("case %zu: %s", i, err);
+    }
+    char *a5[] = {NULL, "run", "--segments", "/nonexistent/req.json", NULL};
+    assert_int_equal(run_cli(dir, a5, err, sizeof err), 1);
+    assert_non_null(strstr(err, "cannot open"));
+    snprintf(err, sizeof err, "%s/out", dir), unlink(err);
+    snprintf(err, sizeof err, "%s/err", dir), unlink(err);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rerotation),          cmocka_unit_test(test_reorder_ratio_guard),
         cmocka_unit_test(test_scopes),              cmocka_unit_test(test_errors_and_last),
         cmocka_unit_test(test_shared_first),        cmocka_unit_test(test_stories260k),
+        cmocka_unit_test(test_cli_segments),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
