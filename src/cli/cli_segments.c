@@ -8,8 +8,8 @@
  *                  "movable": true}, {"kind": "query", "tokens": [1, 306, 4]}]}
  *
  * Each segment has `kind` (system, tool, memory, doc, history, query, as docs/segments.md) and
- * exactly one of `text` (encoded with the run's tokenizer; BOS before the request's first
- * segment only) or `tokens` (an array of ids < vocab); flags `public`, `reusable`, `movable`
+ * exactly one of `text` (encoded with the run's tokenizer; when the first segment is text, a
+ * BOS segment of its own, public, goes before it) or `tokens` (an array of ids < vocab); flags `public`, `reusable`, `movable`
  * are optional booleans (false). Every error names the file and the field
  * ("req.json: requests[1].segments[0].tokens[3]: 700 is not a token id < vocab 512").
  */
@@ -76,13 +76,23 @@ static int one_request(const cJSON *r, const char *rw, const ikv_tokenizer *tok,
         return bad(err, errn, "%s.segments: required, a non-empty array", rw);
     size_t ns = (size_t)cJSON_GetArraySize(sg);
     if (ns > 256) return bad(err, errn, "%s.segments: %zu segments, at most 256", rw, ns);
-    if (!(out->segs = calloc(ns, sizeof *out->segs))) return bad(err, errn, "out of memory");
+    /* text first: BOS as a segment of its own (public), so that no reusable segment's tokens
+     * depend on whether it comes first */
+    const size_t bos = cJSON_GetObjectItemCaseSensitive(sg->child, "text") != NULL;
+    if (!(out->segs = calloc(ns + bos, sizeof *out->segs))) return bad(err, errn, "out of memory");
+    if (bos) {
+        uint32_t *b = malloc(sizeof *b);
+        if (!b) return bad(err, errn, "out of memory");
+        *b = IKV_TOK_BOS;
+        out->segs[0] = (ikv_prompt_seg){IKV_PSEG_SYSTEM, b, 1, 1, 0, 0};
+        out->n_segs = 1;
+    }
     size_t j = 0;
     for (const cJSON *g = sg->child; g; g = g->next, j++) {
         char w[96];
         snprintf(w, sizeof w, "%s.segments[%zu]", rw, j);
-        ikv_prompt_seg *o = &out->segs[j];
-        out->n_segs = j + 1;
+        ikv_prompt_seg *o = &out->segs[j + bos];
+        out->n_segs = j + bos + 1;
         if (!cJSON_IsObject(g)) return bad(err, errn, "%s: must be an object", w);
         const cJSON *k = cJSON_GetObjectItemCaseSensitive(g, "kind");
         if (!cJSON_IsString(k)) return bad(err, errn, "%s.kind: required, a string", w);
@@ -103,7 +113,7 @@ static int one_request(const cJSON *r, const char *rw, const ikv_tokenizer *tok,
             size_t cap = strlen(tx->valuestring) + 3;
             if (!(ids = malloc(cap * 4))) return bad(err, errn, "out of memory");
             o->tokens = ids;
-            if (ikv_tokenizer_encode(tok, tx->valuestring, j == 0, 0, ids, cap, &n))
+            if (ikv_tokenizer_encode(tok, tx->valuestring, 0, 0, ids, cap, &n))
                 return bad(err, errn, "%s.text: cannot encode: %s", w, ikv_errdetail());
         } else {
             if (!cJSON_IsArray(tk) || cJSON_GetArraySize(tk) == 0)

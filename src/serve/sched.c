@@ -141,6 +141,8 @@ static srq *queue_pop(ikv_serve *s) {
 }
 
 /* Admits queued requests while their blocks fit (mu held). */
+static int take_token(ikv_serve *s, size_t idx, uint32_t tok);
+
 static void admit(ikv_serve *s) {
     while (s->qhead && s->nrunning < s->opt.max_seqs) {
         srq *r = s->qhead;
@@ -157,7 +159,17 @@ static void admit(ikv_serve *s) {
                           .max_new = r->max_tokens};
         ikv_prefill_info info;
         ikv_seq *seq;
-        int rc = ikv_engine_admit(s->engine, &rq, &seq, &info);
+        int rc;
+        if (r->segs) {
+            /* a structured request: the chunk store's whole prefill now (the blend pass or the
+             * exact one), under the lock, so the step loop finds it decoding */
+            ikv_blend_request br = {.segs = r->segs, .n_segs = r->nsegs, .tenant = r->scope,
+                                    .ratio = r->blend_ratio, .max_dev = -1,
+                                    .max_new = r->max_tokens};
+            rc = ikv_chunks_begin(s->chunks, &br, &seq, &r->blend);
+            info = r->blend.prefill;
+        } else
+            rc = ikv_engine_admit(s->engine, &rq, &seq, &info);
         if (rc == IKV_EFULL || rc == IKV_EBUSY) break; /* wait for a sequence to end */
         queue_pop(s);
         if (rc) {
@@ -176,6 +188,10 @@ static void admit(ikv_serve *s) {
         r->prev = r->tokens[r->n - 1];
         r->state = SRQ_RUNNING;
         s->running[s->nrunning++] = r;
+        if (r->segs) { /* prefilled: its first token now */
+            memcpy(s->logit_scratch, ikv_seq_logits(seq), sizeof(float) * s->vocab);
+            take_token(s, s->nrunning - 1, ikv_sampler_sample(r->smp, s->logit_scratch));
+        }
     }
 }
 
