@@ -413,12 +413,40 @@ static void test_cli_segments(void **st) {
     rmdir(dir);
 }
 
+/* bench engine --chunks on tiny: r = 1 is the exact prefill (agreement 1, KL 0 exactly); a
+ * prompt that does not fit is a usage error. */
+static void test_cli_bench(void **st) {
+    (void)st;
+    char dir[] = "/tmp/ikv_test_chunksb_XXXXXX", err[8192], path[600];
+    assert_non_null(mkdtemp(dir));
+    char *a[] = {NULL, "bench", "engine", "--chunks", "--model", "tiny", "--prompts", "2",
+                 "--repeat", "1", "--next", "4", "--ratios", "0,1", "--doc-tokens", "40",
+                 "--context", "16", "--threads", "1", "--json", NULL};
+    assert_int_equal(run_cli(dir, a, err, sizeof err), 0);
+    snprintf(path, sizeof path, "%s/out", dir);
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char out[4096];
+    size_t k = fread(out, 1, sizeof out - 1, f);
+    out[k] = 0;
+    fclose(f);
+    assert_non_null(strstr(out, "{\"r\":1,\"agreement\":1.0000,\"mean_kl\":0.000000,"));
+    assert_non_null(strstr(out, "{\"r\":0,"));
+    char *b[] = {NULL, "bench", "engine", "--chunks", "--model", "tiny", "--doc-tokens", "100",
+                 NULL};
+    assert_int_equal(run_cli(dir, b, err, sizeof err), 2);
+    assert_non_null(strstr(err, "exceed seq_len"));
+    unlink(path);
+    snprintf(path, sizeof path, "%s/err", dir), unlink(path);
+    rmdir(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_rerotation),          cmocka_unit_test(test_reorder_ratio_guard),
         cmocka_unit_test(test_scopes),              cmocka_unit_test(test_errors_and_last),
         cmocka_unit_test(test_shared_first),        cmocka_unit_test(test_stories260k),
-        cmocka_unit_test(test_cli_segments),
+        cmocka_unit_test(test_cli_segments),        cmocka_unit_test(test_cli_bench),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
