@@ -78,9 +78,12 @@ int ikv_model_load(const char *path, ikv_model **out);
  * of order one through all layers. */
 int ikv_model_random(const ikv_model_config *c, uint64_t seed, ikv_model **out);
 
-/* Writes that checkpoint to `path` (through a temporary file renamed at the end, so a failure
- * leaves no partial file). Returns 0, IKV_EIO or IKV_ENOMEM. */
+/* Writes that checkpoint to `path` as an atomic output file (ikv_outset: a temporary file
+ * renamed at the end, so a failure leaves no partial file; a device or other non-regular
+ * target is refused). Returns 0, IKV_EIO, IKV_EINVAL or IKV_ENOMEM. */
 int ikv_model_write_random(const char *path, const ikv_model_config *c, uint64_t seed);
+/* The same bytes written to an open stream (e.g. one of an ikv_outset); 0, IKV_EIO, IKV_ENOMEM. */
+int ikv_model_write_random_stream(FILE *f, const ikv_model_config *c, uint64_t seed);
 
 void ikv_model_destroy(ikv_model *m);
 const ikv_model_config *ikv_model_cfg(const ikv_model *m);
@@ -105,8 +108,10 @@ int ikv_tokenizer_bytes(uint32_t vocab_size, ikv_tokenizer **out);
 
 /* Writes a deterministic synthetic tokenizer.bin of vocab_size pieces (the 3 specials, the 256
  * byte pieces, printable ASCII, then merges built from frequent English letters), so generated
- * models have a matching vocabulary. Temp file + rename. */
+ * models have a matching vocabulary. An atomic output file (ikv_outset), as above; the _stream
+ * form writes the same bytes to an open stream. */
 int ikv_tokenizer_write_synthetic(const char *path, uint32_t vocab_size, uint64_t seed);
+int ikv_tokenizer_write_synthetic_stream(FILE *f, uint32_t vocab_size, uint64_t seed);
 
 void ikv_tokenizer_destroy(ikv_tokenizer *t);
 uint32_t ikv_tokenizer_vocab(const ikv_tokenizer *t);
