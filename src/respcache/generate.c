@@ -9,7 +9,9 @@
  * A verify with a lead and no draft is exactly a decode step, so without drafts this is plain
  * decoding; with them, each accepted token replaces one decode step. Stops, the token limit and
  * seq_len act on every token as in plain decoding (drafts are cut to what may still be
- * emitted), so greedy output is token-for-token the plain output.
+ * emitted), so greedy output is token-for-token the plain output. Candidate drafts start at 8
+ * tokens and double after every fully accepted chunk (the whole output at once for an
+ * identical prompt), which bounds the rows a wrong candidate wastes.
  */
 #include "isokv/respcache.h"
 
@@ -51,8 +53,12 @@ int ikv_respcache_generate(ikv_engine *e, ikv_seq *s, ikv_sampler *sp, const ikv
             if (o->cands[i].n_output && (!greedy || o->cands[i].output[0] == want))
                 cand = &o->cands[i], r->cand_used = (int)i;
     }
+    /* candidate drafts grow: 8 tokens, doubled after each fully accepted chunk (so a wrong
+     * candidate wastes at most 8 rows and then at most as many as were accepted), or the whole
+     * output at once when the prompt is the same (Jaccard 1) */
+    size_t ck = cand && cand->similarity >= 0.999 ? maxd : 8;
     if (cand) {
-        size_t k = min3(cand->n_output, maxd, o->max_tokens);
+        size_t k = min3(cand->n_output, maxd < ck ? maxd : ck, o->max_tokens);
         if (k > ikv_seq_room(s)) k = ikv_seq_room(s);
         ikv_verify v = {.draft = cand->output, .k = k, .sampler = sp};
         if ((rc = ikv_engine_verify(e, s, &v))) return rc;
@@ -60,6 +66,7 @@ int ikv_respcache_generate(ikv_engine *e, ikv_seq *s, ikv_sampler *sp, const ikv
         r->cand_verified = 1;
         r->cache_accepted += v.accepted;
         r->cache_rejected += k - v.accepted;
+        if (v.accepted == k) ck *= 2;
         size_t a = 0;
         while (a < v.accepted && !is_stop(cand->output[a], o->stop_eos))
             out[g++] = cand->output[a++];
@@ -83,7 +90,7 @@ int ikv_respcache_generate(ikv_engine *e, ikv_seq *s, ikv_sampler *sp, const ikv
         int from_cand = 0;
         if (cand && g < cand->n_output && !memcmp(out, cand->output, sizeof(uint32_t) * g)) {
             draft = cand->output + g;
-            k = cand->n_output - g < kmax ? cand->n_output - g : kmax;
+            k = min3(cand->n_output - g, kmax, ck);
             from_cand = 1;
         } else if (o->lookup_ngram && kmax) {
             size_t kk = o->lookup_k < kmax ? o->lookup_k : kmax;
@@ -97,6 +104,7 @@ int ikv_respcache_generate(ikv_engine *e, ikv_seq *s, ikv_sampler *sp, const ikv
         if (from_cand) {
             r->cache_accepted += v.accepted;
             r->cache_rejected += k - v.accepted;
+            if (v.accepted == k) ck *= 2;
         } else {
             r->lookup_drafted += k;
             r->lookup_accepted += v.accepted;
