@@ -10,6 +10,10 @@
  *       with a's output as the candidate: its output is compared with b's plain output (a
  *       difference would be a false hit: counted, never expected), its accepted tokens and
  *       the decode time saved (best of R runs, plain vs cached, same warm prefix).
+ *   bench_semantic lookup [--model ...] [-n N] [-r R]
+ *       Prompt-lookup decoding (n-gram n, k draft tokens) vs plain greedy decoding of N tokens
+ *       on a few story openings: decode time (best of R), forward passes, tokens accepted;
+ *       the outputs must be identical (else exit 1).
  *   bench_semantic latency [--model ... | --config small] [-r R]
  *       Per output length 32, 128, 256: end-to-end time of a request (warm prompt prefix) that
  *       decodes N tokens vs one whose response is a full verified hit of N tokens (one
@@ -166,6 +170,64 @@ static int cmd_pairs(ctx *c, const char *file, size_t N, int R) {
     return v_false ? 1 : 0;
 }
 
+static double gen_lookup(ctx *c, const uint32_t *p, size_t np, size_t N, uint32_t ng, uint32_t k,
+                         uint32_t *hist, ikv_gen_result *gr) {
+    ikv_sampler *sp;
+    if (ikv_sampler_create((uint32_t)c->V, 0.0f, 0.0f, 1, &sp)) die("sampler");
+    ikv_request rq = {.tokens = p, .n = np, .tenant = "bench"};
+    ikv_seq *s;
+    if (ikv_engine_begin(c->e, &rq, &s, NULL)) die("begin");
+    memcpy(hist, p, sizeof *p * np);
+    ikv_gen_options go = {.max_tokens = N, .lookup_ngram = ng, .lookup_k = k, .max_draft = 256};
+    if (ikv_respcache_generate(c->e, s, sp, &go, hist, np, gr)) die("generate");
+    ikv_engine_end(c->e, s);
+    ikv_sampler_destroy(sp);
+    return gr->seconds;
+}
+
+static int cmd_lookup(ctx *c, size_t N, int R) {
+    static const char *prompts[] = {"", "Once upon a time, there was a little girl named Lily.",
+                                    "Tom had a big red ball. He liked to throw it high.",
+                                    "One day, a cat and a dog went to the park."};
+    static const uint32_t cfg[][2] = {{3, 8}, {3, 4}, {2, 4}, {3, 16}};
+    uint32_t p[128], *h = malloc(sizeof(uint32_t) * 4096), *ref = malloc(sizeof(uint32_t) * 4096);
+    printf("| setting | decode ms (sum of %zu prompts) | forward passes | draft tokens accepted / "
+           "proposed | speed-up |\n|---|---|---|---|---|\n",
+           sizeof prompts / sizeof prompts[0]);
+    double base = 0;
+    for (int ci = -1; ci < (int)(sizeof cfg / sizeof cfg[0]); ci++) {
+        double tsum = 0;
+        size_t fw = 0, acc = 0, prop = 0;
+        for (size_t pi = 0; pi < sizeof prompts / sizeof prompts[0]; pi++) {
+            size_t np = encode(c, prompts[pi], p, 128);
+            ikv_gen_result gr;
+            double best = 1e9;
+            for (int r = 0; r < R; r++) {
+                double t = gen_lookup(c, p, np, N, ci < 0 ? 0 : cfg[ci][0], ci < 0 ? 0 : cfg[ci][1],
+                                      h, &gr);
+                best = t < best ? t : best;
+            }
+            if (ci < 0)
+                memcpy(ref + pi * 1024, h + np, sizeof(uint32_t) * gr.n_out);
+            else if (memcmp(ref + pi * 1024, h + np, sizeof(uint32_t) * gr.n_out)) {
+                fprintf(stderr, "bench_semantic: lookup decoding changed the output\n");
+                return 1;
+            }
+            tsum += best, fw += gr.forwards, acc += gr.lookup_accepted, prop += gr.lookup_drafted;
+        }
+        if (ci < 0) base = tsum;
+        char name[64];
+        if (ci < 0)
+            snprintf(name, sizeof name, "plain decode");
+        else
+            snprintf(name, sizeof name, "lookup n=%u k=%u", cfg[ci][0], cfg[ci][1]);
+        printf("| %s | %.3f | %zu | %zu / %zu | %.2fx |\n", name, tsum * 1e3, fw, acc, prop,
+               base / tsum);
+    }
+    free(h), free(ref);
+    return 0;
+}
+
 static int cmd_latency(ctx *c, int R) {
     static const size_t lens[3] = {32, 128, 256};
     uint32_t p[64], *h = malloc(sizeof(uint32_t) * 8192), *out = malloc(sizeof(uint32_t) * 512);
@@ -202,9 +264,11 @@ static int cmd_latency(ctx *c, int R) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 2 || (strcmp(argv[1], "pairs") && strcmp(argv[1], "latency"))) {
-        fprintf(stderr, "usage: bench_semantic pairs|latency [--model M --tokenizer T | --config "
-                        "NAME] [--threads T] [-n N] [-r R] [FILE]\n");
+    if (argc < 2 ||
+        (strcmp(argv[1], "pairs") && strcmp(argv[1], "latency") && strcmp(argv[1], "lookup"))) {
+        fprintf(stderr,
+                "usage: bench_semantic pairs|latency|lookup [--model M --tokenizer T | --config "
+                "NAME] [--threads T] [-n N] [-r R] [FILE]\n");
         return 2;
     }
     const char *model = NULL, *tokp = NULL, *config = "tiny", *file = NULL;
@@ -234,8 +298,9 @@ int main(int argc, char **argv) {
            "best of %d, measured wall clock\n\n",
            argv[1], model ? model : config, mc->dim, mc->n_layers, mc->vocab_size, threads,
            sysconf(_SC_NPROCESSORS_ONLN), R);
-    int rc =
-        !strcmp(argv[1], "pairs") ? (file ? cmd_pairs(&c, file, N, R) : 2) : cmd_latency(&c, R);
+    int rc = !strcmp(argv[1], "pairs")    ? (file ? cmd_pairs(&c, file, N, R) : 2)
+             : !strcmp(argv[1], "lookup") ? cmd_lookup(&c, N, R)
+                                          : cmd_latency(&c, R);
     ikv_engine_destroy(c.e);
     ikv_tokenizer_destroy(c.tok);
     ikv_model_destroy(c.m);
