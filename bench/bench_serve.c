@@ -9,11 +9,11 @@
  * stream count N runs N client threads, each sending --requests streaming completions one after
  * another: prompts of --prompt token ids (the load-generator form), the first --prefix of them
  * the same in every request and declared public (isokv.public_prefix_tokens), the rest random
- * per request; greedy, --max-tokens. Prints per N: requests/s, aggregate output tokens/s (usage
- * completion tokens over the wall time of the round), TTFT p50 / p99 (request sent to first
- * byte of the stream), and the cached prompt tokens the server reported. --config NAME writes
- * a random-weight model of that shape (and a synthetic tokenizer) under /tmp first. All figures
- * are wall-clock measurements on this machine (core count printed).
+ * per request; greedy, exactly --max-tokens (ignore_eos). Prints per N: requests/s, aggregate
+ * output tokens/s (usage completion tokens over the wall time of the round), TTFT p50 / p99
+ * (request sent to first byte of the stream), and the cached prompt tokens the server reported.
+ * --config NAME writes a random-weight model of that shape (and a synthetic tokenizer) under /tmp
+ * first. All figures are wall-clock measurements on this machine (core count printed).
  */
 #include <curl/curl.h>
 #include <pthread.h>
@@ -81,7 +81,8 @@ static void *client(void *arg) {
             n += (size_t)sprintf(body + n, ",%u", t);
         }
         sprintf(body + n,
-                "],\"max_tokens\":%d,\"temperature\":0,\"stream\":true,\"stream_options\":"
+                "],\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,"
+                "\"stream_options\":"
                 "{\"include_usage\":true},\"isokv\":{\"public_prefix_tokens\":%d}}",
                 j->max_tokens, j->prefix);
         rbuf b = {0};
@@ -151,20 +152,31 @@ static pid_t start_server(const char *bin, const char *model, const char *tok, i
 }
 
 int main(int argc, char **argv) {
-    const char *bin = "build/isokv", *model = NULL, *tok = NULL, *config = NULL, *streams = "1,4,16,64";
+    const char *bin = "build/isokv", *model = NULL, *tok = NULL, *config = NULL,
+               *streams = "1,4,16,64";
     int requests = 4, prompt = 64, prefix = 0, max_tokens = 64, threads = 2, port = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
-        if (!strcmp(a, "--bin")) bin = v;
-        else if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--tokenizer")) tok = v;
-        else if (!strcmp(a, "--config")) config = v;
-        else if (!strcmp(a, "--streams")) streams = v;
-        else if (!strcmp(a, "--requests")) requests = atoi(v);
-        else if (!strcmp(a, "--prompt")) prompt = atoi(v);
-        else if (!strcmp(a, "--prefix")) prefix = atoi(v);
-        else if (!strcmp(a, "--max-tokens")) max_tokens = atoi(v);
-        else if (!strcmp(a, "--threads")) threads = atoi(v);
+        if (!strcmp(a, "--bin"))
+            bin = v;
+        else if (!strcmp(a, "--model"))
+            model = v;
+        else if (!strcmp(a, "--tokenizer"))
+            tok = v;
+        else if (!strcmp(a, "--config"))
+            config = v;
+        else if (!strcmp(a, "--streams"))
+            streams = v;
+        else if (!strcmp(a, "--requests"))
+            requests = atoi(v);
+        else if (!strcmp(a, "--prompt"))
+            prompt = atoi(v);
+        else if (!strcmp(a, "--prefix"))
+            prefix = atoi(v);
+        else if (!strcmp(a, "--max-tokens"))
+            max_tokens = atoi(v);
+        else if (!strcmp(a, "--threads"))
+            threads = atoi(v);
         else {
             fprintf(stderr, "bench_serve: unknown option %s (see the comment at the top)\n", a);
             return 2;
@@ -203,8 +215,8 @@ int main(int argc, char **argv) {
     printf("bench_serve: %s, prompt %d tokens (shared public prefix %d), %d output tokens, %d "
            "requests per stream, server --threads %d; %ld cores; measured over loopback\n",
            model, prompt, prefix, max_tokens, requests, threads, sysconf(_SC_NPROCESSORS_ONLN));
-    printf("%8s %10s %12s %10s %10s %10s\n", "streams", "req/s", "out tok/s", "ttft p50", "ttft p99",
-           "cached");
+    printf("%8s %10s %12s %10s %10s %10s\n", "streams", "req/s", "out tok/s", "ttft p50",
+           "ttft p99", "cached");
     char list[64];
     snprintf(list, sizeof list, "%s", streams);
     for (char *sv = strtok(list, ","); sv; sv = strtok(NULL, ",")) {
@@ -220,8 +232,13 @@ int main(int argc, char **argv) {
         double *ttft = calloc((size_t)N * (size_t)requests, sizeof *ttft);
         double t0 = ikv_now();
         for (int k = 0; k < N; k++) {
-            jobs[k] = (job){.port = port, .requests = requests, .prompt = prompt, .prefix = prefix,
-                            .max_tokens = max_tokens, .id = k, .vocab = vocab,
+            jobs[k] = (job){.port = port,
+                            .requests = requests,
+                            .prompt = prompt,
+                            .prefix = prefix,
+                            .max_tokens = max_tokens,
+                            .id = k,
+                            .vocab = vocab,
                             .ttft = ttft + (size_t)k * requests};
             pthread_create(&th[k], NULL, client, &jobs[k]);
         }
@@ -234,8 +251,9 @@ int main(int argc, char **argv) {
         size_t nt = (size_t)N * (size_t)requests;
         qsort(ttft, nt, sizeof *ttft, cmp_d);
         printf("%8d %10.2f %12.1f %8.1fms %8.1fms %10ld%s\n", N, (double)nt / wall,
-               (double)tokens / wall, ttft[nt / 2] * 1e3, ttft[(nt * 99) / 100 < nt ? (nt * 99) / 100 : nt - 1] * 1e3,
-               cached, failed ? "  (some requests failed)" : "");
+               (double)tokens / wall, ttft[nt / 2] * 1e3,
+               ttft[(nt * 99) / 100 < nt ? (nt * 99) / 100 : nt - 1] * 1e3, cached,
+               failed ? "  (some requests failed)" : "");
         fflush(stdout);
         kill(pid, SIGTERM);
         waitpid(pid, NULL, 0);

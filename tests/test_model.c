@@ -1330,7 +1330,9 @@ static void test_batch_invariance(void **st) {
                 const size_t n = nt[which[k]];
                 char tenant[8];
                 snprintf(tenant, sizeof tenant, "t%d", k % 3);
-                ikv_request rq = {.tokens = toks[which[k]], .n = n, .tenant = which[k] ? tenant : "T",
+                ikv_request rq = {.tokens = toks[which[k]],
+                                  .n = n,
+                                  .tenant = which[k] ? tenant : "T",
                                   .max_new = DEC};
                 assert_int_equal(ikv_engine_admit(e, &rq, &seq[k], &info), 0);
                 assert_int_equal(ikv_seq_pending(seq[k]), info.computed_tokens);
@@ -1347,7 +1349,8 @@ static void test_batch_invariance(void **st) {
                 int map[MAXO + 1], ni = 0;
                 for (int k = 0; k <= no; k++) {
                     if (d_at[k] >= DEC) continue;
-                    it[ni] = (ikv_step_item){.seq = seq[k], .token = next[k], .n = chunks[round] + (size_t)k % 3};
+                    it[ni] = (ikv_step_item){
+                        .seq = seq[k], .token = next[k], .n = chunks[round] + (size_t)k % 3};
                     map[ni++] = k;
                 }
                 assert_int_equal(ikv_engine_step(e, it, (size_t)ni), 0);
@@ -1389,7 +1392,8 @@ static void test_batch_invariance(void **st) {
         for (int d = 0; d < DEC; d++) {
             it.token = gen[d];
             assert_int_equal(ikv_engine_step(e, &it, 1), 0);
-            assert_memory_equal(ikv_seq_logits(s1), ref + (size_t)(d + 1) * V, sizeof(float) * (size_t)V);
+            assert_memory_equal(ikv_seq_logits(s1), ref + (size_t)(d + 1) * V,
+                                sizeof(float) * (size_t)V);
         }
         it.token = 1;
         assert_int_equal(ikv_engine_step(e, &it, 1), IKV_ETOOLONG); /* past prompt + max_new */

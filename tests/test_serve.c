@@ -167,8 +167,8 @@ static size_t on_header(char *p, size_t sz, size_t nm, void *u) {
 }
 
 /* Prepares an easy handle for METHOD path with an optional body and API key. */
-static CURL *prep(int port, const char *method, const char *path, const char *key,
-                  const char *body, resp *r, struct curl_slist **hs) {
+static CURL *prep(int port, const char *method, const char *path, const char *key, const char *body,
+                  resp *r, struct curl_slist **hs) {
     CURL *c = curl_easy_init();
     char url[256];
     snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
@@ -218,7 +218,8 @@ static cJSON *path_get(cJSON *j, ...) {
     va_start(ap, j);
     const char *k;
     while (j && (k = va_arg(ap, const char *)))
-        j = cJSON_IsArray(j) ? cJSON_GetArrayItem(j, atoi(k)) : cJSON_GetObjectItemCaseSensitive(j, k);
+        j = cJSON_IsArray(j) ? cJSON_GetArrayItem(j, atoi(k))
+                             : cJSON_GetObjectItemCaseSensitive(j, k);
     va_end(ap);
     return j;
 }
@@ -227,7 +228,8 @@ static double num(cJSON *j, ...) {
     va_start(ap, j);
     const char *k;
     while (j && (k = va_arg(ap, const char *)))
-        j = cJSON_IsArray(j) ? cJSON_GetArrayItem(j, atoi(k)) : cJSON_GetObjectItemCaseSensitive(j, k);
+        j = cJSON_IsArray(j) ? cJSON_GetArrayItem(j, atoi(k))
+                             : cJSON_GetObjectItemCaseSensitive(j, k);
     va_end(ap);
     if (!cJSON_IsNumber(j)) fail_msg("expected a number");
     return j->valuedouble;
@@ -237,7 +239,8 @@ static const char *str(cJSON *j, ...) {
     va_start(ap, j);
     const char *k;
     while (j && (k = va_arg(ap, const char *)))
-        j = cJSON_IsArray(j) ? cJSON_GetArrayItem(j, atoi(k)) : cJSON_GetObjectItemCaseSensitive(j, k);
+        j = cJSON_IsArray(j) ? cJSON_GetArrayItem(j, atoi(k))
+                             : cJSON_GetObjectItemCaseSensitive(j, k);
     va_end(ap);
     if (!cJSON_IsString(j)) fail_msg("expected a string");
     return j->valuestring;
@@ -309,7 +312,8 @@ static void parse_sse(const char *body, sse *o) {
             if (c0) {
                 cJSON *t = path_get(c0, "text", NULL);
                 if (!t) t = path_get(c0, "delta", "content", NULL);
-                if (cJSON_IsString(t)) strncat(o->text, t->valuestring, sizeof o->text - strlen(o->text) - 1);
+                if (cJSON_IsString(t))
+                    strncat(o->text, t->valuestring, sizeof o->text - strlen(o->text) - 1);
                 cJSON *f = path_get(c0, "finish_reason", NULL);
                 if (cJSON_IsString(f)) snprintf(o->finish, sizeof o->finish, "%s", f->valuestring);
             }
@@ -335,8 +339,9 @@ static int setup(void **st) {
     snprintf(pub, sizeof pub, "%s/public.txt", S1.dir);
     write_file(keys, "{\"key-a\": \"alice\", \"key-b\": \"bob\"}");
     write_file(pub, PUBLIC_TEXT);
-    const char *extra[] = {"--api-keys", keys, "--public-prefix", pub, "--max-seqs", "8",
-                           "--max-queue", "4", "--kv-mem", "16M", "--drain-s", "20", NULL};
+    const char *extra[] = {"--api-keys",  keys, "--public-prefix", pub,   "--max-seqs", "8",
+                           "--max-queue", "4",  "--kv-mem",        "16M", "--drain-s",  "20",
+                           NULL};
     return server_start(&S1, extra);
 }
 
@@ -373,14 +378,22 @@ static void test_health_models_metrics(void **st) {
     r = http(S1.port, "GET", "/metrics", NULL, NULL);
     assert_int_equal(r.status, 200);
     assert_non_null(strstr(r.ctype, "text/plain"));
-    const char *names[] = {"isokv_requests_total", "isokv_prompt_tokens_total",
-                           "isokv_cached_prompt_tokens_total", "isokv_prefix_cache_hit_ratio",
-                           "isokv_blocks_inserted_total", "isokv_blocks_evicted_total",
-                           "isokv_blocks_demoted_total", "isokv_blocks_promoted_total",
-                           "isokv_tier_loads_total", "isokv_recomputed_blocks_total",
-                           "isokv_running_sequences", "isokv_queued_requests",
-                           "isokv_kv_pool_blocks_used", "isokv_ttft_seconds",
-                           "isokv_time_per_output_token_seconds", "isokv_e2e_latency_seconds"};
+    const char *names[] = {"isokv_requests_total",
+                           "isokv_prompt_tokens_total",
+                           "isokv_cached_prompt_tokens_total",
+                           "isokv_prefix_cache_hit_ratio",
+                           "isokv_blocks_inserted_total",
+                           "isokv_blocks_evicted_total",
+                           "isokv_blocks_demoted_total",
+                           "isokv_blocks_promoted_total",
+                           "isokv_tier_loads_total",
+                           "isokv_recomputed_blocks_total",
+                           "isokv_running_sequences",
+                           "isokv_queued_requests",
+                           "isokv_kv_pool_blocks_used",
+                           "isokv_ttft_seconds",
+                           "isokv_time_per_output_token_seconds",
+                           "isokv_e2e_latency_seconds"};
     for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
         char t[128];
         snprintf(t, sizeof t, "# TYPE %s ", names[i]);
@@ -403,7 +416,8 @@ static char *complete(const char *key, const char *body, double *prompt, double 
     assert_int_equal((int)num(j, "choices", "0", "index", NULL), 0);
     const char *fr = str(j, "choices", "0", "finish_reason", NULL);
     assert_true(!strcmp(fr, "stop") || !strcmp(fr, "length"));
-    double p = num(j, "usage", "prompt_tokens", NULL), c = num(j, "usage", "completion_tokens", NULL);
+    double p = num(j, "usage", "prompt_tokens", NULL),
+           c = num(j, "usage", "completion_tokens", NULL);
     assert_true(num(j, "usage", "total_tokens", NULL) == p + c);
     double ca = num(j, "usage", "prompt_tokens_details", "cached_tokens", NULL);
     assert_true(num(j, "usage", "isokv", "cached_tokens_by_tier", "pool", NULL) == ca);
@@ -438,8 +452,9 @@ static void test_completions(void **st) {
     assert_string_equal(t1, t2);
     free(t2), free(t1);
     /* token ids, the form load generators send */
-    t1 = complete("key-a", "{\"prompt\":[1,403,407,261,378,267,419],\"max_tokens\":5,\"temperature\":0}",
-                  &p, &c, &n);
+    t1 = complete("key-a",
+                  "{\"prompt\":[1,403,407,261,378,267,419],\"max_tokens\":5,\"temperature\":0}", &p,
+                  &c, &n);
     assert_int_equal((int)p, 7);
     assert_int_equal((int)n, 5);
     free(t1);
@@ -455,9 +470,10 @@ static void test_completions(void **st) {
     assert_true(L > 12);
     memcpy(stop, t1 + 8, 4); /* four bytes from the middle of the greedy text */
     char body2[256];
-    snprintf(body2, sizeof body2,
-             "{\"prompt\":\"Once upon a time\",\"max_tokens\":60,\"temperature\":0,\"stop\":[\"%s\"]}",
-             stop);
+    snprintf(
+        body2, sizeof body2,
+        "{\"prompt\":\"Once upon a time\",\"max_tokens\":60,\"temperature\":0,\"stop\":[\"%s\"]}",
+        stop);
     resp r = http(S1.port, "POST", "/v1/completions", "key-a", body2);
     assert_int_equal(r.status, 200);
     cJSON *j = json_of(&r);
@@ -474,6 +490,62 @@ static void test_completions(void **st) {
     t2 = complete("key-a", sb, NULL, NULL, NULL);
     assert_string_equal(t1, t2);
     free(t1), free(t2);
+}
+
+/* A list of prompts: one choice per prompt (index i), each the text that prompt gets alone
+ * (greedy), usage summed; streamed, the chunks of each index add up to the same texts. */
+static void test_multi_prompt(void **st) {
+    (void)st;
+    double p0, p1, n0, n1;
+    char *a =
+        complete("key-a", "{\"prompt\":\"The little bird\",\"max_tokens\":9,\"temperature\":0}",
+                 &p0, NULL, &n0);
+    char *b =
+        complete("key-a", "{\"prompt\":\"Sam and his dad\",\"max_tokens\":9,\"temperature\":0}",
+                 &p1, NULL, &n1);
+    const char *body = "{\"prompt\":[\"The little bird\",\"Sam and his dad\"],\"max_tokens\":9,"
+                       "\"temperature\":0}";
+    resp r = http(S1.port, "POST", "/v1/completions", "key-a", body);
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    assert_int_equal(cJSON_GetArraySize(path_get(j, "choices", NULL)), 2);
+    assert_int_equal((int)num(j, "choices", "1", "index", NULL), 1);
+    assert_string_equal(str(j, "choices", "0", "text", NULL), a);
+    assert_string_equal(str(j, "choices", "1", "text", NULL), b);
+    assert_true(num(j, "usage", "prompt_tokens", NULL) == p0 + p1);
+    assert_true(num(j, "usage", "completion_tokens", NULL) == n0 + n1);
+    cJSON_Delete(j), free(r.body);
+    const char *sb =
+        "{\"prompt\":[\"The little bird\",\"Sam and his dad\"],\"max_tokens\":9,"
+        "\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}";
+    r = http(S1.port, "POST", "/v1/completions", "key-a", sb);
+    assert_int_equal(r.status, 200);
+    char t[2][512] = {"", ""};
+    int fin[2] = {0, 0};
+    double usage_ct = -1;
+    for (char *line = strstr(r.body, "data: "); line; line = strstr(line + 1, "data: ")) {
+        char *end = strstr(line, "\n\n");
+        assert_non_null(end);
+        if (!strncmp(line + 6, "[DONE]", 6)) break;
+        char *d = strndup(line + 6, (size_t)(end - line - 6));
+        cJSON *c = cJSON_Parse(d);
+        assert_non_null(c);
+        cJSON *c0 = path_get(c, "choices", "0", NULL);
+        if (c0) {
+            int k = (int)num(c0, "index", NULL);
+            assert_true(k == 0 || k == 1);
+            strcat(t[k], str(c0, "text", NULL));
+            if (cJSON_IsString(path_get(c0, "finish_reason", NULL))) fin[k]++;
+        } else {
+            usage_ct = num(c, "usage", "completion_tokens", NULL);
+        }
+        cJSON_Delete(c), free(d);
+    }
+    assert_string_equal(t[0], a);
+    assert_string_equal(t[1], b);
+    assert_true(fin[0] == 1 && fin[1] == 1);
+    assert_true(usage_ct == n0 + n1);
+    free(r.body), free(a), free(b);
 }
 
 static void test_chat(void **st) {
@@ -494,7 +566,8 @@ static void test_chat(void **st) {
     cJSON_Delete(j), free(r.body);
     /* streamed: role chunk, content chunks, finish chunk, usage chunk, [DONE]; same text */
     char sbody[512];
-    snprintf(sbody, sizeof sbody, "%.*s,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+    snprintf(sbody, sizeof sbody,
+             "%.*s,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
              (int)strlen(body) - 1, body);
     r = http(S1.port, "POST", "/v1/chat/completions", "key-b", sbody);
     assert_int_equal(r.status, 200);
@@ -524,7 +597,7 @@ static void test_stream_completions(void **st) {
     parse_sse(r.body, &o);
     assert_true(o.done);
     assert_true(o.chunks >= 2); /* text (pieces made meanwhile travel together), finish */
-    assert_null(o.usage); /* no include_usage: no usage chunk */
+    assert_null(o.usage);       /* no include_usage: no usage chunk */
     assert_string_equal(o.text, plain);
     assert_null(strstr(r.body, "\"usage\""));
     free(r.body), free(plain);
@@ -538,24 +611,34 @@ static void test_errors(void **st) {
     expect_error(http(P, "POST", "/v1/completions", "key-a", "[1,2]"), 400, NULL, "object");
     expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"max_tokens\":3}"), 400, "prompt",
                  "required");
-    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"temperature\":\"hot\"}"),
-                 400, "temperature", "temperature");
-    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"n\":2}"), 400, "n",
-                 NULL);
-    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"echo\":true}"), 400,
-                 "echo", "not supported");
+    expect_error(
+        http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"temperature\":\"hot\"}"),
+        400, "temperature", "temperature");
+    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"n\":2}"), 400,
+                 "n", NULL);
+    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"echo\":true}"),
+                 400, "echo", "not supported");
     expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"max_tokens\":0}"),
                  400, "max_tokens", NULL);
-    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":[\"a\",\"b\"]}"), 400,
-                 "prompt", "one prompt");
-    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":[1,99999]}"), 400, "prompt",
-                 "vocabulary");
+    {
+        char many[256] = "{\"prompt\":[";
+        for (int i = 0; i < 17; i++)
+            strcat(many, i ? ",\"a\"" : "\"a\"");
+        strcat(many, "]}");
+        expect_error(http(P, "POST", "/v1/completions", "key-a", many), 400, "prompt",
+                     "at most 16");
+    }
+    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":[1,99999]}"), 400,
+                 "prompt", "vocabulary");
     expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"stop\":5}"), 400,
                  "stop", NULL);
-    expect_error(http(P, "POST", "/v1/chat/completions", "key-a", "{\"messages\":[{\"role\":\"wizard\","
-                 "\"content\":\"x\"}]}"), 400, "messages", "role");
-    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"model\":\"gpt-9\"}"),
-                 404, "model", "gpt-9");
+    expect_error(http(P, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"wizard\","
+                      "\"content\":\"x\"}]}"),
+                 400, "messages", "role");
+    expect_error(
+        http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"model\":\"gpt-9\"}"), 404,
+        "model", "gpt-9");
     /* a prompt longer than the context: both lengths in the message */
     char big[8192] = "{\"prompt\":[";
     for (int i = 0; i < 600; i++)
@@ -564,8 +647,10 @@ static void test_errors(void **st) {
     expect_error(http(P, "POST", "/v1/completions", "key-a", big), 400, "prompt", "600 tokens");
     expect_error(http(P, "POST", "/v1/completions", "key-a", big), 400, "prompt", "512");
     /* keys */
-    expect_error(http(P, "POST", "/v1/completions", NULL, "{\"prompt\":\"a\"}"), 401, NULL, "API key");
-    expect_error(http(P, "POST", "/v1/completions", "key-x", "{\"prompt\":\"a\"}"), 401, NULL, NULL);
+    expect_error(http(P, "POST", "/v1/completions", NULL, "{\"prompt\":\"a\"}"), 401, NULL,
+                 "API key");
+    expect_error(http(P, "POST", "/v1/completions", "key-x", "{\"prompt\":\"a\"}"), 401, NULL,
+                 NULL);
     expect_error(http(P, "GET", "/v1/models", "nope", NULL), 401, NULL, NULL);
     /* routes and methods */
     expect_error(http(P, "GET", "/v2/things", "key-a", NULL), 404, NULL, "/v2/things");
@@ -618,10 +703,13 @@ static void test_tenant_isolation(void **st) {
     assert_true(c == pubblocks);
     /* a prompt declaring none of it public shares nothing across tenants */
     char nopub[1100];
-    snprintf(nopub, sizeof nopub, "%.*s,\"isokv\":{\"public_prefix_tokens\":0},\"cache_salt\":\"s2\"}",
+    snprintf(nopub, sizeof nopub,
+             "%.*s,\"isokv\":{\"public_prefix_tokens\":0},\"cache_salt\":\"s2\"}",
              (int)strlen(body) - 1, body);
     free(complete("key-b", nopub, &p, &c, NULL));
     assert_true(c == 0);
+    /* the public prefix's blocks are pinned */
+    assert_true(metric(S1.port, "isokv_pinned_blocks") >= pubblocks / 16);
     /* per-tenant metrics */
     assert_true(metric(S1.port, "isokv_requests_total{tenant=\"alice\",status=\"200\"}") >= 3);
     assert_true(metric(S1.port, "isokv_cached_prompt_tokens_total{tenant=\"bob\",tier=\"pool\"}") >=
@@ -635,9 +723,9 @@ static void test_disconnect_cancels(void **st) {
     resp r = {0};
     r.abort_after = 300; /* a few chunks, then hang up */
     struct curl_slist *hs;
-    CURL *c = prep(S1.port, "POST", "/v1/completions", "key-a",
-                   "{\"prompt\":\"Once\",\"max_tokens\":500,\"temperature\":0,\"stream\":true}", &r,
-                   &hs);
+    CURL *c =
+        prep(S1.port, "POST", "/v1/completions", "key-a",
+             "{\"prompt\":\"Once\",\"max_tokens\":500,\"temperature\":0,\"stream\":true}", &r, &hs);
     CURLcode cc = curl_easy_perform(c);
     assert_int_equal(cc, CURLE_WRITE_ERROR);
     curl_slist_free_all(hs), curl_easy_cleanup(c), free(r.body);
@@ -662,13 +750,29 @@ static void test_queue_full_429(void **st) {
     resp r[N];
     struct curl_slist *hs[N];
     memset(r, 0, sizeof r);
-    for (int i = 0; i < N; i++) {
-        h[i] = prep(S1.port, "POST", "/v1/completions", "key-b",
-                    "{\"prompt\":\"Once upon a time\",\"max_tokens\":490,\"temperature\":1,\"seed\":3}",
-                    &r[i], &hs[i]);
-        curl_multi_add_handle(m, h[i]);
-    }
+    /* first the 8 running + 4 queued, as streams (their headers come at once), then the rest
+     * while those still run (490 tokens each) */
     int running = 1;
+    for (int i = 0; i < N; i++) {
+        h[i] =
+            prep(S1.port, "POST", "/v1/completions", "key-b",
+                 i < 12 ? "{\"prompt\":\"Once upon a time\",\"max_tokens\":490,\"temperature\":1,"
+                          "\"seed\":3,\"ignore_eos\":true,\"stream\":true}"
+                        : "{\"prompt\":\"Once upon a time\",\"max_tokens\":490,\"temperature\":1,"
+                          "\"seed\":3,\"ignore_eos\":true}",
+                 &r[i], &hs[i]);
+        curl_multi_add_handle(m, h[i]);
+        if (i == 11) {
+            int all = 0;
+            for (int k = 0; k < 3000 && !all && running; k++) {
+                curl_multi_perform(m, &running);
+                all = 1;
+                for (int q = 0; q < 12; q++)
+                    all &= r[q].ctype[0] != 0;
+                if (!all) curl_multi_poll(m, NULL, 0, 10, NULL);
+            }
+        }
+    }
     while (running) {
         curl_multi_perform(m, &running);
         if (running) curl_multi_poll(m, NULL, 0, 100, NULL);
@@ -691,7 +795,7 @@ static void test_queue_full_429(void **st) {
     }
     curl_multi_cleanup(m);
     assert_int_equal(ok + busy, N);
-    assert_true(ok >= 8 && busy >= 1);
+    if (!(ok >= 8 && busy >= 1)) fail_msg("%d answered, %d got 429 (of %d)", ok, busy, N);
 }
 
 /* ---- load ------------------------------------------------------------------------------------ */
@@ -708,14 +812,17 @@ static int setup_load(void **st) {
     write_file(keys, "{\"k0\":\"t0\",\"k1\":\"t1\",\"k2\":\"t2\",\"k3\":\"t3\",\"k4\":\"t4\","
                      "\"k5\":\"t5\",\"k6\":\"t6\",\"k7\":\"t7\"}");
     write_file(pub, PUBLIC_TEXT);
-    const char *extra[] = {"--api-keys", keys, "--public-prefix", pub, "--max-seqs", "32",
-                           "--max-queue", "48", "--kv-mem", "8M", "--drain-s", "20", NULL};
+    const char *extra[] = {"--api-keys",  keys, "--public-prefix", pub,  "--max-seqs", "32",
+                           "--max-queue", "48", "--kv-mem",        "8M", "--drain-s",  "20",
+                           NULL};
     return server_start(&S2, extra);
 }
 
+static int S2_exit = -1; /* set by test_drain, which stops S2 itself */
+
 static int teardown_load(void **st) {
     (void)st;
-    int rc = server_stop(&S2);
+    int rc = S2.pid ? server_stop(&S2) : S2_exit;
     char p[160];
     snprintf(p, sizeof p, "%s/keys.json", S2.dir);
     unlink(p);
@@ -754,10 +861,11 @@ static void test_load(void **st) {
             char key[8];
             snprintf(key, sizeof key, "k%d", t);
             bodies[k] = malloc(1024);
-            snprintf(bodies[k], 1024,
-                     "{\"prompt\":\"%s Tenant %d says: %s %s\",\"max_tokens\":%d,"
-                     "\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
-                     PUBLIC_TEXT, t, ctx[(c + t) % 4], q[i % 5], 4 + i % 5);
+            snprintf(
+                bodies[k], 1024,
+                "{\"prompt\":\"%s Tenant %d says: %s %s\",\"max_tokens\":%d,"
+                "\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+                PUBLIC_TEXT, t, ctx[(c + t) % 4], q[i % 5], 4 + i % 5);
             memset(&r[k], 0, sizeof r[k]);
             h[k] = prep(S2.port, "POST", "/v1/completions", key, bodies[k], &r[k], &hs[k]);
             curl_multi_add_handle(m, h[k]);
@@ -802,7 +910,8 @@ static void test_load(void **st) {
     assert_int_equal(ok + busy, TOTAL);
     assert_true(ok >= TOTAL / 2);
     double eng = metric(S2.port, "isokv_engine_cached_tokens_total");
-    if (eng != cached_sum) fail_msg("answers report %.0f cached tokens, the engine %.0f", cached_sum, eng);
+    if (eng != cached_sum)
+        fail_msg("answers report %.0f cached tokens, the engine %.0f", cached_sum, eng);
     assert_true(cached_sum > 0);
     assert_true(metric(S2.port, "isokv_running_sequences") == 0);
     long rss = rss_kib(S2.pid);
@@ -812,19 +921,89 @@ static void test_load(void **st) {
     const long margin = 64L * 1024;
 #endif
     const long bound = 8L * 1000 * 1000 / 1024 + 1200 /* model file, KiB */ + margin;
-    fprintf(stderr, "load: %d ok, %d 429, %.0f cached tokens; server RSS %ld KiB (bound %ld)\n",
-            ok, busy, cached_sum, rss, bound);
+    fprintf(stderr, "load: %d ok, %d 429, %.0f cached tokens; server RSS %ld KiB (bound %ld)\n", ok,
+            busy, cached_sum, rss, bound);
     assert_true(rss > 0 && rss < bound);
+}
+
+/* SIGTERM while streams run: /health and new requests get 503, the running streams finish
+ * (exactly max_tokens, ignore_eos), the server exits 0. */
+static void test_drain(void **st) {
+    (void)st;
+    enum { N = 8 };
+    CURLM *m = curl_multi_init();
+    CURL *h[N];
+    resp r[N];
+    struct curl_slist *hs[N];
+    memset(r, 0, sizeof r);
+    for (int i = 0; i < N; i++) {
+        h[i] = prep(S2.port, "POST", "/v1/completions", "k1",
+                    "{\"prompt\":[1,403],\"max_tokens\":500,\"temperature\":0,\"ignore_eos\":true,"
+                    "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+                    &r[i], &hs[i]);
+        curl_multi_add_handle(m, h[i]);
+    }
+    int running = 1, started = 0;
+    while (running && !started) { /* until every stream has sent something */
+        curl_multi_perform(m, &running);
+        started = 1;
+        for (int i = 0; i < N; i++)
+            started &= r[i].len > 0;
+        if (!started) curl_multi_poll(m, NULL, 0, 10, NULL);
+    }
+    assert_true(started);
+    kill(S2.pid, SIGTERM);
+    int saw503 = 0;
+    for (int k = 0; k < 400 && !saw503; k++) {
+        resp hr = http(S2.port, "GET", "/health", NULL, NULL);
+        saw503 = hr.status == 503;
+        free(hr.body);
+        curl_multi_perform(m, &running);
+    }
+    assert_true(saw503);
+    expect_error(http(S2.port, "POST", "/v1/completions", "k1", "{\"prompt\":\"a\"}"), 503, NULL,
+                 "shutting down");
+    while (running) {
+        curl_multi_perform(m, &running);
+        if (running) curl_multi_poll(m, NULL, 0, 50, NULL);
+    }
+    for (int i = 0; i < N; i++) {
+        curl_easy_getinfo(h[i], CURLINFO_RESPONSE_CODE, &r[i].status);
+        assert_int_equal(r[i].status, 200);
+        sse o;
+        parse_sse(r[i].body, &o);
+        assert_true(o.done);
+        assert_string_equal(o.finish, "length");
+        assert_int_equal((int)num(o.usage, "completion_tokens", NULL), 500);
+        cJSON_Delete(o.usage);
+        curl_multi_remove_handle(m, h[i]);
+        curl_easy_cleanup(h[i]);
+        curl_slist_free_all(hs[i]);
+        free(r[i].body);
+    }
+    curl_multi_cleanup(m);
+    int status = 0;
+    for (int k = 0; k < 300 && S2.pid; k++) {
+        if (waitpid(S2.pid, &status, WNOHANG) == S2.pid)
+            S2.pid = 0;
+        else
+            usleep(100 * 1000);
+    }
+    assert_int_equal(S2.pid, 0);
+    assert_true(WIFEXITED(status));
+    S2_exit = WEXITSTATUS(status);
+    assert_int_equal(S2_exit, 0);
 }
 
 int main(void) {
     const struct CMUnitTest api[] = {
         cmocka_unit_test(test_health_models_metrics), cmocka_unit_test(test_completions),
-        cmocka_unit_test(test_chat),                  cmocka_unit_test(test_stream_completions),
-        cmocka_unit_test(test_errors),                cmocka_unit_test(test_tenant_isolation),
-        cmocka_unit_test(test_disconnect_cancels),    cmocka_unit_test(test_queue_full_429),
+        cmocka_unit_test(test_multi_prompt),          cmocka_unit_test(test_chat),
+        cmocka_unit_test(test_stream_completions),    cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_tenant_isolation),      cmocka_unit_test(test_disconnect_cancels),
+        cmocka_unit_test(test_queue_full_429),
     };
-    const struct CMUnitTest load[] = {cmocka_unit_test(test_load)};
+    const struct CMUnitTest load[] = {cmocka_unit_test(test_load), cmocka_unit_test(test_drain)};
     int rc = cmocka_run_group_tests_name("serve_api", api, setup, teardown);
     rc |= cmocka_run_group_tests_name("serve_load", load, setup_load, teardown_load);
     return rc;

@@ -267,6 +267,12 @@ typedef struct ikv_step_item {
  * runs). Does not allocate. */
 int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n);
 
+/* Pins the cached blocks wholly inside the first n_public tokens of `tokens` (the public
+ * scope: a shared system prompt) for ttl requests (0 = until the engine ends), so eviction
+ * leaves them. Returns 0, IKV_ENOENT (not all of them are cached and ready), IKV_EBUDGET (the
+ * cache's pin budget is spent; nothing pinned), IKV_EINVAL (fewer than one block). */
+int ikv_engine_pin_public(ikv_engine *e, const uint32_t *tokens, size_t n_public, uint64_t ttl);
+
 /* Prompt positions of s not computed yet. */
 size_t ikv_seq_pending(const ikv_seq *s);
 
@@ -337,9 +343,9 @@ typedef struct ikv_engine_stats {
     uint64_t block_bytes;    /* KV bytes of one block */
     uint64_t cache_capacity; /* blocks */
     uint64_t requests, cached_tokens, computed_tokens, rejected_blocks;
-    uint64_t partial_hits;   /* admissions that copied a partial block's KV */
-    uint64_t parked_blocks;  /* partial blocks parked for reuse (counted in free_blocks too:
-                                reclaimed at once when a block is needed) */
+    uint64_t partial_hits;  /* admissions that copied a partial block's KV */
+    uint64_t parked_blocks; /* partial blocks parked for reuse (counted in free_blocks too:
+                               reclaimed at once when a block is needed) */
     uint64_t private_budget, reserved_blocks; /* admission: blocks set aside, reserved now */
     uint32_t prefill_group; /* tiles per projection call in use (options.group if the check at
                                create passed, else 1) */

@@ -25,23 +25,23 @@ extern "C" {
 typedef struct ikv_serve ikv_serve;
 
 typedef struct ikv_serve_options {
-    const char *model;     /* llama2.c checkpoint (data/models/stories260K/stories260K.bin) */
-    const char *tokenizer; /* llama2.c tokenizer.bin; NULL = byte-level */
-    const char *host;      /* IPv4 address to bind ("127.0.0.1") */
-    uint16_t port;         /* 0 = any free port (ikv_serve_port says which) */
-    int threads;           /* engine forward threads (1) */
-    uint64_t kv_mem;       /* KV pool bytes (0 = room for max_seqs full sequences + 4) */
-    const char *policy;    /* eviction policy ("lru") */
-    const char *api_keys;  /* JSON file {"KEY": "tenant", ...}; NULL = everyone is "default" */
-    uint32_t max_seqs;     /* sequences running at once (32) */
+    const char *model;         /* llama2.c checkpoint (data/models/stories260K/stories260K.bin) */
+    const char *tokenizer;     /* llama2.c tokenizer.bin; NULL = byte-level */
+    const char *host;          /* IPv4 address to bind ("127.0.0.1") */
+    uint16_t port;             /* 0 = any free port (ikv_serve_port says which) */
+    int threads;               /* engine forward threads (1) */
+    uint64_t kv_mem;           /* KV pool bytes (0 = room for max_seqs full sequences + 4) */
+    const char *policy;        /* eviction policy ("lru") */
+    const char *api_keys;      /* JSON file {"KEY": "tenant", ...}; NULL = everyone is "default" */
+    uint32_t max_seqs;         /* sequences running at once (32) */
     uint32_t max_batch_tokens; /* positions per forward step: decode rows + prefill chunks (256) */
-    uint32_t max_queue;    /* requests waiting for admission before 429 (4 x max_seqs) */
+    uint32_t max_queue;        /* requests waiting for admission before 429 (4 x max_seqs) */
     const char *public_prefix; /* file whose text, when a prompt starts with it, is public */
-    int public_system;     /* 1: a chat request's system messages are public */
-    size_t max_body;       /* request body bytes before 413 (1 MiB) */
+    int public_system;         /* 1: a chat request's system messages are public */
+    size_t max_body;           /* request body bytes before 413 (1 MiB) */
     /* --tier (lower storage tiers): reserved for the store module; not used yet */
     const char *tier;
-    FILE *log;             /* one line per request (stderr) */
+    FILE *log;               /* one line per request (stderr) */
     uint32_t semantic_cache; /* response-cache entries (--semantic-cache[=SIZE]; 0 = off): a
                                 finished response is kept and the most similar one of the same
                                 tenant (or public) is verified as a draft for a new request */

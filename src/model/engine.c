@@ -138,10 +138,10 @@ void ikv_engine_destroy(ikv_engine *e) {
                     e->bkey,     e->free_stack, e->node2blk, e->seqs,   e->keys,    e->nodes,
                     e->x,        e->xb,         e->q,        e->k,      e->v,       e->att,
                     e->hb,       e->hb2,        e->S,        e->qg,     e->Kc,      e->Vc,
-                    e->rope_cos, e->rope_sin,   e->xn,       e->rinv,   e->dpart,
-                    e->parked,   e->dseq,       e->dpos,     e->dtok,   e->dcoff,   e->dx,
-                    e->dxn,      e->dxb,        e->dq,       e->dk,     e->dv,      e->datt,
-                    e->dhb,      e->dhb2,       e->dlog,   e->vsave};
+                    e->rope_cos, e->rope_sin,   e->xn,       e->rinv,   e->dpart,   e->parked,
+                    e->dseq,     e->dpos,       e->dtok,     e->dcoff,  e->dx,      e->dxn,
+                    e->dxb,      e->dq,         e->dk,       e->dv,     e->datt,    e->dhb,
+                    e->dhb2,     e->dlog,       e->vsave};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         ikv_free(bufs[i]);
     ikv_free(e);
@@ -260,8 +260,8 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
              ALLOC(e->Vc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
              ALLOC(e->rope_cos, (size_t)c->seq_len * hd / 2) &&
              ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) && ALLOC(e->xn, P * D) &&
-             ALLOC(e->dpart, (size_t)e->dmax * (((size_t)max_blocks + IKV__DC_CHUNK - 1) /
-                                                IKV__DC_CHUNK) *
+             ALLOC(e->dpart, (size_t)e->dmax *
+                                 (((size_t)max_blocks + IKV__DC_CHUNK - 1) / IKV__DC_CHUNK) *
                                  (size_t)c->n_heads * (hd + 2)) &&
              ALLOC(e->parked, e->n_parked_max) && ALLOC(e->dseq, e->dmax) &&
              ALLOC(e->dpos, e->dmax) && ALLOC(e->dtok, e->dmax) &&
@@ -392,9 +392,9 @@ static void copy_kv(ikv_engine *e, uint32_t dst, uint32_t src, uint32_t cnt) {
  * n positions) after the verified block `parent`, visible to a request of scope salt `tenant`
  * whose first public_tokens positions are public (pub: the public salt); at most `cap` tokens.
  * Sets *cnt to the tokens shared; returns the entry index or IKV_NIL. */
-static uint32_t park_find(const ikv_engine *e, uint32_t j, uint32_t parent,
-                          const uint32_t *tokens, uint32_t n, uint64_t tenant, uint64_t pub,
-                          size_t public_tokens, uint32_t cap, uint32_t *cnt) {
+static uint32_t park_find(const ikv_engine *e, uint32_t j, uint32_t parent, const uint32_t *tokens,
+                          uint32_t n, uint64_t tenant, uint64_t pub, size_t public_tokens,
+                          uint32_t cap, uint32_t *cnt) {
     const uint32_t bt = e->bt;
     uint32_t best = IKV_NIL, bc = 0;
     uint32_t avail = n - j * bt < bt ? n - j * bt : bt;
@@ -418,8 +418,7 @@ static uint32_t park_find(const ikv_engine *e, uint32_t j, uint32_t parent,
 /* Parks the last partial prompt block of an ending sequence (see the top of the file). */
 static void park_seq(ikv_engine *e, ikv_seq *s) {
     const uint32_t bt = e->bt, k0 = s->n_prompt % bt, j0 = s->n_prompt / bt;
-    if (s->no_cache || e->n_parked_max == 0 || k0 == 0 || s->n < s->n_prompt ||
-        j0 >= s->n_blocks)
+    if (s->no_cache || e->n_parked_max == 0 || k0 == 0 || s->n < s->n_prompt || j0 >= s->n_blocks)
         return;
     const uint32_t b = s->table[j0];
     const uint32_t parent = j0 ? s->table[j0 - 1] : IKV_NIL;
@@ -472,7 +471,8 @@ int ikv_engine_admit(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
 
     const uint32_t bt = e->bt, n = (uint32_t)r->n;
     const uint32_t nfull = n / bt, nblk = (n + bt - 1) / bt;
-    uint64_t lim = r->max_new && r->max_new < (size_t)c->seq_len ? n + r->max_new : (uint64_t)c->seq_len;
+    uint64_t lim =
+        r->max_new && r->max_new < (size_t)c->seq_len ? n + r->max_new : (uint64_t)c->seq_len;
     if (lim > (uint64_t)c->seq_len) lim = (uint64_t)c->seq_len;
     ikv_prefill_info inf;
     memset(&inf, 0, sizeof inf);
@@ -617,6 +617,27 @@ fail:
     return rc;
 }
 
+int ikv_engine_pin_public(ikv_engine *e, const uint32_t *tokens, size_t n_public, uint64_t ttl) {
+    const uint32_t bt = e->bt;
+    size_t nb = n_public / bt;
+    if (nb > e->max_blocks) nb = e->max_blocks;
+    if (nb == 0)
+        return ikv_error(IKV_EINVAL, "a public prefix of %zu tokens has no full block", n_public);
+    const uint64_t pub = ikv_scope_salt(e->opt.key_seed, NULL);
+    for (size_t j = 0; j < nb; j++)
+        e->keys[j] =
+            ikv_key_chain(e->opt.key_seed, j ? &e->keys[j - 1] : NULL, tokens + j * bt, bt, pub);
+    size_t got = 0;
+    ikv_cache_match(e->cache, e->keys, nb, e->nodes, NULL, &got);
+    for (size_t j = 0; j < got; j++) {
+        uint32_t b = e->node2blk[e->nodes[j]];
+        if (b == IKV_NIL || e->state[b] != IKV__BLK_READY) got = j;
+    }
+    if (got < nb)
+        return ikv_error(IKV_ENOENT, "%zu of the %zu public blocks are cached and ready", got, nb);
+    return ikv_cache_pin(e->cache, e->keys, nb, ttl ? e->clock + ttl : 0);
+}
+
 size_t ikv_seq_pending(const ikv_seq *s) {
     return s->n < s->n_prompt ? s->n_prompt - s->n : 0;
 }
@@ -657,10 +678,9 @@ int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n) {
             return ikv_error(IKV_EINVAL, "step item %zu: token %u outside the vocabulary of %d", i,
                              items[i].token, (int)c->vocab_size);
         if (s->n >= s->limit)
-            return ikv_error(IKV_ETOOLONG,
-                             "step item %zu: sequence reached its limit of %u positions%s", i,
-                             s->limit,
-                             s->limit == (uint32_t)c->seq_len ? " (the model's seq_len)" : "");
+            return ikv_error(
+                IKV_ETOOLONG, "step item %zu: sequence reached its limit of %u positions%s", i,
+                s->limit, s->limit == (uint32_t)c->seq_len ? " (the model's seq_len)" : "");
     }
     size_t nd = 0;
     for (size_t i = 0; i < n; i++) {
@@ -752,17 +772,19 @@ int ikv_engine_verify(ikv_engine *e, ikv_seq *s, ikv_verify *v) {
                          e->max_draft);
     if (v->k && !v->draft) return ikv_error(IKV_EINVAL, "verify: no draft tokens");
     if (v->has_lead && v->lead >= (uint32_t)c->vocab_size)
-        return ikv_error(IKV_EINVAL, "verify: lead token %u outside the vocabulary of %d",
-                         v->lead, (int)c->vocab_size);
+        return ikv_error(IKV_EINVAL, "verify: lead token %u outside the vocabulary of %d", v->lead,
+                         (int)c->vocab_size);
     for (size_t i = 0; i < v->k; i++)
         if (v->draft[i] >= (uint32_t)c->vocab_size)
-            return ikv_error(IKV_EINVAL, "verify: draft token %zu is %u, outside the vocabulary "
-                             "of %d", i, v->draft[i], (int)c->vocab_size);
+            return ikv_error(IKV_EINVAL,
+                             "verify: draft token %zu is %u, outside the vocabulary "
+                             "of %d",
+                             i, v->draft[i], (int)c->vocab_size);
     const size_t lead = v->has_lead ? 1 : 0, R = lead + v->k, n = s->n;
     if (R > ikv_seq_room(s))
         return ikv_error(IKV_ETOOLONG,
-                         "verify: %zu positions after %zu do not fit the sequence's limit of %u",
-                         R, n, s->limit);
+                         "verify: %zu positions after %zu do not fit the sequence's limit of %u", R,
+                         n, s->limit);
     ikv_sampler *sp = v->sampler && ikv_sampler_temperature(v->sampler) > 0.0f ? v->sampler : NULL;
     uint32_t tok;
     v->accepted = 0, v->rows = 0;
@@ -967,9 +989,11 @@ int ikv_engine_check(const ikv_engine *e) {
         if (!s->active) continue;
         if (s->n_blocks < (s->n + e->bt - 1) / e->bt)
             return ikv_error(IKV_EINVAL, "sequence %u: block table shorter than its positions", i);
-        if (s->n > s->limit || s->n_prompt > s->limit || s->n_blocks < (s->n_prompt + e->bt - 1) / e->bt)
-            return ikv_error(IKV_EINVAL, "sequence %u: %u positions, %u prompt, limit %u, %u blocks",
-                             i, s->n, s->n_prompt, s->limit, s->n_blocks);
+        if (s->n > s->limit || s->n_prompt > s->limit ||
+            s->n_blocks < (s->n_prompt + e->bt - 1) / e->bt)
+            return ikv_error(IKV_EINVAL,
+                             "sequence %u: %u positions, %u prompt, limit %u, %u blocks", i, s->n,
+                             s->n_prompt, s->limit, s->n_blocks);
         uint64_t mine = 0;
         for (uint32_t j = 0; j < s->n_blocks; j++)
             if (e->state[s->table[j]] == IKV__BLK_PRIVATE)
@@ -1013,8 +1037,7 @@ void ikv_engine_dump(const ikv_engine *e, FILE *f) {
     static const char *names[] = {"free", "private", "pending", "ready", "parked"};
     for (uint32_t i = 0; i < e->n_parked; i++)
         fprintf(f, "  parked %u: block %u after %d, %u tokens\n", i, e->parked[i].blk,
-                e->parked[i].parent == IKV_NIL ? -1 : (int)e->parked[i].parent,
-                e->parked[i].ntok);
+                e->parked[i].parent == IKV_NIL ? -1 : (int)e->parked[i].parent, e->parked[i].ntok);
     for (uint32_t b = 0; b < e->nblocks; b++) {
         if (e->state[b] != IKV__BLK_PENDING && e->state[b] != IKV__BLK_READY) continue;
         const uint32_t *t = e->btokens + (size_t)b * e->bt;

@@ -1229,11 +1229,11 @@ static void dc_qkv(void *vc, int t, int P) {
 
 /* Decode attention.
  *
- * dc_attn, chunks of every batch row split: the positions [0, pos] are cut into chunks of IKV__DC_CHUNK blocks, a
- * cut that depends only on the position, and each thread takes a contiguous range of chunks
- * (a fixed partition). For each of its chunks, block by block, it reads the layer's K of all
- * kv heads (on `small` 16 KiB in one run) and then their V (the next 16 KiB), and keeps per
- * query head an online softmax: the running maximum M, the running sum L of e^(s - M) and the
+ * dc_attn, chunks of every batch row split: the positions [0, pos] are cut into chunks of
+ * IKV__DC_CHUNK blocks, a cut that depends only on the position, and each thread takes a contiguous
+ * range of chunks (a fixed partition). For each of its chunks, block by block, it reads the layer's
+ * K of all kv heads (on `small` 16 KiB in one run) and then their V (the next 16 KiB), and keeps
+ * per query head an online softmax: the running maximum M, the running sum L of e^(s - M) and the
  * running weighted sum O of value rows, both rescaled by e^(M_old - M) when a block raises M.
  * It leaves (M, L, O) per chunk and head in e->dpart. Reading one block's K and V of every head
  * in one pass is what makes it fast: the blocks lie scattered in the pool, and on this machine

@@ -88,13 +88,13 @@ struct ikv_seq {
     uint32_t *table;   /* [max_blocks] physical block of each block index */
     uint32_t *locked;  /* [max_blocks] cache node ids this sequence holds locked */
     uint32_t n_locked;
-    float *logits;      /* [vocab] logits of the last position */
-    uint32_t *tok;      /* [seq_len] token ids of positions 0..n_prompt and decoded */
-    uint32_t n_prompt;  /* prompt positions; positions [n, n_prompt) still to prefill */
-    uint32_t limit;     /* positions this sequence may reach (prompt + max_new, <= seq_len) */
-    uint32_t reserve;   /* private blocks reserved for it at admission */
+    float *logits;         /* [vocab] logits of the last position */
+    uint32_t *tok;         /* [seq_len] token ids of positions 0..n_prompt and decoded */
+    uint32_t n_prompt;     /* prompt positions; positions [n, n_prompt) still to prefill */
+    uint32_t limit;        /* positions this sequence may reach (prompt + max_new, <= seq_len) */
+    uint32_t reserve;      /* private blocks reserved for it at admission */
     uint32_t pend0, pend1; /* block indices [pend0, pend1) inserted, not yet computed */
-    uint64_t salt;      /* scope salt of its private blocks */
+    uint64_t salt;         /* scope salt of its private blocks */
     size_t public_tokens;
     int no_cache;
 };
@@ -163,16 +163,16 @@ struct ikv_engine {
 
     /* batched decode (ikv__decode_batch): up to dmax rows, one per sequence */
     uint32_t dmax;
-    struct ikv_seq **dseq; /* [dmax] */
-    size_t *dpos;          /* [dmax] position of each row */
-    uint32_t *dtok;        /* [dmax] token of each row */
-    size_t *dcoff;         /* [dmax + 1] first attention chunk of each row */
-    float *dx, *dxn, *dxb; /* [dmax][dim] residual, normed, projection out */
+    struct ikv_seq **dseq;      /* [dmax] */
+    size_t *dpos;               /* [dmax] position of each row */
+    uint32_t *dtok;             /* [dmax] token of each row */
+    size_t *dcoff;              /* [dmax + 1] first attention chunk of each row */
+    float *dx, *dxn, *dxb;      /* [dmax][dim] residual, normed, projection out */
     float *dq, *dk, *dv, *datt; /* [dmax][q_dim | kv_dim | kv_dim | q_dim] */
-    float *dhb, *dhb2;     /* [dmax][hidden] */
-    float *dlog;           /* [dmax][vocab] */
-    uint32_t max_draft;    /* ikv_engine_verify: draft tokens at most (dmax >= max_draft + 1) */
-    uint32_t *vsave;       /* [dmax] block token ids a verify overwrote (restored on roll-back) */
+    float *dhb, *dhb2;          /* [dmax][hidden] */
+    float *dlog;                /* [dmax][vocab] */
+    uint32_t max_draft; /* ikv_engine_verify: draft tokens at most (dmax >= max_draft + 1) */
+    uint32_t *vsave;    /* [dmax] block token ids a verify overwrote (restored on roll-back) */
 
     uint64_t n_requests, n_cached_tokens, n_computed_tokens, n_rejected, n_partial_hits;
 };

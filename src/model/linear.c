@@ -56,9 +56,8 @@ __attribute__((target("avx2,fma"))) static float dot_avx2(const float *w, const 
 /* w . x0 and w . x1 at once: each with exactly dot_avx2's accumulators, steps and final
  * combination (so each result has dot_avx2's bits), sharing the loads of w and running 8 FMA
  * chains instead of 4 (measured: the one-row loop is bound by its 4 chains once w is in L1). */
-__attribute__((target("avx2,fma"))) static void dot2_avx2(const float *w, const float *x0,
-                                                          const float *x1, size_t K, float *y0,
-                                                          float *y1) {
+__attribute__((target("avx2,fma"))) static void
+dot2_avx2(const float *w, const float *x0, const float *x1, size_t K, float *y0, float *y1) {
     const size_t k32 = K & ~(size_t)31, k8 = K & ~(size_t)7;
     size_t i = 0;
     float t0 = 0.0f, t1 = 0.0f, l[8], m[8];
@@ -91,18 +90,30 @@ __attribute__((target("avx2,fma"))) static void dot2_avx2(const float *w, const 
     *y1 = (((m[0] + m[1]) + (m[2] + m[3])) + ((m[4] + m[5]) + (m[6] + m[7]))) + t1;
 }
 
-/* Rows [r0, r1) of W against nx rows of X, AVX2 kernel: one weight row at a time (read from
- * memory once, then from L1), batch rows two at a time. */
+/* Weight rows per block: as many as fit in 16 KiB (1..16), so a block stays in L1 while every
+ * batch row passes over it, and each batch row is read from L2 once per block rather than
+ * once per weight row. */
+static size_t row_block(size_t K) {
+    size_t rb = 16384 / (K * sizeof(float) + 1);
+    return rb < 1 ? 1 : rb > 16 ? 16 : rb;
+}
+
+/* Rows [r0, r1) of W against nx rows of X, AVX2 kernel: weight rows in blocks (each read from
+ * memory once), batch rows two at a time over the block. */
 __attribute__((target("avx2,fma"))) static void rows_avx2(const float *W, size_t K, size_t r0,
                                                           size_t r1, const float *X, size_t ldx,
                                                           size_t nx, float *Y, size_t ldy) {
-    for (size_t r = r0; r < r1; r++) {
-        const float *w = W + r * K;
+    const size_t rb = nx > 2 ? row_block(K) : 1;
+    for (size_t q0 = r0; q0 < r1; q0 += rb) {
+        const size_t q1 = q0 + rb < r1 ? q0 + rb : r1;
         size_t b = 0;
         for (; b + 2 <= nx; b += 2)
-            dot2_avx2(w, X + b * ldx, X + (b + 1) * ldx, K, &Y[b * ldy + r],
-                      &Y[(b + 1) * ldy + r]);
-        if (b < nx) Y[b * ldy + r] = dot_avx2(w, X + b * ldx, K);
+            for (size_t r = q0; r < q1; r++)
+                dot2_avx2(W + r * K, X + b * ldx, X + (b + 1) * ldx, K, &Y[b * ldy + r],
+                          &Y[(b + 1) * ldy + r]);
+        if (b < nx)
+            for (size_t r = q0; r < q1; r++)
+                Y[b * ldy + r] = dot_avx2(W + r * K, X + b * ldx, K);
     }
 }
 #endif

@@ -1,6 +1,7 @@
 /*
  * The HTTP side of isokv serve: libmicrohttpd with one thread per connection, the OpenAI API
- * (request parsing, validation, responses, server-sent events), tenants by API key, and the
+ * (request parsing, validation, responses, server-sent events; a list of prompts is one
+ * sequence per prompt, answered together), tenants by API key, and the
  * server's lifecycle (create, drain, destroy).
  *
  * A completion request is parsed and checked here (every bad field is a 400 naming it), turned
@@ -52,7 +53,9 @@ static void srq_free(srq *r) {
     ikv_free(r->text);
     ikv_free(r->otok);
     pthread_cond_destroy(&r->cv);
+    srq *l = r->leader;
     ikv_free(r);
+    if (l && --l->refs == 0) srq_free(l);
 }
 
 void ikv__srq_unref(ikv_serve *s, srq *r) {
@@ -95,7 +98,8 @@ static const char *status_type(int status) {
 /* Queues a response with a malloc'd body (taken over), counting it in the metrics. */
 static enum MHD_Result respond(struct MHD_Connection *c, conn *cx, int status, char *body,
                                size_t len, const char *ctype, const char *hdr, const char *val) {
-    struct MHD_Response *rs = MHD_create_response_from_buffer_with_free_callback(len, body, ikv_free);
+    struct MHD_Response *rs =
+        MHD_create_response_from_buffer_with_free_callback(len, body, ikv_free);
     if (!rs) {
         ikv_free(body);
         return MHD_NO;
@@ -128,13 +132,12 @@ static enum MHD_Result respond_json(struct MHD_Connection *c, conn *cx, int stat
 }
 
 /* An OpenAI error object; logs one line for the rejected request. */
-static enum MHD_Result error_full(struct MHD_Connection *c, conn *cx, int status,
-                                  const char *param, const char *code, const char *hdr,
-                                  const char *val, const char *fmt, ...)
-    __attribute__((format(printf, 8, 9)));
-static enum MHD_Result error_full(struct MHD_Connection *c, conn *cx, int status,
-                                  const char *param, const char *code, const char *hdr,
-                                  const char *val, const char *fmt, ...) {
+static enum MHD_Result error_full(struct MHD_Connection *c, conn *cx, int status, const char *param,
+                                  const char *code, const char *hdr, const char *val,
+                                  const char *fmt, ...) __attribute__((format(printf, 8, 9)));
+static enum MHD_Result error_full(struct MHD_Connection *c, conn *cx, int status, const char *param,
+                                  const char *code, const char *hdr, const char *val,
+                                  const char *fmt, ...) {
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
@@ -158,7 +161,8 @@ static enum MHD_Result error_full(struct MHD_Connection *c, conn *cx, int status
     }
     return respond_json(c, cx, status, j, hdr, val);
 }
-#define ERR(status, param, code, ...) error_full(c, cx, status, param, code, NULL, NULL, __VA_ARGS__)
+#define ERR(status, param, code, ...)                                                              \
+    error_full(c, cx, status, param, code, NULL, NULL, __VA_ARGS__)
 
 /* ---- request parsing ---------------------------------------------------------------------- */
 
@@ -182,7 +186,8 @@ static int encode_text(ikv_serve *s, const char *text, const char *pub_text, siz
             rc = ikv_tokenizer_encode(s->tok, head, 1, 0, t, cap, &a);
             ikv_free(head);
         }
-        if (!rc && text[pub_len]) rc = ikv_tokenizer_encode(s->tok, text + pub_len, 0, 0, t + a, cap - a, &b);
+        if (!rc && text[pub_len])
+            rc = ikv_tokenizer_encode(s->tok, text + pub_len, 0, 0, t + a, cap - a, &b);
         *pub = a;
     } else {
         rc = ikv_tokenizer_encode(s->tok, text, 1, 0, t, cap, &a);
@@ -235,20 +240,22 @@ static int sb_add(sbuf *b, const char *a, const char *m, const char *z) {
     return 0;
 }
 
-/* Parses the request body into r. Returns 0, or an HTTP status with msg/param filled. */
-static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, size_t msz,
-                         const char **param, const char **code) {
+/* Parses the request body into r, with prompt number `which` of a list of prompts; *nprompts
+ * gets how many the request has. Returns 0, or an HTTP status with msg/param filled. */
+static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, int *nprompts,
+                         char *msg, size_t msz, const char **param, const char **code) {
     cJSON *j = cJSON_ParseWithLength(cx->body ? cx->body : "", cx->n);
     int st = 400;
     *param = NULL, *code = NULL;
-#define BAD(p, ...)                                                                             \
-    do {                                                                                       \
-        *param = p;                                                                            \
-        snprintf(msg, msz, __VA_ARGS__);                                                       \
-        goto out;                                                                              \
+#define BAD(p, ...)                                                                                \
+    do {                                                                                           \
+        *param = p;                                                                                \
+        snprintf(msg, msz, __VA_ARGS__);                                                           \
+        goto out;                                                                                  \
     } while (0)
-    if (!j) BAD(NULL, "request body is not valid JSON (near byte %zu)",
-                cJSON_GetErrorPtr() && cx->body ? (size_t)(cJSON_GetErrorPtr() - cx->body) : 0);
+    if (!j)
+        BAD(NULL, "request body is not valid JSON (near byte %zu)",
+            cJSON_GetErrorPtr() && cx->body ? (size_t)(cJSON_GetErrorPtr() - cx->body) : 0);
     if (!cJSON_IsObject(j)) BAD(NULL, "request body must be a JSON object");
     const cJSON *f;
     f = cJSON_GetObjectItemCaseSensitive(j, "model");
@@ -257,16 +264,15 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, si
         if (strcmp(f->valuestring, s->model_name) && strcmp(f->valuestring, s->model_path)) {
             st = 404;
             *code = "model_not_found";
-            BAD("model", "the model '%s' does not exist; this server serves '%s'",
-                f->valuestring, s->model_name);
+            BAD("model", "the model '%s' does not exist; this server serves '%s'", f->valuestring,
+                s->model_name);
         }
     }
     f = cJSON_GetObjectItemCaseSensitive(j, "n");
     if (f && !cJSON_IsNull(f) && (!cJSON_IsNumber(f) || f->valuedouble != 1))
         BAD("n", "n must be 1 (several choices per request are not supported)");
     f = cJSON_GetObjectItemCaseSensitive(j, "echo");
-    if (f && !cJSON_IsNull(f) && !cJSON_IsFalse(f))
-        BAD("echo", "echo is not supported");
+    if (f && !cJSON_IsNull(f) && !cJSON_IsFalse(f)) BAD("echo", "echo is not supported");
     f = cJSON_GetObjectItemCaseSensitive(j, "logprobs");
     if (f && !cJSON_IsNull(f) && !cJSON_IsFalse(f)) BAD("logprobs", "logprobs is not supported");
     f = cJSON_GetObjectItemCaseSensitive(j, "best_of");
@@ -275,6 +281,10 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, si
     f = cJSON_GetObjectItemCaseSensitive(j, "stream");
     if (f && !cJSON_IsNull(f) && !cJSON_IsBool(f)) BAD("stream", "stream must be a boolean");
     r->stream = cJSON_IsTrue(f);
+    f = cJSON_GetObjectItemCaseSensitive(j, "ignore_eos"); /* vLLM's extension */
+    if (f && !cJSON_IsNull(f) && !cJSON_IsBool(f))
+        BAD("ignore_eos", "ignore_eos must be a boolean");
+    r->ignore_eos = cJSON_IsTrue(f);
     f = cJSON_GetObjectItemCaseSensitive(j, "stream_options");
     if (f && !cJSON_IsNull(f)) {
         if (!cJSON_IsObject(f)) BAD("stream_options", "stream_options must be an object");
@@ -352,17 +362,23 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, si
         f = cJSON_GetObjectItemCaseSensitive(j, "prompt");
         if (!f) BAD("prompt", "prompt is required");
         const cJSON *p = f;
-        if (cJSON_IsArray(f) && cJSON_GetArraySize(f) == 1 &&
-            (cJSON_IsString(f->child) || cJSON_IsArray(f->child)))
-            p = f->child; /* ["text"] or [[ids]]: one prompt */
-        else if (cJSON_IsArray(f) && cJSON_GetArraySize(f) > 1 &&
-                 (cJSON_IsString(f->child) || cJSON_IsArray(f->child)))
-            BAD("prompt", "prompt holds %d prompts; send one prompt per request",
-                cJSON_GetArraySize(f));
+        *nprompts = 1;
+        if (cJSON_IsArray(f) && cJSON_GetArraySize(f) >= 1 &&
+            (cJSON_IsString(f->child) || cJSON_IsArray(f->child))) {
+            /* ["text", ...] or [[ids], ...]: one choice per prompt */
+            *nprompts = cJSON_GetArraySize(f);
+            if (*nprompts > SRV_MAX_PROMPTS)
+                BAD("prompt", "prompt holds %d prompts; at most %d per request", *nprompts,
+                    SRV_MAX_PROMPTS);
+            p = cJSON_GetArrayItem(f, which);
+            if (!cJSON_IsString(p) && !cJSON_IsArray(p))
+                BAD("prompt", "prompt[%d] must be a string or a list of token ids", which);
+        }
         if (cJSON_IsString(p)) {
             if (!p->valuestring[0]) BAD("prompt", "prompt must not be empty");
             rc = encode_text(s, p->valuestring, s->public_text, s->public_len, &r->tokens, &r->n,
                              &r->public_tokens);
+            r->public_from_file = !rc && r->public_tokens > 0;
         } else if (cJSON_IsArray(p)) {
             int k = cJSON_GetArraySize(p), i = 0;
             if (k == 0) BAD("prompt", "prompt must not be empty");
@@ -424,14 +440,15 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, si
                 if (!rc)
                     rc = encode_text(s, all.p, s->public_text, s->public_len, &r->tokens, &r->n,
                                      &r->public_tokens);
+                r->public_from_file = !rc && r->public_tokens > 0;
                 ikv_free(all.p);
             }
         }
         ikv_free(sys.p), ikv_free(rest.p);
         if (bad == 1)
-            BAD("messages", "messages[%d] needs a string role and a string (or text parts) content", i);
-        if (bad == 2)
-            BAD("messages", "messages[%d].role must be system, user or assistant", i);
+            BAD("messages", "messages[%d] needs a string role and a string (or text parts) content",
+                i);
+        if (bad == 2) BAD("messages", "messages[%d].role must be system, user or assistant", i);
     }
     if (rc == IKV_ENOMEM) goto oom;
     if (rc) BAD("prompt", "cannot tokenize the prompt: %s", ikv_errdetail());
@@ -441,6 +458,7 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, char *msg, si
                 "isokv.public_prefix_tokens is %ld, more than the prompt's %zu tokens",
                 declared_pub, r->n);
         r->public_tokens = (size_t)declared_pub;
+        r->public_from_file = 0;
     }
     if (r->n >= s->seq_len)
         BAD(chat ? "messages" : "prompt",
@@ -480,19 +498,25 @@ out:
 
 /* ---- answers ----------------------------------------------------------------------------- */
 
-static void add_usage(cJSON *parent, const srq *r) {
+/* The usage of a request's prompts g[0..n) (summed; ttft_ms of the first prompt). */
+static void add_usage(cJSON *parent, srq *const *g, int n) {
+    double pt = 0, ct = 0, ca = 0, pa = 0, pub = 0;
+    for (int i = 0; i < n; i++)
+        pt += (double)g[i]->n, ct += g[i]->ntok, ca += (double)g[i]->cached,
+            pa += (double)g[i]->partial, pub += (double)g[i]->public_tokens;
+    const srq *r = g[0];
     cJSON *u = cJSON_AddObjectToObject(parent, "usage");
-    cJSON_AddNumberToObject(u, "prompt_tokens", (double)r->n);
-    cJSON_AddNumberToObject(u, "completion_tokens", r->ntok);
-    cJSON_AddNumberToObject(u, "total_tokens", (double)(r->n + r->ntok));
+    cJSON_AddNumberToObject(u, "prompt_tokens", pt);
+    cJSON_AddNumberToObject(u, "completion_tokens", ct);
+    cJSON_AddNumberToObject(u, "total_tokens", pt + ct);
     cJSON *d = cJSON_AddObjectToObject(u, "prompt_tokens_details");
-    cJSON_AddNumberToObject(d, "cached_tokens", (double)r->cached);
+    cJSON_AddNumberToObject(d, "cached_tokens", ca);
     cJSON *x = cJSON_AddObjectToObject(u, "isokv");
     cJSON *bt = cJSON_AddObjectToObject(x, "cached_tokens_by_tier");
-    cJSON_AddNumberToObject(bt, "pool", (double)r->cached);
-    cJSON_AddNumberToObject(x, "partial_block_tokens", (double)r->partial);
-    cJSON_AddNumberToObject(x, "computed_prompt_tokens", (double)(r->n - r->cached));
-    cJSON_AddNumberToObject(x, "public_prompt_tokens", (double)r->public_tokens);
+    cJSON_AddNumberToObject(bt, "pool", ca);
+    cJSON_AddNumberToObject(x, "partial_block_tokens", pa);
+    cJSON_AddNumberToObject(x, "computed_prompt_tokens", pt - ca);
+    cJSON_AddNumberToObject(x, "public_prompt_tokens", pub);
     cJSON_AddNumberToObject(x, "ttft_ms", r->t_first > 0 ? (r->t_first - r->t_arrive) * 1e3 : 0);
     cJSON_AddStringToObject(x, "tenant", r->tenant);
     if (r->sem_done) {
@@ -517,28 +541,33 @@ static cJSON *answer_head(ikv_serve *s, const srq *r, const char *object) {
     return j;
 }
 
-/* A finished request's answer (not streamed). */
-static cJSON *answer_full(ikv_serve *s, const srq *r) {
-    cJSON *j = answer_head(s, r, r->chat ? "chat.completion" : "text_completion");
-    cJSON *ch = cJSON_AddArrayToObject(j, "choices"), *c0 = cJSON_CreateObject();
-    cJSON_AddItemToArray(ch, c0);
-    cJSON_AddNumberToObject(c0, "index", 0);
-    char *text = ikv_malloc(r->tlen + 1);
-    if (text) {
-        memcpy(text, r->text ? r->text : "", r->tlen);
-        text[r->tlen] = 0;
+/* A finished request's answer (not streamed): one choice per prompt. */
+static cJSON *answer_full(ikv_serve *s, srq *const *g, int n) {
+    const srq *r0 = g[0];
+    cJSON *j = answer_head(s, r0, r0->chat ? "chat.completion" : "text_completion");
+    cJSON *ch = cJSON_AddArrayToObject(j, "choices");
+    for (int i = 0; i < n; i++) {
+        const srq *r = g[i];
+        cJSON *c0 = cJSON_CreateObject();
+        cJSON_AddItemToArray(ch, c0);
+        cJSON_AddNumberToObject(c0, "index", i);
+        char *text = ikv_malloc(r->tlen + 1);
+        if (text) {
+            memcpy(text, r->text ? r->text : "", r->tlen);
+            text[r->tlen] = 0;
+        }
+        if (r->chat) {
+            cJSON *m = cJSON_AddObjectToObject(c0, "message");
+            cJSON_AddStringToObject(m, "role", "assistant");
+            cJSON_AddStringToObject(m, "content", text ? text : "");
+        } else {
+            cJSON_AddStringToObject(c0, "text", text ? text : "");
+        }
+        ikv_free(text);
+        cJSON_AddNullToObject(c0, "logprobs");
+        cJSON_AddStringToObject(c0, "finish_reason", r->finish ? r->finish : "length");
     }
-    if (r->chat) {
-        cJSON *m = cJSON_AddObjectToObject(c0, "message");
-        cJSON_AddStringToObject(m, "role", "assistant");
-        cJSON_AddStringToObject(m, "content", text ? text : "");
-    } else {
-        cJSON_AddStringToObject(c0, "text", text ? text : "");
-    }
-    ikv_free(text);
-    cJSON_AddNullToObject(c0, "logprobs");
-    cJSON_AddStringToObject(c0, "finish_reason", r->finish ? r->finish : "length");
-    add_usage(j, r);
+    add_usage(j, g, n);
     return j;
 }
 
@@ -574,10 +603,12 @@ static void cancel(ikv_serve *s, srq *r) {
 
 typedef struct stream {
     ikv_serve *s;
-    srq *r;
+    srq *g[SRV_MAX_PROMPTS]; /* the request's prompts; g[0] leads */
+    int n;
     int fd;
-    int phase; /* 0: before the first chunk, 1: text, 2: all written */
-    size_t sent; /* text bytes sent */
+    int phase;                    /* 0: before the first chunk, 1: text, 2: all written */
+    size_t sent[SRV_MAX_PROMPTS]; /* text bytes sent per prompt */
+    int fin[SRV_MAX_PROMPTS];     /* finish chunk sent */
     sbuf out;
     size_t off;
 } stream;
@@ -592,13 +623,13 @@ static int sse_json(stream *st, cJSON *j) {
     return rc;
 }
 
-/* A chunk carrying text [a, b) of r (or a role / finish chunk). */
-static cJSON *chunk(stream *st, const char *text, int role, const char *finish) {
-    const srq *r = st->r;
+/* A chunk of choice `index` carrying text (or a role / finish chunk). */
+static cJSON *chunk(stream *st, int index, const char *text, int role, const char *finish) {
+    const srq *r = st->g[0];
     cJSON *j = answer_head(st->s, r, r->chat ? "chat.completion.chunk" : "text_completion");
     cJSON *ch = cJSON_AddArrayToObject(j, "choices"), *c0 = cJSON_CreateObject();
     cJSON_AddItemToArray(ch, c0);
-    cJSON_AddNumberToObject(c0, "index", 0);
+    cJSON_AddNumberToObject(c0, "index", index);
     if (r->chat) {
         cJSON *d = cJSON_AddObjectToObject(c0, "delta");
         if (role) cJSON_AddStringToObject(d, "role", "assistant");
@@ -615,57 +646,79 @@ static cJSON *chunk(stream *st, const char *text, int role, const char *finish) 
     return j;
 }
 
+/* Cancels every prompt of a stream (mu held). */
+static void cancel_all(ikv_serve *s, srq *const *g, int n) {
+    for (int i = 0; i < n; i++)
+        cancel(s, g[i]);
+}
+
 /* Fills st->out with what is new (mu held). Returns 1 when something was added, 0 when the
  * stream is over, -1 to abort (client gone, out of memory). */
 static int sse_fill(stream *st) {
     ikv_serve *s = st->s;
-    srq *r = st->r;
     for (;;) {
         if (st->phase == 2) return 0;
-        if (st->phase == 0 && r->chat) {
+        if (st->phase == 0 && st->g[0]->chat) {
             st->phase = 1;
-            if (sse_json(st, chunk(st, "", 1, NULL))) return -1;
+            if (sse_json(st, chunk(st, 0, "", 1, NULL))) return -1;
             return 1;
         }
-        if (r->tlen > st->sent) {
-            st->phase = 1;
-            char *t = ikv_malloc(r->tlen - st->sent + 1);
-            if (!t) return -1;
-            memcpy(t, r->text + st->sent, r->tlen - st->sent);
-            t[r->tlen - st->sent] = 0;
-            st->sent = r->tlen;
-            int rc = sse_json(st, chunk(st, t, 0, NULL));
-            ikv_free(t);
-            return rc ? -1 : 1;
-        }
-        if (r->state == SRQ_DONE) {
-            int rc = 0;
-            if (r->status != 200) {
-                cJSON *j = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(j, "error");
-                cJSON_AddStringToObject(e, "message", r->err[0] ? r->err : "request failed");
-                cJSON_AddStringToObject(e, "type", status_type(r->status));
-                cJSON_AddNullToObject(e, "param");
-                cJSON_AddNullToObject(e, "code");
-                rc = sse_json(st, j);
-            } else {
-                rc = sse_json(st, chunk(st, r->chat ? NULL : "", 0, r->finish ? r->finish : "length"));
-                if (!rc && r->include_usage) {
-                    cJSON *j = answer_head(s, r, r->chat ? "chat.completion.chunk" : "text_completion");
-                    cJSON_AddArrayToObject(j, "choices");
-                    add_usage(j, r);
-                    rc = sse_json(st, j);
+        int added = 0, all = 1;
+        for (int i = 0; i < st->n; i++) {
+            srq *r = st->g[i];
+            if (r->tlen > st->sent[i]) {
+                st->phase = 1;
+                char *t = ikv_malloc(r->tlen - st->sent[i] + 1);
+                if (!t) return -1;
+                memcpy(t, r->text + st->sent[i], r->tlen - st->sent[i]);
+                t[r->tlen - st->sent[i]] = 0;
+                st->sent[i] = r->tlen;
+                int rc = sse_json(st, chunk(st, i, t, 0, NULL));
+                ikv_free(t);
+                if (rc) return -1;
+                added = 1;
+            }
+            if (!st->fin[i] && r->state == SRQ_DONE) {
+                if (r->status != 200) { /* an error event ends the whole stream */
+                    cJSON *j = cJSON_CreateObject(), *e = cJSON_AddObjectToObject(j, "error");
+                    cJSON_AddStringToObject(e, "message", r->err[0] ? r->err : "request failed");
+                    cJSON_AddStringToObject(e, "type", status_type(r->status));
+                    cJSON_AddNullToObject(e, "param");
+                    cJSON_AddNullToObject(e, "code");
+                    cancel_all(s, st->g, st->n);
+                    int rc = sse_json(st, j);
+                    if (!rc) rc = sb_add(&st->out, "data: [DONE]\n\n", "", "");
+                    st->phase = 2;
+                    return rc ? -1 : 1;
                 }
+                if (sse_json(
+                        st, chunk(st, i, r->chat ? NULL : "", 0, r->finish ? r->finish : "length")))
+                    return -1;
+                st->fin[i] = 1;
+                added = 1;
+            }
+            all &= st->fin[i];
+        }
+        if (all) {
+            int rc = 0;
+            if (st->g[0]->include_usage) {
+                cJSON *j = answer_head(
+                    s, st->g[0], st->g[0]->chat ? "chat.completion.chunk" : "text_completion");
+                cJSON_AddArrayToObject(j, "choices");
+                add_usage(j, st->g, st->n);
+                rc = sse_json(st, j);
             }
             if (!rc) rc = sb_add(&st->out, "data: [DONE]\n\n", "", "");
             st->phase = 2;
             return rc ? -1 : 1;
         }
+        if (added) return 1;
         if (s->stopping) return 0;
         if (peer_gone(st->fd)) {
-            cancel(s, r);
+            cancel_all(s, st->g, st->n);
             return -1;
         }
-        wait_a_bit(s, r);
+        wait_a_bit(s, st->g[0]);
     }
 }
 
@@ -690,8 +743,9 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
 static void sse_free(void *cls) {
     stream *st = cls;
     pthread_mutex_lock(&st->s->mu);
-    cancel(st->s, st->r);
-    ikv__srq_unref(st->s, st->r);
+    cancel_all(st->s, st->g, st->n);
+    for (int i = st->n - 1; i >= 0; i--)
+        ikv__srq_unref(st->s, st->g[i]);
     pthread_mutex_unlock(&st->s->mu);
     ikv_free(st->out.p);
     ikv_free(st);
@@ -710,51 +764,77 @@ static const char *tenant_of(ikv_serve *s, struct MHD_Connection *c) {
     return NULL;
 }
 
+/* Drops the HTTP thread's references to g[0..n) (mu held), members first. */
+static void unref_all(ikv_serve *s, srq *const *g, int n) {
+    for (int i = n - 1; i >= 0; i--)
+        ikv__srq_unref(s, g[i]);
+}
+
 static enum MHD_Result completion(ikv_serve *s, struct MHD_Connection *c, conn *cx, int chat) {
-    srq *r = ikv_calloc(1, sizeof *r);
-    if (!r) return ERR(500, NULL, NULL, "out of memory");
-    pthread_cond_init(&r->cv, NULL);
-    r->chat = chat;
-    r->refs = 1;
-    r->status = 200;
-    r->t_arrive = ikv_now();
-    r->t_arrive_wall = (double)time(NULL);
-    pthread_mutex_lock(&s->mu);
-    r->id = ++s->next_id;
-    pthread_mutex_unlock(&s->mu);
-    char msg[512];
-    const char *param, *code;
-    int st = parse_request(s, cx, chat, r, msg, sizeof msg, &param, &code);
-    if (st) {
-        srq_free(r);
-        return error_full(c, cx, st, param, code, NULL, NULL, "%s", msg);
+    srq *g[SRV_MAX_PROMPTS];
+    int n = 1;
+    for (int i = 0; i < n; i++) {
+        srq *r = ikv_calloc(1, sizeof *r);
+        if (!r) {
+            for (int k = i - 1; k >= 0; k--)
+                srq_free(g[k]);
+            return ERR(500, NULL, NULL, "out of memory");
+        }
+        pthread_cond_init(&r->cv, NULL);
+        r->wake = i ? &g[0]->cv : &r->cv;
+        if (i) {
+            r->leader = g[0];
+            g[0]->refs++;
+        }
+        r->chat = chat;
+        r->refs = 1;
+        r->status = 200;
+        r->t_arrive = ikv_now();
+        r->t_arrive_wall = (double)time(NULL);
+        pthread_mutex_lock(&s->mu);
+        r->id = ++s->next_id;
+        pthread_mutex_unlock(&s->mu);
+        g[i] = r;
+        char msg[512];
+        const char *param, *code;
+        int st = parse_request(s, cx, chat, r, i, &n, msg, sizeof msg, &param, &code);
+        if (st) {
+            for (int k = i; k >= 0; k--)
+                srq_free(g[k]);
+            return error_full(c, cx, st, param, code, NULL, NULL, "%s", msg);
+        }
     }
     pthread_mutex_lock(&s->mu);
     if (!s->ready || s->draining || s->stopping) {
         pthread_mutex_unlock(&s->mu);
-        srq_free(r);
+        for (int k = n - 1; k >= 0; k--)
+            srq_free(g[k]);
         return ERR(503, NULL, "unavailable", "the server is %s",
                    s->ready ? "shutting down" : "not ready");
     }
-    if (s->nqueue >= s->opt.max_queue) {
+    if (s->nqueue + (size_t)n > s->opt.max_queue) {
         size_t q = s->nqueue;
         pthread_mutex_unlock(&s->mu);
-        srq_free(r);
+        for (int k = n - 1; k >= 0; k--)
+            srq_free(g[k]);
         return error_full(c, cx, 429, NULL, "queue_full", "Retry-After", "1",
                           "%zu requests are waiting for admission (--max-queue); retry later", q);
     }
-    r->refs = 2; /* this thread and the scheduler */
-    if (s->qtail)
-        s->qtail->qnext = r;
-    else
-        s->qhead = r;
-    s->qtail = r;
-    s->nqueue++;
+    for (int i = 0; i < n; i++) {
+        srq *r = g[i];
+        r->refs++; /* the scheduler's */
+        if (s->qtail)
+            s->qtail->qnext = r;
+        else
+            s->qhead = r;
+        s->qtail = r;
+        s->nqueue++;
+    }
     pthread_cond_signal(&s->sched_cv);
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     int fd = ci ? ci->connect_fd : -1;
-    if (r->stream) {
+    if (g[0]->stream) {
         pthread_mutex_unlock(&s->mu);
         stream *sst = ikv_calloc(1, sizeof *sst);
         struct MHD_Response *rs =
@@ -762,13 +842,14 @@ static enum MHD_Result completion(ikv_serve *s, struct MHD_Connection *c, conn *
                 : NULL;
         if (!rs) {
             pthread_mutex_lock(&s->mu);
-            cancel(s, r);
-            ikv__srq_unref(s, r);
+            cancel_all(s, g, n);
+            unref_all(s, g, n);
             pthread_mutex_unlock(&s->mu);
             ikv_free(sst);
             return MHD_NO;
         }
-        sst->s = s, sst->r = r, sst->fd = fd;
+        sst->s = s, sst->n = n, sst->fd = fd;
+        memcpy(sst->g, g, sizeof(srq *) * (size_t)n);
         MHD_add_response_header(rs, "Content-Type", "text/event-stream");
         MHD_add_response_header(rs, "Cache-Control", "no-cache");
         enum MHD_Result ret = MHD_queue_response(c, 200, rs);
@@ -779,20 +860,25 @@ static enum MHD_Result completion(ikv_serve *s, struct MHD_Connection *c, conn *
         cx->responded = 1;
         return ret;
     }
-    while (r->state != SRQ_DONE) {
-        if (s->stopping || peer_gone(fd)) {
-            cancel(s, r);
-            ikv__srq_unref(s, r);
-            pthread_mutex_unlock(&s->mu);
-            return MHD_NO; /* nobody to answer */
+    for (int i = 0; i < n; i++)
+        while (g[i]->state != SRQ_DONE) {
+            if (s->stopping || peer_gone(fd)) {
+                cancel_all(s, g, n);
+                unref_all(s, g, n);
+                pthread_mutex_unlock(&s->mu);
+                return MHD_NO; /* nobody to answer */
+            }
+            wait_a_bit(s, g[0]);
         }
-        wait_a_bit(s, r);
-    }
-    int status = r->status;
-    cJSON *j = status == 200 ? answer_full(s, r) : NULL;
-    char err[256];
-    snprintf(err, sizeof err, "%s", r->err);
-    ikv__srq_unref(s, r);
+    int status = 200;
+    char err[256] = "";
+    for (int i = 0; i < n && status == 200; i++)
+        if (g[i]->status != 200) {
+            status = g[i]->status;
+            snprintf(err, sizeof err, "%s", g[i]->err);
+        }
+    cJSON *j = status == 200 ? answer_full(s, g, n) : NULL;
+    unref_all(s, g, n);
     pthread_mutex_unlock(&s->mu);
     if (status != 200) return ERR(status, NULL, NULL, "%s", err);
     return respond_json(c, cx, 200, j, NULL, NULL);
@@ -802,8 +888,10 @@ static enum MHD_Result route(ikv_serve *s, struct MHD_Connection *c, conn *cx, c
                              const char *method) {
     static const struct {
         const char *path, *method;
-    } routes[] = {{"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"},
-                  {"/v1/models", "GET"},       {"/health", "GET"},
+    } routes[] = {{"/v1/completions", "POST"},
+                  {"/v1/chat/completions", "POST"},
+                  {"/v1/models", "GET"},
+                  {"/health", "GET"},
                   {"/metrics", "GET"}};
     int k = -1;
     for (int i = 0; i < 5; i++)
@@ -852,8 +940,8 @@ static enum MHD_Result route(ikv_serve *s, struct MHD_Connection *c, conn *cx, c
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload, size_t *upload_size, void **ctx) {
+                                  const char *method, const char *version, const char *upload,
+                                  size_t *upload_size, void **ctx) {
     (void)version;
     ikv_serve *s = cls;
     conn *cx = *ctx;
@@ -931,7 +1019,8 @@ static int load_keys(ikv_serve *s, const char *path) {
     ikv_free(txt);
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
-        return ikv_error(IKV_EFORMAT, "%s: expected a JSON object {\"KEY\": \"tenant\", ...}", path);
+        return ikv_error(IKV_EFORMAT, "%s: expected a JSON object {\"KEY\": \"tenant\", ...}",
+                         path);
     }
     int n = cJSON_GetArraySize(j);
     if (n == 0) {
@@ -945,9 +1034,11 @@ static int load_keys(ikv_serve *s, const char *path) {
     }
     const cJSON *k;
     cJSON_ArrayForEach(k, j) {
-        if (!cJSON_IsString(k) || !k->valuestring[0] || !k->string[0] || strlen(k->valuestring) > 60) {
-            rc = ikv_error(IKV_EFORMAT, "%s: key \"%s\": the tenant must be a name of 1..60 characters",
-                           path, k->string);
+        if (!cJSON_IsString(k) || !k->valuestring[0] || !k->string[0] ||
+            strlen(k->valuestring) > 60) {
+            rc = ikv_error(IKV_EFORMAT,
+                           "%s: key \"%s\": the tenant must be a name of 1..60 characters", path,
+                           k->string);
             break;
         }
         srv_key *e = &s->keys[s->nkeys++];
@@ -1052,8 +1143,8 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
         MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_POLL, 0, NULL,
         NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
         MHD_OPTION_NOTIFY_COMPLETED, on_done, s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)1024,
-        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_LISTEN_BACKLOG_SIZE,
-        (unsigned)256, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120, MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)256,
+        MHD_OPTION_END);
     if (!s->httpd) {
         rc = ikv_error(IKV_EINVAL, "cannot listen on %s:%u (in use, or not an address here)",
                        o.host, (unsigned)o.port);
@@ -1071,10 +1162,11 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
              s->model_name, mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->vocab_size,
              mc->seq_len, (unsigned long long)es.pool_blocks,
              (double)es.pool_blocks * (double)es.block_bytes / 1048576.0,
-             (unsigned long long)es.cache_capacity, o.policy,
-             (unsigned long long)es.private_budget, o.max_seqs, o.max_batch_tokens, o.threads,
+             (unsigned long long)es.cache_capacity, o.policy, (unsigned long long)es.private_budget,
+             o.max_seqs, o.max_batch_tokens, o.threads,
              s->nkeys ? "tenants by API key" : "one tenant (default)",
-             s->public_text ? ", public prefix file" : (o.public_system ? ", public system prompts" : ""),
+             s->public_text ? ", public prefix file"
+                            : (o.public_system ? ", public system prompts" : ""),
              (ikv_now() - t0) * 1e3);
     if (!(s->describe = dupstr(d))) {
         rc = ikv_error(IKV_ENOMEM, "server");

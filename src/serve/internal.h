@@ -22,16 +22,18 @@
 #include <pthread.h>
 
 enum { SRQ_QUEUED = 0, SRQ_RUNNING, SRQ_DONE };
-#define SRV_MAX_STOP 4
+#define SRV_MAX_STOP    4
+#define SRV_MAX_PROMPTS 16 /* prompts of one completion request (a list of strings) */
 #define SRV_MAX_TENANTS 64 /* metric label sets kept per tenant; more share "other" */
 
 typedef struct srq {
     uint64_t id;
-    int chat, stream, include_usage;
-    char *tenant;   /* tenant name (metrics, log) */
-    char *scope;    /* engine scope: tenant, or tenant + 0x1f + cache_salt */
+    int chat, stream, include_usage, ignore_eos;
+    char *tenant; /* tenant name (metrics, log) */
+    char *scope;  /* engine scope: tenant, or tenant + 0x1f + cache_salt */
     uint32_t *tokens;
     size_t n, public_tokens;
+    int public_from_file; /* the public part is the --public-prefix text */
     uint32_t max_tokens;
     float temperature, top_p;
     uint64_t seed;
@@ -43,15 +45,17 @@ typedef struct srq {
 
     /* shared (under mu) */
     int state, cancelled, refs;
-    char *text; /* generated text, committed bytes [0, tlen) */
+    char *text;                 /* generated text, committed bytes [0, tlen) */
     size_t tlen, tcap, raw_len; /* raw_len: bytes generated (text holds them all; tlen commits) */
     uint32_t ntok;
     const char *finish; /* "stop" | "length" | NULL while running */
     size_t cached, partial;
     double t_first, t_done;
-    int status;      /* 200, or an HTTP error decided by the scheduler */
+    int status; /* 200, or an HTTP error decided by the scheduler */
     char err[256];
-    pthread_cond_t cv;
+    pthread_cond_t cv;    /* the leader's wakes its connection thread */
+    pthread_cond_t *wake; /* the condition to broadcast: its own, or its group leader's */
+    struct srq *leader;   /* prompt 0 of its request (holds a reference), or NULL */
 
     /* scheduler only */
     ikv_seq *seq;
@@ -122,8 +126,8 @@ struct ikv_serve {
     size_t nkeys;
     char *public_text; /* --public-prefix file contents */
     size_t public_len;
-    int pinned_public; /* 1 once the public prefix's blocks are pinned */
-    float *logit_scratch; /* [vocab] scheduler's copy for the sampler */
+    int pinned_public;     /* 1 once the public prefix's blocks are pinned */
+    float *logit_scratch;  /* [vocab] scheduler's copy for the sampler */
     ikv_respcache *rcache; /* response cache (NULL when off); the scheduler's alone */
     srv_metrics met;
 };

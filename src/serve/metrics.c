@@ -181,6 +181,8 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
     head(&b, "isokv_partial_block_hits_total", "counter",
          "admissions that copied a cached or parked partial block (copy-on-write)");
     put(&b, "isokv_partial_block_hits_total %llu\n", (unsigned long long)e->partial_hits);
+    head(&b, "isokv_pinned_blocks", "gauge", "cached blocks pinned (public prefixes)");
+    put(&b, "isokv_pinned_blocks %llu\n", (unsigned long long)c->pinned[0]);
     head(&b, "isokv_blocks_inserted_total", "counter", "blocks inserted into the cache core");
     put(&b, "isokv_blocks_inserted_total %llu\n", (unsigned long long)c->inserts);
     head(&b, "isokv_blocks_evicted_total", "counter", "blocks evicted, by tier");

@@ -129,7 +129,7 @@ static void finish_running(ikv_serve *s, size_t idx, const char *reason) {
     if (r->cancelled) s->met.cancelled++;
     ikv__metrics_request(s, r);
     log_request(s, r);
-    pthread_cond_broadcast(&r->cv);
+    pthread_cond_broadcast(r->wake);
     pthread_cond_broadcast(&s->idle_cv);
     ikv__srq_unref(s, r);
 }
@@ -142,7 +142,7 @@ static void fail_queued(ikv_serve *s, srq *r, int status, const char *msg) {
     r->t_done = ikv_now();
     ikv__metrics_request(s, r);
     log_request(s, r);
-    pthread_cond_broadcast(&r->cv);
+    pthread_cond_broadcast(r->wake);
     pthread_cond_broadcast(&s->idle_cv);
     ikv__srq_unref(s, r);
 }
@@ -202,8 +202,16 @@ static void admit(ikv_serve *s) {
 /* Takes the token sampled for running request idx (mu held); 1 if it finished. */
 static int take_token(ikv_serve *s, size_t idx, uint32_t tok) {
     srq *r = s->running[idx];
-    if (r->ntok == 0) r->t_first = ikv_now();
-    if (tok == IKV_TOK_EOS || tok == IKV_TOK_BOS) {
+    if (r->ntok == 0) {
+        r->t_first = ikv_now();
+        /* the prompt's public blocks are computed now: pin them (the --public-prefix text until
+         * the end, a public system prompt for 10,000 requests after its last use; a spent pin
+         * budget or blocks still pending elsewhere only mean no pin) */
+        if (r->public_tokens >= 16)
+            (void)ikv_engine_pin_public(s->engine, r->tokens, r->public_tokens,
+                                        r->public_from_file ? 0 : 10000);
+    }
+    if (!r->ignore_eos && (tok == IKV_TOK_EOS || tok == IKV_TOK_BOS)) {
         finish_running(s, idx, "stop");
         return 1;
     }
@@ -231,7 +239,7 @@ static int take_token(ikv_serve *s, size_t idx, uint32_t tok) {
     }
     r->tlen = committable(r);
     r->next = tok;
-    pthread_cond_broadcast(&r->cv);
+    pthread_cond_broadcast(r->wake);
     return 0;
 }
 
