@@ -4,7 +4,7 @@
  *
  *     isokv run [--model m.bin] [--tokenizer t.bin] [--prompt TEXT] [-n 64] [--temp 0] [--topp 0.9]
  *               [--seed S] [--threads T] [--kv-mem BYTES] [--policy lru] [--tenant NAME]
- *               [--public N] [--repeat R] [--stop-eos] [--raw-bytes]
+ *               [--public N] [--repeat R] [--stop-eos] [--raw-bytes] [--tier SPEC]...
  *               [--spec lookup[:n=3,k=8]] [--semantic-cache[=SIZE]] [--prompts FILE]
  *               [--max-draft N]
  *
@@ -56,8 +56,9 @@ static void help(FILE *f) {
         "usage: isokv run [--model M.bin] [--tokenizer T.bin] [--prompt TEXT] [-n 64] [--temp 0]\n"
         "                 [--topp 0.9] [--seed S] [--threads T] [--kv-mem BYTES]\n"
         "                 [--policy NAME] [--tenant NAME] [--public N] [--repeat R]\n"
-        "                 [--stop-eos] [--raw-bytes] [--spec lookup[:n=3,k=8]]\n"
-        "                 [--semantic-cache[=SIZE]] [--prompts FILE] [--max-draft N]\n\n"
+        "                 [--stop-eos] [--raw-bytes] [--tier SPEC]... [--tier-dtype q8]\n"
+        "                 [--spec lookup[:n=3,k=8]] [--semantic-cache[=SIZE]]\n"
+        "                 [--prompts FILE] [--max-draft N]\n\n"
         "Encodes the prompt (BOS first; byte-level when --model is given without a tokenizer),\n"
         "prefills it through the prefix cache, then decodes up to -n tokens (stopping at BOS,\n"
         "also at EOS with --stop-eos, or at seq_len) and prints the text as llama2.c's run.c\n"
@@ -83,6 +84,7 @@ static void help(FILE *f) {
         "per line, each a request). --max-draft N: draft tokens per verify (64; 256 with\n"
         "--semantic-cache).\n",
         data_dir(), DEFAULT_MODEL, data_dir());
+    fputs(cli_tiers_help, f);
 }
 
 /* Writes the text of `token` after `prev` to stdout. Unless raw, a byte-fallback token (ids
@@ -146,6 +148,7 @@ int ikv_cmd_run(int argc, char **argv) {
     ikv_engine_options eo;
     ikv_engine_options_default(&eo);
     int stop_eos = 0, raw = 0;
+    cli_tiers tiers = {0};
     uint64_t spec_n = 0, spec_k = 8, semcache = 0, max_draft = 0;
     const char *prompts_path = NULL;
     for (int i = 1; i < argc; i++) {
@@ -162,6 +165,14 @@ int ikv_cmd_run(int argc, char **argv) {
             *(a[2] == 's' ? &stop_eos : &raw) = 1;
             continue;
         }
+        static const char *const valued[] = {
+            "--model", "--tokenizer", "--prompt",     "--tenant", "--policy",  "-n",
+            "--seed",  "--threads",   "--kv-mem",     "--public", "--repeat",  "--temp",
+            "--topp",  "--tier",      "--tier-dtype", "--spec",   "--prompts", "--max-draft"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
+            known |= !strcmp(a, valued[k]);
+        if (!known) return cli_usage_error("run", "unknown option '%s'", a);
         if (!v) return cli_usage_error("run", "option '%s' needs a value", a);
         if (!strcmp(a, "--model"))
             model = v;
@@ -173,7 +184,11 @@ int ikv_cmd_run(int argc, char **argv) {
             tenant = v;
         else if (!strcmp(a, "--policy"))
             eo.policy = v;
-        else if (!strcmp(a, "-n"))
+        else if (!strcmp(a, "--tier")) {
+            if (cli_tiers_add(&tiers, "run", v)) return IKV_EXIT_USAGE;
+        } else if (!strcmp(a, "--tier-dtype")) {
+            if (cli_tiers_dtype(&tiers, "run", v)) return IKV_EXIT_USAGE;
+        } else if (!strcmp(a, "-n"))
             bad = cli_parse_u64(v, &steps);
         else if (!strcmp(a, "--seed"))
             bad = cli_parse_u64(v, &seed);
@@ -289,8 +304,15 @@ int ikv_cmd_run(int argc, char **argv) {
         cli_fail("run", "%s", ikv_errdetail());
         goto out;
     }
-    if (ikv_engine_create(m, &eo, &e)) {
-        cli_fail("run", "%s", ikv_errdetail());
+    if ((rc = cli_tiers_open(&tiers, "run", m, tokp, &eo))) goto out;
+    rc = IKV_EXIT_FAIL;
+    int erc = ikv_engine_create(m, &eo, &e);
+    if (erc) {
+        /* an unknown policy or policy parameter is a usage error; the rest (memory) a failure */
+        if (erc == IKV_EPOLICY || erc == IKV_EPARAM)
+            rc = cli_usage_error("run", "--policy: %s", ikv_errdetail_for(erc));
+        else
+            cli_fail("run", "%s", ikv_errdetail_for(erc));
         goto out;
     }
     if (semcache) {
@@ -399,7 +421,19 @@ int ikv_cmd_run(int argc, char **argv) {
                         nh, gr.cand_verified ? "verified" : "none verified", gr.cache_accepted,
                         gr.cache_rejected);
             fprintf(stderr, "\n");
+            if (tiers.n) {
+                fprintf(stderr, "[run %llu] cached tokens by tier: pool %zu",
+                        (unsigned long long)tot_req, info.tier_tokens[0]);
+                for (size_t t = 1; t <= tiers.n; t++)
+                    fprintf(stderr, ", %s %zu", tiers.specs[t - 1], info.tier_tokens[t]);
+                fprintf(stderr, "; %zu tier tokens recomputed (cheaper or failed)",
+                        info.recomputed_tier_tokens);
+                if (info.lossy_tokens)
+                    fprintf(stderr, "; %zu cached tokens LOSSY (q8 tier)", info.lossy_tokens);
+                fprintf(stderr, "\n");
+            }
         }
+    cli_tiers_report(&tiers, e, "run");
     if (tot_req > 1)
         fprintf(stderr,
                 "[total] %llu requests, %llu tokens in %llu forward passes (%.1f ms of decode); "
@@ -418,6 +452,7 @@ out:
     ikv_respcache_destroy(rcache);
     ikv_sampler_destroy(smp);
     ikv_engine_destroy(e);
+    cli_tiers_close(&tiers);
     ikv_tokenizer_destroy(tok);
     ikv_model_destroy(m);
     return rc;
