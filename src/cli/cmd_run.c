@@ -250,9 +250,10 @@ int ikv_cmd_run(int argc, char **argv) {
     char **plines = NULL;
     if (prompts_path) { /* one prompt per line */
         FILE *f = fopen(prompts_path, "rb");
-        if (!f)
-            return cli_fail("run", "cannot open --prompts file %s: %s", prompts_path,
-                            strerror(errno));
+        if (!f) {
+            cli_fail("run", "cannot open --prompts file %s: %s", prompts_path, strerror(errno));
+            goto out;
+        }
         size_t cap = 0, len = 0;
         int ch;
         while ((ch = fgetc(f)) != EOF) {
@@ -260,8 +261,8 @@ int ikv_cmd_run(int argc, char **argv) {
                 char *t = realloc(ptext, cap = cap ? cap * 2 : 4096);
                 if (!t) {
                     fclose(f);
-                    free(ptext);
-                    return cli_fail("run", "out of memory reading %s", prompts_path);
+                    cli_fail("run", "out of memory reading %s", prompts_path);
+                    goto out;
                 }
                 ptext = t;
             }
@@ -270,9 +271,8 @@ int ikv_cmd_run(int argc, char **argv) {
         int err = ferror(f);
         fclose(f);
         if (err || len == 0) {
-            free(ptext);
-            return cli_fail("run", "--prompts file %s: %s", prompts_path,
-                            err ? "read error" : "empty");
+            cli_fail("run", "--prompts file %s: %s", prompts_path, err ? "read error" : "empty");
+            goto out;
         }
         ptext[len] = 0;
         nprompts = 0;
@@ -281,8 +281,8 @@ int ikv_cmd_run(int argc, char **argv) {
         nprompts += ptext[len - 1] != '\n';
         plines = calloc(nprompts, sizeof *plines);
         if (!plines) {
-            free(ptext);
-            return cli_fail("run", "out of memory");
+            cli_fail("run", "out of memory");
+            goto out;
         }
         size_t k = 0;
         for (char *q = ptext; k < nprompts; k++) {
