@@ -509,6 +509,8 @@ int ikv_chunks_begin(ikv_chunks *c, const ikv_blend_request *r, ikv_seq **seq,
 void ikv_chunks_stats(const ikv_chunks *c, size_t *entries, uint64_t *bytes);
 /* Invariants of the store (bytes add up, entries well-formed). 1 or 0 with ikv_errdetail. */
 int ikv_chunks_check(const ikv_chunks *c);
+/* Writes the store's entries (hash, scope salt, length, offset, age) to f, for debugging. */
+void ikv_chunks_dump(const ikv_chunks *c, FILE *f);
 
 /* Tests: re-rotates keys k[n][kv_dim] (RoPE'd at positions a..a+n) in place to positions
  * b..b+n, as placement does. */

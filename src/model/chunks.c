@@ -127,13 +127,13 @@ void ikv_chunks_options_default(ikv_chunks_options *o) {
 void ikv_chunks_destroy(ikv_chunks *c) {
     if (!c) return;
     for (size_t i = 0; i < c->n_ent; i++)
-        free(c->ent[i].tok), free(c->ent[i].kv);
-    free(c->ent);
-    free(c->tok), free(c->pos), free(c->reused);
-    free(c->x), free(c->xb), free(c->q), free(c->k), free(c->v), free(c->att), free(c->hb),
-        free(c->hb2), free(c->Kc), free(c->Vc), free(c->S), free(c->kvtmp), free(c->dp),
-        free(c->rc), free(c->rs);
-    free(c);
+        ikv_free(c->ent[i].tok), ikv_free(c->ent[i].kv);
+    ikv_free(c->ent);
+    ikv_free(c->tok), ikv_free(c->pos), ikv_free(c->reused);
+    ikv_free(c->x), ikv_free(c->xb), ikv_free(c->q), ikv_free(c->k), ikv_free(c->v), ikv_free(c->att), ikv_free(c->hb),
+        ikv_free(c->hb2), ikv_free(c->Kc), ikv_free(c->Vc), ikv_free(c->S), ikv_free(c->kvtmp), ikv_free(c->dp),
+        ikv_free(c->rc), ikv_free(c->rs);
+    ikv_free(c);
 }
 
 int ikv_chunks_create(ikv_engine *e, const ikv_chunks_options *o, ikv_chunks **out) {
@@ -145,21 +145,21 @@ int ikv_chunks_create(ikv_engine *e, const ikv_chunks_options *o, ikv_chunks **o
     const ikv_model *m = e->m;
     const size_t L = (size_t)m->cfg.seq_len, D = (size_t)m->cfg.dim, H = (size_t)m->cfg.hidden_dim,
                  QD = (size_t)m->q_dim, KD = (size_t)m->kv_dim, hd = (size_t)m->head_dim;
-    ikv_chunks *c = calloc(1, sizeof *c);
+    ikv_chunks *c = ikv_calloc(1, sizeof *c);
     if (!c) return ikv_error(IKV_ENOMEM, "chunks: out of memory");
     c->e = e, c->o = *o;
     c->fp = ikv_engine_fingerprint(m, &e->opt);
     c->cap_ent = 64;
-    c->ent = calloc(c->cap_ent, sizeof *c->ent);
-    c->tok = malloc(L * sizeof *c->tok), c->pos = malloc(L * sizeof *c->pos);
-    c->reused = malloc(L * sizeof *c->reused);
-    c->x = malloc(L * D * 4), c->xb = malloc(L * D * 4), c->q = malloc(L * QD * 4);
-    c->k = malloc(L * KD * 4), c->v = malloc(L * KD * 4), c->att = malloc(L * QD * 4);
-    c->hb = malloc(L * H * 4), c->hb2 = malloc(L * H * 4);
-    c->Kc = malloc(L * KD * 4), c->Vc = malloc(L * KD * 4);
-    c->S = malloc((size_t)e->nth * CH_ROWS * L * 4), c->kvtmp = malloc(2 * KD * 4);
-    c->dp = malloc(L * sizeof *c->dp);
-    c->rc = malloc(hd / 2 * sizeof(double)), c->rs = malloc(hd / 2 * sizeof(double));
+    c->ent = ikv_calloc(c->cap_ent, sizeof *c->ent);
+    c->tok = ikv_malloc(L * sizeof *c->tok), c->pos = ikv_malloc(L * sizeof *c->pos);
+    c->reused = ikv_malloc(L * sizeof *c->reused);
+    c->x = ikv_malloc(L * D * 4), c->xb = ikv_malloc(L * D * 4), c->q = ikv_malloc(L * QD * 4);
+    c->k = ikv_malloc(L * KD * 4), c->v = ikv_malloc(L * KD * 4), c->att = ikv_malloc(L * QD * 4);
+    c->hb = ikv_malloc(L * H * 4), c->hb2 = ikv_malloc(L * H * 4);
+    c->Kc = ikv_malloc(L * KD * 4), c->Vc = ikv_malloc(L * KD * 4);
+    c->S = ikv_malloc((size_t)e->nth * CH_ROWS * L * 4), c->kvtmp = ikv_malloc(2 * KD * 4);
+    c->dp = ikv_malloc(L * sizeof *c->dp);
+    c->rc = ikv_malloc(hd / 2 * sizeof(double)), c->rs = ikv_malloc(hd / 2 * sizeof(double));
     if (!c->ent || !c->tok || !c->pos || !c->reused || !c->x || !c->xb || !c->q ||
         !c->k || !c->v || !c->att || !c->hb || !c->hb2 || !c->Kc || !c->Vc || !c->S ||
         !c->kvtmp || !c->dp || !c->rc || !c->rs) {
@@ -191,6 +191,17 @@ int ikv_chunks_check(const ikv_chunks *c) {
     return 1;
 }
 
+void ikv_chunks_dump(const ikv_chunks *c, FILE *f) {
+    fprintf(f, "chunk store: %zu entries, %llu of %llu bytes\n", c->n_ent,
+            (unsigned long long)c->bytes, (unsigned long long)c->o.mem);
+    for (size_t i = 0; i < c->n_ent; i++) {
+        const chunk *h = &c->ent[i];
+        fprintf(f, "  [%zu] hash %016llx salt %016llx tokens %u at offset %u, stamp %llu, first %u\n",
+                i, (unsigned long long)h->hash, (unsigned long long)h->salt, h->n, h->off,
+                (unsigned long long)h->stamp, h->tok[0]);
+    }
+}
+
 /* Key hash of a segment's tokens under salt (the fingerprint is the seed). */
 static uint64_t seg_hash(const ikv_chunks *c, const uint32_t *t, size_t n, uint64_t salt) {
     return XXH3_64bits_withSeed(t, n * sizeof *t, c->fp ^ salt);
@@ -209,7 +220,7 @@ static long find(const ikv_chunks *c, const uint32_t *t, size_t n, uint64_t salt
 /* Drops entry i (swap with the last). */
 static void drop(ikv_chunks *c, size_t i) {
     c->bytes -= c->ent[i].bytes;
-    free(c->ent[i].tok), free(c->ent[i].kv);
+    ikv_free(c->ent[i].tok), ikv_free(c->ent[i].kv);
     c->ent[i] = c->ent[--c->n_ent];
 }
 
@@ -229,8 +240,8 @@ static int store(ikv_chunks *c, ikv_seq *s, const uint32_t *t, size_t off, size_
     }
     chunk h = {.hash = seg_hash(c, t, n, salt), .salt = salt, .stamp = ++c->clock,
                .n = (uint32_t)n, .off = (uint32_t)off, .bytes = bytes};
-    h.tok = malloc(n * 4), h.kv = malloc(NL * 2 * n * KD * 4);
-    if (!h.tok || !h.kv) return free(h.tok), free(h.kv), 1;
+    h.tok = ikv_malloc(n * 4), h.kv = ikv_malloc(NL * 2 * n * KD * 4);
+    if (!h.tok || !h.kv) return ikv_free(h.tok), ikv_free(h.kv), 1;
     memcpy(h.tok, t, n * 4);
     for (size_t l = 0; l < NL; l++)
         for (size_t p = 0; p < n; p++)
