@@ -38,5 +38,6 @@ int ikv_cmd_plan(int argc, char **argv);
 int ikv_cmd_model(int argc, char **argv);
 int ikv_cmd_run(int argc, char **argv);
 int ikv_cmd_bench(int argc, char **argv);
+int ikv_cmd_load(int argc, char **argv);
 
 #endif
