@@ -419,7 +419,7 @@ static void test_csv_quoting(void **state) {
 
 /* ---- the loopback responder ------------------------------------------------------------------- */
 
-enum mode { M_GOOD, M_500, M_429, M_HTML, M_GARBAGE, M_NODONE, M_STALL, M_PLAIN, M_LLAMA };
+enum mode { M_GOOD, M_500, M_429, M_HTML, M_GARBAGE, M_NODONE, M_STALL, M_PLAIN, M_LLAMA, M_NOUSAGE };
 
 typedef struct fixture {
     struct MHD_Daemon *d;
@@ -573,7 +573,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         if (mode == M_LLAMA)
             len += snprintf(s->text + len, 1024 - len, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%zu,"
                             "\"completion_tokens\":2},\"timings\":{\"cache_n\":%zu}}\n\n", n, cached);
-        else
+        else if (mode != M_NOUSAGE)
             len += snprintf(s->text + len, 1024 - len, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%zu,"
                             "\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":%zu}}}\r\n\r\n", n, cached);
         if (mode != M_NODONE) len += snprintf(s->text + len, 1024 - len, "data: [DONE]\n\n");
@@ -838,6 +838,16 @@ static void test_plain_and_llama(void **state) {
     assert_int_equal(r.cached_src, IKV_CACHED_LLAMACPP);
     assert_true(fabs(r.token_hit_ratio - plain) < 1e-12);
     ikv_load_result_free(&r);
+    /* a stream without usage: the requests succeed, no ratio is claimed */
+    fixture_reset(M_NOUSAGE);
+    run_load(MOONCAKE, 10, 32, &o, &r);
+    assert_int_equal(r.ok, 10);
+    assert_int_equal(r.reported, 0);
+    assert_int_equal(r.cached_src, IKV_CACHED_NONE);
+    char *js = ikv_load_summary_json(&r, &o, MOONCAKE, NULL);
+    assert_non_null(strstr(js, "\"token_hit_ratio\":\tnull"));
+    ikv_free(js);
+    ikv_load_result_free(&r);
 }
 
 /* Nothing listens: every request is a connect error, and the run still ends. */
@@ -880,6 +890,58 @@ static void test_bad_options(void **state) {
     assert_int_equal(ikv_load_run(t, &o, &r), IKV_EINVAL);
     ikv_trace_close(t);
     assert_int_equal(fx.requests, 0);
+}
+
+/* Allocation failures anywhere in a run give IKV_ENOMEM and leak nothing (ASan checks), until
+ * enough allocations succeed for the run to complete. */
+static void test_alloc_failure(void **state) {
+    (void)state;
+    fixture_reset(M_GOOD);
+    ikv_load_opts o;
+    char url[64];
+    opts_for(&o, url, sizeof url);
+    o.map.scale = 32;
+    o.concurrency = 2;
+    int completed_run = 0;
+    for (size_t n = 0; n < 400 && !completed_run; n++) {
+        ikv_trace_opts to = {0};
+        to.max_requests = 3;
+        ikv_trace *t;
+        assert_int_equal(ikv_trace_open(MOONCAKE, &to, &t), 0);
+        ikv_load_result r;
+        ikv_alloc_fail_after(n);
+        int rc = ikv_load_run(t, &o, &r);
+        char *csv = rc == 0 ? ikv_load_requests_csv(&r) : NULL;
+        char *sent = rc == 0 ? ikv_load_sent_trace(&r) : NULL;
+        ikv_alloc_fail_after(SIZE_MAX);
+        if (rc == 0) {
+            assert_int_equal(r.n, 3);
+            if (csv && sent) {
+                completed_run = 1;
+                assert_int_equal(r.ok, 3);
+            }
+            ikv_free(csv);
+            ikv_free(sent);
+            ikv_load_result_free(&r);
+        } else {
+            assert_int_equal(rc, IKV_ENOMEM);
+        }
+        ikv_trace_close(t);
+    }
+    assert_true(completed_run);
+    /* the prompt builder leaves its buffer valid when growing fails */
+    ikv_load_map m;
+    ikv_load_map_default(&m);
+    ikv_key k[4] = {{1, 1}, {2, 2}, {3, 3}, {4, 4}};
+    ikv_request q = {.input_tokens = 2048, .n_blocks = 4, .keys = k};
+    ikv_load_prompt_buf b = {0};
+    ikv_alloc_fail_after(0);
+    assert_int_equal(ikv_load_prompt(&m, &q, 512, &b), IKV_ENOMEM);
+    ikv_alloc_fail_after(SIZE_MAX);
+    assert_null(b.tokens);
+    assert_int_equal(ikv_load_prompt(&m, &q, 512, &b), 0);
+    assert_int_equal(b.n, 2048);
+    ikv_load_prompt_free(&b);
 }
 
 /* The CLI: files written, exit codes, and a sweep with its CSV (plots with --no-plot off only
@@ -956,6 +1018,7 @@ int main(void) {
         cmocka_unit_test(test_plain_and_llama),
         cmocka_unit_test(test_unreachable),
         cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_alloc_failure),
         cmocka_unit_test(test_cli),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

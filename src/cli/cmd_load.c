@@ -338,7 +338,7 @@ static int sweep_plot(const load_args *a, const ikv_load_result *rs, const int *
     ikv_load_gp_quote(qk, sizeof qk, a->vary_key);
     for (int plot = 0; plot < 2; plot++)
         for (int k = 0; k < 2; k++) {
-            snprintf(q, sizeof q, "%s/sweep_%s.%s.tmp", a->out, plot ? "ttft" : "hit", k ? "png" : "svg");
+            snprintf(q, sizeof q, "%s/.sweep_%s.%s.%d.tmp", a->out, plot ? "ttft" : "hit", k ? "png" : "svg", (int)getpid());
             ikv_load_gp_quote(qo, sizeof qo, q);
             fprintf(g, k ? "set terminal png size 900,560\n" : "set terminal svg size 900,560 dynamic font 'sans,12'\n");
             fprintf(g, "set output '%s'\nset title '%s (measured)' noenhanced\nset xlabel '%s' noenhanced\n"
@@ -359,7 +359,7 @@ static int sweep_plot(const load_args *a, const ikv_load_result *rs, const int *
     for (int plot = 0; plot < 2; plot++)
         for (int k = 0; k < 2; k++) {
             char tmp[4200], fin[4200];
-            snprintf(tmp, sizeof tmp, "%s/sweep_%s.%s.tmp", a->out, plot ? "ttft" : "hit", k ? "png" : "svg");
+            snprintf(tmp, sizeof tmp, "%s/.sweep_%s.%s.%d.tmp", a->out, plot ? "ttft" : "hit", k ? "png" : "svg", (int)getpid());
             snprintf(fin, sizeof fin, "%s/sweep_%s.%s", a->out, plot ? "ttft" : "hit", k ? "png" : "svg");
             struct stat st;
             if (rc == 0 && lstat(fin, &st) == 0 && !S_ISREG(st.st_mode)) {

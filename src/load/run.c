@@ -457,10 +457,9 @@ static void finish(run *u, slot *s, CURLcode cc) {
     } else if (!rp->events) {
         e->err = IKV_LOAD_BAD_REPLY;
         snprintf(e->detail, sizeof e->detail, "no completion chunk before [DONE]");
-    } else if (u->o->include_usage && rp->prompt_tokens < 0) {
-        e->err = IKV_LOAD_BAD_REPLY;
-        snprintf(e->detail, sizeof e->detail, "no usage chunk (stream_options.include_usage)");
     }
+    /* a stream without usage is still a completion: its cached tokens count as not reported
+       (summary.json's reported_cached says how many did) */
     if (!e->err) {
         e->server_prompt_tokens = rp->prompt_tokens;
         e->completion_tokens = rp->completion_tokens;
