@@ -892,6 +892,37 @@ static void test_bad_options(void **state) {
     assert_int_equal(fx.requests, 0);
 }
 
+/* Open loop: requests leave at trace time / rate (30 Mooncake requests at 0, 3, 6 and 9 s, run
+ * 20x faster: 0, 0.15, 0.3, 0.45 s), and --duration stops sending. */
+static void test_open_loop(void **state) {
+    (void)state;
+    fixture_reset(M_GOOD);
+    ikv_load_opts o;
+    char url[64];
+    opts_for(&o, url, sizeof url);
+    o.closed_loop = 0;
+    o.concurrency = 0;
+    o.rate = 20;
+    ikv_load_result r;
+    run_load(MOONCAKE, 30, 32, &o, &r);
+    assert_int_equal(r.ok, 30);
+    for (size_t i = 0; i < r.n; i++) assert_true(r.records[i].send + 1e-9 >= r.records[i].trace_time / 20);
+    assert_true(r.records[29].send >= 0.45);
+    ikv_load_result_free(&r);
+    /* stop after 0.2 s: the requests due at 0 and 0.15 s are sent, those at 0.3 and 0.45 s not */
+    o.duration = 0.2;
+    run_load(MOONCAKE, 30, 32, &o, &r);
+    assert_int_equal(r.ok, 26);
+    assert_int_equal(r.errors_by[IKV_LOAD_NOT_SENT], 4);
+    assert_int_equal(r.sent, 26);
+    char *sent = ikv_load_sent_trace(&r);
+    size_t lines = 0;
+    for (char *p = sent; *p; p++) lines += *p == '\n';
+    assert_int_equal(lines, 26);
+    ikv_free(sent);
+    ikv_load_result_free(&r);
+}
+
 /* Allocation failures anywhere in a run give IKV_ENOMEM and leak nothing (ASan checks), until
  * enough allocations succeed for the run to complete. */
 static void test_alloc_failure(void **state) {
@@ -1018,6 +1049,7 @@ int main(void) {
         cmocka_unit_test(test_plain_and_llama),
         cmocka_unit_test(test_unreachable),
         cmocka_unit_test(test_bad_options),
+        cmocka_unit_test(test_open_loop),
         cmocka_unit_test(test_alloc_failure),
         cmocka_unit_test(test_cli),
     };

@@ -562,7 +562,8 @@ int ikv_load_run(ikv_trace *t, const ikv_load_opts *o, ikv_load_result *r) {
 
     u.t0 = ikv_now();
     size_t cursor = 0;
-    int stop = 0;
+    int stop = 0, dirty = 1;
+    double wait = 0, due_at = 0;
     while (!(u.inflight == 0 && (stop || u.sent == r->n))) {
         if (!stop && o->duration > 0 && ikv_now() - u.t0 >= o->duration) {
             stop = 1;
@@ -574,8 +575,16 @@ int ikv_load_run(ikv_trace *t, const ikv_load_opts *o, ikv_load_result *r) {
                 }
             if (u.inflight == 0) break;
         }
-        double wait;
-        if ((rc = schedule(&u, &cursor, stop, &wait))) goto out_curl;
+        /* scan for what may start only when something ended or an arrival time came: a scan
+           is O(waiting requests), a wakeup happens per streamed chunk */
+        double now = ikv_now() - u.t0;
+        if (dirty || now >= due_at) {
+            if ((rc = schedule(&u, &cursor, stop, &wait))) goto out_curl;
+            dirty = 0;
+            due_at = o->closed_loop ? INFINITY : now + wait;
+        }
+        wait = due_at - now;
+        if (wait < 0) wait = 0;
         int running = 0;
         curl_multi_perform(u.multi, &running);
         CURLMsg *m;
@@ -587,6 +596,7 @@ int ikv_load_run(ikv_trace *t, const ikv_load_opts *o, ikv_load_result *r) {
             curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&s);
             finish(&u, s, m->data.result);
             finished = 1;
+            dirty = 1;
         }
         if (finished) continue; /* something may start now */
         if (u.inflight == 0 && (stop || u.sent == r->n)) break;
