@@ -195,6 +195,13 @@ static void test_reply_fields(void **state) {
     assert_int_equal(ikv_load_reply_chunk(&r, l, strlen(l), 1.0), 0);
     assert_int_equal(r.cached_tokens, 5);
     assert_int_equal(r.cached_src, IKV_CACHED_LLAMACPP);
+    /* llama.cpp without cache_n (b4700-era builds): prompt tokens minus those it evaluated */
+    ikv_load_reply_init(&r);
+    const char *l2 = "{\"choices\":[{\"text\":\"\"}],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1},"
+                     "\"timings\":{\"prompt_n\":4}}";
+    assert_int_equal(ikv_load_reply_chunk(&r, l2, strlen(l2), 1.0), 0);
+    assert_int_equal(r.cached_tokens, 5);
+    assert_int_equal(r.cached_src, IKV_CACHED_LLAMACPP_PROMPT_N);
     ikv_load_reply_init(&r);
     const char *v = "{\"usage\":{\"prompt_tokens\":9,\"num_cached_tokens\":3}}";
     assert_int_equal(ikv_load_reply_chunk(&r, v, strlen(v), 1.0), 0);

@@ -71,6 +71,8 @@ typedef enum ikv_cached_src {
     IKV_CACHED_OPENAI,    /* usage.prompt_tokens_details.cached_tokens (OpenAI, vLLM, isokv) */
     IKV_CACHED_LLAMACPP,  /* timings.cache_n (llama.cpp's llama-server) */
     IKV_CACHED_VLLM_LEGACY, /* usage.num_cached_tokens (older vLLM) */
+    IKV_CACHED_LLAMACPP_PROMPT_N, /* usage.prompt_tokens - timings.prompt_n (llama.cpp builds
+                                     without cache_n: the prompt tokens it did not evaluate) */
 } ikv_cached_src;
 
 const char *ikv_cached_src_name(ikv_cached_src s);

@@ -19,8 +19,9 @@
  * last chunk when stream_options.include_usage is set, or a plain non-streamed response) gives
  * prompt, completion and cached tokens; cached tokens are taken, in this order, from
  * usage.prompt_tokens_details.cached_tokens (OpenAI; vLLM and isokv use the same field),
- * timings.cache_n (llama.cpp's server, on its last chunk) or usage.num_cached_tokens (older
- * vLLM builds).
+ * timings.cache_n (llama.cpp's server, on its last chunk), usage.num_cached_tokens (older
+ * vLLM builds), or, for llama.cpp builds whose timings have no cache_n (b4700-era),
+ * usage.prompt_tokens - timings.prompt_n: the prompt tokens it did not evaluate.
  */
 #include "isokv/load.h"
 
@@ -161,6 +162,7 @@ const char *ikv_cached_src_name(ikv_cached_src s) {
     case IKV_CACHED_OPENAI: return "usage.prompt_tokens_details.cached_tokens";
     case IKV_CACHED_LLAMACPP: return "timings.cache_n";
     case IKV_CACHED_VLLM_LEGACY: return "usage.num_cached_tokens";
+    case IKV_CACHED_LLAMACPP_PROMPT_N: return "usage.prompt_tokens-timings.prompt_n";
     default: return "none";
     }
 }
@@ -247,10 +249,13 @@ int ikv_load_reply_chunk(ikv_load_reply *r, const char *data, size_t len, double
         }
     }
     if (cJSON_IsObject(timings) && r->cached_src != IKV_CACHED_OPENAI) {
-        int64_t v = count_of(timings, "cache_n");
+        int64_t v = count_of(timings, "cache_n"), pn = count_of(timings, "prompt_n");
         if (v >= 0) {
             r->cached_tokens = v;
             r->cached_src = IKV_CACHED_LLAMACPP;
+        } else if (pn >= 0 && r->prompt_tokens >= pn && r->cached_src == IKV_CACHED_NONE) {
+            r->cached_tokens = r->prompt_tokens - pn;
+            r->cached_src = IKV_CACHED_LLAMACPP_PROMPT_N;
         }
     }
     cJSON_Delete(j);
