@@ -477,17 +477,16 @@ static void stream_free(void *cls) {
     free(s);
 }
 
-/* Brute-force prefix cache: tokens of the leading 16-token blocks (the last may be partial)
- * equal, block for block, to the blocks of some earlier prompt. */
+/* Brute-force prefix cache, as servers cache: the leading whole 16-token blocks equal, block
+ * for block, to the blocks of some earlier prompt (a partial last block is never cached). */
 static size_t cached_of(const uint32_t *p, size_t n) {
     size_t best = 0;
     for (size_t k = 0; k < fx.n; k++) {
         const uint32_t *q = fx.prompts[k];
         size_t m = fx.plen[k], got = 0;
-        for (size_t b = 0; b * 16 < n; b++) {
-            size_t lo = b * 16, hi = lo + 16 < n ? lo + 16 : n, qhi = lo + 16 < m ? lo + 16 : m;
-            if (lo >= m || hi != qhi || memcmp(p + lo, q + lo, (hi - lo) * sizeof *p)) break;
-            got = hi;
+        for (size_t lo = 0; lo + 16 <= n && lo + 16 <= m; lo += 16) {
+            if (memcmp(p + lo, q + lo, 16 * sizeof *p)) break;
+            got = lo + 16;
         }
         if (got > best) best = got;
     }
@@ -899,6 +898,16 @@ static void test_bad_options(void **state) {
     assert_int_equal(fx.requests, 0);
 }
 
+/* Requests in the sent-order trace (each is one {"t": ...} object). */
+static size_t count_requests(const ikv_load_result *r) {
+    char *sent = ikv_load_sent_trace(r);
+    assert_non_null(sent);
+    size_t n = 0;
+    for (const char *p = sent; (p = strstr(p, "{\"t\":")); p++) n++;
+    ikv_free(sent);
+    return n;
+}
+
 /* Open loop: requests leave at trace time / rate (30 Mooncake requests at 0, 3, 6 and 9 s, run
  * 20x faster: 0, 0.15, 0.3, 0.45 s), and --duration stops sending. */
 static void test_open_loop(void **state) {
@@ -922,11 +931,36 @@ static void test_open_loop(void **state) {
     assert_int_equal(r.ok, 26);
     assert_int_equal(r.errors_by[IKV_LOAD_NOT_SENT], 4);
     assert_int_equal(r.sent, 26);
-    char *sent = ikv_load_sent_trace(&r);
-    size_t lines = 0;
-    for (char *p = sent; *p; p++) lines += *p == '\n';
-    assert_int_equal(lines, 26);
-    ikv_free(sent);
+    assert_int_equal(count_requests(&r), 26);
+    ikv_load_result_free(&r);
+}
+
+/* --max-context: requests too long for the model are counted, not sent, and left out of the
+ * sent-order trace; a session's later turns still go. */
+static void test_max_context(void **state) {
+    (void)state;
+    fixture_reset(M_GOOD);
+    ikv_load_opts o;
+    char url[64];
+    opts_for(&o, url, sizeof url);
+    o.max_context = 512;
+    ikv_load_result r;
+    run_load(MOONCAKE, 40, 32, &o, &r);
+    uint64_t too_long = 0;
+    for (size_t i = 0; i < r.n; i++) {
+        const ikv_load_record *e = &r.records[i];
+        if (e->prompt_tokens + e->max_tokens > 512) {
+            assert_int_equal(e->err, IKV_LOAD_TOO_LONG);
+            assert_true(e->sent_order == UINT64_MAX);
+            too_long++;
+        } else {
+            assert_int_equal(e->err, IKV_LOAD_OK);
+        }
+    }
+    assert_true(too_long > 0 && too_long < 40);
+    assert_int_equal(r.errors_by[IKV_LOAD_TOO_LONG], too_long);
+    assert_int_equal((uint64_t)fx.requests, 40 - too_long);
+    assert_int_equal(count_requests(&r), 40 - too_long);
     ikv_load_result_free(&r);
 }
 
@@ -1057,6 +1091,7 @@ int main(void) {
         cmocka_unit_test(test_unreachable),
         cmocka_unit_test(test_bad_options),
         cmocka_unit_test(test_open_loop),
+        cmocka_unit_test(test_max_context),
         cmocka_unit_test(test_alloc_failure),
         cmocka_unit_test(test_cli),
     };

@@ -143,6 +143,8 @@ typedef struct ikv_load_opts {
     int include_usage;        /* stream_options.include_usage (default 1) */
     uint32_t max_tenants;     /* keep only requests of tenants 0..N-1 (0 = all; segments) */
     uint32_t max_inflight;    /* open loop: at most this many in flight (default 256) */
+    uint32_t max_context;     /* skip (IKV_LOAD_TOO_LONG) requests whose prompt + max_tokens
+                                 exceed this (0 = send everything) */
     ikv_load_map map;
     void (*progress)(void *ctx, uint64_t done, uint64_t total); /* may be NULL */
     void *progress_ctx;
@@ -159,6 +161,7 @@ typedef enum ikv_load_err {
     IKV_LOAD_BAD_REPLY,   /* 2xx but not an OpenAI completion stream */
     IKV_LOAD_TRANSPORT,   /* any other transfer error (reset, partial body) */
     IKV_LOAD_NOT_SENT,    /* --duration ran out before it was sent */
+    IKV_LOAD_TOO_LONG,    /* prompt + max_tokens over max_context: not sent */
     IKV_LOAD_N_ERR
 } ikv_load_err;
 
@@ -210,11 +213,13 @@ typedef struct ikv_load_result {
 int ikv_load_run(ikv_trace *t, const ikv_load_opts *o, ikv_load_result *r);
 void ikv_load_result_free(ikv_load_result *r);
 
-/* The requests of r in the order they were sent, as a Mooncake-format JSONL trace that
- * `isokv sim --mode order` replays: one line per sent request, ids dense over the distinct
- * block keys (a key names its whole prefix, as Mooncake ids do), the request's partial tail a
- * fresh id, and token counts in units of 512/B per sent token so that each sent block of B
- * tokens is one 512-token Mooncake block (B must divide 512). Owned by the caller (ikv_free);
+/* The requests of r that completed (IKV_LOAD_OK; a refused request never reached the server's
+ * cache), in the order they were sent, as a trace that `isokv sim --mode order` replays with
+ * exactly the blocks a server caches: one WEKA-format conversation line whose requests come in
+ * sent order (t = send time), ids dense over the distinct keys of the requests' full blocks
+ * (a key names its prefix, as WEKA ids do), partial blocks and tails unhashed (a server caches
+ * only full blocks), and token counts in units of 64/B per sent token, so that each sent block
+ * of B tokens is one 64-token WEKA block (B must divide 64). Owned by the caller (ikv_free);
  * NULL with IKV_ENOMEM / IKV_EINVAL in the detail. */
 char *ikv_load_sent_trace(const ikv_load_result *r);
 

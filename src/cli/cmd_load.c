@@ -64,6 +64,8 @@ static void usage(FILE *f) {
             "  --token-seed S        seed of the block -> token mapping (default 0)\n"
             "  --out-scale F         max_tokens = output / K * F (default 1)\n"
             "  --max-output N        cap on max_tokens (default none)\n"
+            "  --max-context N       do not send requests whose prompt + max_tokens exceed N\n"
+            "                        (counted as too_long; e.g. 512 for stories260K)\n"
             "server:\n"
             "  --url URL             base URL (default http://127.0.0.1:8000); /v1/completions added\n"
             "  --model NAME          \"model\" field (default: omitted)\n"
@@ -193,6 +195,8 @@ static int parse_args(int argc, char **argv, load_args *a) {
             if (strpbrk(v, "\r\n") || strlen(v) > 100)
                 return cli_usage_error(CMD, "--tenant-prefix: line break or over 100 bytes");
             a->lo.tenant_prefix = v;
+        } else if (!strcmp(f, "--max-context")) {
+            if ((rc = parse_u32(f, v, 2, UINT32_MAX, &a->lo.max_context))) return rc;
         } else if (!strcmp(f, "--duration")) {
             if ((rc = parse_pos_double(f, v, &a->lo.duration))) return rc;
         } else if (!strcmp(f, "--timeout")) {

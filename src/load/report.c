@@ -350,17 +350,16 @@ static int cmp_sent(const void *a, const void *b) {
 
 char *ikv_load_sent_trace(const ikv_load_result *r) {
     uint32_t bs = r->block_tokens;
-    if (!bs || 512 % bs) {
-        ikv_error(IKV_EINVAL, "sent trace: the %u-token blocks do not divide 512", bs);
+    if (!bs || 64 % bs) {
+        ikv_error(IKV_EINVAL, "sent trace: the %u-token blocks do not divide 64", bs);
         return NULL;
     }
-    uint32_t unit = 512 / bs;
-    uint32_t k = r->block_tokens ? r->trace_block_tokens / r->block_tokens : 1;
+    uint32_t unit = 64 / bs;
     size_t ns = 0, nk = 0;
     for (size_t i = 0; i < r->n; i++)
-        if (r->records[i].sent_order != UINT64_MAX) {
+        if (r->records[i].sent_order != UINT64_MAX && r->records[i].err == IKV_LOAD_OK) {
             ns++;
-            nk += r->records[i].n_keys;
+            nk += r->records[i].full_blocks;
         }
     const ikv_load_record **order = ikv_malloc((ns ? ns : 1) * sizeof *order);
     keypos *kp = ikv_malloc((nk ? nk : 1) * sizeof *kp);
@@ -369,47 +368,42 @@ char *ikv_load_sent_trace(const ikv_load_result *r) {
     if (!order || !kp || !ids) goto oom;
     ns = 0;
     for (size_t i = 0; i < r->n; i++)
-        if (r->records[i].sent_order != UINT64_MAX) order[ns++] = &r->records[i];
+        if (r->records[i].sent_order != UINT64_MAX && r->records[i].err == IKV_LOAD_OK)
+            order[ns++] = &r->records[i];
     qsort(order, ns, sizeof *order, cmp_sent);
+    /* ids: dense over the distinct keys of full blocks, from 1 */
     nk = 0;
     for (size_t i = 0; i < ns; i++)
-        for (uint32_t j = 0; j < order[i]->n_keys; j++, nk++)
+        for (uint32_t j = 0; j < order[i]->full_blocks; j++, nk++)
             kp[nk] = (keypos){order[i]->keys[j].lo, order[i]->keys[j].hi, nk};
     qsort(kp, nk, sizeof *kp, cmp_keypos);
-    uint64_t next_id = 0;
+    uint64_t next_id = 1;
     for (size_t i = 0; i < nk; i++) {
         if (i && (kp[i].lo != kp[i - 1].lo || kp[i].hi != kp[i - 1].hi)) next_id++;
         ids[kp[i].pos] = next_id;
     }
-    if (nk) next_id++;
+    sb_printf(&b, "{\"id\": \"isokv-load-sent\", \"block_size\": 64, \"hash_id_scope\": \"local\", "
+                  "\"isokv_load\": {\"sent_block_tokens\": %u, \"units_per_sent_token\": %u}, "
+                  "\"requests\": [",
+              bs, unit);
     size_t at = 0;
     for (size_t i = 0; i < ns; i++) {
         const ikv_load_record *e = order[i];
-        /* scaled tokens of the key blocks: full ones bs, the last one floor(last / K) */
-        uint32_t nb = e->n_keys, last = nb ? (e->last_ntokens >= r->trace_block_tokens ? bs : e->last_ntokens / k) : 0;
-        uint64_t in_blocks = nb ? (uint64_t)(nb - 1) * bs + last : 0;
-        if (nb && last == 0) nb--; /* a partial block of < K tokens sent no token */
-        uint64_t tail = e->prompt_tokens > in_blocks ? e->prompt_tokens - in_blocks : 0;
-        if (tail && last && last < bs) {
-            ikv_error(IKV_EINVAL, "sent trace: request %llu has a partial block and a tail",
-                      (unsigned long long)e->index);
-            goto fail;
-        }
-        sb_printf(&b, "{\"timestamp\": %llu, \"input_length\": %llu, \"output_length\": %llu, \"hash_ids\": [",
-                  (unsigned long long)llround(e->send * 1000), (unsigned long long)(e->prompt_tokens * (uint64_t)unit),
+        sb_printf(&b, "%s{\"t\": %.6f, \"type\": \"n\", \"in\": %llu, \"out\": %llu, \"hash_ids\": [",
+                  i ? "," : "", e->send, (unsigned long long)e->prompt_tokens * unit,
                   (unsigned long long)e->max_tokens * unit);
-        for (uint32_t j = 0; j < nb; j++) sb_printf(&b, "%s%llu", j ? ", " : "", (unsigned long long)ids[at + j]);
-        if (tail) sb_printf(&b, "%s%llu", nb ? ", " : "", (unsigned long long)next_id++);
-        sb_printf(&b, "]}\n");
-        at += e->n_keys;
+        for (uint32_t j = 0; j < e->full_blocks; j++)
+            sb_printf(&b, "%s%llu", j ? "," : "", (unsigned long long)ids[at + j]);
+        sb_printf(&b, "]}");
+        at += e->full_blocks;
     }
+    sb_printf(&b, "]}\n");
     ikv_free(order);
     ikv_free(kp);
     ikv_free(ids);
     return sb_take(&b);
 oom:
     ikv_error(IKV_ENOMEM, "sent trace");
-fail:
     ikv_free(order);
     ikv_free(kp);
     ikv_free(ids);

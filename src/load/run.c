@@ -53,8 +53,9 @@ void ikv_load_opts_default(ikv_load_opts *o) {
 }
 
 const char *ikv_load_err_name(ikv_load_err e) {
-    static const char *const names[IKV_LOAD_N_ERR] = {"ok", "http", "connect", "timeout",
-                                                       "bad_reply", "transport", "not_sent"};
+    static const char *const names[IKV_LOAD_N_ERR] = {"ok",        "http",      "connect",
+                                                       "timeout",   "bad_reply", "transport",
+                                                       "not_sent",  "too_long"};
     return (unsigned)e < IKV_LOAD_N_ERR ? names[e] : "?";
 }
 
@@ -147,7 +148,7 @@ typedef struct run {
     uint32_t *ntok;        /* scratch ntokens for a record's blocks */
     size_t ntok_cap;
     double t0;
-    uint64_t sent, done;
+    uint64_t sent, done, skipped;
 } run;
 
 static int on_event(void *ctx, const char *data, size_t len) {
@@ -337,11 +338,22 @@ static int build_body(run *u, slot *s, ikv_load_record *e) {
     return b->oom ? ikv_error(IKV_ENOMEM, "request body of %zu tokens", u->pb.n) : 0;
 }
 
+/* Sends record idx on slot s. Returns 0 (sent), 1 (too long for max_context: recorded, not
+ * sent) or a negative error. */
 static int launch(run *u, slot *s, size_t idx) {
     const ikv_load_opts *o = u->o;
     ikv_load_record *e = &u->r->records[idx];
     int rc = build_body(u, s, e);
     if (rc) return rc;
+    if (o->max_context && (uint64_t)e->prompt_tokens + e->max_tokens > o->max_context) {
+        e->err = IKV_LOAD_TOO_LONG;
+        snprintf(e->detail, sizeof e->detail, "prompt %u + max_tokens %u > --max-context %u",
+                 e->prompt_tokens, e->max_tokens, o->max_context);
+        u->skipped++;
+        u->done++;
+        if (o->progress) o->progress(o->progress_ctx, u->done, u->r->n);
+        return 1;
+    }
     CURL *h = s->easy;
     curl_easy_reset(h);
     curl_slist_free_all(s->hdrs);
@@ -490,11 +502,12 @@ static int schedule(run *u, size_t *cursor, int stop, double *wait) {
     *wait = 1.0;
     if (stop) return 0;
     size_t cap = o->closed_loop ? o->concurrency : u->n_slots;
-    while (*cursor < r->n && r->records[*cursor].sent_order != UINT64_MAX) (*cursor)++;
+    while (*cursor < r->n && (r->records[*cursor].sent_order != UINT64_MAX || r->records[*cursor].err))
+        (*cursor)++;
     double now = ikv_now() - u->t0;
     for (size_t i = *cursor; i < r->n && u->inflight < cap; i++) {
         ikv_load_record *e = &r->records[i];
-        if (e->sent_order != UINT64_MAX || e->err == IKV_LOAD_NOT_SENT) continue;
+        if (e->sent_order != UINT64_MAX || e->err != IKV_LOAD_OK) continue;
         if (!o->closed_loop) {
             double due = e->trace_time / o->rate;
             if (due > now) {
@@ -507,7 +520,7 @@ static int schedule(run *u, size_t *cursor, int stop, double *wait) {
         slot *s = free_slot(u);
         if (!s) break;
         int rc = launch(u, s, i);
-        if (rc) return rc;
+        if (rc < 0) return rc;
     }
     return 0;
 }
@@ -564,11 +577,11 @@ int ikv_load_run(ikv_trace *t, const ikv_load_opts *o, ikv_load_result *r) {
     size_t cursor = 0;
     int stop = 0, dirty = 1;
     double wait = 0, due_at = 0;
-    while (!(u.inflight == 0 && (stop || u.sent == r->n))) {
+    while (!(u.inflight == 0 && (stop || u.sent + u.skipped == r->n))) {
         if (!stop && o->duration > 0 && ikv_now() - u.t0 >= o->duration) {
             stop = 1;
             for (size_t i = 0; i < r->n; i++)
-                if (r->records[i].sent_order == UINT64_MAX) {
+                if (r->records[i].sent_order == UINT64_MAX && !r->records[i].err) {
                     r->records[i].err = IKV_LOAD_NOT_SENT;
                     snprintf(r->records[i].detail, sizeof r->records[i].detail,
                              "--duration %.3g s ran out", o->duration);
@@ -599,7 +612,7 @@ int ikv_load_run(ikv_trace *t, const ikv_load_opts *o, ikv_load_result *r) {
             dirty = 1;
         }
         if (finished) continue; /* something may start now */
-        if (u.inflight == 0 && (stop || u.sent == r->n)) break;
+        if (u.inflight == 0 && (stop || u.sent + u.skipped == r->n)) break;
         int ms = (int)(wait * 1000);
         if (ms > 50) ms = 50;
         if (o->duration > 0 && !stop) {
