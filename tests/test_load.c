@@ -139,7 +139,10 @@ static void test_sse_split(void **state) {
     events e = {0};
     ikv_sse *s;
     assert_int_equal(ikv_sse_create(1024, collect, &e, &s), 0);
-    for (size_t i = 0; i < n; i++) assert_int_equal(ikv_sse_feed(s, STREAM + i, 1), 0);
+    for (size_t i = 0; i < n; i++) {
+        assert_int_equal(ikv_sse_feed(s, STREAM + i, 1), 0);
+        assert_true(ikv_sse_check(s));
+    }
     assert_int_equal(ikv_sse_finish(s), 0);
     check_stream_events(&e);
     assert_int_equal(ikv_sse_bytes(s), n);

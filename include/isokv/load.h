@@ -111,6 +111,9 @@ int ikv_sse_finish(ikv_sse *s);
 uint64_t ikv_sse_bytes(const ikv_sse *s);
 int ikv_sse_saw_data(const ikv_sse *s);
 void ikv_sse_destroy(ikv_sse *s);
+/* Invariant walker: 1 when the parser's buffer bounds hold (data <= line end < capacity <=
+ * max_event + 1, no event data without a data field), else 0. For tests and IKV_ASSERT. */
+int ikv_sse_check(const ikv_sse *s);
 
 /* Reads one event's data (an OpenAI completion chunk, or "[DONE]") into r at time now.
  * Returns 0, or IKV_EFORMAT when the data is neither (r->error says why). */

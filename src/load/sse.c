@@ -64,6 +64,14 @@ void ikv_sse_destroy(ikv_sse *s) {
     ikv_free(s);
 }
 
+int ikv_sse_check(const ikv_sse *s) {
+    if (!s || !s->buf || !s->fn) return 0;
+    if (s->data_len > s->len || s->len >= s->cap || s->cap > s->max + 1) return 0;
+    if (!s->has_data && s->data_len) return 0;
+    if (s->has_data && !s->saw_data) return 0;
+    return 1;
+}
+
 uint64_t ikv_sse_bytes(const ikv_sse *s) {
     return s->bytes;
 }
