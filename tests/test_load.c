@@ -431,7 +431,7 @@ static void test_csv_quoting(void **state) {
 
 /* ---- the loopback responder ------------------------------------------------------------------- */
 
-enum mode { M_GOOD, M_500, M_429, M_HTML, M_GARBAGE, M_NODONE, M_STALL, M_PLAIN, M_LLAMA, M_NOUSAGE };
+enum mode { M_GOOD, M_500, M_429, M_HTML, M_GARBAGE, M_NODONE, M_STALL, M_PLAIN, M_LLAMA, M_NOUSAGE, M_TRAILER };
 
 typedef struct fixture {
     struct MHD_Daemon *d;
@@ -588,6 +588,7 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
             len += snprintf(s->text + len, 1024 - len, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%zu,"
                             "\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":%zu}}}\r\n\r\n", n, cached);
         if (mode != M_NODONE) len += snprintf(s->text + len, 1024 - len, "data: [DONE]\n\n");
+        if (mode == M_TRAILER) len += snprintf(s->text + len, 1024 - len, "data: {\"choices\":[]}");
     }
     s->len = (size_t)len;
     s->stall = mode == M_STALL;
@@ -821,6 +822,8 @@ static void test_errors_bodies(void **state) {
     expect_all(M_HTML, IKV_LOAD_BAD_REPLY, 200, "not an OpenAI completion");
     expect_all(M_GARBAGE, IKV_LOAD_BAD_REPLY, 200, "not a JSON object");
     expect_all(M_NODONE, IKV_LOAD_BAD_REPLY, 200, "[DONE]");
+    /* an event after [DONE], cut off by the end of the body (no blank line): still seen */
+    expect_all(M_TRAILER, IKV_LOAD_BAD_REPLY, 200, "after [DONE]");
 }
 
 /* A stream that stalls is cut at the per-request timeout (0.5 s), long before it would end. */

@@ -431,7 +431,15 @@ static void finish(run *u, slot *s, CURLcode cc) {
     curl_easy_getinfo(s->easy, CURLINFO_RESPONSE_CODE, &status);
     e->status = status;
     ikv_load_reply *rp = &s->reply;
-    if (cc == CURLE_OK && status >= 200 && status < 300) ikv_sse_finish(s->sse);
+    if (cc == CURLE_OK && status >= 200 && status < 300 && !s->sse_rc) {
+        /* a last event without the blank line after it */
+        int frc = ikv_sse_finish(s->sse);
+        if (frc) {
+            s->sse_rc = frc;
+            if (!s->sse_err[0]) snprintf(s->sse_err, sizeof s->sse_err, "%s", ikv_errdetail());
+            cc = CURLE_WRITE_ERROR;
+        }
+    }
     if (cc == CURLE_WRITE_ERROR && s->sse_rc) {
         e->err = IKV_LOAD_BAD_REPLY;
         snprintf(e->detail, sizeof e->detail, "%s", s->sse_err);
