@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# make demo: the main job on bundled and generated data, section by section. Each module adds
+# make demo: the main job on the bundled data (data/: a trained model, public traces) and on
+# generated data, section by section. IKV_TRACES=DIR replays traces from DIR instead. Each module adds
 # one function demo_<module> and one line in the list at the bottom. Output goes to out/.
 set -euo pipefail
 BUILD=${1:-build}
 cd "$(dirname "$0")/.."
 mkdir -p out
 ISOKV="$BUILD/isokv"
+DATA="$PWD/data" # the bundled model and traces (data/README.md)
+rm -f out/small.bin out/small-tok.bin # the 159 MB checkpoint older demos left; none is written now
 
 section() { printf '\n==== %s ====\n' "$*"; }
 
@@ -28,30 +31,28 @@ demo_plan() {
 
 # ---- demo_engine (inference engine; owner: model) ----
 demo_engine() {
-  section "engine: generated 'small' model (random weights: the text is noise, the figures are the point)"
-  "$ISOKV" model init --config small --seed 1 -o out/small.bin --tokenizer-out out/small-tok.bin
-  "$ISOKV" model info out/small.bin
-  local sys
-  sys=$(for i in $(seq 1 24); do printf 'You are a careful assistant of the isokv project; answer briefly. '; done)
-  echo "# the same request twice on one engine: the second run reuses the prompt's full blocks"
-  "$ISOKV" run --model out/small.bin --tokenizer out/small-tok.bin --prompt "$sys Question: what is a prefix cache?" \
-    -n 12 --repeat 2
-  echo "# cold vs warm TTFT: tenant A then tenant B, same 1024-token public prefix, own 32-token suffix"
+  local model="$DATA/models/stories260K/stories260K.bin"
+  section "engine: the bundled trained model (stories260K, llama2.c's TinyStories model, $model)"
+  "$ISOKV" model info "$model"
+  echo "# a story sampled from an empty prompt (isokv run without --model uses the bundled model and tokenizer)"
+  IKV_DATA_DIR="$DATA" "$ISOKV" run --temp 0.8 --seed 7 -n 200
+  local story="Once upon a time, there was a little girl named Lily. She loved to play outside in the park with her friends. One day, she saw a big, red ball under a tree. She wanted to play with it, but her mom said it was time to go home. Lily was sad, so she asked her mom if she could bring the ball. Her mom smiled and said"
+  echo "# cold vs warm: the same 112-token prompt (7 blocks of 16 tokens) three times on one engine;"
+  echo "# runs 2 and 3 take its first 6 blocks from the cache (measured TTFT on stderr)"
+  IKV_DATA_DIR="$DATA" "$ISOKV" run --prompt "$story" --temp 0 -n 24 --repeat 3
+  section "engine benchmark: 'small' config with random weights, built in memory (the figures are the point), 1024-token public prefix"
   "$ISOKV" bench engine --config small --prefix 1024 --suffix 32 --decode 16 --threads 1 --repeat 1
 }
 # ---- end demo_engine ----
 
 # ---- demo_sim (simulator; owner: sim) ----
 demo_sim() {
-  local mc=../shared/traces/mooncake weka=../shared/traces/weka_cc/weka_cc_traces_part1.jsonl.gz
-  [ -d "${IKV_TRACES:-}" ] && mc="$IKV_TRACES/mooncake" && weka="$IKV_TRACES/weka_cc/weka_cc_traces_part1.jsonl.gz"
+  # the public traces bundled under data/traces (IKV_TRACES=DIR points elsewhere: same layout)
+  local traces=${IKV_TRACES:-$DATA/traces}
+  local mc="$traces/mooncake" weka="$traces/weka_cc/weka_cc_traces_part1.jsonl.gz"
   if [ ! -f "$mc/conversation_trace.jsonl" ] || [ ! -f "$weka" ]; then
-    section "simulator: public traces not found (set IKV_TRACES=DIR); replaying the bundled slices"
-    mc=tests/data weka=tests/data/weka_5conv.jsonl.gz
-    "$ISOKV" sim tests/data/mooncake_conv_300.jsonl --capacity-tokens 1.5M
-    "$ISOKV" sim sweep "$weka" --vary conversations=1,3,5 --policy lru,value,opt \
-      --capacity-tokens 50k --out out/sim-weka
-    return
+    echo "demo: traces not found under '$traces' (expected mooncake/conversation_trace.jsonl and weka_cc/weka_cc_traces_part1.jsonl.gz; set IKV_TRACES=DIR)" >&2
+    return 1
   fi
   section "simulator fidelity: Mooncake traces, one global LRU pool, trace order (token hit ratio; Mooncake FAST'25 Fig. 9 / Table 2 for comparison)"
   printf '%-13s' trace; for c in 100k 1M 3M 10M unlimited; do printf '%11s' "$c"; done; printf '%13s %s\n' "3M/unlim." "(published: 3M/unlim. 41% conv, 46% synth; unlim. 40% / 66%)"
@@ -86,9 +87,51 @@ demo_gen() {
 }
 # ---- end demo_gen ----
 
+# ---- demo_serve (HTTP server; owner: serve) ----
+demo_serve() {
+  section "serve: isokv serve on the bundled stories260K, two tenants sharing a public system prompt (curl)"
+  local dir port pid i
+  dir=$(mktemp -d /tmp/isokv-demo-serve.XXXXXX)
+  printf '{"sk-alice": "alice", "sk-bob": "bob"}' > "$dir/keys.json"
+  printf 'You are a storyteller for small children. Your stories are short, kind and simple.' > "$dir/system.txt"
+  "$ISOKV" serve --port 0 --api-keys "$dir/keys.json" --public-prefix "$dir/system.txt" >"$dir/out" 2>"$dir/log" &
+  pid=$!
+  trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' RETURN
+  port=
+  for i in $(seq 1 100); do
+    port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$dir/out")
+    [ -n "$port" ] && curl -sf "http://127.0.0.1:$port/health" >/dev/null && break
+    sleep 0.1
+  done
+  cat "$dir/out"
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E '^isokv_(engine_cached_tokens_total|blocks_inserted_total|partial_block_hits_total|kv_pool_blocks_used) ' > "$dir/m0"
+  local sys
+  sys=$(cat "$dir/system.txt")
+  ask() { # key story
+    curl -s "http://127.0.0.1:$port/v1/completions" -H "Authorization: Bearer $1" \
+      -d "{\"prompt\":\"$sys $2\",\"max_tokens\":24,\"temperature\":0}" |
+      jq -r '"\(.usage.isokv.tenant): prompt \(.usage.prompt_tokens) tokens, cached \(.usage.prompt_tokens_details.cached_tokens) (public \(.usage.isokv.public_prompt_tokens)) -> \(.choices[0].text | gsub("\n"; " "))"'
+  }
+  ask sk-alice "Tell me about a cat who found a hat."
+  ask sk-bob "Tell me about a cat who found a hat."
+  ask sk-alice "Tell me about a cat who found a hat."
+  ask sk-bob "Tell me about a dog who lost a ball."
+  echo "# streamed (SSE), bob:"
+  curl -sN "http://127.0.0.1:$port/v1/chat/completions" -H "Authorization: Bearer sk-bob" \
+    -d '{"messages":[{"role":"user","content":"A bird"}],"max_tokens":6,"temperature":0,"stream":true}' | head -c 600; echo
+  echo "# metrics that changed:"
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E '^isokv_(engine_cached_tokens_total|blocks_inserted_total|partial_block_hits_total|kv_pool_blocks_used) ' > "$dir/m1"
+  diff "$dir/m0" "$dir/m1" | grep '^>' | sed 's/^> /  /' || true
+  curl -s "http://127.0.0.1:$port/metrics" | grep -E '^isokv_(requests_total|cached_prompt_tokens_total)\{' | sed 's/^/  /'
+  echo "# server log:"
+  sed 's/^/  /' "$dir/log"
+}
+# ---- end demo_serve ----
+
 # ---- sections (one line each) ----
 demo_cache
 demo_plan
 demo_engine
 demo_sim
 demo_gen
+demo_serve

@@ -129,10 +129,29 @@ if command -v gnuplot >/dev/null; then
       unlimited+chunk) echo "w l lw 1 dt 3 lc rgb 'gray40' t 'unlimited + chunk'" ;;
     esac
   }
+  # gpstr TEXT: TEXT as a gnuplot string expression that reads back as exactly its bytes and is
+  # never code (the same encoding as isokv's cli_gp_string): printable ASCII other than the
+  # single quote goes in single quotes (no backquote substitution there), every other byte is a
+  # double-quoted octal escape, and the pieces are joined with gnuplot's '.' operator.
+  gpstr() {
+    printf '%s' "$1" | od -An -v -tu1 | LC_ALL=C awk '
+      { for (i = 1; i <= NF; i++) {
+          c = $i + 0
+          if (c >= 32 && c < 127 && c != 39) {
+            if (!o) { printf "%s\047", (n++ ? "." : ""); o = 1 }
+            printf "%c", c
+          } else {
+            if (o) { printf "\047"; o = 0 }
+            printf "%s\"\\%03o\"", (n++ ? "." : ""), c
+          }
+      } }
+      END { if (o) printf "\047"; if (!n) printf "\047\047" }' | sed 's/^/(/; s/$/)/'
+  }
   header() { # terminal, output, title
-    printf '%s\n' "$1" "set output '$2'"
-    printf 'set title "%s\\n%s requests, one %s-token tier; simulated replay, order mode\\nisokv gen %s" noenhanced\n' \
-      "$3" "$REQUESTS" "$CAPACITY" "${GENFLAGS:-(defaults)}"
+    printf '%s\nset output %s\n' "$1" "$(gpstr "$2")"
+    printf 'set title (%s."\\n".%s."\\n".%s) noenhanced\n' "$(gpstr "$3")" \
+      "$(gpstr "$REQUESTS requests, one $CAPACITY-token tier; simulated replay, order mode")" \
+      "$(gpstr "isokv gen ${GENFLAGS:-(defaults)}")"
     printf '%s\n' "set xlabel 'users (N)'" "set ylabel 'token hit ratio'" "set logscale x" \
       "set yrange [0:1]" "set grid" "set key below noenhanced"
   }
@@ -140,7 +159,7 @@ if command -v gnuplot >/dev/null; then
     header "$2" "$3" "Synthetic workload, $1 layout: token hit ratio vs users"
     local sep="plot"
     for cfg in $CONFIGS; do
-      printf '%s "%s" %s' "$sep" "$dat/$1-$cfg.dat" "$(style_of "$cfg")"
+      printf '%s %s %s' "$sep" "$(gpstr "$dat/$1-$cfg.dat")" "$(style_of "$cfg")"
       sep=", "
     done
     echo
@@ -154,8 +173,8 @@ if command -v gnuplot >/dev/null; then
         lw=3 pt=7 lc=1
         [ "$layout" = shared-first ] && lw=1 pt=6
         [ "$cfg" = lru ] || lc=7
-        printf '%s "%s" w lp lw %s pt %s ps 1.5 lc %s t "%s, %s"' "$sep" "$dat/$layout-$cfg.dat" \
-          "$lw" "$pt" "$lc" "$layout" "$cfg"
+        printf '%s %s w lp lw %s pt %s ps 1.5 lc %s t %s' "$sep" "$(gpstr "$dat/$layout-$cfg.dat")" \
+          "$lw" "$pt" "$lc" "$(gpstr "$layout, $cfg")"
         sep=", "
       done
     done
@@ -175,5 +194,6 @@ if command -v gnuplot >/dev/null; then
   fi
 fi
 end=$(date +%s.%N)
-awk -v a="$start" -v b="$end" -v j="$JOBS" -v c="$(nproc)" \
-  'BEGIN { printf "wrote %s; MEASURED wall time %.1f s with %d parallel jobs on %d cores\n", "'"$csv"'", b - a, j, c }'
+# the file name goes to awk through the environment: never pasted into its program
+CSV_NAME=$csv awk -v a="$start" -v b="$end" -v j="$JOBS" -v c="$(nproc)" \
+  'BEGIN { printf "wrote %s; MEASURED wall time %.1f s with %d parallel jobs on %d cores\n", ENVIRON["CSV_NAME"], b - a, j, c }'

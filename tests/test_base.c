@@ -1,9 +1,20 @@
-/* Tests for base/: error strings, error detail, the allocation seam, block keys. */
+/* Tests for base/: error strings, error detail, the allocation seam, block keys, atomic output
+ * files (ikv_outset). */
+#define _XOPEN_SOURCE 700 /* nftw */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <cmocka.h>
+#include <dirent.h>
+#include <errno.h>
+#include <ftw.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "isokv/base.h"
 
@@ -76,11 +87,258 @@ static void test_keys_ids(void **st) {
     assert_true(ikv_scope_salt(0, NULL) == IKV_SCOPE_PUBLIC);
 }
 
+/* ---- atomic output files ----------------------------------------------------------------- */
+
+static char odir[256];
+
+static const char *op(const char *name) {
+    static char buf[8][512];
+    static int k;
+    k = (k + 1) % 8;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", odir, name);
+    return buf[k];
+}
+
+static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb, (void)flag, (void)ftw;
+    return remove(p);
+}
+
+static int setup_odir(void **st) {
+    (void)st;
+    snprintf(odir, sizeof odir, "/tmp/isokv_test_base_XXXXXX");
+    return mkdtemp(odir) ? 0 : -1;
+}
+
+static int teardown_odir(void **st) {
+    (void)st;
+    return nftw(odir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
+
+/* Entries in odir other than . and .. (temporaries included). */
+static int entries(void) {
+    DIR *d = opendir(odir);
+    assert_non_null(d);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+    closedir(d);
+    return n;
+}
+
+static void put(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static char *get(const char *path) {
+    static char buf[4096];
+    FILE *f = fopen(path, "r");
+    if (!f) return NULL;
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    buf[n] = 0;
+    fclose(f);
+    return buf;
+}
+
+static void test_outset_commit(void **st) {
+    (void)st;
+    put(op("b"), "old b");
+    chmod(op("b"), 0640);
+    ikv_outset *s;
+    FILE *fa, *fb;
+    const char *tc;
+    assert_int_equal(ikv_outset_create(&s), 0);
+    assert_int_equal(ikv_outset_add(s, op("a"), &fa, NULL), 0);
+    assert_int_equal(ikv_outset_add(s, op("b"), &fb, NULL), 0);
+    assert_int_equal(ikv_outset_add(s, op("c"), NULL, &tc), 0);
+    assert_int_equal(ikv_outset_count(s), 3);
+    fputs("new a", fa);
+    fputs("new b", fb);
+    put(tc, "new c"); /* as a child program writes the temp by name */
+    /* nothing is visible before the commit */
+    assert_null(get(op("a")));
+    assert_string_equal(get(op("b")), "old b");
+    assert_int_equal(ikv_outset_commit(s), 0);
+    ikv_outset_destroy(s);
+    assert_string_equal(get(op("a")), "new a");
+    assert_string_equal(get(op("b")), "new b");
+    assert_string_equal(get(op("c")), "new c");
+    struct stat sb;
+    assert_int_equal(stat(op("b"), &sb), 0);
+    assert_int_equal(sb.st_mode & 0777, 0640); /* the replaced file's mode is kept */
+    assert_int_equal(entries(), 3);            /* no temporary left */
+    unlink(op("a")), unlink(op("b")), unlink(op("c"));
+}
+
+static void test_outset_abandon(void **st) {
+    (void)st;
+    put(op("keep"), "old");
+    ikv_outset *s;
+    FILE *f;
+    assert_int_equal(ikv_outset_create(&s), 0);
+    assert_int_equal(ikv_outset_add(s, op("keep"), &f, NULL), 0);
+    assert_int_equal(ikv_outset_add(s, op("new"), &f, NULL), 0);
+    fputs("partial", f);
+    assert_int_equal(entries(), 3); /* keep + two temporaries */
+    ikv_outset_destroy(s);          /* not committed: temporaries removed, targets as they were */
+    assert_int_equal(entries(), 1);
+    assert_string_equal(get(op("keep")), "old");
+    ikv_outset_destroy(NULL);
+    unlink(op("keep"));
+}
+
+/* Regression (issue 9, security defect 3): an output path naming a device, a FIFO or a
+ * directory was replaced by a regular file (temp + rename); it must be refused, saying what it
+ * is, and left as it was. A symlink to a regular file is written through (the link stays). */
+static void test_outset_refuses_non_regular(void **st) {
+    (void)st;
+    ikv_outset *s;
+    FILE *f;
+    assert_int_equal(ikv_outset_create(&s), 0);
+    assert_int_equal(mkfifo(op("fifo"), 0600), 0);
+    assert_int_equal(ikv_outset_add(s, op("fifo"), &f, NULL), IKV_EINVAL);
+    assert_non_null(strstr(ikv_errdetail(), "FIFO"));
+    assert_non_null(strstr(ikv_errdetail(), op("fifo")));
+    assert_int_equal(mkdir(op("dir"), 0700), 0);
+    assert_int_equal(ikv_outset_add(s, op("dir"), &f, NULL), IKV_EINVAL);
+    assert_non_null(strstr(ikv_errdetail(), "directory"));
+    assert_int_equal(ikv_outset_add(s, "/dev/null", &f, NULL), IKV_EINVAL);
+    assert_non_null(strstr(ikv_errdetail(), "character device"));
+    assert_int_equal(symlink("/dev/null", op("lnull")), 0);
+    assert_int_equal(ikv_outset_add(s, op("lnull"), &f, NULL), IKV_EINVAL);
+    assert_non_null(strstr(ikv_errdetail(), "symbolic link to a character device"));
+    assert_int_equal(symlink(op("missing"), op("dangling")), 0);
+    assert_int_equal(ikv_outset_add(s, op("dangling"), &f, NULL), IKV_EIO);
+    assert_non_null(strstr(ikv_errdetail(), "missing"));
+    assert_int_equal(ikv_outset_add(s, op("nodir/x"), &f, NULL), IKV_EIO);
+    assert_non_null(strstr(ikv_errdetail(), "nodir"));
+    assert_int_equal(ikv_outset_add(s, "", &f, NULL), IKV_EINVAL);
+    assert_int_equal(ikv_output_check(op("fifo")), IKV_EINVAL);
+    assert_int_equal(ikv_output_check(op("fine")), 0);
+    assert_int_equal(ikv_outset_count(s), 0);
+    ikv_outset_destroy(s);
+    struct stat sb;
+    assert_int_equal(lstat(op("fifo"), &sb), 0);
+    assert_true(S_ISFIFO(sb.st_mode));
+    assert_int_equal(stat("/dev/null", &sb), 0);
+    assert_true(S_ISCHR(sb.st_mode));
+    /* written through a symlink: the file it names is replaced, the link stays */
+    put(op("real"), "old");
+    assert_int_equal(symlink("real", op("link")), 0);
+    assert_int_equal(ikv_outset_create(&s), 0);
+    assert_int_equal(ikv_outset_add(s, op("link"), &f, NULL), 0);
+    fputs("through", f);
+    assert_int_equal(ikv_outset_commit(s), 0);
+    ikv_outset_destroy(s);
+    assert_int_equal(lstat(op("link"), &sb), 0);
+    assert_true(S_ISLNK(sb.st_mode));
+    assert_string_equal(get(op("real")), "through");
+    unlink(op("fifo")), rmdir(op("dir")), unlink(op("lnull")), unlink(op("dangling"));
+    unlink(op("link")), unlink(op("real"));
+    assert_int_equal(entries(), 0);
+}
+
+/* Regression (issue 9, security defect 4): two outputs of one command naming the same file,
+ * by the same name, another spelling, a symlink or a hard link, are refused. */
+static void test_outset_same_file(void **st) {
+    (void)st;
+    put(op("x"), "x");
+    assert_int_equal(symlink("x", op("sx")), 0);
+    assert_int_equal(link(op("x"), op("hx")), 0);
+    char dotted[600];
+    snprintf(dotted, sizeof dotted, "%s/./x", odir);
+    const char *other[] = {op("x"), dotted, op("sx"), op("hx")};
+    for (size_t i = 0; i < 4; i++) {
+        ikv_outset *s;
+        FILE *f;
+        assert_int_equal(ikv_outset_create(&s), 0);
+        assert_int_equal(ikv_outset_add(s, op("x"), &f, NULL), 0);
+        assert_int_equal(ikv_outset_add(s, other[i], &f, NULL), IKV_EEXIST);
+        assert_non_null(strstr(ikv_errdetail(), "same file"));
+        ikv_outset_destroy(s);
+    }
+    /* a file that does not exist yet, named twice */
+    ikv_outset *s;
+    FILE *f;
+    snprintf(dotted, sizeof dotted, "%s/./new", odir);
+    assert_int_equal(ikv_outset_create(&s), 0);
+    assert_int_equal(ikv_outset_add(s, op("new"), &f, NULL), 0);
+    assert_int_equal(ikv_outset_add(s, dotted, &f, NULL), IKV_EEXIST);
+    ikv_outset_destroy(s);
+    assert_string_equal(get(op("x")), "x");
+    unlink(op("x")), unlink(op("sx")), unlink(op("hx"));
+    assert_int_equal(entries(), 0);
+}
+
+/* Regression (issue 9, security defect 5): when one output of a set fails to write (here: the
+ * file size limit, as a full disk would), no target is replaced, not even those whose writes
+ * succeeded, and no temporary is left. */
+static void test_outset_all_or_nothing(void **st) {
+    (void)st;
+    put(op("a"), "old a");
+    struct rlimit old, lim;
+    assert_int_equal(getrlimit(RLIMIT_FSIZE, &old), 0);
+    void (*prev)(int) = signal(SIGXFSZ, SIG_IGN);
+    ikv_outset *s;
+    FILE *fa, *fb;
+    assert_int_equal(ikv_outset_create(&s), 0);
+    assert_int_equal(ikv_outset_add(s, op("a"), &fa, NULL), 0);
+    assert_int_equal(ikv_outset_add(s, op("b"), &fb, NULL), 0);
+    fputs("small", fa);
+    for (int i = 0; i < 1000; i++)
+        fputs("0123456789", fb); /* 10 kB */
+    lim = old;
+    lim.rlim_cur = 4096;
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &lim), 0);
+    int rc = ikv_outset_commit(s);
+    assert_int_equal(setrlimit(RLIMIT_FSIZE, &old), 0);
+    signal(SIGXFSZ, prev);
+    assert_int_equal(rc, IKV_EIO);
+    assert_non_null(strstr(ikv_errdetail(), op("b")));
+    ikv_outset_destroy(s);
+    assert_string_equal(get(op("a")), "old a");
+    assert_null(get(op("b")));
+    assert_int_equal(entries(), 1);
+    unlink(op("a"));
+}
+
+/* Allocation failure at every point of a two-file set leaves nothing behind. */
+static void test_outset_oom(void **st) {
+    (void)st;
+    for (size_t k = 0; k < 40; k++) {
+        ikv_alloc_fail_after(k);
+        ikv_outset *s = NULL;
+        FILE *f;
+        int rc = ikv_outset_create(&s);
+        if (!rc) rc = ikv_outset_add(s, op("m1"), &f, NULL);
+        if (!rc) fputs("1", f), rc = ikv_outset_add(s, op("m2"), &f, NULL);
+        if (!rc) fputs("2", f), rc = ikv_outset_commit(s);
+        ikv_outset_destroy(s);
+        ikv_alloc_fail_after(SIZE_MAX);
+        if (rc) {
+            assert_int_equal(rc, IKV_ENOMEM);
+            assert_int_equal(entries(), 0);
+        } else {
+            assert_string_equal(get(op("m1")), "1");
+            assert_string_equal(get(op("m2")), "2");
+            unlink(op("m1")), unlink(op("m2"));
+            return;
+        }
+    }
+    fail_msg("the set never succeeded");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_strerror),  cmocka_unit_test(test_errdetail),
-        cmocka_unit_test(test_alloc_fail), cmocka_unit_test(test_keys_chain),
-        cmocka_unit_test(test_keys_ids),
+        cmocka_unit_test(test_strerror),         cmocka_unit_test(test_errdetail),
+        cmocka_unit_test(test_alloc_fail),       cmocka_unit_test(test_keys_chain),
+        cmocka_unit_test(test_keys_ids),         cmocka_unit_test(test_outset_commit),
+        cmocka_unit_test(test_outset_abandon),   cmocka_unit_test(test_outset_refuses_non_regular),
+        cmocka_unit_test(test_outset_same_file), cmocka_unit_test(test_outset_all_or_nothing),
+        cmocka_unit_test(test_outset_oom),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    return cmocka_run_group_tests(tests, setup_odir, teardown_odir);
 }

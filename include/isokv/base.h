@@ -142,6 +142,40 @@ void ikv_progress_init(ikv_progress *p, FILE *out, const char *label, uint64_t t
 void ikv_progress_update(ikv_progress *p, uint64_t done);
 void ikv_progress_done(ikv_progress *p);
 
+/* ---- atomic output files (src/base/outfile.c) ------------------------------------------- */
+
+/* A set of output files that appear together or not at all. Each target is checked when added:
+ * a missing file or a regular file is fine (a symlink to a regular file is written through:
+ * the file it names is replaced, the link stays); a device, directory, FIFO, socket or dangling
+ * link is refused (IKV_EINVAL / IKV_EIO, the message names the path and its kind), and so is a
+ * second name of a file already in the set (IKV_EEXIST). Writes go to temporary files beside
+ * the targets; commit closes them all, checking every error, and only then renames each over
+ * its target. Destroying a set that was not committed removes its temporaries, so a failure
+ * leaves every target as it was. Allocates; not for hot paths. */
+typedef struct ikv_outset ikv_outset;
+
+int ikv_outset_create(ikv_outset **out);
+
+/* Adds `path`. With f, *f gets a stream on the temporary file (owned by the set: do not close
+ * it); with tmp, *tmp gets the temporary file's name (valid until destroy), for a writer that
+ * opens the file itself, such as a child process. Returns 0 or an IKV_E* code with
+ * ikv_errdetail() naming the path; the set is unchanged on failure. */
+int ikv_outset_add(ikv_outset *s, const char *path, FILE **f, const char **tmp);
+
+/* Flushes and closes every stream, then renames every temporary over its target. Returns 0, or
+ * IKV_EIO (write failed: no target was touched; rename failed: the message says how many were
+ * already replaced). Call at most once. */
+int ikv_outset_commit(ikv_outset *s);
+
+size_t ikv_outset_count(const ikv_outset *s);
+
+/* Removes the temporaries of an uncommitted set and frees it. Takes NULL. */
+void ikv_outset_destroy(ikv_outset *s);
+
+/* Checks that `path` could be an output (the rules above, and its directory is writable)
+ * without touching it. 0 or the error ikv_outset_add would give. */
+int ikv_output_check(const char *path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -142,9 +142,10 @@ int ikv_gen_opts_check(const ikv_gen_opts *o);
  * IKV_EPARAM (bad knobs), IKV_ENOMEM, or IKV_EIO (write failed). */
 int ikv_gen_write(const ikv_gen_opts *o, FILE *f, ikv_progress *progress, uint64_t *n_requests);
 
-/* The same into `path`, atomically: written to path.tmp.<pid> and renamed, so a failure never
- * leaves a partial file at path (the temporary is removed). Returns as ikv_gen_write, and
- * IKV_EIO naming the path when it cannot be created or renamed. */
+/* The same into `path` as an atomic output file (ikv_outset in base.h: written to a temporary
+ * beside it and renamed, so a failure never leaves a partial file; a device, directory or other
+ * non-regular target is refused, IKV_EINVAL). Returns as ikv_gen_write, and IKV_EIO naming the
+ * path when it cannot be created or renamed. */
 int ikv_gen_write_file(const ikv_gen_opts *o, const char *path, ikv_progress *progress,
                        uint64_t *n_requests);
 

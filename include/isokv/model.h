@@ -78,9 +78,12 @@ int ikv_model_load(const char *path, ikv_model **out);
  * of order one through all layers. */
 int ikv_model_random(const ikv_model_config *c, uint64_t seed, ikv_model **out);
 
-/* Writes that checkpoint to `path` (through a temporary file renamed at the end, so a failure
- * leaves no partial file). Returns 0, IKV_EIO or IKV_ENOMEM. */
+/* Writes that checkpoint to `path` as an atomic output file (ikv_outset: a temporary file
+ * renamed at the end, so a failure leaves no partial file; a device or other non-regular
+ * target is refused). Returns 0, IKV_EIO, IKV_EINVAL or IKV_ENOMEM. */
 int ikv_model_write_random(const char *path, const ikv_model_config *c, uint64_t seed);
+/* The same bytes written to an open stream (e.g. one of an ikv_outset); 0, IKV_EIO, IKV_ENOMEM. */
+int ikv_model_write_random_stream(FILE *f, const ikv_model_config *c, uint64_t seed);
 
 void ikv_model_destroy(ikv_model *m);
 const ikv_model_config *ikv_model_cfg(const ikv_model *m);
@@ -105,8 +108,10 @@ int ikv_tokenizer_bytes(uint32_t vocab_size, ikv_tokenizer **out);
 
 /* Writes a deterministic synthetic tokenizer.bin of vocab_size pieces (the 3 specials, the 256
  * byte pieces, printable ASCII, then merges built from frequent English letters), so generated
- * models have a matching vocabulary. Temp file + rename. */
+ * models have a matching vocabulary. An atomic output file (ikv_outset), as above; the _stream
+ * form writes the same bytes to an open stream. */
 int ikv_tokenizer_write_synthetic(const char *path, uint32_t vocab_size, uint64_t seed);
+int ikv_tokenizer_write_synthetic_stream(FILE *f, uint32_t vocab_size, uint64_t seed);
 
 void ikv_tokenizer_destroy(ikv_tokenizer *t);
 uint32_t ikv_tokenizer_vocab(const ikv_tokenizer *t);
@@ -161,6 +166,12 @@ typedef struct ikv_engine_options {
                               of every step; sets OpenBLAS to 1 thread (process-wide).
                               0 = one thread, OpenBLAS's own thread setting left alone */
     uint64_t key_seed;     /* secret seed of block keys and scope salts */
+    uint64_t private_blocks; /* pool blocks set aside for sequences' private blocks (partial
+                                last blocks, decode blocks); admission reserves from them.
+                                0 = max_seqs x ceil(seq_len / block_tokens), room for every
+                                sequence to reach seq_len. The cache gets the rest. */
+    uint32_t parked;         /* ended sequences' partial last blocks kept for reuse (0 =
+                                max_seqs + 8); they take only blocks that are free */
 } ikv_engine_options;
 
 void ikv_engine_options_default(ikv_engine_options *o);
@@ -180,11 +191,16 @@ typedef struct ikv_request {
     size_t public_tokens;   /* leading tokens declared public (shared across tenants) */
     int no_cache;           /* 1: neither look up nor insert (the cold reference) */
     float *logits_all;      /* optional [n][vocab]: logits of every position computed by this
-                               prefill are written to their rows (others untouched) */
+                               prefill are written to their rows (others untouched);
+                               ikv_engine_begin only */
+    size_t max_new;         /* positions the sequence may add after the prompt (0 = up to
+                               seq_len): admission reserves private blocks for them */
 } ikv_request;
 
 typedef struct ikv_prefill_info {
-    size_t cached_tokens;   /* prompt positions taken from the cache */
+    size_t cached_tokens;   /* prompt positions taken from the cache (full blocks, and a
+                               partial block's positions copied from a cached or parked one) */
+    size_t partial_tokens;  /* of which copied from a partial block (copy-on-write) */
     size_t computed_tokens; /* prompt positions computed */
     size_t matched_blocks;  /* blocks the index matched */
     size_t rejected_blocks; /* matched blocks refused (token ids, depth or parent differ) */
@@ -192,7 +208,7 @@ typedef struct ikv_prefill_info {
     double seconds;         /* wall time of the call (measured) */
 } ikv_prefill_info;
 
-/* Starts a request: looks up, locks, inserts and prefills as described at the top. On success
+/* Starts a request: ikv_engine_admit, then one step computing all its prompt positions. On success
  * *seq is an in-flight sequence whose last-position logits are ikv_seq_logits(). Returns 0,
  * IKV_EINVAL (empty prompt, token >= vocab), IKV_ETOOLONG (prompt longer than seq_len),
  * IKV_EBUSY (max_seqs sequences already in flight), IKV_EFULL (no pool block: cannot happen
@@ -200,6 +216,48 @@ typedef struct ikv_prefill_info {
  * after inserting blocks (IKV_EFULL, or an unexpected cache error) releases the sequence but
  * leaves those blocks in the cache as pending, never matched, until evicted. Does not allocate. */
 int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **seq, ikv_prefill_info *info);
+
+/* Admission without compute: validates the request, takes a sequence slot, matches the
+ * prompt's blocks, locks the usable prefix, inserts the remaining full blocks (pending until
+ * computed), reserves private blocks for the rest of the prompt and max_new positions, and
+ * copies into a private (or pending) block the KV of a partial block that is already cached or
+ * parked (copy-on-write), so the sequence starts with every cached position present and
+ * ikv_seq_pending() prompt positions to compute with ikv_engine_step. info->computed_tokens is
+ * the positions still to compute; seconds the time of the admission. Returns 0, IKV_EINVAL,
+ * IKV_ETOOLONG, IKV_EBUSY (no free sequence slot), IKV_EFULL (the private blocks it needs are
+ * not free now: retry once sequences end; nothing changed), or a cache error. Does not
+ * allocate. */
+int ikv_engine_admit(ikv_engine *e, const ikv_request *r, ikv_seq **seq, ikv_prefill_info *info);
+
+/* One item of a forward step: a sequence and its next positions. While the sequence has
+ * prompt positions pending, the step computes the next min(n, pending) of them (a prefill
+ * chunk; n = 0: all); once none is pending, it decodes `token` at the next position (n
+ * ignored). */
+typedef struct ikv_step_item {
+    ikv_seq *seq;
+    uint32_t token; /* decode: the token appended */
+    size_t n;       /* prefill: positions of the prompt to compute (0 = all remaining) */
+    size_t done;    /* out: positions computed by this step */
+} ikv_step_item;
+
+/* Runs ONE forward step for items[0..n) (distinct sequences): each prefill chunk on its
+ * tiles, then the decode rows of all decoding sequences through every weight matrix as one
+ * batched product (ikv__linear_rows). Afterwards ikv_seq_logits() of a sequence with nothing
+ * pending is its last position's logits. A sequence's tokens, K/V and logits are bit-identical
+ * whatever else is in the step and however its prompt was chunked or cached
+ * (docs/engine.md, "Batches"). Returns 0, IKV_EINVAL (a sequence not in flight or twice, a
+ * token >= vocab; nothing runs), IKV_ETOOLONG (a decode past the sequence's limit; nothing
+ * runs). Does not allocate. */
+int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n);
+
+/* Pins the cached blocks wholly inside the first n_public tokens of `tokens` (the public
+ * scope: a shared system prompt) for ttl requests (0 = until the engine ends), so eviction
+ * leaves them. Returns 0, IKV_ENOENT (not all of them are cached and ready), IKV_EBUDGET (the
+ * cache's pin budget is spent; nothing pinned), IKV_EINVAL (fewer than one block). */
+int ikv_engine_pin_public(ikv_engine *e, const uint32_t *tokens, size_t n_public, uint64_t ttl);
+
+/* Prompt positions of s not computed yet. */
+size_t ikv_seq_pending(const ikv_seq *s);
 
 /* Appends `token` at the next position and runs one decode step (matrix-vector products).
  * Sets *logits (valid until the next call on this sequence). Returns 0, IKV_ETOOLONG at
@@ -221,6 +279,10 @@ typedef struct ikv_engine_stats {
     uint64_t block_bytes;    /* KV bytes of one block */
     uint64_t cache_capacity; /* blocks */
     uint64_t requests, cached_tokens, computed_tokens, rejected_blocks;
+    uint64_t partial_hits;  /* admissions that copied a partial block's KV */
+    uint64_t parked_blocks; /* partial blocks parked for reuse (counted in free_blocks too:
+                               reclaimed at once when a block is needed) */
+    uint64_t private_budget, reserved_blocks; /* admission: blocks set aside, reserved now */
     uint32_t prefill_group; /* tiles per projection call in use (options.group if the check at
                                create passed, else 1) */
     int prefill_trim;       /* 1: a tile alone goes through the projections on its rows only */

@@ -12,6 +12,7 @@
 #define ISOKV_CLI_H
 
 #include <stddef.h>
+#include <stdio.h>
 #include <stdint.h>
 
 enum { IKV_EXIT_OK = 0, IKV_EXIT_FAIL = 1, IKV_EXIT_USAGE = 2 };
@@ -31,6 +32,18 @@ int cli_parse_u64(const char *s, uint64_t *out);
 /* True if argv holds -h or --help. */
 int cli_wants_help(int argc, char **argv);
 
+/* True if an executable `name` is on PATH (what posix_spawnp would find). */
+int cli_find_program(const char *name);
+
+/* Runs argv[0] (looked up on PATH) with the argument vector argv (NULL-terminated), no shell,
+ * stdin/stdout/stderr inherited, and waits. Returns its exit status (128 + signal when killed),
+ * or -1 with errno set when it could not be started (ENOENT: not found). */
+int cli_spawn_wait(char *const argv[]);
+
+/* Writes s into a gnuplot script as a string expression that gnuplot reads back as exactly the
+ * bytes of s, and never as code: quotes, backquotes, backslashes, '@' and newlines included. */
+void cli_gp_string(FILE *f, const char *s);
+
 /* Subcommands (one line each). */
 int ikv_cmd_gen(int argc, char **argv);
 int ikv_cmd_sim(int argc, char **argv);
@@ -38,6 +51,7 @@ int ikv_cmd_plan(int argc, char **argv);
 int ikv_cmd_model(int argc, char **argv);
 int ikv_cmd_run(int argc, char **argv);
 int ikv_cmd_bench(int argc, char **argv);
+int ikv_cmd_serve(int argc, char **argv);
 int ikv_cmd_load(int argc, char **argv);
 
 #endif

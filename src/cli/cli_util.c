@@ -1,15 +1,23 @@
 /*
- * Small helpers shared by the subcommands: error printing and strict number parsing.
+ * Small helpers shared by the subcommands: error printing, strict number parsing, running a
+ * child program and writing user text into gnuplot scripts.
  * Numbers must use their whole string ("12x" is rejected), so a typo never becomes a silent 12.
+ * Child programs (gnuplot) get an argument vector through posix_spawnp, never a shell: no user
+ * string is ever parsed as a command.
  */
 #include "cli.h"
 
 #include <errno.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+extern char **environ;
 
 static void vreport(const char *cmd, const char *fmt, va_list ap) {
     fprintf(stderr, "isokv %s: ", cmd);
@@ -80,4 +88,62 @@ int cli_wants_help(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return 1;
     return 0;
+}
+
+/* ---- child programs and gnuplot scripts -------------------------------------------------- */
+
+int cli_find_program(const char *name) {
+    const char *path = getenv("PATH");
+    if (!path || !*path) path = "/usr/bin:/bin";
+    size_t nl = strlen(name);
+    while (*path) {
+        size_t dl = strcspn(path, ":");
+        char buf[4096];
+        if (dl + nl + 2 <= sizeof buf) {
+            if (dl)
+                snprintf(buf, sizeof buf, "%.*s/%s", (int)dl, path, name);
+            else
+                snprintf(buf, sizeof buf, "./%s", name); /* an empty entry is the cwd */
+            if (access(buf, X_OK) == 0) return 1;
+        }
+        path += dl;
+        if (*path == ':') path++;
+    }
+    return 0;
+}
+
+int cli_spawn_wait(char *const argv[]) {
+    pid_t pid;
+    int err = posix_spawnp(&pid, argv[0], NULL, NULL, argv, environ);
+    if (err) {
+        errno = err;
+        return -1;
+    }
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        if (errno != EINTR) return -1;
+    if (WIFEXITED(st)) return WEXITSTATUS(st);
+    return 128 + (WIFSIGNALED(st) ? WTERMSIG(st) : 0);
+}
+
+/* A gnuplot string literal is data only when it is single-quoted (no backquote command
+ * substitution, no backslash escapes) and holds no quote and no control byte. Any other byte is
+ * spelled as a double-quoted octal escape ("\047"), which gnuplot decodes to that byte and
+ * nothing else, and the pieces are joined with gnuplot's '.' operator inside parentheses. */
+void cli_gp_string(FILE *f, const char *s) {
+    fputc('(', f);
+    int open = 0, pieces = 0;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        int plain = *p >= 0x20 && *p != 0x7f && *p != '\'';
+        if (plain) {
+            if (!open) fputs(pieces++ ? ".'" : "'", f), open = 1;
+            fputc(*p, f);
+        } else {
+            if (open) fputc('\'', f), open = 0;
+            fprintf(f, "%s\"\\%03o\"", pieces++ ? "." : "", *p);
+        }
+    }
+    if (open) fputc('\'', f);
+    if (!pieces) fputs("''", f);
+    fputc(')', f);
 }

@@ -2,8 +2,9 @@
  * `isokv gen`: write a synthetic multi-user workload as a segments trace (docs/segments.md).
  *
  * Every knob of ikv_gen_opts is a flag (table below), given as `--knob VALUE` or `--knob=VALUE`.
- * The file is written to a temporary name and renamed, so a failure never leaves a partial
- * file. The same flags and seed always give the same file.
+ * The file is an atomic output (ikv_outset: temporary name, renamed; a device or other
+ * non-regular target is refused), so a failure never leaves a partial file. The same flags and seed
+ * always give the same file.
  */
 #include "cli.h"
 

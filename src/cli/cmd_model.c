@@ -5,6 +5,9 @@
  *     isokv model init --config tiny|stories15m|small|base --seed S -o model.bin
  *                      [--tokenizer-out tok.bin] [--classifier tied|separate]
  *     isokv model info model.bin
+ *
+ * init writes the checkpoint and the tokenizer as one atomic output set (ikv_outset): both
+ * appear or neither does, and the two may not name the same file.
  */
 #include "cli.h"
 #include "isokv/model.h"
@@ -23,7 +26,9 @@ static void help(FILE *f) {
         "      Configs: %s. --tokenizer-out also writes a matching synthetic\n"
         "      tokenizer.bin (llama2.c format) of the model's vocabulary size. --classifier\n"
         "      separate stores its own classifier matrix (negative vocab_size in the header)\n"
-        "      instead of tying it to the token embedding (the configs' default).\n"
+        "      instead of tying it to the token embedding (the configs' default). Both files\n"
+        "      are written to temporaries and renamed together: a failure leaves neither, and\n"
+        "      a device, directory or the same file named twice is refused.\n"
         "info  prints the shape, parameter count and KV bytes per token of a checkpoint.\n",
         ikv_model_config_names());
 }
@@ -56,9 +61,18 @@ static int init(int argc, char **argv) {
     if (cls && strcmp(cls, "tied") && strcmp(cls, "separate"))
         return cli_usage_error("model", "--classifier '%s': expected tied or separate", cls);
     if (cls) c.shared_classifier = !strcmp(cls, "tied");
-    if (ikv_model_write_random(out, &c, seed)) return cli_fail("model", "%s", ikv_errdetail());
-    if (tok && ikv_tokenizer_write_synthetic(tok, (uint32_t)c.vocab_size, seed))
-        return cli_fail("model", "%s", ikv_errdetail());
+    /* both files in one atomic set: they appear together or not at all, and -o and
+     * --tokenizer-out naming the same file (by any path) is refused before anything is written */
+    ikv_outset *set = NULL;
+    FILE *fm = NULL, *ft = NULL;
+    int rc = ikv_outset_create(&set);
+    if (!rc) rc = ikv_outset_add(set, out, &fm, NULL);
+    if (!rc && tok) rc = ikv_outset_add(set, tok, &ft, NULL);
+    if (!rc) rc = ikv_model_write_random_stream(fm, &c, seed);
+    if (!rc && tok) rc = ikv_tokenizer_write_synthetic_stream(ft, (uint32_t)c.vocab_size, seed);
+    if (!rc) rc = ikv_outset_commit(set);
+    ikv_outset_destroy(set);
+    if (rc) return cli_fail("model", "%s", ikv_errdetail());
     printf("wrote %s: config %s, seed %llu, %s classifier, %.2fM parameters, %llu bytes\n", out,
            cfgname, (unsigned long long)seed, c.shared_classifier ? "tied" : "separate",
            (double)ikv_model_params(&c) / 1e6, (unsigned long long)ikv_model_file_bytes(&c));

@@ -8,8 +8,10 @@
  *              [--allow-poll] [same scenario options] [--json]
  *
  * The numbers come from plan/ on the cost/ roofline: they are simulated, and every output says
- * so. --plot writes the gnuplot data and script to a temporary directory, runs gnuplot, and
- * renames the SVG (and a PNG next to it) into place, so a failure never leaves a partial file.
+ * so. --plot writes the gnuplot data and script to a temporary directory, runs gnuplot (an
+ * argument vector, no shell; user strings escaped by cli_gp_string), and renames the SVG and the
+ * PNG next to it into place as one atomic output set (ikv_outset), so a failure never leaves a
+ * partial file and a device or other non-regular target is refused.
  */
 #include "cli.h"
 
@@ -24,7 +26,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #define CMD       "plan"
@@ -240,20 +241,6 @@ static void remove_tmpdir(const char *dir) {
     rmdir(dir);
 }
 
-/* Runs gnuplot on script; 0 when it exited 0. */
-static int run_gnuplot(const char *script) {
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        execlp("gnuplot", "gnuplot", script, (char *)NULL);
-        _exit(127);
-    }
-    int st;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR) return -1;
-    return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : (WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-}
-
 /* Appends to a growing text buffer of fixed capacity; returns -1 when it would overflow. */
 typedef struct sbuf {
     char *b;
@@ -271,13 +258,39 @@ static int sb_add(sbuf *s, const char *fmt, ...) {
     return 0;
 }
 
+/* Draws the walk into `out` (SVG) and the PNG beside it, one atomic output set (ikv_outset):
+ * both appear or neither does, and a device or other non-regular target is refused. The data
+ * and the script live in a private temporary directory; gnuplot runs with an argument vector
+ * (no shell), and every string in the script that is not a constant (paths, model and hardware
+ * names) is written by cli_gp_string, so it is data, never code. */
 static int plot(const char *out, const ikv_plan_result *r, const ikv_plan_point *pts, size_t npts) {
+    char png[4096];
+    size_t ol = strlen(out);
+    if (ol >= 4000) return cli_fail(CMD, "--plot: file name too long");
+    if (ol > 4 && !strcmp(out + ol - 4, ".svg"))
+        snprintf(png, sizeof png, "%.*s.png", (int)(ol - 4), out);
+    else
+        snprintf(png, sizeof png, "%s.png", out);
+    /* fail early, with the reason, if the outputs cannot be created where asked */
+    ikv_outset *outs = NULL;
+    const char *tsvg = NULL, *tpng = NULL;
+    int rc = ikv_outset_create(&outs);
+    if (!rc) rc = ikv_outset_add(outs, out, NULL, &tsvg);
+    if (!rc) rc = ikv_outset_add(outs, png, NULL, &tpng);
+    if (rc) {
+        ikv_outset_destroy(outs);
+        return cli_fail(CMD, "--plot: %s", ikv_errdetail());
+    }
+
     char tmpl[] = "/tmp/isokv-plot-XXXXXX";
     const char *tmpdir = getenv("TMPDIR");
     char dirbuf[4096];
     snprintf(dirbuf, sizeof dirbuf, "%s/isokv-plot-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
     char *dir = mkdtemp(strlen(dirbuf) < sizeof dirbuf - 1 ? dirbuf : tmpl);
-    if (!dir) return cli_fail(CMD, "cannot create a temporary directory: %s", strerror(errno));
+    if (!dir) {
+        ikv_outset_destroy(outs);
+        return cli_fail(CMD, "cannot create a temporary directory: %s", strerror(errno));
+    }
 
     static char text[65536];
     sbuf s = {text, 0, sizeof text};
@@ -296,77 +309,66 @@ static int plot(const char *out, const ikv_plan_result *r, const ikv_plan_point 
                   r->steps[r->knee].compute_gpu_s, r->knee);
     bad |= write_file(dir, "knee.dat", text);
 
-    /* final names and their temporary siblings (renamed into place at the end) */
-    char png[4096], tsvg[4200], tpng[4200];
-    size_t ol = strlen(out);
-    if (ol >= 4000) {
-        remove_tmpdir(dir);
-        return cli_fail(CMD, "--plot: file name too long");
+    char script[4096], title[512], data[4][4200];
+    snprintf(script, sizeof script, "%s/plot.gp", dir);
+    snprintf(title, sizeof title,
+             "%s on %s: compute vs latency along the walk (simulated, isokv roofline model)",
+             r->model->name, r->hw->name);
+    const char *names[4] = {"curve.dat", "steps.dat", "steps.dat", "knee.dat"};
+    for (int k = 0; k < 4; k++)
+        snprintf(data[k], sizeof data[k], "%s/%s", dir, names[k]);
+    FILE *g = bad ? NULL : fopen(script, "w");
+    if (g) {
+        fputs("set termoption noenhanced\n"
+              "set terminal svg size 960,640 dynamic background rgb 'white'\nset output ",
+              g);
+        cli_gp_string(g, tsvg);
+        fputs("\nset title ", g);
+        cli_gp_string(g, title);
+        fputs("\nset xlabel 'expected latency L per request (ms)'\n"
+              "set ylabel 'compute C (GPU-seconds per request)'\n"
+              "set logscale xy\nset grid\nset key top right\n"
+              "set datafile separator whitespace\nplot ",
+              g);
+        cli_gp_string(g, data[0]);
+        fputs(" using 1:2 with linespoints lc rgb '#888888' pt 1 title 'walk, parameters swept', ",
+              g);
+        cli_gp_string(g, data[1]);
+        fputs(" using 1:2 with points pt 7 ps 1.3 lc rgb '#1f77b4' title 'steps', ", g);
+        cli_gp_string(g, data[2]);
+        fputs(" using 1:2:3 with labels offset char 1,1 left font ',9' notitle, ", g);
+        cli_gp_string(g, data[3]);
+        fputs(" using 1:2 with points pt 6 ps 3 lw 2 lc rgb '#d62728' title 'knee'\n"
+              "set terminal pngcairo size 960,640 background rgb 'white'\nset output ",
+              g);
+        cli_gp_string(g, tpng);
+        fputs("\nreplot\nset output\n", g);
+        bad |= ferror(g) != 0;
+        bad |= fclose(g) != 0;
+    } else {
+        bad = 1;
     }
-    if (ol > 4 && !strcmp(out + ol - 4, ".svg"))
-        snprintf(png, sizeof png, "%.*s.png", (int)(ol - 4), out);
-    else
-        snprintf(png, sizeof png, "%s.png", out);
-    snprintf(tsvg, sizeof tsvg, "%s.tmp%ld", out, (long)getpid());
-    snprintf(tpng, sizeof tpng, "%s.tmp%ld", png, (long)getpid());
-    for (const char *c = out; *c; c++)
-        if (*c == '\'' || *c == '\n') {
-            remove_tmpdir(dir);
-            return cli_fail(CMD, "--plot: the file name must not contain quotes or newlines");
-        }
-
-    /* fail early, with the reason, if the output cannot be created where asked */
-    FILE *probe = fopen(tsvg, "w");
-    if (!probe) {
-        int e = errno;
-        remove_tmpdir(dir);
-        return cli_fail(CMD, "cannot write %s: %s", out, strerror(e));
-    }
-    fclose(probe);
-    unlink(tsvg);
-
-    s.len = 0;
-    bad |= sb_add(&s,
-                  "set terminal svg size 960,640 dynamic background rgb 'white'\n"
-                  "set output '%s'\n"
-                  "set title \"%s on %s: compute vs latency along the walk (simulated, isokv "
-                  "roofline model)\"\n"
-                  "set xlabel 'expected latency L per request (ms)'\n"
-                  "set ylabel 'compute C (GPU-seconds per request)'\n"
-                  "set logscale xy\nset grid\nset key top right\n"
-                  "set datafile separator whitespace\n"
-                  "plot '%s/curve.dat' using 1:2 with linespoints lc rgb '#888888' pt 1 "
-                  "title 'walk, parameters swept', \\\n"
-                  "     '%s/steps.dat' using 1:2 with points pt 7 ps 1.3 lc rgb '#1f77b4' "
-                  "title 'steps', \\\n"
-                  "     '%s/steps.dat' using 1:2:3 with labels offset char 1,1 left "
-                  "font ',9' notitle, \\\n"
-                  "     '%s/knee.dat' using 1:2 with points pt 6 ps 3 lw 2 lc rgb '#d62728' "
-                  "title 'knee'\n"
-                  "set terminal pngcairo size 960,640 background rgb 'white'\n"
-                  "set output '%s'\nreplot\nset output\n",
-                  tsvg, r->model->name, r->hw->name, dir, dir, dir, dir, tpng);
-    bad |= write_file(dir, "plot.gp", text);
     if (bad) {
         remove_tmpdir(dir);
+        ikv_outset_destroy(outs);
         return cli_fail(CMD, "cannot write the plot data in %s", dir);
     }
-    char script[4096];
-    snprintf(script, sizeof script, "%s/plot.gp", dir);
-    int rc = run_gnuplot(script);
+    fflush(stdout);
+    char *argv[] = {"gnuplot", script, NULL};
+    rc = cli_spawn_wait(argv);
+    int e = errno;
     remove_tmpdir(dir);
     if (rc) {
-        unlink(tsvg);
-        unlink(tpng);
-        return cli_fail(CMD, "gnuplot failed (exit %d); is gnuplot installed (scripts/deps.sh)?",
-                        rc);
+        ikv_outset_destroy(outs);
+        if (rc < 0 && e == ENOENT)
+            return cli_fail(CMD,
+                            "gnuplot not found on PATH: install gnuplot-nox (scripts/deps.sh)");
+        if (rc < 0) return cli_fail(CMD, "cannot run gnuplot: %s", strerror(e));
+        return cli_fail(CMD, "gnuplot failed (exit %d)", rc);
     }
-    if (rename(tsvg, out) || rename(tpng, png)) {
-        int e = errno;
-        unlink(tsvg);
-        unlink(tpng);
-        return cli_fail(CMD, "cannot write %s: %s", out, strerror(e));
-    }
+    rc = ikv_outset_commit(outs);
+    ikv_outset_destroy(outs);
+    if (rc) return cli_fail(CMD, "--plot: %s", ikv_errdetail());
     return IKV_EXIT_OK;
 }
 

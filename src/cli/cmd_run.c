@@ -2,7 +2,7 @@
  * isokv run: generate text from a checkpoint with the paged-KV engine, through the prefix
  * cache, and report measured speeds.
  *
- *     isokv run --model m.bin [--tokenizer t.bin] --prompt TEXT [-n 64] [--temp 0] [--topp 0.9]
+ *     isokv run [--model m.bin] [--tokenizer t.bin] [--prompt TEXT] [-n 64] [--temp 0] [--topp 0.9]
  *               [--seed S] [--threads T] [--kv-mem BYTES] [--policy lru] [--tenant NAME]
  *               [--public N] [--repeat R] [--stop-eos] [--raw-bytes]
  *
@@ -15,29 +15,57 @@
  * printable ASCII or whitespace (run.c's rule, which keeps control bytes off the terminal;
  * --raw-bytes writes every byte, e.g. UTF-8 spelled in byte tokens). -n counts generated
  * tokens, where run.c's -n counts positions from BOS: run.c -n S is -n S - (prompt tokens - 1).
+ *
+ * Without --model, the bundled trained model data/models/stories260K/stories260K.bin and its
+ * tokenizer tok512.bin are used (data/ found through IKV_DATA_DIR in the environment, else the
+ * source tree's data/ compiled in as IKV_DATA_DIR). The prompt may be empty (the default): the
+ * sequence is then BOS alone, as in run.c.
  */
 #include "cli.h"
 #include "isokv/model.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
+
+#ifndef IKV_DATA_DIR
+#define IKV_DATA_DIR "data"
+#endif
+#define DEFAULT_MODEL "models/stories260K/stories260K.bin"
+#define DEFAULT_TOK   "models/stories260K/tok512.bin"
+
+/* The data directory: $IKV_DATA_DIR when set and non-empty, else the compiled-in one. */
+static const char *data_dir(void) {
+    const char *e = getenv("IKV_DATA_DIR");
+    return e && *e ? e : IKV_DATA_DIR;
+}
 
 static void help(FILE *f) {
-    fputs("usage: isokv run --model M.bin [--tokenizer T.bin] --prompt TEXT [-n 64] [--temp 0]\n"
-          "                 [--topp 0.9] [--seed S] [--threads T] [--kv-mem BYTES]\n"
-          "                 [--policy NAME] [--tenant NAME] [--public N] [--repeat R]\n"
-          "                 [--stop-eos] [--raw-bytes]\n\n"
-          "Encodes the prompt (BOS first; byte-level when no tokenizer is given), prefills it\n"
-          "through the prefix cache, then decodes up to -n tokens (stopping at BOS, also at EOS\n"
-          "with --stop-eos, or at seq_len) and prints the text as llama2.c's run.c does: byte\n"
-          "tokens only when printable ASCII or whitespace (--raw-bytes: every byte). -n counts\n"
-          "generated tokens (run.c's -n counts positions from BOS). temperature 0 is greedy.\n"
-          "--public N declares the first N prompt tokens shared across tenants; the rest is\n"
-          "scoped to --tenant. --repeat R runs the request R times on one engine (the later runs\n"
-          "hit the cache). --kv-mem sizes the KV pool (k/M/G suffixes; default: 5 full-length\n"
-          "sequences). Figures printed on stderr are measured wall-clock times.\n",
-          f);
+    fprintf(
+        f,
+        "usage: isokv run [--model M.bin] [--tokenizer T.bin] [--prompt TEXT] [-n 64] [--temp 0]\n"
+        "                 [--topp 0.9] [--seed S] [--threads T] [--kv-mem BYTES]\n"
+        "                 [--policy NAME] [--tenant NAME] [--public N] [--repeat R]\n"
+        "                 [--stop-eos] [--raw-bytes]\n\n"
+        "Encodes the prompt (BOS first; byte-level when --model is given without a tokenizer),\n"
+        "prefills it through the prefix cache, then decodes up to -n tokens (stopping at BOS,\n"
+        "also at EOS with --stop-eos, or at seq_len) and prints the text as llama2.c's run.c\n"
+        "does: byte tokens only when printable ASCII or whitespace (--raw-bytes: every byte).\n"
+        "The prompt may be empty (the default): generation then starts from BOS alone.\n"
+        "Without --model: the bundled trained stories260K model and its tok512 tokenizer,\n"
+        "  %s/%s\n"
+        "  (IKV_DATA_DIR=DIR in the environment replaces %s).\n"
+        "-n counts GENERATED tokens. llama2.c's run.c -n S counts positions from BOS instead:\n"
+        "run.c -n S is isokv -n S-P+1 for a prompt of P tokens, BOS included (the token count\n"
+        "is printed on stderr); e.g. run.c's default 256 with an empty prompt is -n 256.\n"
+        "Temperature 0 is greedy.\n"
+        "--public N declares the first N prompt tokens shared across tenants; the rest is\n"
+        "scoped to --tenant. --repeat R runs the request R times on one engine (the later runs\n"
+        "hit the cache). --kv-mem sizes the KV pool (k/M/G suffixes; default: 5 full-length\n"
+        "sequences). Figures printed on stderr are measured wall-clock times.\n",
+        data_dir(), DEFAULT_MODEL, data_dir());
 }
 
 /* Writes the text of `token` after `prev` to stdout. Unless raw, a byte-fallback token (ids
@@ -104,8 +132,24 @@ int ikv_cmd_run(int argc, char **argv) {
         if (bad) return cli_usage_error("run", "bad value '%s' for %s", v, a);
         i++;
     }
-    if (!model) return cli_usage_error("run", "--model is required");
-    if (!text) return cli_usage_error("run", "--prompt is required");
+    static char dmodel[4096], dtok[4096];
+    if (!text) text = "";
+    if (!model) {
+        /* the bundled model, with its tokenizer unless one was given */
+        snprintf(dmodel, sizeof dmodel, "%s/%s", data_dir(), DEFAULT_MODEL);
+        snprintf(dtok, sizeof dtok, "%s/%s", data_dir(), DEFAULT_TOK);
+        model = dmodel;
+        if (!tokp) tokp = dtok;
+        const char *miss = access(dmodel, R_OK)                        ? dmodel
+                           : !strcmp(tokp, dtok) && access(dtok, R_OK) ? dtok
+                                                                       : NULL;
+        if (miss)
+            return cli_fail("run",
+                            "no --model given and the bundled model file %s cannot be read: %s "
+                            "(set IKV_DATA_DIR to the directory holding models/stories260K/, "
+                            "or pass --model)",
+                            miss, strerror(errno));
+    }
     eo.threads = (int)threads;
     eo.kv_mem = kvmem;
 

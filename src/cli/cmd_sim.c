@@ -6,10 +6,13 @@
  *
  * A sweep runs the grid (vary values x policies x capacities), each run with its own trace
  * reader and cache, on a pool of pthreads (--jobs, default the online cores), then writes
- * DIR/sweep.csv and DIR/sweep.json (temporary names, renamed) and draws the token hit ratio
- * against the varied parameter with gnuplot (DIR/sweep.svg and DIR/sweep.png) from a
- * temporary script. A progress bar runs on stderr (ikv_progress: only on a terminal or with
- * IKV_PROGRESS=1).
+ * DIR/sweep.csv and DIR/sweep.json and draws the token hit ratio against the varied parameter
+ * with gnuplot (DIR/sweep.svg and DIR/sweep.png) from a temporary script. The four files are
+ * one atomic output set (ikv_outset), checked before the first run: they appear together, or
+ * none does (a failed run, a full disk, a gnuplot failure leave every target as it was).
+ * gnuplot is started with an argument vector (no shell) and every user string in its script
+ * goes through cli_gp_string, so --out and --title are data, never code. A progress bar runs on
+ * stderr (ikv_progress: only on a terminal or with IKV_PROGRESS=1).
  *
  * Policies are taken from the cache's registry (ikv_policy_count/ikv_policy_name) at run time,
  * so a newly registered policy is usable here with no change; an unknown name is a usage
@@ -90,7 +93,8 @@ static void usage(FILE *f) {
             "  --vary KEY=LIST       conversations, window, servers, capacity-tokens, max-requests\n"
             "  --policy LIST         comma-separated policies (lru,value:new=4,cost=0,opt)\n"
             "  --capacity-tokens LIST  comma-separated capacities ('unlimited' allowed)\n"
-            "  --out DIR             writes sweep.csv, sweep.json, sweep.svg, sweep.png\n"
+            "  --out DIR             writes sweep.csv, sweep.json, sweep.svg, sweep.png, all\n"
+            "                        together or none (a failed run writes nothing)\n"
             "  --jobs J              parallel runs (default: online cores)\n"
             "  --no-plot             skip gnuplot\n"
             "  --title T             plot title\n"
@@ -661,20 +665,6 @@ static int apply_vary(sim_args *a, const char *k, const char *v) {
     return 0;
 }
 
-static int write_file_atomic(const char *path, const char *text) {
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) return -1;
-    int ok = fputs(text, f) >= 0;
-    ok &= fclose(f) == 0;
-    if (!ok || rename(tmp, path)) {
-        remove(tmp);
-        return -1;
-    }
-    return 0;
-}
-
 static int is_numeric_list(char *const *v, size_t n) {
     for (size_t i = 0; i < n; i++) {
         uint64_t u;
@@ -692,27 +682,39 @@ static double num_of(const char *s) {
     return 0;
 }
 
+/* Creates a file for writing in dir whose name nobody else uses ("x" mode: O_EXCL); *path
+ * gets its name. NULL (errno set) when it cannot. */
+static FILE *private_file(const char *dir, const char *ext, char *path, size_t n) {
+    static unsigned counter;
+    for (int tries = 0; tries < 100; tries++) {
+        snprintf(path, n, "%s/.sweep.%ld.%u.%s", dir, (long)getpid(), counter++, ext);
+        FILE *f = fopen(path, "wx");
+        if (f || errno != EEXIST) return f;
+    }
+    return NULL;
+}
+
 /* Draws token hit ratio against the varied value, one line per (policy, capacity), with
- * gnuplot from PATH. The data file and script are temporary. */
-static int plot(const sweep_args *sw, const job *jobs, const char *dir) {
-    if (system("command -v gnuplot >/dev/null 2>&1") != 0)
-        return cli_fail(CMD, "gnuplot not found on PATH: install gnuplot-nox (scripts/deps.sh) or "
-                             "use --no-plot; sweep.csv and sweep.json were written");
+ * gnuplot from PATH into svg and png (temporary names of the output set). gnuplot runs with an
+ * argument vector, never through a shell, and every user string in the script (the title, the
+ * paths, the series names, the varied values) is written by cli_gp_string, so it is read back
+ * as data. The data file and the script are private files in dir, removed at the end. Returns
+ * 0, or an exit code after printing why. */
+static int plot(const sweep_args *sw, const job *jobs, const char *dir, const char *svg,
+                const char *png) {
     char dat[4200], gp[4200];
-    snprintf(dat, sizeof dat, "%s/.sweep.%d.dat", dir, (int)getpid());
-    snprintf(gp, sizeof gp, "%s/.sweep.%d.gp", dir, (int)getpid());
-    FILE *d = fopen(dat, "w"), *g = d ? fopen(gp, "w") : NULL;
+    FILE *d = private_file(dir, "dat", dat, sizeof dat), *g = NULL;
+    if (d) g = private_file(dir, "gp", gp, sizeof gp);
     if (!d || !g) {
-        if (d) fclose(d);
-        remove(dat);
-        return cli_fail(CMD, "%s: cannot write plot files: %s", dir, strerror(errno));
+        int e = errno;
+        if (d) fclose(d), remove(dat);
+        return cli_fail(CMD, "%s: cannot write plot files: %s", dir, strerror(e));
     }
     int numeric = is_numeric_list(sw->vary_vals, sw->n_vary);
     /* one data block per series, in job order (vary is the innermost loop) */
-    size_t series = 0;
     for (size_t p = 0; p < sw->n_pol; p++)
         for (size_t c = 0; c < sw->n_cap; c++) {
-            fprintf(d, "# %s %s\n", sw->policies[p], sw->caps[c]);
+            fprintf(d, "# series %zu\n", p * sw->n_cap + c);
             for (size_t v = 0; v < sw->n_vary; v++) {
                 const job *j = &jobs[(p * sw->n_cap + c) * sw->n_vary + v];
                 if (j->rc) continue;
@@ -720,39 +722,60 @@ static int plot(const sweep_args *sw, const job *jobs, const char *dir) {
                         j->r.token_hit_ratio);
             }
             fprintf(d, "\n\n");
-            series++;
         }
-    fclose(d);
     int logx = numeric && !strcmp(sw->vary_key, "conversations");
+    fprintf(g, "set termoption noenhanced\n");
     for (int k = 0; k < 2; k++) {
-        fprintf(g, k == 0 ? "set terminal svg size 900,560 dynamic font 'sans,12'\nset output '%s/sweep.svg'\n"
-                          : "set terminal png size 900,560\nset output '%s/sweep.png'\n",
-                dir);
-        fprintf(g, "set title \"%s\" noenhanced\n", sw->title ? sw->title : "token hit ratio (order mode, simulated cache)");
-        fprintf(g, "set xlabel '%s' noenhanced\nset ylabel 'token hit ratio'\nset yrange [0:1]\n"
-                   "set key outside right\nset grid\n",
-                sw->vary_key);
+        fputs(k == 0 ? "set terminal svg size 900,560 dynamic font 'sans,12'\nset output "
+                     : "set terminal png size 900,560\nset output ",
+              g);
+        cli_gp_string(g, k == 0 ? svg : png);
+        fputs("\nset title ", g);
+        cli_gp_string(g, sw->title ? sw->title : "token hit ratio (order mode, simulated cache)");
+        fputs(" noenhanced\nset xlabel ", g);
+        cli_gp_string(g, sw->vary_key);
+        fputs(" noenhanced\nset ylabel 'token hit ratio'\nset yrange [0:1]\n"
+              "set key outside right noenhanced\nset grid\n",
+              g);
         if (logx) fprintf(g, "set logscale x 2\n");
         if (!numeric) {
             fprintf(g, "set xtics (");
-            for (size_t v = 0; v < sw->n_vary; v++) fprintf(g, "%s'%s' %zu", v ? ", " : "", sw->vary_vals[v], v);
+            for (size_t v = 0; v < sw->n_vary; v++) {
+                if (v) fputs(", ", g);
+                cli_gp_string(g, sw->vary_vals[v]);
+                fprintf(g, " %zu", v);
+            }
             fprintf(g, ")\n");
         }
         fprintf(g, "plot ");
         size_t s = 0;
         for (size_t p = 0; p < sw->n_pol; p++)
-            for (size_t c = 0; c < sw->n_cap; c++, s++)
-                fprintf(g, "%s'%s' index %zu using 2:3 with linespoints lw 2 title '%s%s%s'", s ? ", " : "",
-                        dat, s, sw->policies[p], sw->n_cap > 1 ? " " : "", sw->n_cap > 1 ? sw->caps[c] : "");
-        fprintf(g, "\n");
+            for (size_t c = 0; c < sw->n_cap; c++, s++) {
+                char name[512];
+                snprintf(name, sizeof name, "%s%s%s", sw->policies[p], sw->n_cap > 1 ? " " : "",
+                         sw->n_cap > 1 ? sw->caps[c] : "");
+                if (s) fputs(", ", g);
+                cli_gp_string(g, dat);
+                fprintf(g, " index %zu using 2:3 with linespoints lw 2 title ", s);
+                cli_gp_string(g, name);
+            }
+        fprintf(g, "\nset output\n");
     }
-    fclose(g);
-    char cmd[9000];
-    snprintf(cmd, sizeof cmd, "gnuplot '%s' 2>&1", gp);
-    int rc = system(cmd);
+    int bad = ferror(d) | ferror(g);
+    bad |= fclose(d) != 0;
+    bad |= fclose(g) != 0;
+    if (bad) {
+        remove(gp);
+        remove(dat);
+        return cli_fail(CMD, "%s: cannot write plot files", dir);
+    }
+    fflush(stdout);
+    char *argv[] = {"gnuplot", gp, NULL};
+    int rc = cli_spawn_wait(argv);
+    int e = errno;
     remove(gp);
     remove(dat);
-    (void)series;
+    if (rc < 0) return cli_fail(CMD, "cannot run gnuplot: %s", strerror(e));
     if (rc != 0) return cli_fail(CMD, "gnuplot failed (exit %d)", rc);
     return 0;
 }
@@ -782,7 +805,11 @@ static int run_sweep(int argc, char **argv) {
     } else if (base.ro.n_tiers) {
         return cli_usage_error(CMD, "--capacity-tokens and --tiers are exclusive");
     }
-    if (mkdir(sw.out, 0777) && errno != EEXIST) return cli_fail(CMD, "%s: %s", sw.out, strerror(errno));
+    if (!sw.no_plot && !cli_find_program("gnuplot"))
+        return cli_fail(CMD, "gnuplot not found on PATH: install gnuplot-nox (scripts/deps.sh) or "
+                             "use --no-plot");
+    int made_dir = mkdir(sw.out, 0777) == 0;
+    if (!made_dir && errno != EEXIST) return cli_fail(CMD, "%s: %s", sw.out, strerror(errno));
     size_t n = sw.n_pol * sw.n_cap * sw.n_vary;
     job *jobs = calloc(n, sizeof *jobs);
     if (!jobs) return cli_fail(CMD, "out of memory");
@@ -804,6 +831,28 @@ static int run_sweep(int argc, char **argv) {
                     return rc;
                 }
             }
+    /* every output in one atomic set, checked before any run: all appear, or none does */
+    ikv_outset *outs = NULL;
+    FILE *fcsv = NULL, *fjson = NULL;
+    const char *tsvg = NULL, *tpng = NULL;
+    {
+        char path[4200];
+        rc = ikv_outset_create(&outs);
+        snprintf(path, sizeof path, "%s/sweep.csv", sw.out);
+        if (!rc) rc = ikv_outset_add(outs, path, &fcsv, NULL);
+        snprintf(path, sizeof path, "%s/sweep.json", sw.out);
+        if (!rc) rc = ikv_outset_add(outs, path, &fjson, NULL);
+        snprintf(path, sizeof path, "%s/sweep.svg", sw.out);
+        if (!rc && !sw.no_plot) rc = ikv_outset_add(outs, path, NULL, &tsvg);
+        snprintf(path, sizeof path, "%s/sweep.png", sw.out);
+        if (!rc && !sw.no_plot) rc = ikv_outset_add(outs, path, NULL, &tpng);
+        if (rc) {
+            ikv_outset_destroy(outs);
+            free(jobs);
+            if (made_dir) rmdir(sw.out);
+            return cli_fail(CMD, "%s", ikv_errdetail());
+        }
+    }
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     size_t nth = sw.jobs ? sw.jobs : (cores > 0 ? (size_t)cores : 1);
     if (nth > n) nth = n;
@@ -812,6 +861,7 @@ static int run_sweep(int argc, char **argv) {
     pthread_cond_init(&pl.cv, NULL);
     pthread_t *th = calloc(nth, sizeof *th);
     if (!th) {
+        ikv_outset_destroy(outs);
         free(jobs);
         return cli_fail(CMD, "out of memory");
     }
@@ -820,6 +870,7 @@ static int run_sweep(int argc, char **argv) {
     for (; started < nth; started++)
         if (pthread_create(&th[started], NULL, worker, &pl)) break;
     if (!started) {
+        ikv_outset_destroy(outs);
         free(th);
         free(jobs);
         return cli_fail(CMD, "cannot start worker threads");
@@ -853,6 +904,7 @@ static int run_sweep(int argc, char **argv) {
     char *csv = malloc(cap);
     cJSON *root = cJSON_CreateObject(), *runs = root ? cJSON_AddArrayToObject(root, "runs") : NULL;
     if (!csv || !runs) {
+        ikv_outset_destroy(outs);
         free(csv);
         cJSON_Delete(root);
         free(jobs);
@@ -893,18 +945,23 @@ static int run_sweep(int argc, char **argv) {
         cJSON_AddItemToArray(runs, j->json);
         j->json = NULL;
     }
-    char path[4200];
     char *js = cJSON_Print(root);
-    snprintf(path, sizeof path, "%s/sweep.csv", sw.out);
-    int io = write_file_atomic(path, csv);
-    snprintf(path, sizeof path, "%s/sweep.json", sw.out);
-    if (!js || write_file_atomic(path, js)) io = -1;
+    int code = IKV_EXIT_OK;
+    if (!js)
+        code = cli_fail(CMD, "out of memory");
+    else if (fputs(csv, fcsv) < 0 || fputs(js, fjson) < 0)
+        code =
+            cli_fail(CMD, "%s: cannot write sweep.csv / sweep.json: %s", sw.out, strerror(errno));
+    else if (!sw.no_plot && n - failed > 0 && plot(&sw, jobs, sw.out, tsvg, tpng))
+        code = IKV_EXIT_FAIL;
     free(js);
     free(csv);
     cJSON_Delete(root);
-    int code = IKV_EXIT_OK;
-    if (io) code = cli_fail(CMD, "%s: cannot write sweep.csv / sweep.json: %s", sw.out, strerror(errno));
-    else if (!sw.no_plot && n - failed > 0 && plot(&sw, jobs, sw.out)) code = IKV_EXIT_FAIL;
+    /* a sweep with failed runs writes nothing: its outputs would be incomplete */
+    if (code == IKV_EXIT_OK && !failed && ikv_outset_commit(outs))
+        code = cli_fail(CMD, "%s", ikv_errdetail());
+    ikv_outset_destroy(outs);
+    if ((code != IKV_EXIT_OK || failed) && made_dir) rmdir(sw.out); /* only if still empty */
     /* summary */
     if (code == IKV_EXIT_OK) {
         printf("isokv sim sweep: %zu runs on %zu threads in %.1f s (measured); token hit ratio "
@@ -915,8 +972,11 @@ static int run_sweep(int argc, char **argv) {
             if (!jobs[i].rc)
                 printf("  %-14s %-18s %-12s %.4f\n", jobs[i].vary_val, jobs[i].policy, jobs[i].cap,
                        jobs[i].r.token_hit_ratio);
-        printf("  wrote %s/sweep.csv, %s/sweep.json%s\n", sw.out, sw.out,
-               sw.no_plot ? "" : ", sweep.svg, sweep.png");
+        if (!failed)
+            printf("  wrote %s/sweep.csv, %s/sweep.json%s\n", sw.out, sw.out,
+                   sw.no_plot ? "" : ", sweep.svg, sweep.png");
+        else
+            printf("  wrote nothing: a sweep with failed runs leaves no partial outputs\n");
     }
     for (size_t i = 0; i < n; i++) {
         cJSON_Delete(jobs[i].json);

@@ -30,8 +30,12 @@ static const command commands[] = {
     {"plan", ikv_cmd_plan, "compute-latency walk, MRTS, knee, router (simulated)"},
     {"model", ikv_cmd_model, "write a random-weight checkpoint, or describe one"},
     {"run", ikv_cmd_run, "generate text with the paged-KV engine through the prefix cache"},
-    {"load", ikv_cmd_load, "replay a trace against an OpenAI-compatible server (measured hit ratio, TTFT)"},
-    {"bench", ikv_cmd_bench, "built-in benchmarks (engine: TTFT cold/warm, prefill, decode; measured)"},
+    {"serve", ikv_cmd_serve,
+     "OpenAI-compatible HTTP server: continuous batching, SSE, tenants, metrics"},
+    {"load", ikv_cmd_load,
+     "replay a trace against an OpenAI-compatible server (measured hit ratio, TTFT)"},
+    {"bench", ikv_cmd_bench,
+     "built-in benchmarks (engine: TTFT cold/warm, prefill, decode; measured)"},
 };
 
 static void usage(FILE *f) {

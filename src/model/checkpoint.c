@@ -310,33 +310,25 @@ int ikv_model_random(const ikv_model_config *cin, uint64_t seed, ikv_model **out
     return 0;
 }
 
-int ikv_model_write_random(const char *path, const ikv_model_config *c, uint64_t seed) {
+int ikv_model_write_random_stream(FILE *f, const ikv_model_config *c, uint64_t seed) {
     ikv_model *m;
     int rc = ikv_model_random(c, seed, &m);
     if (rc) return rc;
-    size_t plen = strlen(path);
-    char *tmp = ikv_malloc(plen + 16);
-    if (!tmp) {
-        ikv_model_destroy(m);
-        return ikv_error(IKV_ENOMEM, "path");
-    }
-    snprintf(tmp, plen + 16, "%s.tmp%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    rc = 0;
-    if (!f) {
-        rc = ikv_error(IKV_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-    } else {
-        size_t wrote = fwrite(m->image, 1, m->image_bytes, f);
-        int bad = wrote != m->image_bytes;
-        if (fclose(f) != 0) bad = 1;
-        if (bad)
-            rc = ikv_error(IKV_EIO, "%s: write failed: %s", tmp, strerror(errno));
-        else if (rename(tmp, path) != 0)
-            rc = ikv_error(IKV_EIO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
-        if (rc) unlink(tmp);
-    }
-    ikv_free(tmp);
+    if (fwrite(m->image, 1, m->image_bytes, f) != m->image_bytes)
+        rc = ikv_error(IKV_EIO, "checkpoint: write failed: %s", strerror(errno));
     ikv_model_destroy(m);
+    return rc;
+}
+
+int ikv_model_write_random(const char *path, const ikv_model_config *c, uint64_t seed) {
+    ikv_outset *s = NULL;
+    FILE *f = NULL;
+    int rc = ikv_outset_create(&s);
+    if (rc) return rc;
+    if (!(rc = ikv_outset_add(s, path, &f, NULL)) &&
+        !(rc = ikv_model_write_random_stream(f, c, seed)))
+        rc = ikv_outset_commit(s);
+    ikv_outset_destroy(s);
     return rc;
 }
 

@@ -17,10 +17,20 @@
  *     PENDING   cache           yes, locked by the sequence computing it
  *     READY     cache           yes; its KV is complete
  *
- * Capacity: the cache core holds at most `capacity` blocks; each of max_seqs sequences holds
- * at most max_blocks = ceil(seq_len / bt) private blocks; nblocks = capacity + max_seqs *
- * max_blocks. So a sequence always finds free blocks once the core has made room: a block
- * the core drops (on_evict, to_tier = -1) goes back to the free stack at once.
+ * Capacity: the cache core holds at most `capacity` blocks; sequences hold private blocks out of
+ * a budget of private_blocks (default max_seqs * max_blocks, max_blocks = ceil(seq_len / bt));
+ * nblocks = capacity + private_blocks. Admission reserves, per sequence, the blocks it may
+ * still need privately (its blocks up to prompt + max_new, minus the cached prefix it locks),
+ * and refuses (IKV_EFULL) when the budget has no room. So a sequence always finds free blocks
+ * once the core has made room: a block the core drops (on_evict, to_tier = -1) goes back to
+ * the free stack at once, and parked blocks (below) are taken back when the stack is empty.
+ *
+ * Parked partial blocks. When a sequence ends, its last partial prompt block (n_prompt % bt
+ * positions, computed by a prefill after a cached block) is parked instead of freed: a later
+ * request whose prompt continues the same cached prefix with the same tokens copies those
+ * positions' KV into its own block (copy-on-write) and computes only what follows; likewise a
+ * prompt that ends exactly on a cached full block copies that block's first bt - 1 positions
+ * and computes only its last one. So a resent identical prompt computes one position.
  *
  * Request (ikv_engine_begin):
  *   1. keys of the full prompt blocks, chained; blocks wholly inside the declared public
@@ -33,8 +43,12 @@
  *   3. lock the usable prefix, record the hit; insert the remaining full blocks, locked
  *      (only when the usable prefix is the whole resident one); give each new node a pool
  *      block (PENDING); the rest of the prompt gets PRIVATE blocks;
- *   4. prefill the uncached positions (forward.c); mark the new blocks READY;
- *   5. decode appends to PRIVATE blocks; ikv_engine_end unlocks and frees.
+ *   4. copy-on-write of a cached or parked partial block's leading positions (above);
+ *   5. prefill the uncached positions (forward.c), in one or more chunks (ikv_engine_step);
+ *      mark each new block READY once its positions are computed;
+ *   6. decode appends to PRIVATE blocks, batched across sequences (ikv_engine_step);
+ *      ikv_engine_end unlocks, parks the partial block, frees the rest.
+ * Steps 1-4 are ikv_engine_admit (no compute); ikv_engine_begin is admit + one step.
  *
  * Not thread-safe: one thread drives an engine (the server serializes on it).
  */
@@ -61,16 +75,39 @@ void ikv_engine_options_default(ikv_engine_options *o) {
     o->key_seed = UINT64_C(0x69736f6b76656e67); /* "isokveng" */
 }
 
-static uint32_t pool_pop(ikv_engine *e) {
-    if (!e->n_free) return IKV_NIL;
-    return e->free_stack[--e->n_free];
-}
-
 static void pool_push(ikv_engine *e, uint32_t b) {
     IKV_ASSERT(e->state[b] != IKV__BLK_FREE && e->n_free < e->nblocks);
     e->state[b] = IKV__BLK_FREE;
     e->bnode[b] = IKV_NIL;
     e->free_stack[e->n_free++] = b;
+}
+
+/* Drops parked entry i (its block goes back to the free stack). */
+static void park_drop(ikv_engine *e, uint32_t i) {
+    IKV_ASSERT(i < e->n_parked && e->state[e->parked[i].blk] == IKV__BLK_PARKED);
+    pool_push(e, e->parked[i].blk);
+    e->parked[i] = e->parked[--e->n_parked];
+}
+
+/* The least recently parked or used entry, or IKV_NIL when none. */
+static uint32_t park_oldest(const ikv_engine *e) {
+    uint32_t best = IKV_NIL;
+    for (uint32_t i = 0; i < e->n_parked; i++)
+        if (e->state[e->parked[i].blk] == IKV__BLK_PARKED && /* not a source being copied */
+            (best == IKV_NIL || e->parked[i].stamp < e->parked[best].stamp))
+            best = i;
+    return best;
+}
+
+/* A free block, reclaiming the oldest parked block when the free stack is empty; IKV_NIL if
+ * neither is left. */
+static uint32_t pool_pop(ikv_engine *e) {
+    if (!e->n_free && e->n_parked) {
+        uint32_t i = park_oldest(e);
+        if (i != IKV_NIL) park_drop(e, i);
+    }
+    if (!e->n_free) return IKV_NIL;
+    return e->free_stack[--e->n_free];
 }
 
 /* The cache core dropped (or, with tiers, demoted) a block: its KV bytes are free again. */
@@ -95,12 +132,16 @@ void ikv_engine_destroy(ikv_engine *e) {
             ikv_free(e->seqs[i].table);
             ikv_free(e->seqs[i].locked);
             ikv_free(e->seqs[i].logits);
+            ikv_free(e->seqs[i].tok);
         }
     void *bufs[] = {e->kv,       e->state,      e->bnode,    e->bdepth, e->bparent, e->btokens,
                     e->bkey,     e->free_stack, e->node2blk, e->seqs,   e->keys,    e->nodes,
                     e->x,        e->xb,         e->q,        e->k,      e->v,       e->att,
                     e->hb,       e->hb2,        e->S,        e->qg,     e->Kc,      e->Vc,
-                    e->rope_cos, e->rope_sin,   e->xn,       e->rinv,   e->dpart};
+                    e->rope_cos, e->rope_sin,   e->xn,       e->rinv,   e->dpart,   e->parked,
+                    e->dseq,     e->dpos,       e->dtok,     e->dcoff,  e->dx,      e->dxn,
+                    e->dxb,      e->dq,         e->dk,       e->dv,     e->datt,    e->dhb,
+                    e->dhb2,     e->dlog};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         ikv_free(bufs[i]);
     ikv_free(e);
@@ -148,14 +189,15 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     uint32_t bt = o.block_tokens;
     uint32_t max_blocks = (uint32_t)(((uint64_t)c->seq_len + bt - 1) / bt);
     uint64_t block_bytes = ikv_model_kv_bytes_per_token(c) * bt;
-    uint64_t reserve = (uint64_t)o.max_seqs * max_blocks;
+    uint64_t reserve = o.private_blocks ? o.private_blocks : (uint64_t)o.max_seqs * max_blocks;
     if (o.kv_mem == 0) o.kv_mem = (reserve + 4ull * max_blocks) * block_bytes;
     uint64_t nblocks = o.kv_mem / block_bytes;
     if (nblocks < reserve + 1 || nblocks > UINT32_MAX - 1)
         return ikv_error(
             IKV_EINVAL,
             "kv-mem %llu bytes holds %llu blocks of %llu bytes; the engine needs %llu private "
-            "blocks (%u sequences x %u blocks of %u tokens) plus at least 1 for the cache",
+            "blocks (default: %u sequences x %u blocks of %u tokens) plus at least 1 for the "
+            "cache",
             (unsigned long long)o.kv_mem, (unsigned long long)nblocks,
             (unsigned long long)block_bytes, (unsigned long long)reserve, o.max_seqs, max_blocks,
             bt);
@@ -178,6 +220,9 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     e->capacity = nblocks - reserve;
     e->block_floats = (size_t)(block_bytes / 4);
     e->nth = o.threads > 0 ? o.threads : 1;
+    e->private_budget = reserve;
+    e->n_parked_max = o.parked ? o.parked : o.max_seqs + 8;
+    e->dmax = o.max_seqs;
 
     ikv_cache_config cc;
     ikv_cache_config_default(&cc, e->capacity, o.policy);
@@ -198,26 +243,34 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     /* room for the widest tile pitch a prefill scheme may use (below) */
     const size_t TPmax = (T + 11) / 12 * 12, GT = (size_t)e->G * TPmax, ntiles = e->Lmax / T;
     size_t kvd = (size_t)m->kv_dim, hd = (size_t)m->head_dim, V = (size_t)c->vocab_size;
-    int ok = ALLOC(e->kv, (size_t)nblocks * e->block_floats) && ALLOC(e->state, nblocks) &&
-             ALLOC(e->bnode, nblocks) && ALLOC(e->bdepth, nblocks) && ALLOC(e->bparent, nblocks) &&
-             ALLOC(e->btokens, (size_t)nblocks * bt) && ALLOC(e->bkey, nblocks) &&
-             ALLOC(e->free_stack, nblocks) && ALLOC(e->node2blk, e->node_limit) &&
-             ALLOC(e->seqs, o.max_seqs) && ALLOC(e->keys, max_blocks) &&
-             ALLOC(e->nodes, max_blocks) && ALLOC(e->x, ntiles * TPmax * D) &&
-             ALLOC(e->xb, GT * D) && ALLOC(e->q, GT * q) && ALLOC(e->k, GT * kvd) &&
-             ALLOC(e->v, GT * kvd) && ALLOC(e->att, GT * q) && ALLOC(e->hb, GT * hid) &&
-             ALLOC(e->hb2, GT * hid) && ALLOC(e->S, P * e->S_rows * e->Lmax) &&
-             ALLOC(e->rinv, P * e->S_rows) &&
-             ALLOC(e->qg, P * T * (size_t)(c->n_heads / c->n_kv_heads) * hd) &&
-             ALLOC(e->Kc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
-             ALLOC(e->Vc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
-             ALLOC(e->rope_cos, (size_t)c->seq_len * hd / 2) &&
-             ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) && ALLOC(e->xn, P * D) &&
-             ALLOC(e->dpart, ((size_t)max_blocks + IKV__DC_CHUNK - 1) / IKV__DC_CHUNK *
-                                 (size_t)c->n_heads * (hd + 2));
+    int ok =
+        ALLOC(e->kv, (size_t)nblocks * e->block_floats) && ALLOC(e->state, nblocks) &&
+        ALLOC(e->bnode, nblocks) && ALLOC(e->bdepth, nblocks) && ALLOC(e->bparent, nblocks) &&
+        ALLOC(e->btokens, (size_t)nblocks * bt) && ALLOC(e->bkey, nblocks) &&
+        ALLOC(e->free_stack, nblocks) && ALLOC(e->node2blk, e->node_limit) &&
+        ALLOC(e->seqs, o.max_seqs) && ALLOC(e->keys, max_blocks) && ALLOC(e->nodes, max_blocks) &&
+        ALLOC(e->x, ntiles * TPmax * D) && ALLOC(e->xb, GT * D) && ALLOC(e->q, GT * q) &&
+        ALLOC(e->k, GT * kvd) && ALLOC(e->v, GT * kvd) && ALLOC(e->att, GT * q) &&
+        ALLOC(e->hb, GT * hid) && ALLOC(e->hb2, GT * hid) && ALLOC(e->S, P * e->S_rows * e->Lmax) &&
+        ALLOC(e->rinv, P * e->S_rows) &&
+        ALLOC(e->qg, P * T * (size_t)(c->n_heads / c->n_kv_heads) * hd) &&
+        ALLOC(e->Kc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
+        ALLOC(e->Vc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
+        ALLOC(e->rope_cos, (size_t)c->seq_len * hd / 2) &&
+        ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) && ALLOC(e->xn, P * D) &&
+        ALLOC(e->dpart, (size_t)e->dmax *
+                            (((size_t)max_blocks + IKV__DC_CHUNK - 1) / IKV__DC_CHUNK) *
+                            (size_t)c->n_heads * (hd + 2)) &&
+        ALLOC(e->parked, e->n_parked_max) && ALLOC(e->dseq, e->dmax) && ALLOC(e->dpos, e->dmax) &&
+        ALLOC(e->dtok, e->dmax) && ALLOC(e->dcoff, (size_t)e->dmax + 1) &&
+        ALLOC(e->dx, (size_t)e->dmax * D) && ALLOC(e->dxn, (size_t)e->dmax * D) &&
+        ALLOC(e->dxb, (size_t)e->dmax * D) && ALLOC(e->dq, (size_t)e->dmax * q) &&
+        ALLOC(e->datt, (size_t)e->dmax * q) && ALLOC(e->dk, (size_t)e->dmax * kvd) &&
+        ALLOC(e->dv, (size_t)e->dmax * kvd) && ALLOC(e->dhb, (size_t)e->dmax * hid) &&
+        ALLOC(e->dhb2, (size_t)e->dmax * hid) && ALLOC(e->dlog, (size_t)e->dmax * V);
     for (uint32_t i = 0; ok && i < o.max_seqs; i++)
         ok = ALLOC(e->seqs[i].table, max_blocks) && ALLOC(e->seqs[i].locked, max_blocks) &&
-             ALLOC(e->seqs[i].logits, V);
+             ALLOC(e->seqs[i].logits, V) && ALLOC(e->seqs[i].tok, (size_t)c->seq_len);
     if (!ok) {
         ikv_engine_destroy(e);
         return ikv_error(IKV_ENOMEM, "engine buffers (KV pool %llu bytes)",
@@ -270,7 +323,8 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     return 0;
 }
 
-/* Returns a sequence's blocks: unlocks its cache path, frees its private blocks. */
+/* Returns a sequence's blocks: unlocks its cache path, frees its private blocks (a parked
+ * block was taken out of its table before), gives back its reservation. */
 static void seq_release(ikv_engine *e, ikv_seq *s) {
     if (s->n_locked) {
         int rc = ikv_cache_unlock(e->cache, s->locked, s->n_locked);
@@ -280,9 +334,14 @@ static void seq_release(ikv_engine *e, ikv_seq *s) {
         uint32_t b = s->table[j];
         if (b != IKV_NIL && e->state[b] == IKV__BLK_PRIVATE) pool_push(e, b);
     }
+    IKV_ASSERT(e->reserved >= s->reserve);
+    e->reserved -= s->reserve;
+    s->reserve = 0;
     s->n_locked = 0;
     s->n_blocks = 0;
     s->n = 0;
+    s->n_prompt = 0;
+    s->pend0 = s->pend1 = 0;
     s->active = 0;
 }
 
@@ -307,8 +366,84 @@ static int block_matches(const ikv_engine *e, uint32_t b, uint32_t j, uint32_t p
                    sizeof(uint32_t) * e->bt);
 }
 
-int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_prefill_info *info) {
-    double t_start = ikv_now();
+/* Leading tokens a[0..n) and b[0..n) have in common. */
+static uint32_t common_prefix(const uint32_t *a, const uint32_t *b, uint32_t n) {
+    uint32_t i = 0;
+    while (i < n && a[i] == b[i])
+        i++;
+    return i;
+}
+
+/* Copies the K/V of slots [0, cnt) of block src into block dst, every layer and kv head. */
+static void copy_kv(ikv_engine *e, uint32_t dst, uint32_t src, uint32_t cnt) {
+    const struct ikv_model *m = e->m;
+    const size_t hd = (size_t)m->head_dim;
+    for (int l = 0; l < m->cfg.n_layers; l++)
+        for (int kv = 0; kv < 2; kv++)
+            for (int g = 0; g < m->cfg.n_kv_heads; g++)
+                memcpy(ikv__kv_at(e, dst, l, kv, g, 0), ikv__kv_at(e, src, l, kv, g, 0),
+                       sizeof(float) * cnt * hd);
+}
+
+/* The parked entry that shares the most leading tokens with block j of the prompt (tokens,
+ * n positions) after the verified block `parent`, visible to a request of scope salt `tenant`
+ * whose first public_tokens positions are public (pub: the public salt); at most `cap` tokens.
+ * Sets *cnt to the tokens shared; returns the entry index or IKV_NIL. */
+static uint32_t park_find(const ikv_engine *e, uint32_t j, uint32_t parent, const uint32_t *tokens,
+                          uint32_t n, uint64_t tenant, uint64_t pub, size_t public_tokens,
+                          uint32_t cap, uint32_t *cnt) {
+    const uint32_t bt = e->bt;
+    uint32_t best = IKV_NIL, bc = 0;
+    uint32_t avail = n - j * bt < bt ? n - j * bt : bt;
+    if (avail > cap) avail = cap;
+    for (uint32_t i = 0; i < e->n_parked; i++) {
+        const ikv__parked *p = &e->parked[i];
+        if (p->parent != parent) continue;
+        if (parent != IKV_NIL &&
+            (e->state[parent] != IKV__BLK_READY || !ikv_key_eq(e->bkey[parent], p->pkey)))
+            continue; /* the block it followed was evicted (and maybe reused) */
+        uint32_t c = common_prefix(e->btokens + (size_t)p->blk * bt, tokens + (size_t)j * bt,
+                                   p->ntok < avail ? p->ntok : avail);
+        if (p->salt != tenant && !(p->salt == pub && (size_t)j * bt + c <= public_tokens))
+            continue; /* another tenant's private tokens */
+        if (c > bc) best = i, bc = c;
+    }
+    *cnt = bc;
+    return best;
+}
+
+/* Parks the last partial prompt block of an ending sequence (see the top of the file). */
+static void park_seq(ikv_engine *e, ikv_seq *s) {
+    const uint32_t bt = e->bt, k0 = s->n_prompt % bt, j0 = s->n_prompt / bt;
+    if (s->no_cache || e->n_parked_max == 0 || k0 == 0 || s->n < s->n_prompt || j0 >= s->n_blocks)
+        return;
+    const uint32_t b = s->table[j0];
+    const uint32_t parent = j0 ? s->table[j0 - 1] : IKV_NIL;
+    if (e->state[b] != IKV__BLK_PRIVATE) return;
+    if (parent != IKV_NIL && e->state[parent] != IKV__BLK_READY) return;
+    /* an entry for the same prefix and tokens is replaced (the newer block is as good) */
+    for (uint32_t i = 0; i < e->n_parked; i++) {
+        const ikv__parked *p = &e->parked[i];
+        if (p->parent == parent && p->salt == s->salt && p->ntok == k0 &&
+            !memcmp(e->btokens + (size_t)p->blk * bt, e->btokens + (size_t)b * bt,
+                    sizeof(uint32_t) * k0)) {
+            park_drop(e, i);
+            break;
+        }
+    }
+    if (e->n_parked == e->n_parked_max) park_drop(e, park_oldest(e));
+    ikv__parked *p = &e->parked[e->n_parked++];
+    p->blk = b, p->parent = parent, p->ntok = k0;
+    p->pkey = parent != IKV_NIL ? e->bkey[parent] : (ikv_key){0, 0};
+    p->salt = s->n_prompt <= s->public_tokens ? ikv_scope_salt(e->opt.key_seed, NULL) : s->salt;
+    p->stamp = ++e->park_clock;
+    e->state[b] = IKV__BLK_PARKED;
+    e->bnode[b] = IKV_NIL;
+    s->table[j0] = IKV_NIL;
+}
+
+/* Checks a request's input; 0 or the error (nothing changed). */
+static int request_check(const ikv_engine *e, const ikv_request *r) {
     const ikv_model_config *c = &e->m->cfg;
     if (!r || !r->tokens || r->n == 0) return ikv_error(IKV_EINVAL, "empty prompt");
     if (r->n > (size_t)c->seq_len)
@@ -318,6 +453,14 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
         if (r->tokens[i] >= (uint32_t)c->vocab_size)
             return ikv_error(IKV_EINVAL, "prompt token %zu is %u, outside the vocabulary of %d", i,
                              r->tokens[i], (int)c->vocab_size);
+    return 0;
+}
+
+int ikv_engine_admit(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_prefill_info *info) {
+    double t_start = ikv_now();
+    const ikv_model_config *c = &e->m->cfg;
+    int rc = request_check(e, r);
+    if (rc) return rc;
     ikv_seq *s = NULL;
     for (uint32_t i = 0; i < e->opt.max_seqs && !s; i++)
         if (!e->seqs[i].active) s = &e->seqs[i];
@@ -325,22 +468,24 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
 
     const uint32_t bt = e->bt, n = (uint32_t)r->n;
     const uint32_t nfull = n / bt, nblk = (n + bt - 1) / bt;
+    uint64_t lim =
+        r->max_new && r->max_new < (size_t)c->seq_len ? n + r->max_new : (uint64_t)c->seq_len;
+    if (lim > (uint64_t)c->seq_len) lim = (uint64_t)c->seq_len;
     ikv_prefill_info inf;
     memset(&inf, 0, sizeof inf);
-    s->active = 1, s->n = 0, s->n_blocks = 0, s->n_locked = 0;
-    e->clock++;
-    uint32_t m = 0, inserted = 0;
-    int rc = 0;
+    const uint64_t tenant = ikv_scope_salt(e->opt.key_seed, r->tenant);
+    const uint64_t pub = ikv_scope_salt(e->opt.key_seed, NULL);
+    uint32_t m = 0, mv = 0, inserted = 0;
+    uint32_t src = IKV_NIL, cow = 0, pk = IKV_NIL; /* copy-on-write source (below) */
+    size_t core_m = 0;
 
+    /* ---- match phase: keys, longest resident prefix, verification ---- */
     if (!r->no_cache && nfull > 0) {
-        uint64_t tenant = ikv_scope_salt(e->opt.key_seed, r->tenant);
-        uint64_t pub = ikv_scope_salt(e->opt.key_seed, NULL);
         for (uint32_t j = 0; j < nfull; j++) {
             uint64_t salt = (uint64_t)(j + 1) * bt <= r->public_tokens ? pub : tenant;
             e->keys[j] = ikv_key_chain(e->opt.key_seed, j ? &e->keys[j - 1] : NULL,
                                        r->tokens + (size_t)j * bt, bt, salt);
         }
-        size_t core_m = 0;
         ikv_cache_match(e->cache, e->keys, nfull, e->nodes, NULL, &core_m);
         inf.matched_blocks = core_m;
         uint32_t parent = IKV_NIL;
@@ -351,7 +496,30 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
             m++;
         }
         inf.rejected_blocks = core_m - m;
-        if (m > (n - 1) / bt) m = (n - 1) / bt; /* keep >= 1 position to compute */
+    }
+    /* ---- end of the match phase ---- */
+
+    mv = m;                                 /* verified blocks */
+    if (m > (n - 1) / bt) m = (n - 1) / bt; /* keep >= 1 position to compute */
+    /* reservation: every block up to the limit that is not a locked cached one */
+    const uint32_t total = (uint32_t)((lim + bt - 1) / bt), need = total - m;
+    if (need > e->private_budget)
+        return ikv_error(IKV_ETOOLONG,
+                         "request needs %u private blocks (%u tokens and %llu more), more than "
+                         "the engine's %llu",
+                         need, n, (unsigned long long)(lim - n),
+                         (unsigned long long)e->private_budget);
+    if (e->reserved + need > e->private_budget)
+        return ikv_error(IKV_EFULL, "request needs %u private blocks, %llu of %llu are free", need,
+                         (unsigned long long)(e->private_budget - e->reserved),
+                         (unsigned long long)e->private_budget);
+    s->active = 1, s->n = 0, s->n_blocks = 0, s->n_locked = 0;
+    s->reserve = need, e->reserved += need;
+    s->limit = (uint32_t)lim;
+    s->salt = tenant, s->public_tokens = r->public_tokens, s->no_cache = r->no_cache;
+    e->clock++;
+
+    if (!r->no_cache && nfull > 0) {
         ikv_access acc = {.now = e->clock, .scope = 0, .next_use = NULL, .ntokens = NULL};
         if (m) {
             rc = ikv_cache_lock(e->cache, e->nodes, m);
@@ -392,6 +560,25 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
             inserted = (uint32_t)ins;
         }
     }
+    s->pend0 = m, s->pend1 = m + inserted;
+    /* copy-on-write source for block m, found before any block is taken: a verified full
+     * block the prompt ends on (its first bt - 1 positions), or a parked partial block */
+    if (!r->no_cache && m < nblk) {
+        const uint32_t cap = n - 1 - m * bt; /* leave the last position to compute */
+        if (mv > m) {
+            src = e->node2blk[e->nodes[m]], cow = cap < bt ? cap : bt;
+        } else {
+            pk = park_find(e, m, m ? s->table[m - 1] : IKV_NIL, r->tokens, n, tenant, pub,
+                           r->public_tokens, cap, &cow);
+            if (pk != IKV_NIL) {
+                src = e->parked[pk].blk;
+                /* the source must survive pool_pop's reclaiming below: stamp it newest and
+                 * keep it out of reach until copied */
+                e->parked[pk].stamp = ++e->park_clock;
+                e->state[src] = IKV__BLK_PRIVATE; /* not reclaimable while in use */
+            }
+        }
+    }
     for (uint32_t j = m + inserted; j < nblk; j++)
         if ((rc = add_private(e, s, j))) goto fail;
     for (uint32_t j = m + inserted; j < nblk; j++) {
@@ -399,28 +586,20 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
         memcpy(e->btokens + (size_t)s->table[j] * bt, r->tokens + (size_t)j * bt,
                sizeof(uint32_t) * cnt);
     }
-
-    /* prefill positions [m*bt, n) tile by tile */
-    {
-        size_t first = (size_t)m * bt, V = (size_t)c->vocab_size;
-        ikv__prefill(e, s, r->tokens, first, n);
-        if (r->logits_all) {
-            for (size_t p = first; p < n; p++)
-                ikv__logits_row(e, ikv__prefill_row(e, first, p), r->logits_all + p * V);
-            memcpy(s->logits, r->logits_all + (n - 1) * V, sizeof(float) * V);
-        } else {
-            ikv__logits_row(e, ikv__prefill_row(e, first, n - 1), s->logits);
-        }
-        for (uint32_t j = m; j < m + inserted; j++)
-            e->state[s->table[j]] = IKV__BLK_READY;
-        inf.cached_tokens = first;
-        inf.computed_tokens = n - first;
+    if (pk != IKV_NIL) e->state[src] = IKV__BLK_PARKED;
+    if (src != IKV_NIL && cow > 0) {
+        copy_kv(e, s->table[m], src, cow);
+        inf.partial_tokens = cow;
+        e->n_partial_hits++;
     }
+    memcpy(s->tok, r->tokens, sizeof(uint32_t) * n);
+    s->n = m * bt + (src != IKV_NIL ? cow : 0);
+    s->n_prompt = n;
+    inf.cached_tokens = s->n;
+    inf.computed_tokens = n - s->n;
     inf.inserted_blocks = inserted;
-    s->n = n;
     e->n_requests++;
     e->n_cached_tokens += inf.cached_tokens;
-    e->n_computed_tokens += inf.computed_tokens;
     e->n_rejected += inf.rejected_blocks;
     inf.seconds = ikv_now() - t_start;
     if (info) *info = inf;
@@ -430,34 +609,134 @@ int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
 fail:
     /* Blocks inserted but never computed stay PENDING in the cache: a later match rejects
      * them (not READY) and the policy evicts them in time. */
+    if (pk != IKV_NIL && e->state[src] == IKV__BLK_PRIVATE) e->state[src] = IKV__BLK_PARKED;
     seq_release(e, s);
     return rc;
 }
 
-int ikv_engine_decode(ikv_engine *e, ikv_seq *s, uint32_t token, const float **logits) {
-    const ikv_model_config *c = &e->m->cfg;
-    IKV_ASSERT(s && s->active);
-    if (token >= (uint32_t)c->vocab_size)
-        return ikv_error(IKV_EINVAL, "token %u outside the vocabulary of %d", token,
-                         (int)c->vocab_size);
-    if (s->n >= (uint32_t)c->seq_len)
-        return ikv_error(IKV_ETOOLONG, "sequence reached the model's seq_len %d", (int)c->seq_len);
-    size_t pos = s->n;
-    uint32_t j = (uint32_t)(pos / e->bt);
-    if (j >= s->n_blocks) {
-        int rc = add_private(e, s, j);
-        if (rc) return rc;
+int ikv_engine_pin_public(ikv_engine *e, const uint32_t *tokens, size_t n_public, uint64_t ttl) {
+    const uint32_t bt = e->bt;
+    size_t nb = n_public / bt;
+    if (nb > e->max_blocks) nb = e->max_blocks;
+    if (nb == 0) return ikv_error(IKV_EINVAL, "a public prefix of %zu tokens has no full block",
+                                  n_public);
+    const uint64_t pub = ikv_scope_salt(e->opt.key_seed, NULL);
+    for (size_t j = 0; j < nb; j++)
+        e->keys[j] = ikv_key_chain(e->opt.key_seed, j ? &e->keys[j - 1] : NULL,
+                                   tokens + j * bt, bt, pub);
+    size_t got = 0;
+    ikv_cache_match(e->cache, e->keys, nb, e->nodes, NULL, &got);
+    for (size_t j = 0; j < got; j++) {
+        uint32_t b = e->node2blk[e->nodes[j]];
+        if (b == IKV_NIL || e->state[b] != IKV__BLK_READY) got = j;
     }
-    IKV_ASSERT(e->state[s->table[j]] == IKV__BLK_PRIVATE);
-    e->btokens[(size_t)s->table[j] * e->bt + pos % e->bt] = token;
-    ikv__decode_step(e, s, token, pos);
-    s->n++;
+    if (got < nb)
+        return ikv_error(IKV_ENOENT, "%zu of the %zu public blocks are cached and ready", got, nb);
+    return ikv_cache_pin(e->cache, e->keys, nb, ttl ? e->clock + ttl : 0);
+}
+
+size_t ikv_seq_pending(const ikv_seq *s) {
+    return s->n < s->n_prompt ? s->n_prompt - s->n : 0;
+}
+
+/* Computes the next cnt prompt positions of s (a prefill chunk); logits of the last prompt
+ * position when the chunk ends the prompt, and of every computed position into logits_all
+ * when given. Marks the inserted blocks whose positions are all computed READY. */
+static void prefill_chunk(ikv_engine *e, ikv_seq *s, size_t cnt, float *logits_all) {
+    const size_t first = s->n, end = first + cnt, V = (size_t)e->m->cfg.vocab_size;
+    ikv__prefill(e, s, s->tok, first, end);
+    if (logits_all)
+        for (size_t p = first; p < end; p++)
+            ikv__logits_row(e, ikv__prefill_row(e, first, p), logits_all + p * V);
+    if (end == s->n_prompt) {
+        if (logits_all)
+            memcpy(s->logits, logits_all + (end - 1) * V, sizeof(float) * V);
+        else
+            ikv__logits_row(e, ikv__prefill_row(e, first, end - 1), s->logits);
+    }
+    while (s->pend0 < s->pend1 && (size_t)(s->pend0 + 1) * e->bt <= end)
+        e->state[s->table[s->pend0++]] = IKV__BLK_READY;
+    s->n = (uint32_t)end;
+    e->n_computed_tokens += cnt;
+}
+
+int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n) {
+    const ikv_model_config *c = &e->m->cfg;
+    /* check everything first: a rejected step runs nothing */
+    for (size_t i = 0; i < n; i++) {
+        ikv_seq *s = items[i].seq;
+        if (!s || s < e->seqs || s >= e->seqs + e->opt.max_seqs || !s->active)
+            return ikv_error(IKV_EINVAL, "step item %zu: not a sequence in flight", i);
+        for (size_t j = 0; j < i; j++)
+            if (items[j].seq == s)
+                return ikv_error(IKV_EINVAL, "step items %zu and %zu: the same sequence", j, i);
+        if (ikv_seq_pending(s)) continue;
+        if (items[i].token >= (uint32_t)c->vocab_size)
+            return ikv_error(IKV_EINVAL, "step item %zu: token %u outside the vocabulary of %d", i,
+                             items[i].token, (int)c->vocab_size);
+        if (s->n >= s->limit)
+            return ikv_error(
+                IKV_ETOOLONG, "step item %zu: sequence reached its limit of %u positions%s", i,
+                s->limit, s->limit == (uint32_t)c->seq_len ? " (the model's seq_len)" : "");
+    }
+    size_t nd = 0;
+    for (size_t i = 0; i < n; i++) {
+        ikv_seq *s = items[i].seq;
+        size_t pend = ikv_seq_pending(s);
+        items[i].done = 0;
+        if (pend) {
+            size_t cnt = items[i].n && items[i].n < pend ? items[i].n : pend;
+            prefill_chunk(e, s, cnt, NULL);
+            items[i].done = cnt;
+            continue;
+        }
+        size_t pos = s->n;
+        uint32_t j = (uint32_t)(pos / e->bt);
+        if (j >= s->n_blocks) {
+            int rc = add_private(e, s, j);
+            IKV_ASSERT(rc == 0); /* the reservation guarantees a block */
+        }
+        IKV_ASSERT(e->state[s->table[j]] == IKV__BLK_PRIVATE);
+        e->btokens[(size_t)s->table[j] * e->bt + pos % e->bt] = items[i].token;
+        s->tok[pos] = items[i].token;
+        e->dseq[nd] = s, e->dpos[nd] = pos, e->dtok[nd] = items[i].token;
+        nd++;
+    }
+    if (nd) ikv__decode_batch(e, nd);
+    for (size_t i = 0, k = 0; i < n && k < nd; i++)
+        if (items[i].seq == e->dseq[k]) {
+            items[i].seq->n++;
+            items[i].done = 1;
+            k++;
+        }
+    return 0;
+}
+
+int ikv_engine_begin(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_prefill_info *info) {
+    double t_start = ikv_now();
+    ikv_prefill_info inf;
+    ikv_seq *s;
+    int rc = ikv_engine_admit(e, r, &s, &inf);
+    if (rc) return rc;
+    prefill_chunk(e, s, ikv_seq_pending(s), r->logits_all);
+    inf.seconds = ikv_now() - t_start;
+    if (info) *info = inf;
+    *out = s;
+    return 0;
+}
+
+int ikv_engine_decode(ikv_engine *e, ikv_seq *s, uint32_t token, const float **logits) {
+    IKV_ASSERT(s && s->active && !ikv_seq_pending(s));
+    ikv_step_item it = {.seq = s, .token = token};
+    int rc = ikv_engine_step(e, &it, 1);
+    if (rc) return rc;
     if (logits) *logits = s->logits;
     return 0;
 }
 
 void ikv_engine_end(ikv_engine *e, ikv_seq *s) {
     if (!s || !s->active) return;
+    park_seq(e, s);
     seq_release(e, s);
 }
 
@@ -486,13 +765,17 @@ int ikv_seq_kv(const ikv_engine *e, const ikv_seq *s, size_t pos, int layer, flo
 void ikv_engine_stats_get(const ikv_engine *e, ikv_engine_stats *st) {
     memset(st, 0, sizeof *st);
     st->pool_blocks = e->nblocks;
-    st->free_blocks = e->n_free;
+    st->free_blocks = e->n_free + e->n_parked;
+    st->parked_blocks = e->n_parked;
     for (uint32_t b = 0; b < e->nblocks; b++) {
         if (e->state[b] == IKV__BLK_PRIVATE)
             st->private_blocks++;
-        else if (e->state[b] != IKV__BLK_FREE)
+        else if (e->state[b] == IKV__BLK_PENDING || e->state[b] == IKV__BLK_READY)
             st->cached_blocks++;
     }
+    st->partial_hits = e->n_partial_hits;
+    st->private_budget = e->private_budget;
+    st->reserved_blocks = e->reserved;
     st->block_bytes = e->block_floats * 4;
     st->cache_capacity = e->capacity;
     st->prefill_group = e->G;
@@ -513,11 +796,14 @@ const ikv_model *ikv_engine_model(const ikv_engine *e) {
 }
 
 int ikv_engine_check(const ikv_engine *e) {
-    uint64_t nfree = 0, npriv = 0, ncached = 0;
+    uint64_t nfree = 0, npriv = 0, ncached = 0, nparked = 0;
     for (uint32_t b = 0; b < e->nblocks; b++) {
         switch (e->state[b]) {
         case IKV__BLK_FREE:
             nfree++;
+            break;
+        case IKV__BLK_PARKED:
+            nparked++;
             break;
         case IKV__BLK_PRIVATE:
             npriv++;
@@ -543,6 +829,20 @@ int ikv_engine_check(const ikv_engine *e) {
     if (nfree != e->n_free)
         return ikv_error(IKV_EINVAL, "%llu free blocks, free stack holds %u",
                          (unsigned long long)nfree, e->n_free);
+    if (nparked != e->n_parked || e->n_parked > e->n_parked_max)
+        return ikv_error(IKV_EINVAL, "%llu parked blocks, %u parked entries (at most %u)",
+                         (unsigned long long)nparked, e->n_parked, e->n_parked_max);
+    for (uint32_t i = 0; i < e->n_parked; i++) {
+        const ikv__parked *p = &e->parked[i];
+        if (p->blk >= e->nblocks || e->state[p->blk] != IKV__BLK_PARKED || p->ntok == 0 ||
+            p->ntok >= e->bt)
+            return ikv_error(IKV_EINVAL, "parked entry %u: block %u, %u tokens", i, p->blk,
+                             p->ntok);
+        for (uint32_t k = 0; k < i; k++)
+            if (e->parked[k].blk == p->blk)
+                return ikv_error(IKV_EINVAL, "parked entries %u and %u share block %u", k, i,
+                                 p->blk);
+    }
     for (uint32_t i = 0; i < e->n_free; i++)
         if (e->state[e->free_stack[i]] != IKV__BLK_FREE)
             return ikv_error(IKV_EINVAL, "free stack entry %u (block %u) is not free", i,
@@ -556,23 +856,39 @@ int ikv_engine_check(const ikv_engine *e) {
     if (ncached > e->capacity)
         return ikv_error(IKV_EINVAL, "%llu cached blocks exceed capacity %llu",
                          (unsigned long long)ncached, (unsigned long long)e->capacity);
-    uint64_t owned = 0;
+    uint64_t owned = 0, reserved = 0;
     for (uint32_t i = 0; i < e->opt.max_seqs; i++) {
         const ikv_seq *s = &e->seqs[i];
         if (!s->active) continue;
         if (s->n_blocks < (s->n + e->bt - 1) / e->bt)
             return ikv_error(IKV_EINVAL, "sequence %u: block table shorter than its positions", i);
+        if (s->n > s->limit || s->n_prompt > s->limit ||
+            s->n_blocks < (s->n_prompt + e->bt - 1) / e->bt)
+            return ikv_error(IKV_EINVAL,
+                             "sequence %u: %u positions, %u prompt, limit %u, %u blocks", i, s->n,
+                             s->n_prompt, s->limit, s->n_blocks);
+        uint64_t mine = 0;
         for (uint32_t j = 0; j < s->n_blocks; j++)
             if (e->state[s->table[j]] == IKV__BLK_PRIVATE)
-                owned++;
-            else if (e->state[s->table[j]] == IKV__BLK_FREE)
-                return ikv_error(IKV_EINVAL, "sequence %u: block %u is free", i, s->table[j]);
+                owned++, mine++;
+            else if (e->state[s->table[j]] == IKV__BLK_FREE ||
+                     e->state[s->table[j]] == IKV__BLK_PARKED)
+                return ikv_error(IKV_EINVAL, "sequence %u: block %u is free or parked", i,
+                                 s->table[j]);
+        if (mine > s->reserve)
+            return ikv_error(IKV_EINVAL, "sequence %u: %llu private blocks, %u reserved", i,
+                             (unsigned long long)mine, s->reserve);
+        reserved += s->reserve;
         if (s->n_blocks > e->max_blocks)
             return ikv_error(IKV_EINVAL, "sequence %u: %u blocks", i, s->n_blocks);
     }
     if (owned != npriv)
         return ikv_error(IKV_EINVAL, "%llu private blocks, sequences own %llu",
                          (unsigned long long)npriv, (unsigned long long)owned);
+    if (reserved != e->reserved || e->reserved > e->private_budget)
+        return ikv_error(IKV_EINVAL, "sequences reserve %llu blocks, engine counts %llu of %llu",
+                         (unsigned long long)reserved, (unsigned long long)e->reserved,
+                         (unsigned long long)e->private_budget);
     return 1;
 }
 
@@ -591,7 +907,10 @@ void ikv_engine_dump(const ikv_engine *e, FILE *f) {
             e->G, e->Q ? ", trim" : "", (unsigned long long)st.requests,
             (unsigned long long)st.cached_tokens, (unsigned long long)st.computed_tokens,
             (unsigned long long)st.rejected_blocks);
-    static const char *names[] = {"free", "private", "pending", "ready"};
+    static const char *names[] = {"free", "private", "pending", "ready", "parked"};
+    for (uint32_t i = 0; i < e->n_parked; i++)
+        fprintf(f, "  parked %u: block %u after %d, %u tokens\n", i, e->parked[i].blk,
+                e->parked[i].parent == IKV_NIL ? -1 : (int)e->parked[i].parent, e->parked[i].ntok);
     for (uint32_t b = 0; b < e->nblocks; b++) {
         if (e->state[b] != IKV__BLK_PENDING && e->state[b] != IKV__BLK_READY) continue;
         const uint32_t *t = e->btokens + (size_t)b * e->bt;

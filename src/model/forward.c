@@ -244,7 +244,7 @@ void ikv__simd_force(int avx2) {
     avx2_mode = avx2 < 0 ? -1 : avx2 ? 1 : 0;
 }
 
-static int use_avx2(void) {
+int ikv__use_avx2(void) {
 #ifdef HAVE_AVX2_PATH
     if (avx2_mode < 0)
         avx2_mode = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0;
@@ -252,6 +252,10 @@ static int use_avx2(void) {
 #else
     return 0;
 #endif
+}
+
+static int use_avx2(void) {
+    return ikv__use_avx2();
 }
 
 /* row[0..n) = exp(row - max) unnormalized; returns the sum. */
@@ -746,85 +750,15 @@ static void gemm_cols(int M, int K, const float *X, const float *W, size_t n0, s
                 W + n0 * (size_t)K, K, 0.0f, Y + n0, ldy);
 }
 
-/* y[r] = W[r] . x for rows r in [r0, r1) of W [N][K] (decode and logits). One row at a time,
- * so W is read as one linear stream, which the hardware prefetcher follows (measured here:
- * 4 rows at a time, sharing each load of x, made 4 short streams and read at 14-19 GB/s
- * against 27-31 for this loop and for a plain streaming sum; OpenBLAS's sgemv reached 19-27).
- * Four 4-lane partial sums (elements i mod 16 in 0..3, 4..7, 8..11, 12..15), then 4-wide
- * steps into the first, a scalar tail, combined as ((s0 + s1) + (s2 + s3)) + tail over the
- * lanes of (a0 + a1) + (a2 + a3): a row's result depends only on the row and x, never on the
- * range it was computed in, so decode gives the same bits at any thread count. Does not
+/* y[r] = W[r] . x for rows r in [r0, r1) of W [N][K] (decode and logits): the batched seam
+ * (linear.c) with one row. One row of W at a time, so W is read as one linear stream, which the
+ * hardware prefetcher follows (measured here: 4 rows at a time, sharing each load of x, made 4
+ * short streams and read at 14-19 GB/s against 27-31 for this loop and for a plain streaming
+ * sum; OpenBLAS's sgemv reached 19-27). A row's result depends only on the row and x, never on
+ * the range it was computed in, so decode gives the same bits at any thread count. Does not
  * allocate. */
-#ifdef HAVE_AVX2_PATH
-/* gemv_rows with 8-lane partial sums (elements i mod 32 in four groups of 8, each an FMA
- * chain), then 8-wide steps into the first, a scalar tail; combined as ((s0 + s1) + (s2 + s3))
- * + ((s4 + s5) + (s6 + s7)) + tail over the lanes of (a0 + a1) + (a2 + a3). One path per row as
- * well. (FMA: 4% faster than a multiply and an add here, 24.1 against 23.1 GB/s on one thread,
- * where a plain streaming sum reads 24.4; software prefetching ahead made it slower.) */
-__attribute__((target("avx2,fma"))) static void
-gemv_rows_avx2(const float *W, const float *x, float *y, size_t r0, size_t r1, int K) {
-    const size_t k32 = (size_t)K & ~(size_t)31, k8 = (size_t)K & ~(size_t)7;
-    for (size_t r = r0; r < r1; r++) {
-        const float *w = W + r * (size_t)K;
-        size_t i = 0;
-        float tail = 0.0f, l[8];
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (; i < k32; i += 32) {
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 8), _mm256_loadu_ps(x + i + 8), a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 16), _mm256_loadu_ps(x + i + 16), a2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i + 24), _mm256_loadu_ps(x + i + 24), a3);
-        }
-        for (; i < k8; i += 8)
-            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + i), _mm256_loadu_ps(x + i), a0);
-        _mm256_storeu_ps(l, _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
-        for (; i < (size_t)K; i++)
-            tail += w[i] * x[i];
-        y[r] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) + tail;
-    }
-}
-#endif
-
 static void gemv_rows(const float *W, const float *x, float *y, size_t r0, size_t r1, int K) {
-#ifdef HAVE_AVX2_PATH
-    if (use_avx2()) {
-        gemv_rows_avx2(W, x, y, r0, r1, K);
-        return;
-    }
-#endif
-    const size_t k16 = (size_t)K & ~(size_t)15, k4 = (size_t)K & ~(size_t)3;
-    for (size_t r = r0; r < r1; r++) {
-        const float *w = W + r * (size_t)K;
-        size_t i = 0;
-        float tail = 0.0f;
-#if defined(__SSE2__)
-        __m128 a0 = _mm_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (; i < k16; i += 16) {
-            a0 = _mm_add_ps(a0, _mm_mul_ps(_mm_loadu_ps(w + i), _mm_loadu_ps(x + i)));
-            a1 = _mm_add_ps(a1, _mm_mul_ps(_mm_loadu_ps(w + i + 4), _mm_loadu_ps(x + i + 4)));
-            a2 = _mm_add_ps(a2, _mm_mul_ps(_mm_loadu_ps(w + i + 8), _mm_loadu_ps(x + i + 8)));
-            a3 = _mm_add_ps(a3, _mm_mul_ps(_mm_loadu_ps(w + i + 12), _mm_loadu_ps(x + i + 12)));
-        }
-        for (; i < k4; i += 4)
-            a0 = _mm_add_ps(a0, _mm_mul_ps(_mm_loadu_ps(w + i), _mm_loadu_ps(x + i)));
-        float l[4];
-        _mm_storeu_ps(l, _mm_add_ps(_mm_add_ps(a0, a1), _mm_add_ps(a2, a3)));
-#else
-        float a[4][4] = {{0}}, l[4];
-        for (; i < k16; i += 16)
-            for (int u = 0; u < 4; u++)
-                for (int j = 0; j < 4; j++)
-                    a[u][j] += w[i + 4 * (size_t)u + (size_t)j] * x[i + 4 * (size_t)u + (size_t)j];
-        for (; i < k4; i += 4)
-            for (int j = 0; j < 4; j++)
-                a[0][j] += w[i + (size_t)j] * x[i + (size_t)j];
-        for (int j = 0; j < 4; j++)
-            l[j] = (a[0][j] + a[1][j]) + (a[2][j] + a[3][j]);
-#endif
-        for (; i < (size_t)K; i++)
-            tail += w[i] * x[i];
-        y[r] = ((l[0] + l[1]) + (l[2] + l[3])) + tail;
-    }
+    ikv__linear_rows(W, (size_t)K, r0, r1, x, 0, 1, y, 0);
 }
 
 /* hb = silu(hb) * hb2, silu(a) = a * sigmoid(a), with sigmoid from t = e^-|a| <= 1 (never
@@ -893,6 +827,7 @@ typedef struct fwd {
     size_t tile;       /* prefill attention: the tile's index in the group */
     float *x;          /* prefill: the group's residual rows [rows][dim] */
     size_t pos;        /* decode position */
+    size_t nb;         /* decode: batch rows */
     int l;             /* layer */
     const float *xrow; /* logits: residual row */
     float *out;        /* logits: [vocab] */
@@ -1232,46 +1167,73 @@ void ikv__logits_row(struct ikv_engine *e, const float *xrow, float *out) {
     ikv__pool_run(e->pool, logits_task, &c);
 }
 
-/* ---- decode regions (position c->pos, layer c->l) -------------------------------------------- */
+/* ---- decode regions (a batch of nb rows, one per sequence; layer c->l) ---------------------
+ *
+ * Row b of the batch is sequence e->dseq[b] at position e->dpos[b]; its residual row is
+ * e->dx[b]. Every region splits its work by a fixed partition of (weight rows | batch rows |
+ * attention chunks of all rows) over the threads, and every output element is computed by one
+ * loop in one order whichever thread and whichever batch computes it: a sequence's decode gives
+ * the same bits alone or batched with any others, at any thread count. */
 
-/* Rows of [q | k | v] split at head boundaries: each thread normalizes x into its own buffer,
- * computes its rows, applies RoPE to its heads and writes its K and V heads into the block. */
+/* Batch rows split: xn[b] = RMSNorm(x[b]) with the weights c->xrow (rms_att, rms_ffn of the
+ * layer, or rms_final). */
+static void dc_norm(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const size_t D = (size_t)e->m->cfg.dim;
+    size_t a, b;
+    part(c->nb, t, P, 1, &a, &b);
+    for (size_t i = a; i < b; i++)
+        rmsnorm(e->dxn + i * D, e->dx + i * D, c->xrow, (int)D);
+}
+
+/* Rows of [q | k | v] split at head boundaries: q, k, v of every batch row; RoPE on its heads;
+ * K and V heads written into each row's block. */
 static void dc_qkv(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
     const ikv__weights *w = &m->w;
     const size_t D = (size_t)m->cfg.dim, H = (size_t)m->head_dim, l = (size_t)c->l;
-    const size_t nq = (size_t)m->q_dim, nkv = (size_t)m->kv_dim, pos = c->pos;
-    float *xn = e->xn + (size_t)t * D;
+    const size_t nq = (size_t)m->q_dim, nkv = (size_t)m->kv_dim, nb = c->nb;
     size_t a, b;
     part(nq + 2 * nkv, t, P, H, &a, &b);
-    rmsnorm(xn, e->x, w->rms_att + l * D, (int)D);
-    uint32_t blk = blk_of(e, c->s, pos), slot = (uint32_t)(pos % e->bt);
     for (size_t h = a; h < b; h += H) {
         if (h < nq) { /* a query head */
-            gemv_rows(w->wq + l * nq * D, xn, e->q, h, h + H, (int)D);
-            rope(e, e->q + h, (int)H, pos);
+            ikv__linear_rows(w->wq + l * nq * D, D, h, h + H, e->dxn, D, nb, e->dq, nq);
+            for (size_t i = 0; i < nb; i++)
+                rope(e, e->dq + i * nq + h, (int)H, e->dpos[i]);
         } else if (h < nq + nkv) { /* a key head */
             size_t r = h - nq;
-            gemv_rows(w->wk + l * nkv * D, xn, e->k, r, r + H, (int)D);
-            rope(e, e->k + r, (int)H, pos);
-            memcpy(ikv__kv_at(e, blk, (int)l, 0, (int)(r / H), slot), e->k + r, sizeof(float) * H);
+            ikv__linear_rows(w->wk + l * nkv * D, D, r, r + H, e->dxn, D, nb, e->dk, nkv);
+            for (size_t i = 0; i < nb; i++) {
+                const size_t pos = e->dpos[i];
+                float *kr = e->dk + i * nkv + r;
+                rope(e, kr, (int)H, pos);
+                memcpy(ikv__kv_at(e, blk_of(e, e->dseq[i], pos), (int)l, 0, (int)(r / H),
+                                  (uint32_t)(pos % e->bt)),
+                       kr, sizeof(float) * H);
+            }
         } else { /* a value head */
             size_t r = h - nq - nkv;
-            gemv_rows(w->wv + l * nkv * D, xn, e->v, r, r + H, (int)D);
-            memcpy(ikv__kv_at(e, blk, (int)l, 1, (int)(r / H), slot), e->v + r, sizeof(float) * H);
+            ikv__linear_rows(w->wv + l * nkv * D, D, r, r + H, e->dxn, D, nb, e->dv, nkv);
+            for (size_t i = 0; i < nb; i++) {
+                const size_t pos = e->dpos[i];
+                memcpy(ikv__kv_at(e, blk_of(e, e->dseq[i], pos), (int)l, 1, (int)(r / H),
+                                  (uint32_t)(pos % e->bt)),
+                       e->dv + i * nkv + r, sizeof(float) * H);
+            }
         }
     }
 }
 
 /* Decode attention.
  *
- * dc_attn, chunks split: the positions [0, pos] are cut into chunks of IKV__DC_CHUNK blocks, a
- * cut that depends only on the position, and each thread takes a contiguous range of chunks
- * (a fixed partition). For each of its chunks, block by block, it reads the layer's K of all
- * kv heads (on `small` 16 KiB in one run) and then their V (the next 16 KiB), and keeps per
- * query head an online softmax: the running maximum M, the running sum L of e^(s - M) and the
+ * dc_attn, chunks of every batch row split: the positions [0, pos] are cut into chunks of
+ * IKV__DC_CHUNK blocks, a cut that depends only on the position, and each thread takes a contiguous
+ * range of chunks (a fixed partition). For each of its chunks, block by block, it reads the layer's
+ * K of all kv heads (on `small` 16 KiB in one run) and then their V (the next 16 KiB), and keeps
+ * per query head an online softmax: the running maximum M, the running sum L of e^(s - M) and the
  * running weighted sum O of value rows, both rescaled by e^(M_old - M) when a block raises M.
  * It leaves (M, L, O) per chunk and head in e->dpart. Reading one block's K and V of every head
  * in one pass is what makes it fast: the blocks lie scattered in the pool, and on this machine
@@ -1279,38 +1241,31 @@ static void dc_qkv(void *vc, int t, int P) {
  * 9-10 GB/s on one thread, 32 KiB runs at 18, a linear read at 31 (measured; software
  * prefetching did not change it).
  *
- * dc_wo then merges the chunks of every head (attn_merge) and applies Wo.
+ * dc_merge then merges the chunks of every head (attn_merge) and dc_wo applies Wo.
  *
  * Scores and value sums use the FMA kernels above on the AVX2 path (head_dim a multiple of 8),
  * the SSE2 dot products and pv_block otherwise. Every output depends only on the position, the
  * K/V and q (the chunk cut, the order of blocks in a chunk and of chunks in the merge are
  * fixed), never on which thread computed which chunk: given the same K/V, the same bits at any
  * thread count. */
-static void dc_attn(void *vc, int t, int P) {
-    const fwd *c = vc;
-    struct ikv_engine *e = c->e;
+static void attn_chunk(const struct ikv_engine *e, const struct ikv_seq *s, const float *q,
+                       size_t pos, int l, size_t ch, float *pc, float *sc) {
     const struct ikv_model *m = e->m;
     const int nh = m->cfg.n_heads, nkv = m->cfg.n_kv_heads, hd = m->head_dim;
-    const int kvmul = nh / nkv, l = c->l;
-    const size_t bt = e->bt, H = (size_t)hd, nk = c->pos + 1;
-    const size_t nb = (nk + bt - 1) / bt, nch = (nb + IKV__DC_CHUNK - 1) / IKV__DC_CHUNK;
+    const int kvmul = nh / nkv;
+    const size_t bt = e->bt, H = (size_t)hd, nk = pos + 1;
+    const size_t nb = (nk + bt - 1) / bt;
     const size_t pstride = H + 2; /* per chunk and head: O[hd], M, L */
     const float scale = 1.0f / sqrtf((float)hd);
-    const struct ikv_seq *s = c->s;
-    const float *q = e->q;
     /* [nh][ss] scores of a block: a block has at most min(bt, seq_len) keys, and the thread's
      * S slice holds S_rows >= n_heads rows of Lmax >= seq_len */
     const size_t ss = bt < e->Lmax ? bt : e->Lmax;
-    float *sc = e->S + (size_t)t * e->S_rows * e->Lmax;
 #ifdef HAVE_AVX2_PATH
     const int fma = use_avx2() && hd % 8 == 0;
 #else
     const int fma = 0;
 #endif
-    size_t c0, c1;
-    part(nch, t, P, 1, &c0, &c1);
-    for (size_t ch = c0; ch < c1; ch++) {
-        float *pc = e->dpart + ch * (size_t)nh * pstride;
+    {
         for (int h = 0; h < nh; h++) {
             float *ph = pc + (size_t)h * pstride;
             memset(ph, 0, sizeof(float) * H);
@@ -1402,22 +1357,37 @@ static void dc_attn(void *vc, int t, int P) {
     }
 }
 
-/* att_h = sum_c O_c e^(M_c - M) / sum_c L_c e^(M_c - M), M = max_c M_c, over the chunks of
- * dc_attn in order, for every query head h, into out [n_heads][head_dim]. */
-static void attn_merge(const struct ikv_engine *e, size_t pos, float *out) {
+/* Attention chunks of all batch rows split: item i is chunk i - dcoff[b] of row b. */
+static void dc_attn(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, qd = (size_t)m->q_dim;
+    float *sc = e->S + (size_t)t * e->S_rows * e->Lmax;
+    size_t i0, i1, b = 0;
+    part(e->dcoff[c->nb], t, P, 1, &i0, &i1);
+    for (size_t i = i0; i < i1; i++) {
+        while (e->dcoff[b + 1] <= i)
+            b++;
+        attn_chunk(e, e->dseq[b], e->dq + b * qd, e->dpos[b], c->l, i - e->dcoff[b],
+                   e->dpart + i * nh * (H + 2), sc);
+    }
+}
+
+/* att_h = sum_c O_c e^(M_c - M) / sum_c L_c e^(M_c - M), M = max_c M_c, over the chunks
+ * part[0..nch) of dc_attn in order, for every query head h, into out [n_heads][head_dim]. */
+static void attn_merge(const struct ikv_engine *e, const float *part_, size_t nch, float *out) {
     const struct ikv_model *m = e->m;
     const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, pstride = H + 2;
-    const size_t nb = (pos + 1 + e->bt - 1) / e->bt;
-    const size_t nch = (nb + IKV__DC_CHUNK - 1) / IKV__DC_CHUNK;
     for (size_t h = 0; h < nh; h++) {
         float *o = out + h * H, mx = -INFINITY, sum = 0.0f;
         for (size_t ch = 0; ch < nch; ch++) {
-            const float mc = e->dpart[(ch * nh + h) * pstride + H];
+            const float mc = part_[(ch * nh + h) * pstride + H];
             mx = mc > mx ? mc : mx;
         }
         memset(o, 0, sizeof(float) * H);
         for (size_t ch = 0; ch < nch; ch++) {
-            const float *ph = e->dpart + (ch * nh + h) * pstride;
+            const float *ph = part_ + (ch * nh + h) * pstride;
             const float a = exp_neg_scalar(ph[H] - mx);
             sum += ph[H + 1] * a;
             for (size_t d = 0; d < H; d++)
@@ -1429,40 +1399,48 @@ static void attn_merge(const struct ikv_engine *e, size_t pos, float *out) {
     }
 }
 
-/* Rows of dim split: each thread merges the attention chunks into its own buffer (the same bits
- * on every thread; a few microseconds, cheaper than a region of its own), then x += Wo att on
- * its rows. */
+/* Batch rows split: att[b] = the merge of row b's attention chunks. */
+static void dc_merge(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, qd = (size_t)m->q_dim;
+    size_t a, b;
+    part(c->nb, t, P, 1, &a, &b);
+    for (size_t i = a; i < b; i++)
+        attn_merge(e, e->dpart + e->dcoff[i] * nh * (H + 2), e->dcoff[i + 1] - e->dcoff[i],
+                   e->datt + i * qd);
+}
+
+/* Rows of dim split: x[b] += Wo att[b] on this thread's rows. */
 static void dc_wo(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
     const size_t D = (size_t)m->cfg.dim, qd = (size_t)m->q_dim;
-    float *att = e->xn + (size_t)t * D; /* q_dim == dim */
     size_t a, b;
     part(D, t, P, 16, &a, &b);
-    attn_merge(e, c->pos, att);
-    gemv_rows(m->w.wo + (size_t)c->l * D * qd, att, e->xb, a, b, (int)qd);
-    for (size_t i = a; i < b; i++)
-        e->x[i] += e->xb[i];
+    ikv__linear_rows(m->w.wo + (size_t)c->l * D * qd, qd, a, b, e->datt, qd, c->nb, e->dxb, D);
+    for (size_t i = 0; i < c->nb; i++)
+        for (size_t j = a; j < b; j++)
+            e->dx[i * D + j] += e->dxb[i * D + j];
 }
 
-/* Rows of hidden split: each thread normalizes x into its own buffer, then its rows of
- * hb = silu(W1 xn) * (W3 xn). */
+/* Rows of hidden split: hb = silu(W1 xn) * (W3 xn) on this thread's rows, every batch row. */
 static void dc_ffn13(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
     const size_t D = (size_t)m->cfg.dim, Hd = (size_t)m->cfg.hidden_dim, l = (size_t)c->l;
-    float *xn = e->xn + (size_t)t * D;
     size_t a, b;
     part(Hd, t, P, 16, &a, &b);
-    rmsnorm(xn, e->x, m->w.rms_ffn + l * D, (int)D);
-    gemv_rows(m->w.w1 + l * Hd * D, xn, e->hb, a, b, (int)D);
-    gemv_rows(m->w.w3 + l * Hd * D, xn, e->hb2, a, b, (int)D);
-    swiglu(e->hb + a, e->hb2 + a, b - a);
+    ikv__linear_rows(m->w.w1 + l * Hd * D, D, a, b, e->dxn, D, c->nb, e->dhb, Hd);
+    ikv__linear_rows(m->w.w3 + l * Hd * D, D, a, b, e->dxn, D, c->nb, e->dhb2, Hd);
+    for (size_t i = 0; i < c->nb; i++)
+        swiglu(e->dhb + i * Hd + a, e->dhb2 + i * Hd + a, b - a);
 }
 
-/* Rows of dim split: x += W2 hb on this thread's rows. */
+/* Rows of dim split: x[b] += W2 hb[b] on this thread's rows. */
 static void dc_w2(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
@@ -1470,20 +1448,55 @@ static void dc_w2(void *vc, int t, int P) {
     const size_t D = (size_t)m->cfg.dim, Hd = (size_t)m->cfg.hidden_dim;
     size_t a, b;
     part(D, t, P, 16, &a, &b);
-    gemv_rows(m->w.w2 + (size_t)c->l * D * Hd, e->hb, e->xb, a, b, (int)Hd);
-    for (size_t i = a; i < b; i++)
-        e->x[i] += e->xb[i];
+    ikv__linear_rows(m->w.w2 + (size_t)c->l * D * Hd, Hd, a, b, e->dhb, Hd, c->nb, e->dxb, D);
+    for (size_t i = 0; i < c->nb; i++)
+        for (size_t j = a; j < b; j++)
+            e->dx[i * D + j] += e->dxb[i * D + j];
+}
+
+/* Vocabulary rows split: the classifier on every batch row's normed final row. */
+static void dc_logits(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const size_t D = (size_t)m->cfg.dim, V = (size_t)m->cfg.vocab_size;
+    size_t a, b;
+    part(V, t, P, 16, &a, &b);
+    ikv__linear_rows(m->w.wcls, D, a, b, e->dxn, D, c->nb, e->dlog, V);
+}
+
+void ikv__decode_batch(struct ikv_engine *e, size_t nb) {
+    const struct ikv_model *m = e->m;
+    const size_t D = (size_t)m->cfg.dim, V = (size_t)m->cfg.vocab_size;
+    const size_t bt = e->bt;
+    fwd c = {.e = e, .nb = nb};
+    IKV_ASSERT(nb >= 1 && nb <= e->dmax);
+    e->dcoff[0] = 0;
+    for (size_t i = 0; i < nb; i++) {
+        const size_t nblk = (e->dpos[i] + 1 + bt - 1) / bt;
+        e->dcoff[i + 1] = e->dcoff[i] + (nblk + IKV__DC_CHUNK - 1) / IKV__DC_CHUNK;
+        memcpy(e->dx + i * D, m->w.emb + (size_t)e->dtok[i] * D, sizeof(float) * D);
+    }
+    for (c.l = 0; c.l < m->cfg.n_layers; c.l++) {
+        c.xrow = m->w.rms_att + (size_t)c.l * D;
+        ikv__pool_run(e->pool, dc_norm, &c);
+        ikv__pool_run(e->pool, dc_qkv, &c);
+        ikv__pool_run(e->pool, dc_attn, &c);
+        ikv__pool_run(e->pool, dc_merge, &c);
+        ikv__pool_run(e->pool, dc_wo, &c);
+        c.xrow = m->w.rms_ffn + (size_t)c.l * D;
+        ikv__pool_run(e->pool, dc_norm, &c);
+        ikv__pool_run(e->pool, dc_ffn13, &c);
+        ikv__pool_run(e->pool, dc_w2, &c);
+    }
+    c.xrow = m->w.rms_final;
+    ikv__pool_run(e->pool, dc_norm, &c);
+    ikv__pool_run(e->pool, dc_logits, &c);
+    for (size_t i = 0; i < nb; i++)
+        memcpy(e->dseq[i]->logits, e->dlog + i * V, sizeof(float) * V);
 }
 
 void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, size_t pos) {
-    const struct ikv_model *m = e->m;
-    const size_t D = (size_t)m->cfg.dim;
-    fwd c = {.e = e, .s = s, .pos = pos};
-    static const ikv__task layer[] = {dc_qkv, dc_attn, dc_wo, dc_ffn13, dc_w2};
-    memcpy(e->x, m->w.emb + (size_t)token * D, sizeof(float) * D);
-    for (c.l = 0; c.l < m->cfg.n_layers; c.l++)
-        for (size_t r = 0; r < sizeof layer / sizeof layer[0]; r++) {
-            ikv__pool_run(e->pool, layer[r], &c);
-        }
-    ikv__logits_row(e, e->x, s->logits);
+    e->dseq[0] = s, e->dpos[0] = pos, e->dtok[0] = token;
+    ikv__decode_batch(e, 1);
 }

@@ -67,7 +67,19 @@ int ikv__pool_size(const ikv__pool *p);
 
 /* ---- engine internals (engine.c: pool and request flow; forward.c: the math) ------------ */
 
-enum { IKV__BLK_FREE = 0, IKV__BLK_PRIVATE, IKV__BLK_PENDING, IKV__BLK_READY };
+/* PARKED: the last partial prompt block of an ended sequence, kept (outside the cache core)
+ * so that a later request continuing the same prefix copies its KV instead of recomputing it;
+ * reclaimed, oldest first, whenever the free stack is empty (so it counts as free). */
+enum { IKV__BLK_FREE = 0, IKV__BLK_PRIVATE, IKV__BLK_PENDING, IKV__BLK_READY, IKV__BLK_PARKED };
+
+/* A parked partial block: its first ntok token positions hold prompt KV computed by a prefill
+ * after the cached block `parent` (IKV_NIL: it is the first block) whose key was pkey, under
+ * scope salt `salt`. */
+typedef struct ikv__parked {
+    uint32_t blk, parent, ntok;
+    ikv_key pkey;
+    uint64_t salt, stamp;
+} ikv__parked;
 
 struct ikv_seq {
     int active;
@@ -76,7 +88,15 @@ struct ikv_seq {
     uint32_t *table;   /* [max_blocks] physical block of each block index */
     uint32_t *locked;  /* [max_blocks] cache node ids this sequence holds locked */
     uint32_t n_locked;
-    float *logits; /* [vocab] logits of the last position */
+    float *logits;         /* [vocab] logits of the last position */
+    uint32_t *tok;         /* [seq_len] token ids of positions 0..n_prompt and decoded */
+    uint32_t n_prompt;     /* prompt positions; positions [n, n_prompt) still to prefill */
+    uint32_t limit;        /* positions this sequence may reach (prompt + max_new, <= seq_len) */
+    uint32_t reserve;      /* private blocks reserved for it at admission */
+    uint32_t pend0, pend1; /* block indices [pend0, pend1) inserted, not yet computed */
+    uint64_t salt;         /* scope salt of its private blocks */
+    size_t public_tokens;
+    int no_cache;
 };
 
 struct ikv_engine {
@@ -132,9 +152,27 @@ struct ikv_engine {
     float *Kc, *Vc; /* [n_kv_heads][Lmax][head_dim] K/V gathered through the table */
     float *rope_cos, *rope_sin; /* [seq_len][head_dim / 2] */
     float *xn;                  /* [nth][dim] each thread's copy of a normed row (decode, logits) */
-    float *dpart; /* decode attention: [chunks][n_heads][head_dim + 2] (O, M, L) per chunk */
+    float *dpart; /* decode attention: [dmax x chunks][n_heads][head_dim + 2] (O, M, L) per chunk */
 
-    uint64_t n_requests, n_cached_tokens, n_computed_tokens, n_rejected;
+    /* admission: private blocks set aside for sequences (nblocks = capacity + private_budget)
+     * and the part reserved by admitted sequences */
+    uint64_t private_budget, reserved;
+    ikv__parked *parked; /* [n_parked_max] */
+    uint32_t n_parked, n_parked_max;
+    uint64_t park_clock;
+
+    /* batched decode (ikv__decode_batch): up to dmax rows, one per sequence */
+    uint32_t dmax;
+    struct ikv_seq **dseq;      /* [dmax] */
+    size_t *dpos;               /* [dmax] position of each row */
+    uint32_t *dtok;             /* [dmax] token of each row */
+    size_t *dcoff;              /* [dmax + 1] first attention chunk of each row */
+    float *dx, *dxn, *dxb;      /* [dmax][dim] residual, normed, projection out */
+    float *dq, *dk, *dv, *datt; /* [dmax][q_dim | kv_dim | kv_dim | q_dim] */
+    float *dhb, *dhb2;          /* [dmax][hidden] */
+    float *dlog;                /* [dmax][vocab] */
+
+    uint64_t n_requests, n_cached_tokens, n_computed_tokens, n_rejected, n_partial_hits;
 };
 
 /* K (kv = 0) or V (kv = 1) of `layer`, kv head `g`, slot `slot` of physical block b. */
@@ -174,6 +212,17 @@ const float *ikv__prefill_row(const struct ikv_engine *e, size_t first, size_t p
 void ikv__logits_row(struct ikv_engine *e, const float *xrow, float *out);
 /* One decode step of `token` at position pos = s->n (its block already in the table). */
 void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, size_t pos);
+/* Decode of rows [0, nb) of the batch: row i is token e->dtok[i] of sequence e->dseq[i] at
+ * position e->dpos[i] (its block already in the table; distinct sequences). Leaves each
+ * sequence's logits. The weight products go through ikv__linear_rows with all nb rows, so
+ * every weight row is read once per step; each row's bits do not depend on nb. (forward.c) */
+void ikv__decode_batch(struct ikv_engine *e, size_t nb);
+/* Y[b * ldy + r] = W[r] . X[b * ldx] for r in [r0, r1), b in [0, nx); W is [N][K] row-major.
+ * Each element's bits depend only on K, W[r] and X[b] (linear.c). Does not allocate. */
+void ikv__linear_rows(const float *W, size_t K, size_t r0, size_t r1, const float *X, size_t ldx,
+                      size_t nx, float *Y, size_t ldy);
+/* Whether the AVX2 + FMA kernels are in use (decided once per process; forward.c). */
+int ikv__use_avx2(void);
 /* Forces the SSE2 (avx2 = 0) or AVX2 (1, only where the CPU has AVX2 and FMA) kernels of
  * softmax, SwiGLU and decode's matrix-vector products and attention, or back to detection (-1). For
  * tests, before any engine runs: results are only comparable within one setting. Not thread-safe.

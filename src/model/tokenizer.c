@@ -450,7 +450,7 @@ static uint64_t xs(uint64_t *s) {
     return *s * UINT64_C(0x2545F4914F6CDD1D);
 }
 
-int ikv_tokenizer_write_synthetic(const char *path, uint32_t vocab, uint64_t seed) {
+int ikv_tokenizer_write_synthetic_stream(FILE *f, uint32_t vocab, uint64_t seed) {
     if (vocab < 259)
         return ikv_error(IKV_EINVAL, "tokenizer needs vocab_size >= 259, got %u", vocab);
     const uint32_t maxlen = 16;
@@ -501,20 +501,7 @@ int ikv_tokenizer_write_synthetic(const char *path, uint32_t vocab, uint64_t see
     for (; n < vocab; n++)
         snprintf(NEXT(), maxlen + 1, "<x%u>", n); /* tiny vocab spill */
 #undef NEXT
-    size_t plen = strlen(path);
-    char *tmp = ikv_malloc(plen + 16);
     int rc = 0;
-    FILE *f = NULL;
-    if (!tmp) {
-        rc = ikv_error(IKV_ENOMEM, "path");
-        goto out;
-    }
-    snprintf(tmp, plen + 16, "%s.tmp%ld", path, (long)getpid());
-    f = fopen(tmp, "wb");
-    if (!f) {
-        rc = ikv_error(IKV_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto out;
-    }
     int32_t ml = (int32_t)maxlen;
     int bad = fwrite(&ml, 4, 1, f) != 1;
     for (uint32_t i = 0; i < vocab && !bad; i++) {
@@ -524,14 +511,19 @@ int ikv_tokenizer_write_synthetic(const char *path, uint32_t vocab, uint64_t see
         bad = fwrite(&score, 4, 1, f) != 1 || fwrite(&len, 4, 1, f) != 1 ||
               fwrite(piece[i], 1, (size_t)len, f) != (size_t)len;
     }
-    if (fclose(f) != 0) bad = 1;
-    if (bad)
-        rc = ikv_error(IKV_EIO, "%s: write failed", tmp);
-    else if (rename(tmp, path) != 0)
-        rc = ikv_error(IKV_EIO, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
-    if (rc) unlink(tmp);
-out:
-    ikv_free(tmp);
+    if (bad) rc = ikv_error(IKV_EIO, "tokenizer: write failed: %s", strerror(errno));
     ikv_free(pool), ikv_free(piece), ikv_free(ss.slot);
+    return rc;
+}
+
+int ikv_tokenizer_write_synthetic(const char *path, uint32_t vocab, uint64_t seed) {
+    ikv_outset *s = NULL;
+    FILE *f = NULL;
+    int rc = ikv_outset_create(&s);
+    if (rc) return rc;
+    if (!(rc = ikv_outset_add(s, path, &f, NULL)) &&
+        !(rc = ikv_tokenizer_write_synthetic_stream(f, vocab, seed)))
+        rc = ikv_outset_commit(s);
+    ikv_outset_destroy(s);
     return rc;
 }

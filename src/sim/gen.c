@@ -545,21 +545,12 @@ int ikv_gen_write_file(const ikv_gen_opts *o, const char *path, ikv_progress *pr
                        uint64_t *n_requests) {
     int rc = ikv_gen_opts_check(o);
     if (rc) return rc;
-    size_t n = strlen(path) + 32;
-    char *tmp = ikv_malloc(n);
-    if (!tmp) return IKV_ENOMEM;
-    snprintf(tmp, n, "%s.tmp.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) {
-        rc = ikv_error(IKV_EIO, "gen: cannot create %s: %s", tmp, strerror(errno));
-        ikv_free(tmp);
-        return rc;
-    }
-    rc = ikv_gen_write(o, f, progress, n_requests);
-    if (fclose(f) && !rc) rc = ikv_error(IKV_EIO, "gen: cannot write %s: %s", tmp, strerror(errno));
-    if (!rc && rename(tmp, path))
-        rc = ikv_error(IKV_EIO, "gen: cannot rename %s to %s: %s", tmp, path, strerror(errno));
-    if (rc) remove(tmp);
-    ikv_free(tmp);
+    ikv_outset *s = NULL;
+    FILE *f = NULL;
+    if ((rc = ikv_outset_create(&s))) return rc;
+    if (!(rc = ikv_outset_add(s, path, &f, NULL)) &&
+        !(rc = ikv_gen_write(o, f, progress, n_requests)))
+        rc = ikv_outset_commit(s);
+    ikv_outset_destroy(s);
     return rc;
 }

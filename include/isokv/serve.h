@@ -1,0 +1,67 @@
+/*
+ * isokv serve: an OpenAI-compatible HTTP server over the engine (model.h), whose KV cache is
+ * the isokv core. libmicrohttpd threads parse requests and stream answers; one scheduler thread
+ * owns the engine and runs continuous batching: every step serves every running sequence (the
+ * decode rows of all of them through the weights as one batched product, plus prefill chunks
+ * under a token budget), admitting queued requests when their KV blocks fit.
+ *
+ *   POST /v1/completions        prompt: string | [string] | [int] (token ids) | [[int]]
+ *   POST /v1/chat/completions   messages: system / user / assistant (template: docs/serve.md)
+ *   GET  /v1/models   GET /health   GET /metrics (Prometheus text)
+ *
+ * Tenants: --api-keys maps Bearer keys to tenants (unknown key: 401); a request's cache_salt
+ * further separates its private blocks; declared public text (--public-prefix, --public-system,
+ * "isokv": {"public_prefix_tokens": N}) is shared across tenants. docs/serve.md is the manual.
+ */
+#ifndef ISOKV_SERVE_H
+#define ISOKV_SERVE_H
+
+#include "isokv/base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ikv_serve ikv_serve;
+
+typedef struct ikv_serve_options {
+    const char *model;         /* llama2.c checkpoint (data/models/stories260K/stories260K.bin) */
+    const char *tokenizer;     /* llama2.c tokenizer.bin; NULL = byte-level */
+    const char *host;          /* IPv4 address to bind ("127.0.0.1") */
+    uint16_t port;             /* 0 = any free port (ikv_serve_port says which) */
+    int threads;               /* engine forward threads (1) */
+    uint64_t kv_mem;           /* KV pool bytes (0 = room for max_seqs full sequences + 4) */
+    const char *policy;        /* eviction policy ("lru") */
+    const char *api_keys;      /* JSON file {"KEY": "tenant", ...}; NULL = everyone is "default" */
+    uint32_t max_seqs;         /* sequences running at once (32) */
+    uint32_t max_batch_tokens; /* positions per forward step: decode rows + prefill chunks (256) */
+    uint32_t max_queue;        /* requests waiting for admission before 429 (4 x max_seqs) */
+    const char *public_prefix; /* file whose text, when a prompt starts with it, is public */
+    int public_system;         /* 1: a chat request's system messages are public */
+    size_t max_body;           /* request body bytes before 413 (1 MiB) */
+    /* --tier (lower storage tiers): reserved for the store module; not used yet */
+    const char *tier;
+    FILE *log; /* one line per request (stderr) */
+} ikv_serve_options;
+
+void ikv_serve_options_default(ikv_serve_options *o);
+
+/* Loads the model and tokenizer, creates the engine, binds the socket and starts the HTTP and
+ * scheduler threads. Returns 0 and *out, or IKV_EIO / IKV_EFORMAT / IKV_ETRUNC (model,
+ * tokenizer, key or prefix file), IKV_EINVAL (options, an address that cannot be bound),
+ * IKV_ENOMEM; ikv_errdetail() names the problem. */
+int ikv_serve_create(const ikv_serve_options *o, ikv_serve **out);
+/* The bound port. */
+uint16_t ikv_serve_port(const ikv_serve *s);
+/* A one-line description: model, shape, cache configuration (static until destroy). */
+const char *ikv_serve_describe(const ikv_serve *s);
+/* Stops accepting requests (they get 503) and waits until the running and queued ones have
+ * finished or `seconds` have passed. Returns the number of requests still unfinished. */
+size_t ikv_serve_drain(ikv_serve *s, double seconds);
+/* Stops the threads (unfinished requests are cancelled) and frees everything. Takes NULL. */
+void ikv_serve_destroy(ikv_serve *s);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,135 @@
+/*
+ * isokv serve: the OpenAI-compatible server (serve.h, docs/serve.md).
+ *
+ *     isokv serve [--model M.bin] [--tokenizer T.bin] [--host 127.0.0.1] [--port 8000]
+ *                 [--threads 1] [--kv-mem BYTES] [--policy lru] [--api-keys FILE]
+ *                 [--max-seqs 32] [--max-batch-tokens 256] [--max-queue N]
+ *                 [--public-prefix FILE] [--public-system] [--drain-s 10] [--tier SPEC]
+ *
+ * Prints the address (the bound port when --port 0), the model, the cache configuration and
+ * the measured startup time on stdout, one line per request on stderr. SIGTERM or SIGINT stops
+ * accepting (503), lets running requests finish for at most --drain-s seconds, and exits 0.
+ * The signals are blocked in every thread and taken by sigwait() here, so no handler runs
+ * inside the server's threads.
+ */
+#include "cli.h"
+#include "isokv/serve.h"
+
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static void help(FILE *f) {
+    fputs("usage: isokv serve [--model M.bin] [--tokenizer T.bin] [--host ADDR] [--port N]\n"
+          "                   [--threads T] [--kv-mem BYTES] [--policy NAME] [--api-keys FILE]\n"
+          "                   [--max-seqs N] [--max-batch-tokens N] [--max-queue N]\n"
+          "                   [--public-prefix FILE] [--public-system] [--drain-s S]\n\n"
+          "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions,\n"
+          "GET /v1/models, GET /health, GET /metrics (Prometheus). Continuous batching: one\n"
+          "forward step serves every running sequence; prompts are prefilled in chunks within\n"
+          "--max-batch-tokens positions per step (256); at most --max-seqs sequences run (32),\n"
+          "--max-queue wait (4 x max-seqs; more get 429 with Retry-After). Defaults: the bundled\n"
+          "model data/models/stories260K/{stories260K.bin,tok512.bin} on 127.0.0.1:8000\n"
+          "(--port 0: any free port, printed). --kv-mem sizes the KV pool (k/M/G suffixes;\n"
+          "default room for max-seqs full sequences plus 4). --api-keys FILE: a JSON object\n"
+          "{\"KEY\": \"tenant\"}; requests need Authorization: Bearer KEY (else 401); without it\n"
+          "every request is tenant 'default'. --public-prefix FILE: prompts starting with its\n"
+          "text share those blocks across tenants; --public-system: chat system messages do.\n"
+          "SIGTERM/SIGINT: stop accepting, finish running requests (at most --drain-s seconds,\n"
+          "10), exit 0. --tier is reserved for lower storage tiers (not available yet).\n",
+          f);
+}
+
+int ikv_cmd_serve(int argc, char **argv) {
+    if (cli_wants_help(argc, argv)) {
+        help(stdout);
+        return IKV_EXIT_OK;
+    }
+    const char *cmd = "serve";
+    ikv_serve_options o;
+    ikv_serve_options_default(&o);
+    double drain = 10;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        int flag = !strcmp(a, "--public-system");
+        if (flag) {
+            o.public_system = 1;
+            continue;
+        }
+        if (i + 1 >= argc) return cli_usage_error(cmd, "%s needs a value (see --help)", a);
+        const char *v = argv[++i];
+        uint64_t u;
+        if (!strcmp(a, "--model"))
+            o.model = v;
+        else if (!strcmp(a, "--tokenizer"))
+            o.tokenizer = strcmp(v, "none") ? v : NULL;
+        else if (!strcmp(a, "--host"))
+            o.host = v;
+        else if (!strcmp(a, "--policy"))
+            o.policy = v;
+        else if (!strcmp(a, "--api-keys"))
+            o.api_keys = v;
+        else if (!strcmp(a, "--public-prefix"))
+            o.public_prefix = v;
+        else if (!strcmp(a, "--tier"))
+            return cli_usage_error(cmd, "--tier: lower storage tiers are not available in this "
+                                        "build yet");
+        else if (!strcmp(a, "--kv-mem")) {
+            if (cli_parse_count(v, &u) || u == 0)
+                return cli_usage_error(cmd, "--kv-mem '%s' is not a positive size", v);
+            o.kv_mem = u;
+        } else if (!strcmp(a, "--drain-s")) {
+            if (cli_parse_double(v, &drain) || drain < 0)
+                return cli_usage_error(cmd, "--drain-s '%s' is not a non-negative number", v);
+        } else if (!strcmp(a, "--port") || !strcmp(a, "--threads") || !strcmp(a, "--max-seqs") ||
+                   !strcmp(a, "--max-batch-tokens") || !strcmp(a, "--max-queue")) {
+            if (cli_parse_u64(v, &u)) return cli_usage_error(cmd, "%s '%s' is not a number", a, v);
+            if (!strcmp(a, "--port")) {
+                if (u > 65535) return cli_usage_error(cmd, "--port %s is not in 0..65535", v);
+                o.port = (uint16_t)u;
+            } else if (!strcmp(a, "--threads")) {
+                if (u < 1 || u > 256)
+                    return cli_usage_error(cmd, "--threads %s is not in 1..256", v);
+                o.threads = (int)u;
+            } else if (!strcmp(a, "--max-seqs")) {
+                if (u < 1 || u > 1024)
+                    return cli_usage_error(cmd, "--max-seqs %s is not in 1..1024", v);
+                o.max_seqs = (uint32_t)u;
+            } else if (!strcmp(a, "--max-batch-tokens")) {
+                if (u < 1 || u > 1u << 20)
+                    return cli_usage_error(cmd, "--max-batch-tokens %s is not in 1..1048576", v);
+                o.max_batch_tokens = (uint32_t)u;
+            } else {
+                if (u < 1 || u > 1u << 20)
+                    return cli_usage_error(cmd, "--max-queue %s is not in 1..1048576", v);
+                o.max_queue = (uint32_t)u;
+            }
+        } else {
+            return cli_usage_error(cmd, "unknown option '%s' (see --help)", a);
+        }
+    }
+    /* block the stop signals before any thread starts: every thread inherits the mask */
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN); /* a client that goes away is a failed write, not a death */
+    ikv_serve *s;
+    int rc = ikv_serve_create(&o, &s);
+    if (rc) return cli_fail(cmd, "%s", ikv_errdetail());
+    printf("isokv serve: listening on http://%s:%u\n%s\n", o.host, (unsigned)ikv_serve_port(s),
+           ikv_serve_describe(s));
+    fflush(stdout);
+    int sig = 0;
+    sigwait(&set, &sig);
+    fprintf(stderr, "isokv serve: %s: draining (at most %g s)\n",
+            sig == SIGTERM ? "SIGTERM" : "SIGINT", drain);
+    size_t left = ikv_serve_drain(s, drain);
+    if (left)
+        fprintf(stderr, "isokv serve: %zu requests unfinished after the drain: cancelled\n", left);
+    ikv_serve_destroy(s);
+    fprintf(stderr, "isokv serve: stopped\n");
+    return IKV_EXIT_OK;
+}

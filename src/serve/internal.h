@@ -1,0 +1,140 @@
+/*
+ * Internals of the serve module (not a public header).
+ *
+ * Threads and ownership:
+ *
+ *   HTTP threads (libmicrohttpd, one per connection)        scheduler thread (sched.c)
+ *   parse + validate -> srq (refs 2) --> queue  ----------> admit (engine) -> running[]
+ *   wait / stream  <------ text, state, usage (under mu) <-- step, sample, detokenize, stop
+ *   drop ref (disconnect -> cancelled)                       end (engine), drop ref
+ *
+ * One mutex (s->mu) guards the queue, every request's shared fields and the metrics; the engine
+ * is touched only by the scheduler thread, outside the lock during a forward step. A request is
+ * freed when both sides dropped their reference.
+ */
+#ifndef ISOKV_SERVE_INTERNAL_H
+#define ISOKV_SERVE_INTERNAL_H
+
+#include "isokv/model.h"
+#include "isokv/serve.h"
+
+#include <pthread.h>
+
+enum { SRQ_QUEUED = 0, SRQ_RUNNING, SRQ_DONE };
+#define SRV_MAX_STOP    4
+#define SRV_MAX_PROMPTS 16 /* prompts of one completion request (a list of strings) */
+#define SRV_MAX_TENANTS 64 /* metric label sets kept per tenant; more share "other" */
+
+typedef struct srq {
+    uint64_t id;
+    int chat, stream, include_usage, ignore_eos;
+    char *tenant; /* tenant name (metrics, log) */
+    char *scope;  /* engine scope: tenant, or tenant + 0x1f + cache_salt */
+    uint32_t *tokens;
+    size_t n, public_tokens;
+    int public_from_file; /* the public part is the --public-prefix text */
+    uint32_t max_tokens;
+    float temperature, top_p;
+    uint64_t seed;
+    char *stop[SRV_MAX_STOP];
+    int nstop;
+    char *user;
+    double t_arrive;      /* ikv_now() at arrival */
+    double t_arrive_wall; /* time(NULL) at arrival (the answers' `created`) */
+
+    /* shared (under mu) */
+    int state, cancelled, refs;
+    char *text;                 /* generated text, committed bytes [0, tlen) */
+    size_t tlen, tcap, raw_len; /* raw_len: bytes generated (text holds them all; tlen commits) */
+    uint32_t ntok;
+    const char *finish; /* "stop" | "length" | NULL while running */
+    size_t cached, partial;
+    double t_first, t_done;
+    int status; /* 200, or an HTTP error decided by the scheduler */
+    char err[256];
+    pthread_cond_t cv;    /* the leader's wakes its connection thread */
+    pthread_cond_t *wake; /* the condition to broadcast: its own, or its group leader's */
+    struct srq *leader;   /* prompt 0 of its request (holds a reference), or NULL */
+
+    /* scheduler only */
+    ikv_seq *seq;
+    ikv_sampler *smp;
+    uint32_t next; /* token to decode next */
+    uint32_t prev; /* previous token (detokenizing) */
+    struct srq *qnext;
+} srq;
+
+/* Counters of one tenant. */
+typedef struct srv_tenant_stats {
+    char name[64];
+    uint64_t req_by_status[8]; /* 200, 400, 401, 404, 413, 429, 503, other */
+    uint64_t prompt_tokens, cached_tokens, completion_tokens;
+} srv_tenant_stats;
+
+#define SRV_HIST_BUCKETS 14
+typedef struct srv_hist {
+    uint64_t count[SRV_HIST_BUCKETS + 1]; /* per bucket, the last is +Inf */
+    double sum;
+    uint64_t n;
+} srv_hist;
+
+typedef struct srv_metrics {
+    srv_tenant_stats tenants[SRV_MAX_TENANTS + 1];
+    size_t n_tenants;
+    uint64_t http_by_status[8]; /* every response, tenant or not */
+    srv_hist ttft, tpot, e2e;
+    uint64_t steps, step_rows, step_prefill_tokens, cancelled, preempted;
+    /* snapshots the scheduler takes after each step (the engine is its alone) */
+    ikv_engine_stats eng;
+    ikv_cache_stats cache;
+} srv_metrics;
+
+typedef struct srv_key {
+    char *key, *tenant;
+} srv_key;
+
+struct ikv_serve {
+    ikv_serve_options opt;
+    char *model_name, *model_path, *describe;
+    ikv_model *model;
+    ikv_tokenizer *tok;
+    ikv_engine *engine;
+    uint32_t vocab, seq_len;
+    struct MHD_Daemon *httpd;
+    uint16_t port;
+    pthread_t sched;
+    int sched_started;
+
+    pthread_mutex_t mu;
+    pthread_cond_t sched_cv, idle_cv;
+    srq *qhead, *qtail;
+    size_t nqueue;
+    srq **running; /* [max_seqs] */
+    size_t nrunning;
+    int ready, draining, stopping;
+    uint64_t next_id;
+
+    srv_key *keys;
+    size_t nkeys;
+    char *public_text; /* --public-prefix file contents */
+    size_t public_len;
+    int pinned_public;    /* 1 once the public prefix's blocks are pinned */
+    float *logit_scratch; /* [vocab] scheduler's copy for the sampler */
+    srv_metrics met;
+};
+
+/* sched.c: the scheduler thread's body. */
+void *ikv__serve_sched(void *arg);
+/* Drops one reference to r (mu held); frees it at zero. */
+void ikv__srq_unref(ikv_serve *s, srq *r);
+/* Records a finished HTTP response in the metrics (mu held). tenant may be NULL. */
+void ikv__metrics_response(ikv_serve *s, const char *tenant, int status);
+/* Records a completed request (mu held). */
+void ikv__metrics_request(ikv_serve *s, const srq *r);
+/* Writes the Prometheus text of the metrics (mu held) into a malloc'd string. */
+char *ikv__metrics_text(ikv_serve *s, size_t *len);
+/* Index 0..7 of a status in the by-status arrays. */
+int ikv__status_slot(int status);
+extern const int ikv__status_codes[8];
+
+#endif

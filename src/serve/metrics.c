@@ -1,0 +1,221 @@
+/*
+ * Prometheus text exposition (format 0.0.4), written by hand: Debian has no C client library.
+ * Every metric is named isokv_*, with a HELP and a TYPE line; docs/serve.md lists them.
+ * Counters kept per tenant (up to SRV_MAX_TENANTS distinct names, the rest under "other"),
+ * histograms with fixed buckets in seconds; engine and cache figures are the snapshot the
+ * scheduler takes after each step (the engine belongs to its thread alone).
+ */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const int ikv__status_codes[8] = {200, 400, 401, 404, 413, 429, 503, 0};
+
+int ikv__status_slot(int status) {
+    for (int i = 0; i < 7; i++)
+        if (ikv__status_codes[i] == status) return i;
+    return 7;
+}
+
+static const double buckets[SRV_HIST_BUCKETS] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                                 0.25,  0.5,    1,     2.5,  5,     10,   30};
+
+static void hist_add(srv_hist *h, double v) {
+    size_t i = 0;
+    while (i < SRV_HIST_BUCKETS && v > buckets[i])
+        i++;
+    h->count[i]++;
+    h->sum += v;
+    h->n++;
+}
+
+/* The stats of tenant `name`, created on first use ("other" once the table is full). */
+static srv_tenant_stats *tenant_stats(srv_metrics *m, const char *name) {
+    if (!name) name = "none"; /* /health, /metrics, rejected before a tenant is known */
+    for (size_t i = 0; i < m->n_tenants; i++)
+        if (!strcmp(m->tenants[i].name, name)) return &m->tenants[i];
+    if (m->n_tenants == SRV_MAX_TENANTS) {
+        srv_tenant_stats *o = &m->tenants[SRV_MAX_TENANTS];
+        if (!o->name[0]) snprintf(o->name, sizeof o->name, "other");
+        return o;
+    }
+    srv_tenant_stats *t = &m->tenants[m->n_tenants++];
+    snprintf(t->name, sizeof t->name, "%s", name);
+    return t;
+}
+
+void ikv__metrics_response(ikv_serve *s, const char *tenant, int status) {
+    s->met.http_by_status[ikv__status_slot(status)]++;
+    tenant_stats(&s->met, tenant)->req_by_status[ikv__status_slot(status)]++;
+}
+
+void ikv__metrics_request(ikv_serve *s, const srq *r) {
+    srv_metrics *m = &s->met;
+    if (r->status != 200 || r->cancelled) return; /* the HTTP side records the status */
+    srv_tenant_stats *t = tenant_stats(m, r->tenant);
+    t->prompt_tokens += r->n;
+    t->cached_tokens += r->cached;
+    t->completion_tokens += r->ntok;
+    if (r->t_first > 0) hist_add(&m->ttft, r->t_first - r->t_arrive);
+    if (r->ntok > 1 && r->t_first > 0)
+        hist_add(&m->tpot, (r->t_done - r->t_first) / (double)(r->ntok - 1));
+    hist_add(&m->e2e, r->t_done - r->t_arrive);
+}
+
+typedef struct buf {
+    char *p;
+    size_t n, cap;
+    int oom;
+} buf;
+
+static void put(buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(buf *b, const char *fmt, ...) {
+    if (b->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int k = vsnprintf(b->p + b->n, b->cap - b->n, fmt, ap);
+        va_end(ap);
+        if (k < 0) {
+            b->oom = 1;
+            return;
+        }
+        if ((size_t)k < b->cap - b->n) {
+            b->n += (size_t)k;
+            return;
+        }
+        size_t cap = b->cap * 2 + (size_t)k;
+        char *q = ikv_realloc(b->p, cap);
+        if (!q) {
+            b->oom = 1;
+            return;
+        }
+        b->p = q, b->cap = cap;
+    }
+}
+
+static void head(buf *b, const char *name, const char *type, const char *help) {
+    put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void hist(buf *b, const char *name, const char *help, const srv_hist *h) {
+    head(b, name, "histogram", help);
+    uint64_t cum = 0;
+    for (size_t i = 0; i < SRV_HIST_BUCKETS; i++) {
+        cum += h->count[i];
+        put(b, "%s_bucket{le=\"%g\"} %llu\n", name, buckets[i], (unsigned long long)cum);
+    }
+    cum += h->count[SRV_HIST_BUCKETS];
+    put(b, "%s_bucket{le=\"+Inf\"} %llu\n%s_sum %.6f\n%s_count %llu\n", name,
+        (unsigned long long)cum, name, h->sum, name, (unsigned long long)h->n);
+}
+
+char *ikv__metrics_text(ikv_serve *s, size_t *len) {
+    const srv_metrics *m = &s->met;
+    buf b = {ikv_malloc(8192), 0, 8192, 0};
+    if (!b.p) return NULL;
+    b.p[0] = 0;
+    size_t nt = m->n_tenants + (m->tenants[SRV_MAX_TENANTS].name[0] ? 1 : 0);
+#define TENANT(i) (i < m->n_tenants ? &m->tenants[i] : &m->tenants[SRV_MAX_TENANTS])
+    head(&b, "isokv_requests_total", "counter", "HTTP responses by tenant and status code");
+    for (size_t i = 0; i < nt; i++)
+        for (int k = 0; k < 8; k++)
+            if (TENANT(i)->req_by_status[k])
+                put(&b, "isokv_requests_total{tenant=\"%s\",status=\"%s%d\"} %llu\n",
+                    TENANT(i)->name, k == 7 ? "other" : "", k == 7 ? 0 : ikv__status_codes[k],
+                    (unsigned long long)TENANT(i)->req_by_status[k]);
+    head(&b, "isokv_prompt_tokens_total", "counter", "prompt tokens of completed requests");
+    for (size_t i = 0; i < nt; i++)
+        put(&b, "isokv_prompt_tokens_total{tenant=\"%s\"} %llu\n", TENANT(i)->name,
+            (unsigned long long)TENANT(i)->prompt_tokens);
+    head(&b, "isokv_cached_prompt_tokens_total", "counter",
+         "prompt tokens taken from the KV cache, by tenant and tier");
+    for (size_t i = 0; i < nt; i++)
+        put(&b, "isokv_cached_prompt_tokens_total{tenant=\"%s\",tier=\"pool\"} %llu\n",
+            TENANT(i)->name, (unsigned long long)TENANT(i)->cached_tokens);
+    head(&b, "isokv_completion_tokens_total", "counter", "generated tokens of completed requests");
+    for (size_t i = 0; i < nt; i++)
+        put(&b, "isokv_completion_tokens_total{tenant=\"%s\"} %llu\n", TENANT(i)->name,
+            (unsigned long long)TENANT(i)->completion_tokens);
+#undef TENANT
+    const ikv_engine_stats *e = &m->eng;
+    const ikv_cache_stats *c = &m->cache;
+    double total = (double)(e->cached_tokens + e->computed_tokens);
+    head(&b, "isokv_prefix_cache_hit_ratio", "gauge",
+         "prompt positions taken from the cache over all prompt positions admitted (engine)");
+    put(&b, "isokv_prefix_cache_hit_ratio %.6f\n",
+        total > 0 ? (double)e->cached_tokens / total : 0.0);
+    head(&b, "isokv_engine_cached_tokens_total", "counter",
+         "prompt positions the engine took from the cache (the core's count)");
+    put(&b, "isokv_engine_cached_tokens_total %llu\n", (unsigned long long)e->cached_tokens);
+    head(&b, "isokv_engine_computed_tokens_total", "counter", "prompt positions computed");
+    put(&b, "isokv_engine_computed_tokens_total %llu\n", (unsigned long long)e->computed_tokens);
+    head(&b, "isokv_engine_requests_total", "counter", "sequences admitted by the engine");
+    put(&b, "isokv_engine_requests_total %llu\n", (unsigned long long)e->requests);
+    head(&b, "isokv_partial_block_hits_total", "counter",
+         "admissions that copied a cached or parked partial block (copy-on-write)");
+    put(&b, "isokv_partial_block_hits_total %llu\n", (unsigned long long)e->partial_hits);
+    head(&b, "isokv_pinned_blocks", "gauge", "cached blocks pinned (public prefixes)");
+    put(&b, "isokv_pinned_blocks %llu\n", (unsigned long long)c->pinned[0]);
+    head(&b, "isokv_blocks_inserted_total", "counter", "blocks inserted into the cache core");
+    put(&b, "isokv_blocks_inserted_total %llu\n", (unsigned long long)c->inserts);
+    head(&b, "isokv_blocks_evicted_total", "counter", "blocks evicted, by tier");
+    put(&b, "isokv_blocks_evicted_total{tier=\"pool\"} %llu\n",
+        (unsigned long long)c->evictions[0]);
+    head(&b, "isokv_blocks_demoted_total", "counter", "blocks demoted to a lower tier");
+    put(&b, "isokv_blocks_demoted_total %llu\n", (unsigned long long)c->demotions);
+    head(&b, "isokv_blocks_promoted_total", "counter", "blocks promoted to the pool on a hit");
+    put(&b, "isokv_blocks_promoted_total %llu\n", (unsigned long long)c->promotions);
+    head(&b, "isokv_tier_loads_total", "counter",
+         "blocks loaded from a lower tier instead of recomputed, by tier (no lower tier yet)");
+    put(&b, "isokv_tier_loads_total{tier=\"pool\"} 0\n");
+    head(&b, "isokv_recomputed_blocks_total", "counter",
+         "matched blocks refused (token ids, depth or parent differ) and recomputed");
+    put(&b, "isokv_recomputed_blocks_total %llu\n", (unsigned long long)e->rejected_blocks);
+    head(&b, "isokv_running_sequences", "gauge", "sequences running in the engine");
+    put(&b, "isokv_running_sequences %zu\n", s->nrunning);
+    head(&b, "isokv_queued_requests", "gauge", "requests waiting for admission");
+    put(&b, "isokv_queued_requests %zu\n", s->nqueue);
+    head(&b, "isokv_kv_pool_blocks", "gauge", "KV pool blocks by state");
+    put(&b,
+        "isokv_kv_pool_blocks{state=\"cached\"} %llu\nisokv_kv_pool_blocks{state=\"private\"} "
+        "%llu\nisokv_kv_pool_blocks{state=\"parked\"} %llu\nisokv_kv_pool_blocks{state=\"free\"} "
+        "%llu\n",
+        (unsigned long long)e->cached_blocks, (unsigned long long)e->private_blocks,
+        (unsigned long long)e->parked_blocks,
+        (unsigned long long)(e->free_blocks - e->parked_blocks));
+    head(&b, "isokv_kv_pool_blocks_used", "gauge", "KV pool blocks cached or private");
+    put(&b, "isokv_kv_pool_blocks_used %llu\n",
+        (unsigned long long)(e->cached_blocks + e->private_blocks));
+    head(&b, "isokv_kv_pool_blocks_total", "gauge", "KV pool size in blocks");
+    put(&b, "isokv_kv_pool_blocks_total %llu\n", (unsigned long long)e->pool_blocks);
+    head(&b, "isokv_kv_reserved_blocks", "gauge",
+         "private blocks reserved by admitted sequences, of isokv_kv_private_budget_blocks");
+    put(&b, "isokv_kv_reserved_blocks %llu\n", (unsigned long long)e->reserved_blocks);
+    head(&b, "isokv_kv_private_budget_blocks", "gauge", "private blocks admission reserves from");
+    put(&b, "isokv_kv_private_budget_blocks %llu\n", (unsigned long long)e->private_budget);
+    head(&b, "isokv_steps_total", "counter", "forward steps run");
+    put(&b, "isokv_steps_total %llu\n", (unsigned long long)m->steps);
+    head(&b, "isokv_step_sequences_total", "counter",
+         "sequences served by forward steps (over isokv_steps_total: mean batch)");
+    put(&b, "isokv_step_sequences_total %llu\n", (unsigned long long)m->step_rows);
+    head(&b, "isokv_step_prefill_tokens_total", "counter", "prompt positions computed in steps");
+    put(&b, "isokv_step_prefill_tokens_total %llu\n", (unsigned long long)m->step_prefill_tokens);
+    head(&b, "isokv_cancelled_total", "counter", "requests cancelled by a client disconnect");
+    put(&b, "isokv_cancelled_total %llu\n", (unsigned long long)m->cancelled);
+    head(&b, "isokv_preempted_total", "counter",
+         "sequences preempted (always 0: admission reserves blocks, see docs/serve.md)");
+    put(&b, "isokv_preempted_total %llu\n", (unsigned long long)m->preempted);
+    hist(&b, "isokv_ttft_seconds", "time to first token (arrival to first token)", &m->ttft);
+    hist(&b, "isokv_time_per_output_token_seconds", "mean time between output tokens", &m->tpot);
+    hist(&b, "isokv_e2e_latency_seconds", "arrival to last token", &m->e2e);
+    if (b.oom) {
+        ikv_free(b.p);
+        return NULL;
+    }
+    *len = b.n;
+    return b.p;
+}

@@ -1,0 +1,309 @@
+/*
+ * The scheduler: one thread that owns the engine and runs continuous batching.
+ *
+ * Each turn (mu held except during the forward step):
+ *
+ *   1. requests cancelled by their client (disconnect) end: their sequence is released, its
+ *      cached blocks unlocked;
+ *   2. admission, in arrival order: ikv_engine_admit reserves the request's KV blocks (prompt +
+ *      max_tokens, minus its cached prefix); when they do not fit (IKV_EFULL) or every sequence
+ *      slot is taken (IKV_EBUSY) the queue waits for a sequence to end. Reservation means a
+ *      running sequence never runs out of blocks, so none is ever preempted;
+ *   3. one step: every running sequence that has finished its prompt decodes its next token
+ *      (one row each), and the prompts still pending get prefill chunks from what is left of
+ *      --max-batch-tokens (the first pending one always gets at least 16 positions, so a full
+ *      batch of decodes cannot starve admissions); a chunk that does not finish its prompt ends
+ *      on a multiple of 64 positions (the engine's tile) where it can, so no tile is computed
+ *      twice. ikv_engine_step runs it: the decode rows of all sequences through the weights as
+ *      one batched product, with results bit-identical to each request alone;
+ *   4. for every sequence with logits: sample (per-request sampler: temperature, top_p, seed),
+ *      detokenize, apply stop strings (text that may be the start of a stop string, or an
+ *      unfinished UTF-8 character, is held back until decided), finish at EOS/BOS ("stop"), a
+ *      stop string ("stop") or max_tokens ("length"); wake the request's HTTP thread.
+ *
+ * Allocation: the sampler and text buffers of a request are allocated per request, never per
+ * token in steady state (the text buffer grows geometrically).
+ */
+#include "internal.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Appends len bytes to r's text (mu held). Returns 0 or IKV_ENOMEM. */
+static int text_append(srq *r, const char *p, size_t len) {
+    if (r->raw_len + len + 1 > r->tcap) {
+        size_t cap = r->tcap ? r->tcap : 256;
+        while (cap < r->raw_len + len + 1)
+            cap *= 2;
+        char *t = ikv_realloc(r->text, cap);
+        if (!t) return IKV_ENOMEM;
+        r->text = t, r->tcap = cap;
+    }
+    for (size_t i = 0; i < len; i++)
+        if (p[i]) r->text[r->raw_len++] = p[i]; /* NUL bytes cannot travel in JSON strings */
+    r->text[r->raw_len] = 0;
+    return 0;
+}
+
+/* Bytes of text that can be shown: all but a tail that may start a stop string or that ends
+ * in the middle of a UTF-8 character. */
+static size_t committable(const srq *r) {
+    size_t c = r->raw_len, hold = 0;
+    for (int i = 0; i < r->nstop; i++) {
+        size_t L = strlen(r->stop[i]);
+        for (size_t k = L - 1 < r->raw_len ? L - 1 : r->raw_len; k > hold; k--)
+            if (!memcmp(r->text + r->raw_len - k, r->stop[i], k)) {
+                hold = k;
+                break;
+            }
+    }
+    c -= hold;
+    /* back off an unfinished UTF-8 sequence */
+    size_t i = c;
+    while (i > 0 && c - i < 4 && ((unsigned char)r->text[i - 1] & 0xC0) == 0x80)
+        i--;
+    if (i > 0) {
+        unsigned char lead = (unsigned char)r->text[i - 1];
+        size_t need = lead >= 0xF0 ? 4 : lead >= 0xE0 ? 3 : lead >= 0xC0 ? 2 : 1;
+        if (need > 1 && c - (i - 1) < need) c = i - 1;
+    }
+    return c > r->tlen ? c : r->tlen;
+}
+
+/* Finds a stop string ending in the bytes after `from`; returns its start or SIZE_MAX. */
+static size_t find_stop(const srq *r, size_t from) {
+    size_t best = SIZE_MAX;
+    for (int i = 0; i < r->nstop; i++) {
+        size_t L = strlen(r->stop[i]);
+        size_t start = from >= L ? from - L + 1 : 0;
+        const char *p = r->raw_len >= L ? strstr(r->text + start, r->stop[i]) : NULL;
+        if (p && (size_t)(p - r->text) < best) best = (size_t)(p - r->text);
+    }
+    return best;
+}
+
+static void log_request(ikv_serve *s, const srq *r) {
+    if (!s->opt.log) return;
+    double ttft = r->t_first > 0 ? (r->t_first - r->t_arrive) * 1e3 : -1;
+    fprintf(s->opt.log,
+            "isokv serve: req=%llu tenant=%s status=%d prompt=%zu cached=pool:%zu partial=%zu "
+            "ttft_ms=%.2f tokens=%u finish=%s e2e_ms=%.2f%s%s\n",
+            (unsigned long long)r->id, r->tenant, r->status, r->n, r->cached, r->partial, ttft,
+            r->ntok, r->finish ? r->finish : (r->cancelled ? "cancelled" : "-"),
+            (r->t_done - r->t_arrive) * 1e3, r->err[0] ? " error=" : "", r->err);
+    fflush(s->opt.log);
+}
+
+/* Ends a running request (mu held): releases its sequence, records it, wakes its thread. */
+static void finish_running(ikv_serve *s, size_t idx, const char *reason) {
+    srq *r = s->running[idx];
+    ikv_engine_end(s->engine, r->seq);
+    r->seq = NULL;
+    ikv_sampler_destroy(r->smp);
+    r->smp = NULL;
+    if (reason) {
+        r->finish = reason;
+        r->tlen = r->raw_len;
+    }
+    r->state = SRQ_DONE;
+    r->t_done = ikv_now();
+    memmove(s->running + idx, s->running + idx + 1, sizeof(srq *) * (s->nrunning - idx - 1));
+    s->nrunning--;
+    if (r->cancelled) s->met.cancelled++;
+    ikv__metrics_request(s, r);
+    log_request(s, r);
+    pthread_cond_broadcast(r->wake);
+    pthread_cond_broadcast(&s->idle_cv);
+    ikv__srq_unref(s, r);
+}
+
+/* Fails a request before it ran (mu held). */
+static void fail_queued(ikv_serve *s, srq *r, int status, const char *msg) {
+    r->status = status;
+    snprintf(r->err, sizeof r->err, "%s", msg);
+    r->state = SRQ_DONE;
+    r->t_done = ikv_now();
+    ikv__metrics_request(s, r);
+    log_request(s, r);
+    pthread_cond_broadcast(r->wake);
+    pthread_cond_broadcast(&s->idle_cv);
+    ikv__srq_unref(s, r);
+}
+
+static srq *queue_pop(ikv_serve *s) {
+    srq *r = s->qhead;
+    s->qhead = r->qnext;
+    if (!s->qhead) s->qtail = NULL;
+    r->qnext = NULL;
+    s->nqueue--;
+    return r;
+}
+
+/* Admits queued requests while their blocks fit (mu held). */
+static void admit(ikv_serve *s) {
+    while (s->qhead && s->nrunning < s->opt.max_seqs) {
+        srq *r = s->qhead;
+        if (r->cancelled) {
+            queue_pop(s);
+            s->met.cancelled++;
+            fail_queued(s, r, 499, "client went away while queued");
+            continue;
+        }
+        ikv_request rq = {.tokens = r->tokens,
+                          .n = r->n,
+                          .tenant = r->scope,
+                          .public_tokens = r->public_tokens,
+                          .max_new = r->max_tokens};
+        ikv_prefill_info info;
+        ikv_seq *seq;
+        int rc = ikv_engine_admit(s->engine, &rq, &seq, &info);
+        if (rc == IKV_EFULL || rc == IKV_EBUSY) break; /* wait for a sequence to end */
+        queue_pop(s);
+        if (rc) {
+            fail_queued(s, r, rc == IKV_ETOOLONG || rc == IKV_EINVAL ? 400 : 500, ikv_errdetail());
+            continue;
+        }
+        rc = ikv_sampler_create(s->vocab, r->temperature, r->top_p, r->seed, &r->smp);
+        if (rc) {
+            ikv_engine_end(s->engine, seq);
+            fail_queued(s, r, 500, "out of memory (sampler)");
+            continue;
+        }
+        r->seq = seq;
+        r->cached = info.cached_tokens;
+        r->partial = info.partial_tokens;
+        r->prev = r->tokens[r->n - 1];
+        r->state = SRQ_RUNNING;
+        s->running[s->nrunning++] = r;
+    }
+}
+
+/* Takes the token sampled for running request idx (mu held); 1 if it finished. */
+static int take_token(ikv_serve *s, size_t idx, uint32_t tok) {
+    srq *r = s->running[idx];
+    if (r->ntok == 0) {
+        r->t_first = ikv_now();
+        /* the prompt's public blocks are computed now: pin them (the --public-prefix text until
+         * the end, a public system prompt for 10,000 requests after its last use; a spent pin
+         * budget or blocks still pending elsewhere only mean no pin) */
+        if (r->public_tokens >= 16)
+            (void)ikv_engine_pin_public(s->engine, r->tokens, r->public_tokens,
+                                        r->public_from_file ? 0 : 10000);
+    }
+    if (!r->ignore_eos && (tok == IKV_TOK_EOS || tok == IKV_TOK_BOS)) {
+        finish_running(s, idx, "stop");
+        return 1;
+    }
+    size_t len, from = r->raw_len;
+    const char *piece = ikv_tokenizer_decode(s->tok, r->prev, tok, &len);
+    r->ntok++;
+    r->prev = tok;
+    if (text_append(r, piece, len)) {
+        r->status = 500;
+        snprintf(r->err, sizeof r->err, "out of memory (text)");
+        finish_running(s, idx, "length");
+        return 1;
+    }
+    size_t at = r->nstop ? find_stop(r, from) : SIZE_MAX;
+    if (at != SIZE_MAX) {
+        r->raw_len = at;
+        r->text[at] = 0;
+        finish_running(s, idx, "stop");
+        return 1;
+    }
+    if (r->ntok >= r->max_tokens) {
+        finish_running(s, idx, "length");
+        return 1;
+    }
+    r->tlen = committable(r);
+    r->next = tok;
+    pthread_cond_broadcast(r->wake);
+    return 0;
+}
+
+void *ikv__serve_sched(void *arg) {
+    ikv_serve *s = arg;
+    const uint32_t maxs = s->opt.max_seqs;
+    ikv_step_item *items = ikv_calloc(maxs, sizeof *items);
+    srq **map = ikv_calloc(maxs, sizeof *map);
+    IKV_ASSERT(items && map); /* allocated once; create checked the memory is there */
+    pthread_mutex_lock(&s->mu);
+    while (!s->stopping) {
+        for (size_t i = 0; i < s->nrunning;)
+            if (s->running[i]->cancelled)
+                finish_running(s, i, NULL);
+            else
+                i++;
+        admit(s);
+        if (s->nrunning == 0) {
+            pthread_cond_wait(&s->sched_cv, &s->mu);
+            continue;
+        }
+        /* the step: decodes first, then prefill chunks from what the budget leaves */
+        size_t ni = 0, budget = s->opt.max_batch_tokens, prefill_tokens = 0;
+        for (size_t i = 0; i < s->nrunning; i++) {
+            srq *r = s->running[i];
+            if (ikv_seq_pending(r->seq)) continue;
+            items[ni] = (ikv_step_item){.seq = r->seq, .token = r->next};
+            map[ni++] = r;
+            budget = budget ? budget - 1 : 0;
+        }
+        int first_pending = 1;
+        for (size_t i = 0; i < s->nrunning; i++) {
+            srq *r = s->running[i];
+            size_t pend = ikv_seq_pending(r->seq);
+            if (!pend) continue;
+            size_t give = budget;
+            if (first_pending && give < 16) give = 16;
+            first_pending = 0;
+            if (!give) break;
+            size_t cnt = pend < give ? pend : give;
+            if (cnt < pend) { /* end the chunk on a tile edge where it can */
+                size_t at = ikv_seq_len(r->seq), end = (at + cnt) / 64 * 64;
+                if (end > at) cnt = end - at;
+            }
+            items[ni] = (ikv_step_item){.seq = r->seq, .n = cnt};
+            map[ni++] = r;
+            budget = budget > cnt ? budget - cnt : 0;
+            prefill_tokens += cnt;
+        }
+        pthread_mutex_unlock(&s->mu);
+        int rc = ikv_engine_step(s->engine, items, ni);
+        IKV_ASSERT(rc == 0); /* items are built from running sequences within their limits */
+        ikv_engine_stats es;
+        ikv_cache_stats cs;
+        ikv_engine_stats_get(s->engine, &es);
+        ikv_cache_stats_get(ikv_engine_cache(s->engine), &cs);
+        pthread_mutex_lock(&s->mu);
+        s->met.eng = es;
+        s->met.cache = cs;
+        s->met.steps++;
+        s->met.step_rows += ni;
+        s->met.step_prefill_tokens += prefill_tokens;
+        for (size_t k = 0; k < ni; k++) {
+            srq *r = map[k];
+            if (ikv_seq_pending(r->seq) || r->state != SRQ_RUNNING) continue;
+            size_t idx = 0;
+            while (idx < s->nrunning && s->running[idx] != r)
+                idx++;
+            IKV_ASSERT(idx < s->nrunning);
+            memcpy(s->logit_scratch, ikv_seq_logits(r->seq), sizeof(float) * s->vocab);
+            uint32_t tok = ikv_sampler_sample(r->smp, s->logit_scratch);
+            take_token(s, idx, tok);
+        }
+    }
+    /* stopping: whatever is left is cancelled */
+    while (s->nrunning) {
+        s->running[0]->cancelled = 1;
+        finish_running(s, 0, NULL);
+    }
+    while (s->qhead) {
+        srq *r = queue_pop(s);
+        fail_queued(s, r, 503, "server stopping");
+    }
+    pthread_mutex_unlock(&s->mu);
+    ikv_free(items);
+    ikv_free(map);
+    return NULL;
+}

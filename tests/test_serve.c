@@ -1,0 +1,1010 @@
+/*
+ * Tests of isokv serve over real HTTP: the test starts `isokv serve --port 0` (the binary CTest
+ * names in IKV_BIN) on loopback, reads the port it prints, waits for /health, talks to it with
+ * libcurl, and stops it with SIGTERM in the group teardown (which runs also when a test fails;
+ * the child also dies with the test process through PR_SET_PDEATHSIG). Covered: every endpoint,
+ * plain and streamed answers, usage, every error status, tenants and public prefixes (isolation),
+ * a resent prompt computing one position, disconnect cancelling, the drain exit code, and a
+ * bounded load test (64 concurrent streams, 2,000 requests).
+ */
+#include <cjson/cJSON.h>
+#include <curl/curl.h>
+#include <errno.h>
+#include <poll.h>
+#include <setjmp.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+/* ---- the server under test -------------------------------------------------------------- */
+
+typedef struct server {
+    pid_t pid;
+    int port;
+    char dir[64];
+} server;
+
+static server S1; /* tenants, public prefix */
+
+static const char *PUBLIC_TEXT =
+    "You are a helpful assistant who tells short stories about animals, children and the "
+    "sea. Keep every story simple and kind.";
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+/* Starts isokv serve with extra arguments; fills sv. */
+static int server_start(server *sv, const char *const *extra) {
+    const char *bin = getenv("IKV_BIN");
+    if (!bin) {
+        fprintf(stderr, "IKV_BIN is not set (run through ctest)\n");
+        return -1;
+    }
+    int pfd[2];
+    if (pipe(pfd)) return -1;
+    const char *argv[40];
+    int n = 0;
+    argv[n++] = bin, argv[n++] = "serve", argv[n++] = "--port", argv[n++] = "0";
+    for (int i = 0; extra && extra[i]; i++)
+        argv[n++] = extra[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    if (pid < 0) return -1;
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        dup2(pfd[1], 1);
+        close(pfd[0]), close(pfd[1]);
+        if (!getenv("IKV_SERVE_LOG")) {
+            FILE *null = fopen("/dev/null", "w");
+            if (null) dup2(fileno(null), 2);
+        }
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    close(pfd[1]);
+    sv->pid = pid, sv->port = 0;
+    char buf[4096];
+    size_t len = 0;
+    for (int waited = 0; waited < 600 && !sv->port; waited++) { /* at most 60 s */
+        struct pollfd p = {.fd = pfd[0], .events = POLLIN};
+        if (poll(&p, 1, 100) <= 0) continue;
+        ssize_t k = read(pfd[0], buf + len, sizeof buf - 1 - len);
+        if (k <= 0) break;
+        len += (size_t)k;
+        buf[len] = 0;
+        char *at = strstr(buf, "listening on http://127.0.0.1:");
+        if (at && strchr(at, '\n')) sv->port = atoi(at + strlen("listening on http://127.0.0.1:"));
+    }
+    close(pfd[0]); /* the server's later stdout writes go nowhere: it prints only at start */
+    if (!sv->port) {
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        sv->pid = 0;
+        return -1;
+    }
+    return 0;
+}
+
+/* SIGTERM, then waits (at most 30 s, then SIGKILL); returns the exit status or -1. */
+static int server_stop(server *sv) {
+    if (!sv->pid) return -1;
+    kill(sv->pid, SIGTERM);
+    int st = 0;
+    for (int i = 0; i < 300; i++) {
+        pid_t r = waitpid(sv->pid, &st, WNOHANG);
+        if (r == sv->pid) {
+            sv->pid = 0;
+            return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        }
+        usleep(100 * 1000);
+    }
+    kill(sv->pid, SIGKILL);
+    waitpid(sv->pid, NULL, 0);
+    sv->pid = 0;
+    return -1;
+}
+
+static long rss_kib(pid_t pid) {
+    char path[64], line[256];
+    snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    long v = -1;
+    if (!f) return -1;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "VmRSS:", 6)) v = atol(line + 6);
+    fclose(f);
+    return v;
+}
+
+/* ---- HTTP ---------------------------------------------------------------------------------- */
+
+typedef struct resp {
+    long status;
+    char *body;
+    size_t len;
+    char retry_after[32], allow[32], ctype[64];
+    int abort_after; /* abort the transfer after this many bytes (0: never) */
+} resp;
+
+static size_t on_body(char *p, size_t sz, size_t nm, void *u) {
+    resp *r = u;
+    size_t k = sz * nm;
+    r->body = realloc(r->body, r->len + k + 1);
+    memcpy(r->body + r->len, p, k);
+    r->len += k;
+    r->body[r->len] = 0;
+    if (r->abort_after && r->len >= (size_t)r->abort_after) return 0;
+    return k;
+}
+
+static size_t on_header(char *p, size_t sz, size_t nm, void *u) {
+    resp *r = u;
+    size_t k = sz * nm;
+    char line[256];
+    size_t n = k < sizeof line - 1 ? k : sizeof line - 1;
+    memcpy(line, p, n);
+    line[n] = 0;
+    char *e = strpbrk(line, "\r\n");
+    if (e) *e = 0;
+    if (!strncasecmp(line, "Retry-After: ", 13)) snprintf(r->retry_after, 32, "%.31s", line + 13);
+    if (!strncasecmp(line, "Allow: ", 7)) snprintf(r->allow, 32, "%.31s", line + 7);
+    if (!strncasecmp(line, "Content-Type: ", 14)) snprintf(r->ctype, 64, "%.63s", line + 14);
+    return k;
+}
+
+/* Prepares an easy handle for METHOD path with an optional body and API key. */
+static CURL *prep(int port, const char *method, const char *path, const char *key, const char *body,
+                  resp *r, struct curl_slist **hs) {
+    CURL *c = curl_easy_init();
+    char url[256];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d%s", port, path);
+    curl_easy_setopt(c, CURLOPT_URL, url);
+    curl_easy_setopt(c, CURLOPT_CUSTOMREQUEST, method);
+    curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, on_body);
+    curl_easy_setopt(c, CURLOPT_WRITEDATA, r);
+    curl_easy_setopt(c, CURLOPT_HEADERFUNCTION, on_header);
+    curl_easy_setopt(c, CURLOPT_HEADERDATA, r);
+    curl_easy_setopt(c, CURLOPT_TIMEOUT, 120L);
+    curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
+    *hs = curl_slist_append(NULL, "Content-Type: application/json");
+    if (key) {
+        char h[128];
+        snprintf(h, sizeof h, "Authorization: Bearer %s", key);
+        *hs = curl_slist_append(*hs, h);
+    }
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, *hs);
+    if (body) {
+        curl_easy_setopt(c, CURLOPT_POSTFIELDS, body);
+        curl_easy_setopt(c, CURLOPT_POSTFIELDSIZE, (long)strlen(body));
+    }
+    return c;
+}
+
+static resp http(int port, const char *method, const char *path, const char *key,
+                 const char *body) {
+    resp r = {0};
+    struct curl_slist *hs;
+    CURL *c = prep(port, method, path, key, body, &r, &hs);
+    CURLcode cc = curl_easy_perform(c);
+    if (cc == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+    curl_slist_free_all(hs);
+    curl_easy_cleanup(c);
+    return r;
+}
+
+static cJSON *json_of(const resp *r) {
+    cJSON *j = cJSON_Parse(r->body ? r->body : "");
+    if (!j) fail_msg("not JSON (status %ld): %s", r->status, r->body ? r->body : "(none)");
+    return j;
+}
+
+/* j[a][b]... by keys and array indices ("choices", "0", "text"), NULL-terminated. */
+static cJSON *path_get(cJSON *j, ...) {
+    va_list ap;
+    va_start(ap, j);
+    const char *k;
+    while (j && (k = va_arg(ap, const char *)))
+        j = cJSON_IsArray(j) ? cJSON_GetArrayItem(j, atoi(k))
+                             : cJSON_GetObjectItemCaseSensitive(j, k);
+    va_end(ap);
+    return j;
+}
+static double num(cJSON *j, ...) {
+    va_list ap;
+    va_start(ap, j);
+    const char *k;
+    while (j && (k = va_arg(ap, const char *)))
+        j = cJSON_IsArray(j) ? cJSON_GetArrayItem(j, atoi(k))
+                             : cJSON_GetObjectItemCaseSensitive(j, k);
+    va_end(ap);
+    if (!cJSON_IsNumber(j)) fail_msg("expected a number");
+    return j->valuedouble;
+}
+static const char *str(cJSON *j, ...) {
+    va_list ap;
+    va_start(ap, j);
+    const char *k;
+    while (j && (k = va_arg(ap, const char *)))
+        j = cJSON_IsArray(j) ? cJSON_GetArrayItem(j, atoi(k))
+                             : cJSON_GetObjectItemCaseSensitive(j, k);
+    va_end(ap);
+    if (!cJSON_IsString(j)) fail_msg("expected a string");
+    return j->valuestring;
+}
+
+/* An error answer: status, OpenAI error object, param (or NULL), a message containing `has`. */
+static void expect_error(resp r, long status, const char *param, const char *has) {
+    if (r.status != status) fail_msg("status %ld, expected %ld: %s", r.status, status, r.body);
+    cJSON *j = json_of(&r);
+    cJSON *e = path_get(j, "error", NULL);
+    assert_non_null(e);
+    assert_true(cJSON_IsString(path_get(e, "message", NULL)));
+    assert_true(cJSON_IsString(path_get(e, "type", NULL)));
+    assert_non_null(path_get(e, "code", NULL));
+    cJSON *p = path_get(e, "param", NULL);
+    assert_non_null(p);
+    if (param) {
+        assert_true(cJSON_IsString(p));
+        assert_string_equal(p->valuestring, param);
+    }
+    if (has && !strstr(path_get(e, "message", NULL)->valuestring, has))
+        fail_msg("message '%s' does not say '%s'", path_get(e, "message", NULL)->valuestring, has);
+    cJSON_Delete(j);
+    free(r.body);
+}
+
+/* The value of a metric line "name{labels} value" (labels exactly as given, or none). */
+static double metric(int port, const char *series) {
+    resp r = http(port, "GET", "/metrics", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    double v = -1;
+    size_t sl = strlen(series);
+    for (char *line = r.body; line && *line;) {
+        char *nl = strchr(line, '\n');
+        if (!strncmp(line, series, sl) && line[sl] == ' ') v = atof(line + sl + 1);
+        line = nl ? nl + 1 : NULL;
+    }
+    free(r.body);
+    return v;
+}
+
+/* Parses an SSE body: concatenated text (text or delta.content), chunk count, the usage
+ * object (a copy, or NULL), the finish reason; checks the data: framing and final [DONE]. */
+typedef struct sse {
+    char text[8192];
+    int chunks, done;
+    cJSON *usage;
+    char finish[16];
+} sse;
+
+static void parse_sse(const char *body, sse *o) {
+    memset(o, 0, sizeof *o);
+    const char *p = body;
+    while (p && *p) {
+        const char *nl = strstr(p, "\n\n");
+        assert_non_null(nl); /* every event ends with a blank line */
+        assert_memory_equal(p, "data: ", 6);
+        size_t len = (size_t)(nl - p) - 6;
+        char *d = strndup(p + 6, len);
+        if (!strcmp(d, "[DONE]")) {
+            o->done = 1;
+            assert_string_equal(nl + 2, ""); /* nothing after [DONE] */
+        } else {
+            assert_false(o->done);
+            cJSON *j = cJSON_Parse(d);
+            assert_non_null(j);
+            assert_non_null(path_get(j, "id", NULL));
+            cJSON *c0 = path_get(j, "choices", "0", NULL);
+            if (c0) {
+                cJSON *t = path_get(c0, "text", NULL);
+                if (!t) t = path_get(c0, "delta", "content", NULL);
+                if (cJSON_IsString(t))
+                    strncat(o->text, t->valuestring, sizeof o->text - strlen(o->text) - 1);
+                cJSON *f = path_get(c0, "finish_reason", NULL);
+                if (cJSON_IsString(f)) snprintf(o->finish, sizeof o->finish, "%s", f->valuestring);
+            }
+            cJSON *u = path_get(j, "usage", NULL);
+            if (cJSON_IsObject(u)) o->usage = cJSON_Duplicate(u, 1);
+            o->chunks++;
+            cJSON_Delete(j);
+        }
+        free(d);
+        p = nl + 2;
+    }
+}
+
+/* ---- setup ------------------------------------------------------------------------------ */
+
+static int setup(void **st) {
+    (void)st;
+    curl_global_init(CURL_GLOBAL_ALL);
+    snprintf(S1.dir, sizeof S1.dir, "/tmp/ikv_serve_testXXXXXX");
+    if (!mkdtemp(S1.dir)) return -1;
+    char keys[128], pub[128];
+    snprintf(keys, sizeof keys, "%s/keys.json", S1.dir);
+    snprintf(pub, sizeof pub, "%s/public.txt", S1.dir);
+    write_file(keys, "{\"key-a\": \"alice\", \"key-b\": \"bob\"}");
+    write_file(pub, PUBLIC_TEXT);
+    const char *extra[] = {"--api-keys",  keys, "--public-prefix", pub,   "--max-seqs", "8",
+                           "--max-queue", "4",  "--kv-mem",        "16M", "--drain-s",  "20",
+                           NULL};
+    return server_start(&S1, extra);
+}
+
+static int teardown(void **st) {
+    (void)st;
+    int rc = server_stop(&S1);
+    char cmd[160];
+    snprintf(cmd, sizeof cmd, "%s/keys.json", S1.dir);
+    unlink(cmd);
+    snprintf(cmd, sizeof cmd, "%s/public.txt", S1.dir);
+    unlink(cmd);
+    rmdir(S1.dir);
+    curl_global_cleanup();
+    if (rc != 0) fprintf(stderr, "server exit status %d after SIGTERM (expected 0)\n", rc);
+    return rc == 0 ? 0 : -1;
+}
+
+/* ---- endpoints ---------------------------------------------------------------------------- */
+
+static void test_health_models_metrics(void **st) {
+    (void)st;
+    resp r = http(S1.port, "GET", "/health", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    assert_string_equal(str(j, "status", NULL), "ok");
+    cJSON_Delete(j), free(r.body);
+    r = http(S1.port, "GET", "/v1/models", "key-a", NULL);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    assert_string_equal(str(j, "object", NULL), "list");
+    assert_string_equal(str(j, "data", "0", "id", NULL), "stories260K");
+    assert_string_equal(str(j, "data", "0", "object", NULL), "model");
+    cJSON_Delete(j), free(r.body);
+    r = http(S1.port, "GET", "/metrics", NULL, NULL);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.ctype, "text/plain"));
+    const char *names[] = {"isokv_requests_total",
+                           "isokv_prompt_tokens_total",
+                           "isokv_cached_prompt_tokens_total",
+                           "isokv_prefix_cache_hit_ratio",
+                           "isokv_blocks_inserted_total",
+                           "isokv_blocks_evicted_total",
+                           "isokv_blocks_demoted_total",
+                           "isokv_blocks_promoted_total",
+                           "isokv_tier_loads_total",
+                           "isokv_recomputed_blocks_total",
+                           "isokv_running_sequences",
+                           "isokv_queued_requests",
+                           "isokv_kv_pool_blocks_used",
+                           "isokv_ttft_seconds",
+                           "isokv_time_per_output_token_seconds",
+                           "isokv_e2e_latency_seconds"};
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char t[128];
+        snprintf(t, sizeof t, "# TYPE %s ", names[i]);
+        if (!strstr(r.body, t)) fail_msg("metrics lack %s", names[i]);
+    }
+    assert_non_null(strstr(r.body, "isokv_ttft_seconds_bucket{le=\"+Inf\"}"));
+    free(r.body);
+}
+
+/* A completion, checked field by field; returns the text (malloc'd) and usage numbers. */
+static char *complete(const char *key, const char *body, double *prompt, double *cached,
+                      double *completion) {
+    resp r = http(S1.port, "POST", "/v1/completions", key, body);
+    if (r.status != 200) fail_msg("status %ld: %s", r.status, r.body);
+    cJSON *j = json_of(&r);
+    assert_string_equal(str(j, "object", NULL), "text_completion");
+    assert_memory_equal(str(j, "id", NULL), "cmpl-", 5);
+    assert_true(num(j, "created", NULL) > 1.6e9);
+    assert_string_equal(str(j, "model", NULL), "stories260K");
+    assert_int_equal((int)num(j, "choices", "0", "index", NULL), 0);
+    const char *fr = str(j, "choices", "0", "finish_reason", NULL);
+    assert_true(!strcmp(fr, "stop") || !strcmp(fr, "length"));
+    double p = num(j, "usage", "prompt_tokens", NULL),
+           c = num(j, "usage", "completion_tokens", NULL);
+    assert_true(num(j, "usage", "total_tokens", NULL) == p + c);
+    double ca = num(j, "usage", "prompt_tokens_details", "cached_tokens", NULL);
+    assert_true(num(j, "usage", "isokv", "cached_tokens_by_tier", "pool", NULL) == ca);
+    assert_true(num(j, "usage", "isokv", "ttft_ms", NULL) > 0);
+    assert_true(ca < p);
+    if (prompt) *prompt = p;
+    if (cached) *cached = ca;
+    if (completion) *completion = c;
+    char *t = strdup(str(j, "choices", "0", "text", NULL));
+    cJSON_Delete(j), free(r.body);
+    return t;
+}
+
+static void test_completions(void **st) {
+    (void)st;
+    double p, c, n;
+    const char *body = "{\"model\":\"stories260K\",\"prompt\":\"Once upon a time, there was a "
+                       "big dog named Max. Max liked to run\",\"max_tokens\":12,\"temperature\":0}";
+    char *t1 = complete("key-a", body, &p, &c, &n);
+    assert_int_equal((int)n, 12);
+    assert_true(strlen(t1) > 0);
+    /* the same prompt again: greedy gives the same text, and only the last position is
+     * computed (full blocks plus the parked partial block) */
+    char *t2 = complete("key-a", body, &p, &c, &n);
+    assert_string_equal(t1, t2);
+    assert_int_equal((int)c, (int)p - 1);
+    free(t2);
+    /* a list of one string is the same prompt */
+    const char *body1 = "{\"prompt\":[\"Once upon a time, there was a big dog named Max. Max liked "
+                        "to run\"],\"max_tokens\":12,\"temperature\":0}";
+    t2 = complete("key-a", body1, &p, &c, &n);
+    assert_string_equal(t1, t2);
+    free(t2), free(t1);
+    /* token ids, the form load generators send */
+    t1 = complete("key-a",
+                  "{\"prompt\":[1,403,407,261,378,267,419],\"max_tokens\":5,\"temperature\":0}", &p,
+                  &c, &n);
+    assert_int_equal((int)p, 7);
+    assert_int_equal((int)n, 5);
+    free(t1);
+    t1 = complete("key-a", "{\"prompt\":[[1,403,407,261]],\"max_tokens\":3,\"temperature\":0}", &p,
+                  &c, &n);
+    assert_int_equal((int)p, 4);
+    free(t1);
+    /* a stop string ends the text before it */
+    t1 = complete("key-a", "{\"prompt\":\"Once upon a time\",\"max_tokens\":60,\"temperature\":0}",
+                  &p, &c, &n);
+    char stop[8] = {0};
+    size_t L = strlen(t1);
+    assert_true(L > 12);
+    memcpy(stop, t1 + 8, 4); /* four bytes from the middle of the greedy text */
+    char body2[256];
+    snprintf(
+        body2, sizeof body2,
+        "{\"prompt\":\"Once upon a time\",\"max_tokens\":60,\"temperature\":0,\"stop\":[\"%s\"]}",
+        stop);
+    resp r = http(S1.port, "POST", "/v1/completions", "key-a", body2);
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    const char *txt = str(j, "choices", "0", "text", NULL);
+    assert_true(strlen(txt) <= 8);
+    assert_memory_equal(txt, t1, strlen(txt));
+    assert_null(strstr(txt, stop));
+    assert_string_equal(str(j, "choices", "0", "finish_reason", NULL), "stop");
+    cJSON_Delete(j), free(r.body), free(t1);
+    /* seeded sampling is reproducible */
+    const char *sb = "{\"prompt\":\"The cat\",\"max_tokens\":10,\"temperature\":0.9,\"top_p\":0.9,"
+                     "\"seed\":42}";
+    t1 = complete("key-a", sb, NULL, NULL, NULL);
+    t2 = complete("key-a", sb, NULL, NULL, NULL);
+    assert_string_equal(t1, t2);
+    free(t1), free(t2);
+}
+
+/* A list of prompts: one choice per prompt (index i), each the text that prompt gets alone
+ * (greedy), usage summed; streamed, the chunks of each index add up to the same texts. */
+static void test_multi_prompt(void **st) {
+    (void)st;
+    double p0, p1, n0, n1;
+    char *a =
+        complete("key-a", "{\"prompt\":\"The little bird\",\"max_tokens\":9,\"temperature\":0}",
+                 &p0, NULL, &n0);
+    char *b =
+        complete("key-a", "{\"prompt\":\"Sam and his dad\",\"max_tokens\":9,\"temperature\":0}",
+                 &p1, NULL, &n1);
+    const char *body = "{\"prompt\":[\"The little bird\",\"Sam and his dad\"],\"max_tokens\":9,"
+                       "\"temperature\":0}";
+    resp r = http(S1.port, "POST", "/v1/completions", "key-a", body);
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    assert_int_equal(cJSON_GetArraySize(path_get(j, "choices", NULL)), 2);
+    assert_int_equal((int)num(j, "choices", "1", "index", NULL), 1);
+    assert_string_equal(str(j, "choices", "0", "text", NULL), a);
+    assert_string_equal(str(j, "choices", "1", "text", NULL), b);
+    assert_true(num(j, "usage", "prompt_tokens", NULL) == p0 + p1);
+    assert_true(num(j, "usage", "completion_tokens", NULL) == n0 + n1);
+    cJSON_Delete(j), free(r.body);
+    const char *sb =
+        "{\"prompt\":[\"The little bird\",\"Sam and his dad\"],\"max_tokens\":9,"
+        "\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}";
+    r = http(S1.port, "POST", "/v1/completions", "key-a", sb);
+    assert_int_equal(r.status, 200);
+    char t[2][512] = {"", ""};
+    int fin[2] = {0, 0};
+    double usage_ct = -1;
+    for (char *line = strstr(r.body, "data: "); line; line = strstr(line + 1, "data: ")) {
+        char *end = strstr(line, "\n\n");
+        assert_non_null(end);
+        if (!strncmp(line + 6, "[DONE]", 6)) break;
+        char *d = strndup(line + 6, (size_t)(end - line - 6));
+        cJSON *c = cJSON_Parse(d);
+        assert_non_null(c);
+        cJSON *c0 = path_get(c, "choices", "0", NULL);
+        if (c0) {
+            int k = (int)num(c0, "index", NULL);
+            assert_true(k == 0 || k == 1);
+            strcat(t[k], str(c0, "text", NULL));
+            if (cJSON_IsString(path_get(c0, "finish_reason", NULL))) fin[k]++;
+        } else {
+            usage_ct = num(c, "usage", "completion_tokens", NULL);
+        }
+        cJSON_Delete(c), free(d);
+    }
+    assert_string_equal(t[0], a);
+    assert_string_equal(t[1], b);
+    assert_true(fin[0] == 1 && fin[1] == 1);
+    assert_true(usage_ct == n0 + n1);
+    free(r.body), free(a), free(b);
+}
+
+static void test_chat(void **st) {
+    (void)st;
+    const char *body = "{\"model\":\"stories260K\",\"messages\":[{\"role\":\"system\",\"content\":"
+                       "\"Tell a story.\"},{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+                       "\"text\":\"A dog\"}]}],\"max_tokens\":8,\"temperature\":0,\"user\":\"u1\"}";
+    resp r = http(S1.port, "POST", "/v1/chat/completions", "key-b", body);
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    assert_string_equal(str(j, "object", NULL), "chat.completion");
+    assert_memory_equal(str(j, "id", NULL), "chatcmpl-", 9);
+    assert_string_equal(str(j, "choices", "0", "message", "role", NULL), "assistant");
+    const char *content = str(j, "choices", "0", "message", "content", NULL);
+    assert_int_equal((int)num(j, "usage", "completion_tokens", NULL), 8);
+    assert_string_equal(str(j, "choices", "0", "finish_reason", NULL), "length");
+    char *plain = strdup(content);
+    cJSON_Delete(j), free(r.body);
+    /* streamed: role chunk, content chunks, finish chunk, usage chunk, [DONE]; same text */
+    char sbody[512];
+    snprintf(sbody, sizeof sbody,
+             "%.*s,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+             (int)strlen(body) - 1, body);
+    r = http(S1.port, "POST", "/v1/chat/completions", "key-b", sbody);
+    assert_int_equal(r.status, 200);
+    assert_non_null(strstr(r.ctype, "text/event-stream"));
+    sse o;
+    parse_sse(r.body, &o);
+    assert_true(o.done);
+    assert_string_equal(o.text, plain);
+    assert_string_equal(o.finish, "length");
+    assert_non_null(o.usage);
+    assert_int_equal((int)num(o.usage, "completion_tokens", NULL), 8);
+    assert_true(num(o.usage, "prompt_tokens_details", "cached_tokens", NULL) > 0); /* resent */
+    assert_non_null(strstr(r.body, "\"role\":\"assistant\""));
+    cJSON_Delete(o.usage), free(r.body), free(plain);
+}
+
+static void test_stream_completions(void **st) {
+    (void)st;
+    const char *b = "{\"prompt\":\"Lily went to the park with her mom.\",\"max_tokens\":20,"
+                    "\"temperature\":0}";
+    char *plain = complete("key-b", b, NULL, NULL, NULL);
+    const char *sb = "{\"prompt\":\"Lily went to the park with her mom.\",\"max_tokens\":20,"
+                     "\"temperature\":0,\"stream\":true}";
+    resp r = http(S1.port, "POST", "/v1/completions", "key-b", sb);
+    assert_int_equal(r.status, 200);
+    sse o;
+    parse_sse(r.body, &o);
+    assert_true(o.done);
+    assert_true(o.chunks >= 2); /* text (pieces made meanwhile travel together), finish */
+    assert_null(o.usage);       /* no include_usage: no usage chunk */
+    assert_string_equal(o.text, plain);
+    assert_null(strstr(r.body, "\"usage\""));
+    free(r.body), free(plain);
+}
+
+static void test_errors(void **st) {
+    (void)st;
+    const int P = S1.port;
+    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\": \"x\""), 400, NULL,
+                 "JSON");
+    expect_error(http(P, "POST", "/v1/completions", "key-a", "[1,2]"), 400, NULL, "object");
+    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"max_tokens\":3}"), 400, "prompt",
+                 "required");
+    expect_error(
+        http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"temperature\":\"hot\"}"),
+        400, "temperature", "temperature");
+    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"n\":2}"), 400,
+                 "n", NULL);
+    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"echo\":true}"),
+                 400, "echo", "not supported");
+    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"max_tokens\":0}"),
+                 400, "max_tokens", NULL);
+    {
+        char many[256] = "{\"prompt\":[";
+        for (int i = 0; i < 17; i++)
+            strcat(many, i ? ",\"a\"" : "\"a\"");
+        strcat(many, "]}");
+        expect_error(http(P, "POST", "/v1/completions", "key-a", many), 400, "prompt",
+                     "at most 16");
+    }
+    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":[1,99999]}"), 400,
+                 "prompt", "vocabulary");
+    expect_error(http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"stop\":5}"), 400,
+                 "stop", NULL);
+    expect_error(http(P, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"wizard\","
+                      "\"content\":\"x\"}]}"),
+                 400, "messages", "role");
+    expect_error(
+        http(P, "POST", "/v1/completions", "key-a", "{\"prompt\":\"a\",\"model\":\"gpt-9\"}"), 404,
+        "model", "gpt-9");
+    /* a prompt longer than the context: both lengths in the message */
+    char big[8192] = "{\"prompt\":[";
+    for (int i = 0; i < 600; i++)
+        strcat(big, i ? ",300" : "1");
+    strcat(big, "]}");
+    expect_error(http(P, "POST", "/v1/completions", "key-a", big), 400, "prompt", "600 tokens");
+    expect_error(http(P, "POST", "/v1/completions", "key-a", big), 400, "prompt", "512");
+    /* keys */
+    expect_error(http(P, "POST", "/v1/completions", NULL, "{\"prompt\":\"a\"}"), 401, NULL,
+                 "API key");
+    expect_error(http(P, "POST", "/v1/completions", "key-x", "{\"prompt\":\"a\"}"), 401, NULL,
+                 NULL);
+    expect_error(http(P, "GET", "/v1/models", "nope", NULL), 401, NULL, NULL);
+    /* routes and methods */
+    expect_error(http(P, "GET", "/v2/things", "key-a", NULL), 404, NULL, "/v2/things");
+    resp r = http(P, "GET", "/v1/completions", "key-a", NULL);
+    assert_string_equal(r.allow, "POST");
+    expect_error(r, 405, NULL, "POST");
+    r = http(P, "DELETE", "/health", NULL, NULL);
+    assert_string_equal(r.allow, "GET");
+    expect_error(r, 405, NULL, NULL);
+    /* a body over 1 MiB */
+    size_t n = (1 << 20) + 100;
+    char *huge = malloc(n + 1);
+    memset(huge, ' ', n);
+    memcpy(huge, "{\"prompt\":\"", 11);
+    huge[n - 2] = '"', huge[n - 1] = '}', huge[n] = 0;
+    expect_error(http(P, "POST", "/v1/completions", "key-a", huge), 413, NULL, "larger");
+    free(huge);
+}
+
+/* Tenants: A never hits B's private blocks; both hit the shared (public) prefix. */
+static void test_tenant_isolation(void **st) {
+    (void)st;
+    char body[1024];
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"%s Tom found a small red boat by the river and wanted to sail it to "
+             "the other side with his sister.\",\"max_tokens\":4,\"temperature\":0}",
+             PUBLIC_TEXT);
+    resp r = http(S1.port, "POST", "/v1/completions", "key-a", body);
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    double pub = num(j, "usage", "isokv", "public_prompt_tokens", NULL);
+    double n = num(j, "usage", "prompt_tokens", NULL);
+    assert_true(pub >= 16 && n > pub + 16);
+    cJSON_Delete(j), free(r.body);
+    const double pubblocks = (double)((long)pub / 16 * 16);
+    /* bob, same prompt: the public blocks only */
+    double p, c;
+    free(complete("key-b", body, &p, &c, NULL));
+    assert_true(c == pubblocks);
+    /* alice again: her own blocks as well */
+    free(complete("key-a", body, &p, &c, NULL));
+    assert_true(c == n - 1);
+    /* bob again: now his own */
+    free(complete("key-b", body, &p, &c, NULL));
+    assert_true(c == n - 1);
+    /* alice with a cache_salt: a new private scope, the public blocks still shared */
+    char salted[1100];
+    snprintf(salted, sizeof salted, "%.*s,\"cache_salt\":\"s1\"}", (int)strlen(body) - 1, body);
+    free(complete("key-a", salted, &p, &c, NULL));
+    assert_true(c == pubblocks);
+    /* a prompt declaring none of it public shares nothing across tenants */
+    char nopub[1100];
+    snprintf(nopub, sizeof nopub,
+             "%.*s,\"isokv\":{\"public_prefix_tokens\":0},\"cache_salt\":\"s2\"}",
+             (int)strlen(body) - 1, body);
+    free(complete("key-b", nopub, &p, &c, NULL));
+    assert_true(c == 0);
+    /* the public prefix's blocks are pinned */
+    assert_true(metric(S1.port, "isokv_pinned_blocks") >= pubblocks / 16);
+    /* per-tenant metrics */
+    assert_true(metric(S1.port, "isokv_requests_total{tenant=\"alice\",status=\"200\"}") >= 3);
+    assert_true(metric(S1.port, "isokv_cached_prompt_tokens_total{tenant=\"bob\",tier=\"pool\"}") >=
+                pubblocks + n - 1);
+}
+
+/* A client that goes away mid-stream cancels its request and releases its sequence. */
+static void test_disconnect_cancels(void **st) {
+    (void)st;
+    double before = metric(S1.port, "isokv_cancelled_total");
+    resp r = {0};
+    r.abort_after = 300; /* a few chunks, then hang up */
+    struct curl_slist *hs;
+    CURL *c =
+        prep(S1.port, "POST", "/v1/completions", "key-a",
+             "{\"prompt\":\"Once\",\"max_tokens\":500,\"temperature\":0,\"stream\":true}", &r, &hs);
+    CURLcode cc = curl_easy_perform(c);
+    assert_int_equal(cc, CURLE_WRITE_ERROR);
+    curl_slist_free_all(hs), curl_easy_cleanup(c), free(r.body);
+    int ok = 0;
+    for (int i = 0; i < 500 && !ok; i++) { /* bounded: the scheduler notices within a step */
+        ok = metric(S1.port, "isokv_cancelled_total") >= before + 1 &&
+             metric(S1.port, "isokv_running_sequences") == 0;
+        if (!ok) usleep(20 * 1000);
+    }
+    assert_true(ok);
+    /* the server keeps serving */
+    free(complete("key-a", "{\"prompt\":\"Hi\",\"max_tokens\":2}", NULL, NULL, NULL));
+}
+
+/* More requests than --max-seqs 8 + --max-queue 4 at once: each one succeeds or gets a 429 with
+ * Retry-After and a rate_limit_error. */
+static void test_queue_full_429(void **st) {
+    (void)st;
+    enum { N = 40 };
+    CURLM *m = curl_multi_init();
+    CURL *h[N];
+    resp r[N];
+    struct curl_slist *hs[N];
+    memset(r, 0, sizeof r);
+    /* first the 8 running + 4 queued, as streams (their headers come at once), then the rest
+     * while those still run (490 tokens each) */
+    int running = 1;
+    for (int i = 0; i < N; i++) {
+        h[i] =
+            prep(S1.port, "POST", "/v1/completions", "key-b",
+                 i < 12 ? "{\"prompt\":\"Once upon a time\",\"max_tokens\":490,\"temperature\":1,"
+                          "\"seed\":3,\"ignore_eos\":true,\"stream\":true}"
+                        : "{\"prompt\":\"Once upon a time\",\"max_tokens\":490,\"temperature\":1,"
+                          "\"seed\":3,\"ignore_eos\":true}",
+                 &r[i], &hs[i]);
+        curl_multi_add_handle(m, h[i]);
+        if (i == 11) {
+            int all = 0;
+            for (int k = 0; k < 3000 && !all && running; k++) {
+                curl_multi_perform(m, &running);
+                all = 1;
+                for (int q = 0; q < 12; q++)
+                    all &= r[q].ctype[0] != 0;
+                if (!all) curl_multi_poll(m, NULL, 0, 10, NULL);
+            }
+        }
+    }
+    while (running) {
+        curl_multi_perform(m, &running);
+        if (running) curl_multi_poll(m, NULL, 0, 100, NULL);
+    }
+    int ok = 0, busy = 0;
+    for (int i = 0; i < N; i++) {
+        curl_easy_getinfo(h[i], CURLINFO_RESPONSE_CODE, &r[i].status);
+        if (r[i].status == 200) ok++;
+        if (r[i].status == 429) {
+            busy++;
+            assert_string_equal(r[i].retry_after, "1");
+            cJSON *j = json_of(&r[i]);
+            assert_string_equal(str(j, "error", "type", NULL), "rate_limit_error");
+            cJSON_Delete(j);
+        }
+        curl_multi_remove_handle(m, h[i]);
+        curl_easy_cleanup(h[i]);
+        curl_slist_free_all(hs[i]);
+        free(r[i].body);
+    }
+    curl_multi_cleanup(m);
+    assert_int_equal(ok + busy, N);
+    if (!(ok >= 8 && busy >= 1)) fail_msg("%d answered, %d got 429 (of %d)", ok, busy, N);
+}
+
+/* ---- load ------------------------------------------------------------------------------------ */
+
+static server S2;
+
+static int setup_load(void **st) {
+    (void)st;
+    snprintf(S2.dir, sizeof S2.dir, "/tmp/ikv_serve_loadXXXXXX");
+    if (!mkdtemp(S2.dir)) return -1;
+    char keys[128], pub[128];
+    snprintf(keys, sizeof keys, "%s/keys.json", S2.dir);
+    snprintf(pub, sizeof pub, "%s/public.txt", S2.dir);
+    write_file(keys, "{\"k0\":\"t0\",\"k1\":\"t1\",\"k2\":\"t2\",\"k3\":\"t3\",\"k4\":\"t4\","
+                     "\"k5\":\"t5\",\"k6\":\"t6\",\"k7\":\"t7\"}");
+    write_file(pub, PUBLIC_TEXT);
+    const char *extra[] = {"--api-keys",  keys, "--public-prefix", pub,  "--max-seqs", "32",
+                           "--max-queue", "48", "--kv-mem",        "8M", "--drain-s",  "20",
+                           NULL};
+    return server_start(&S2, extra);
+}
+
+static int S2_exit = -1; /* set by test_drain, which stops S2 itself */
+
+static int teardown_load(void **st) {
+    (void)st;
+    int rc = S2.pid ? server_stop(&S2) : S2_exit;
+    char p[160];
+    snprintf(p, sizeof p, "%s/keys.json", S2.dir);
+    unlink(p);
+    snprintf(p, sizeof p, "%s/public.txt", S2.dir);
+    unlink(p);
+    rmdir(S2.dir);
+    return rc == 0 ? 0 : -1;
+}
+
+/* 64 concurrent streaming clients send 2,000 requests (8 tenants, a shared public prefix, 4
+ * private contexts per tenant, 5 questions): every request gets 200 (a complete stream with
+ * usage and [DONE]) or 429; the cached tokens the answers report add up to what the engine
+ * counted; the server's RSS stays under the KV pool + model + a stated margin (64 MiB; 1 GiB
+ * under AddressSanitizer, whose shadow memory and quarantine count in RSS). */
+static void test_load(void **st) {
+    (void)st;
+    enum { TOTAL = 2000, CONC = 64 };
+    static const char *ctx[4] = {"Ben had a green kite and a little brother who liked to run.",
+                                 "The old tree in the garden was home to three small birds.",
+                                 "Sara baked a cake for her friend and put red berries on it.",
+                                 "A boy named Sam lived near the sea and loved big ships."};
+    static const char *q[5] = {"What happened next?", "Who was happy?", "Where did they go?",
+                               "Why was it fun?", "What did they eat?"};
+    CURLM *m = curl_multi_init();
+    CURL *h[CONC] = {0};
+    resp r[CONC];
+    struct curl_slist *hs[CONC];
+    char *bodies[CONC];
+    memset(r, 0, sizeof r);
+    int next = 0, done = 0, ok = 0, busy = 0, active = 0;
+    double cached_sum = 0;
+    while (done < TOTAL) {
+        for (int k = 0; k < CONC && next < TOTAL; k++) {
+            if (h[k]) continue;
+            int i = next++, t = i % 8, c = (i / 8) % 4;
+            char key[8];
+            snprintf(key, sizeof key, "k%d", t);
+            bodies[k] = malloc(1024);
+            snprintf(
+                bodies[k], 1024,
+                "{\"prompt\":\"%s Tenant %d says: %s %s\",\"max_tokens\":%d,"
+                "\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+                PUBLIC_TEXT, t, ctx[(c + t) % 4], q[i % 5], 4 + i % 5);
+            memset(&r[k], 0, sizeof r[k]);
+            h[k] = prep(S2.port, "POST", "/v1/completions", key, bodies[k], &r[k], &hs[k]);
+            curl_multi_add_handle(m, h[k]);
+            active++;
+        }
+        int running;
+        curl_multi_perform(m, &running);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(m, &left))) {
+            if (msg->msg != CURLMSG_DONE) continue;
+            int k = 0;
+            while (h[k] != msg->easy_handle)
+                k++;
+            if (msg->data.result != CURLE_OK)
+                fail_msg("request failed: %s", curl_easy_strerror(msg->data.result));
+            curl_easy_getinfo(h[k], CURLINFO_RESPONSE_CODE, &r[k].status);
+            if (r[k].status == 200) {
+                sse o;
+                parse_sse(r[k].body, &o);
+                assert_true(o.done);
+                assert_non_null(o.usage);
+                cached_sum += num(o.usage, "prompt_tokens_details", "cached_tokens", NULL);
+                cJSON_Delete(o.usage);
+                ok++;
+            } else if (r[k].status == 429) {
+                busy++;
+            } else {
+                fail_msg("status %ld: %s", r[k].status, r[k].body);
+            }
+            curl_multi_remove_handle(m, h[k]);
+            curl_easy_cleanup(h[k]);
+            curl_slist_free_all(hs[k]);
+            free(r[k].body), free(bodies[k]);
+            h[k] = NULL;
+            active--;
+            done++;
+        }
+        if (done < TOTAL) curl_multi_poll(m, NULL, 0, 50, NULL);
+    }
+    curl_multi_cleanup(m);
+    assert_int_equal(ok + busy, TOTAL);
+    assert_true(ok >= TOTAL / 2);
+    double eng = metric(S2.port, "isokv_engine_cached_tokens_total");
+    if (eng != cached_sum)
+        fail_msg("answers report %.0f cached tokens, the engine %.0f", cached_sum, eng);
+    assert_true(cached_sum > 0);
+    assert_true(metric(S2.port, "isokv_running_sequences") == 0);
+    long rss = rss_kib(S2.pid);
+#ifdef IKV_SANITIZE
+    const long margin = 1024L * 1024;
+#else
+    const long margin = 64L * 1024;
+#endif
+    const long bound = 8L * 1000 * 1000 / 1024 + 1200 /* model file, KiB */ + margin;
+    fprintf(stderr, "load: %d ok, %d 429, %.0f cached tokens; server RSS %ld KiB (bound %ld)\n", ok,
+            busy, cached_sum, rss, bound);
+    assert_true(rss > 0 && rss < bound);
+}
+
+/* SIGTERM while streams run: /health and new requests get 503, the running streams finish
+ * (exactly max_tokens, ignore_eos), the server exits 0. */
+static void test_drain(void **st) {
+    (void)st;
+    enum { N = 8 };
+    CURLM *m = curl_multi_init();
+    CURL *h[N];
+    resp r[N];
+    struct curl_slist *hs[N];
+    memset(r, 0, sizeof r);
+    for (int i = 0; i < N; i++) {
+        h[i] = prep(S2.port, "POST", "/v1/completions", "k1",
+                    "{\"prompt\":[1,403],\"max_tokens\":500,\"temperature\":0,\"ignore_eos\":true,"
+                    "\"stream\":true,\"stream_options\":{\"include_usage\":true}}",
+                    &r[i], &hs[i]);
+        curl_multi_add_handle(m, h[i]);
+    }
+    int running = 1, started = 0;
+    while (running && !started) { /* until every stream has sent something */
+        curl_multi_perform(m, &running);
+        started = 1;
+        for (int i = 0; i < N; i++)
+            started &= r[i].len > 0;
+        if (!started) curl_multi_poll(m, NULL, 0, 10, NULL);
+    }
+    assert_true(started);
+    kill(S2.pid, SIGTERM);
+    int saw503 = 0;
+    for (int k = 0; k < 400 && !saw503; k++) {
+        resp hr = http(S2.port, "GET", "/health", NULL, NULL);
+        saw503 = hr.status == 503;
+        free(hr.body);
+        curl_multi_perform(m, &running);
+    }
+    assert_true(saw503);
+    expect_error(http(S2.port, "POST", "/v1/completions", "k1", "{\"prompt\":\"a\"}"), 503, NULL,
+                 "shutting down");
+    while (running) {
+        curl_multi_perform(m, &running);
+        if (running) curl_multi_poll(m, NULL, 0, 50, NULL);
+    }
+    for (int i = 0; i < N; i++) {
+        curl_easy_getinfo(h[i], CURLINFO_RESPONSE_CODE, &r[i].status);
+        assert_int_equal(r[i].status, 200);
+        sse o;
+        parse_sse(r[i].body, &o);
+        assert_true(o.done);
+        assert_string_equal(o.finish, "length");
+        assert_int_equal((int)num(o.usage, "completion_tokens", NULL), 500);
+        cJSON_Delete(o.usage);
+        curl_multi_remove_handle(m, h[i]);
+        curl_easy_cleanup(h[i]);
+        curl_slist_free_all(hs[i]);
+        free(r[i].body);
+    }
+    curl_multi_cleanup(m);
+    int status = 0;
+    for (int k = 0; k < 300 && S2.pid; k++) {
+        if (waitpid(S2.pid, &status, WNOHANG) == S2.pid)
+            S2.pid = 0;
+        else
+            usleep(100 * 1000);
+    }
+    assert_int_equal(S2.pid, 0);
+    assert_true(WIFEXITED(status));
+    S2_exit = WEXITSTATUS(status);
+    assert_int_equal(S2_exit, 0);
+}
+
+int main(void) {
+    const struct CMUnitTest api[] = {
+        cmocka_unit_test(test_health_models_metrics), cmocka_unit_test(test_completions),
+        cmocka_unit_test(test_multi_prompt),          cmocka_unit_test(test_chat),
+        cmocka_unit_test(test_stream_completions),    cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_tenant_isolation),      cmocka_unit_test(test_disconnect_cancels),
+        cmocka_unit_test(test_queue_full_429),
+    };
+    const struct CMUnitTest load[] = {cmocka_unit_test(test_load), cmocka_unit_test(test_drain)};
+    int rc = cmocka_run_group_tests_name("serve_api", api, setup, teardown);
+    rc |= cmocka_run_group_tests_name("serve_load", load, setup_load, teardown_load);
+    return rc;
+}
