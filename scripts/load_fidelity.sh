@@ -7,7 +7,7 @@
 #   scripts/load_fidelity.sh build/isokv out/fid syn-lru /tmp/syn.jsonl lru 5M 1
 #
 # Prints one line: NAME policy cache_blocks conc live_ratio ok requests cached metrics_cached
-# sim_ratio. Everything lands in OUTDIR/NAME (server log, requests.csv, summary.json, sent.jsonl).
+# and the simulator's hit tokens with and without --pin-public (compare with cached). Everything lands in OUTDIR/NAME (server log, requests.csv, summary.json, sent.jsonl).
 set -eu
 [ $# -ge 7 ] || { sed -n 2,10p "$0"; exit 2; }
 bin=$1 out=$2 name=$3 trace=$4 pol=$5 kv=$6 conc=$7
@@ -33,6 +33,12 @@ kill "$pid"
 wait "$pid" || true
 trap - EXIT
 live=$(python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(d['token_hit_ratio'], d['ok'], d['requests'], d['cached_tokens'])" "$d/summary.json")
-sim=$("$bin" sim "$d/sent.jsonl" --mode order --policy "$pol" --capacity-tokens $((cache * 64)) --json |
-    python3 -c "import json,sys; print(json.load(sys.stdin)['token_hit_ratio'])")
-echo "$name policy=$pol cache_blocks=$cache conc=$conc live=$live metrics_cached=$metrics sim=$sim"
+# sent.jsonl has the sent blocks (B tokens each); the server pins public prefixes: so does the sim
+bt=$(python3 -c "import json,sys; print(json.loads(open(sys.argv[1]).readline())['block_tokens'])" "$d/sent.jsonl")
+for pin in "" --pin-public; do
+  "$bin" sim "$d/sent.jsonl" --mode order --policy "$pol" --capacity-tokens $((cache * bt)) $pin --json \
+      > "$d/sim$pin.json"
+done
+sim=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['hit_tokens'])" "$d/sim--pin-public.json")
+nopin=$(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['hit_tokens'])" "$d/sim.json")
+echo "$name policy=$pol cache_blocks=$cache conc=$conc live(ratio ok requests cached)=$live metrics_cached=$metrics sim_hit_tokens(pin)=$sim sim_hit_tokens(no pin)=$nopin"

@@ -725,14 +725,12 @@ static void test_good_and_sim(void **state) {
         char *js = slurp(out);
         cJSON *j = cJSON_Parse(js);
         assert_non_null(j);
-        const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "token_hit_ratio");
-        if (!h) {
-            const cJSON *res = cJSON_GetObjectItemCaseSensitive(j, "result");
-            h = res ? cJSON_GetObjectItemCaseSensitive(res, "token_hit_ratio") : NULL;
-        }
+        /* unlimited capacity both sides: the same tokens hit, exactly */
+        const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "hit_tokens");
         assert_true(cJSON_IsNumber(h));
-        /* unlimited capacity both sides: exact up to float printing */
-        assert_true(fabs(h->valuedouble - r.token_hit_ratio) < 1e-6);
+        assert_true(h->valuedouble == (double)r.cached_tokens);
+        const cJSON *q = cJSON_GetObjectItemCaseSensitive(j, "requests");
+        assert_true(cJSON_IsNumber(q) && q->valuedouble == 60);
         cJSON_Delete(j);
         free(js);
     }
@@ -906,12 +904,12 @@ static void test_bad_options(void **state) {
     assert_int_equal(fx.requests, 0);
 }
 
-/* Requests in the sent-order trace (each is one {"t": ...} object). */
+/* Requests in the sent-order trace (each is one {"time": ...} line). */
 static size_t count_requests(const ikv_load_result *r) {
     char *sent = ikv_load_sent_trace(r);
     assert_non_null(sent);
     size_t n = 0;
-    for (const char *p = sent; (p = strstr(p, "{\"t\":")); p++) n++;
+    for (const char *p = sent; (p = strstr(p, "{\"time\":")); p++) n++;
     ikv_free(sent);
     return n;
 }
@@ -1268,19 +1266,22 @@ static void live_body(void) {
         assert_int_equal(ikv_load_write_atomic(path, sent, strlen(sent)), 0);
         ikv_free(sent);
         snprintf(out, sizeof out, "%s/live_sim_%s.json", tmpdir, lv.policy);
-        snprintf(cap, sizeof cap, "%llu", (unsigned long long)lv.cache_blocks * 64);
+        snprintf(cap, sizeof cap, "%llu", (unsigned long long)lv.cache_blocks * r.block_tokens);
         snprintf(pol, sizeof pol, "%s", lv.policy);
         snprintf(b, sizeof b, "%s", getenv("IKV_BIN"));
+        /* the server pins public prefixes (within half the cache): --pin-public does the same */
         char *const argv[] = {b, "sim", path, "--mode", "order", "--policy", pol, "--capacity-tokens", cap,
-                              "--json", NULL};
+                              "--pin-public", "--json", NULL};
         assert_int_equal(run_prog(argv, out), 0);
         char *js = slurp(out);
         cJSON *j = cJSON_Parse(js);
-        const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "token_hit_ratio");
+        const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "hit_tokens");
         assert_true(cJSON_IsNumber(h));
-        print_message("live %s: cache %llu blocks, measured %.6f, isokv sim %.6f\n", lv.policy,
-                      (unsigned long long)lv.cache_blocks, r.token_hit_ratio, h->valuedouble);
-        assert_true(fabs(h->valuedouble - r.token_hit_ratio) <= 0.02);
+        double sim_ratio = h->valuedouble / (double)r.prompt_tokens;
+        print_message("live %s: cache %llu blocks, measured %.6f (%llu cached), isokv sim %.6f (%.0f)\n",
+                      lv.policy, (unsigned long long)lv.cache_blocks, r.token_hit_ratio,
+                      (unsigned long long)r.cached_tokens, sim_ratio, h->valuedouble);
+        assert_true(fabs(sim_ratio - r.token_hit_ratio) <= 0.02);
         /* the cache really was too small: the simulator evicted */
         const cJSON *ev = cJSON_GetObjectItemCaseSensitive(j, "evictions");
         assert_true(cJSON_IsNumber(ev) && ev->valuedouble > 0);

@@ -217,13 +217,14 @@ int ikv_load_run(ikv_trace *t, const ikv_load_opts *o, ikv_load_result *r);
 void ikv_load_result_free(ikv_load_result *r);
 
 /* The requests of r that completed (IKV_LOAD_OK; a refused request never reached the server's
- * cache), in the order they were sent, as a trace that `isokv sim --mode order` replays with
- * exactly the blocks a server caches: one WEKA-format conversation line whose requests come in
- * sent order (t = send time), ids dense over the distinct keys of the requests' full blocks
- * (a key names its prefix, as WEKA ids do), partial blocks and tails unhashed (a server caches
- * only full blocks), and token counts in units of 64/B per sent token, so that each sent block
- * of B tokens is one 64-token WEKA block (B must divide 64). Owned by the caller (ikv_free);
- * NULL with IKV_ENOMEM / IKV_EINVAL in the detail. */
+ * cache), in the order they were sent, as an isokv segments trace (block_tokens = the sent
+ * block size B) that `isokv sim --mode order` replays with exactly the blocks a server caches:
+ * one segment of B tokens per full block of the request, its id dense over the distinct block
+ * keys (a key names its prefix), public for the blocks wholly inside the declared public
+ * tokens, the request's tenant and session kept; partial blocks and tails are left out (a
+ * server caches whole blocks only), so the simulator's hit_tokens compare with the server's
+ * cached tokens (its input_tokens lack the tails). Owned by the caller (ikv_free); NULL with
+ * IKV_ENOMEM in the detail. */
 char *ikv_load_sent_trace(const ikv_load_result *r);
 
 /* ---- reports (report.c) ---------------------------------------------------------------------- */

@@ -350,16 +350,17 @@ static int cmp_sent(const void *a, const void *b) {
 
 char *ikv_load_sent_trace(const ikv_load_result *r) {
     uint32_t bs = r->block_tokens;
-    if (!bs || 64 % bs) {
-        ikv_error(IKV_EINVAL, "sent trace: the %u-token blocks do not divide 64", bs);
+    if (!bs) {
+        ikv_error(IKV_EINVAL, "sent trace: no block size");
         return NULL;
     }
-    uint32_t unit = 64 / bs;
     size_t ns = 0, nk = 0;
+    uint64_t prompt = 0;
     for (size_t i = 0; i < r->n; i++)
         if (r->records[i].sent_order != UINT64_MAX && r->records[i].err == IKV_LOAD_OK) {
             ns++;
             nk += r->records[i].full_blocks;
+            prompt += r->records[i].prompt_tokens;
         }
     const ikv_load_record **order = ikv_malloc((ns ? ns : 1) * sizeof *order);
     keypos *kp = ikv_malloc((nk ? nk : 1) * sizeof *kp);
@@ -371,33 +372,36 @@ char *ikv_load_sent_trace(const ikv_load_result *r) {
         if (r->records[i].sent_order != UINT64_MAX && r->records[i].err == IKV_LOAD_OK)
             order[ns++] = &r->records[i];
     qsort(order, ns, sizeof *order, cmp_sent);
-    /* ids: dense over the distinct keys of full blocks, from 1 */
+    /* ids: dense over the distinct keys of full blocks */
     nk = 0;
     for (size_t i = 0; i < ns; i++)
         for (uint32_t j = 0; j < order[i]->full_blocks; j++, nk++)
             kp[nk] = (keypos){order[i]->keys[j].lo, order[i]->keys[j].hi, nk};
     qsort(kp, nk, sizeof *kp, cmp_keypos);
-    uint64_t next_id = 1;
+    uint64_t next_id = 0;
     for (size_t i = 0; i < nk; i++) {
         if (i && (kp[i].lo != kp[i - 1].lo || kp[i].hi != kp[i - 1].hi)) next_id++;
         ids[kp[i].pos] = next_id;
     }
-    sb_printf(&b, "{\"id\": \"isokv-load-sent\", \"block_size\": 64, \"hash_id_scope\": \"local\", "
-                  "\"isokv_load\": {\"sent_block_tokens\": %u, \"units_per_sent_token\": %u}, "
-                  "\"requests\": [",
-              bs, unit);
+    sb_printf(&b, "{\"format\": \"isokv-segments\", \"version\": 1, \"block_tokens\": %u, "
+                  "\"isokv_load\": {\"requests\": %zu, \"prompt_tokens\": %llu, \"note\": \"full blocks "
+                  "only: compare hit_tokens with the server's cached tokens\"}}\n",
+              bs, ns, (unsigned long long)prompt);
     size_t at = 0;
     for (size_t i = 0; i < ns; i++) {
         const ikv_load_record *e = order[i];
-        sb_printf(&b, "%s{\"t\": %.6f, \"type\": \"n\", \"in\": %llu, \"out\": %llu, \"hash_ids\": [",
-                  i ? "," : "", e->send, (unsigned long long)e->prompt_tokens * unit,
-                  (unsigned long long)e->max_tokens * unit);
-        for (uint32_t j = 0; j < e->full_blocks; j++)
-            sb_printf(&b, "%s%llu", j ? "," : "", (unsigned long long)ids[at + j]);
-        sb_printf(&b, "]}");
+        uint32_t pub_blocks = e->public_tokens / bs;
+        sb_printf(&b, "{\"time\": %.6f, \"tenant\": \"t%u\", \"session\": %llu, \"output\": %u, \"segments\": [",
+                  e->send, e->tenant, (unsigned long long)e->session, e->max_tokens);
+        for (uint32_t j = 0; j < e->full_blocks; j++) {
+            int pub = j < pub_blocks;
+            sb_printf(&b, "%s{\"kind\": \"%s\", \"id\": \"b%llu\", \"tokens\": %u, \"public\": %s}",
+                      j ? ", " : "", pub ? "system" : "history", (unsigned long long)ids[at + j], bs,
+                      pub ? "true" : "false");
+        }
+        sb_printf(&b, "]}\n");
         at += e->full_blocks;
     }
-    sb_printf(&b, "]}\n");
     ikv_free(order);
     ikv_free(kp);
     ikv_free(ids);
