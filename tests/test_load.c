@@ -756,6 +756,7 @@ static void test_keys_and_sessions(void **state) {
     ikv_load_opts o;
     char url[64];
     opts_for(&o, url, sizeof url);
+    snprintf(url, sizeof url, "http://127.0.0.1:%u/v1/", fx.port); /* ".../v1": /completions added */
     o.tenant_mode = IKV_TENANT_KEY;
     o.tenant_prefix = "k";
     o.concurrency = 3;
@@ -1137,7 +1138,13 @@ static int have_serve(const char *bin) {
 
 /* Starts `isokv serve` on a free port (--port 0; the port is read from what it prints), with a
  * cache small enough that the load evicts, and a small synthetic trace from `isokv gen`. */
+static int live_start_keys(const char *policy, int keys);
+
 static int live_start(const char *policy) {
+    return live_start_keys(policy, 0);
+}
+
+static int live_start_keys(const char *policy, int keys) {
     memset(&lv, 0, sizeof lv);
     lv.pid = -1;
     lv.policy = policy;
@@ -1152,6 +1159,12 @@ static int live_start(const char *policy) {
                          "--rate", "20", "--duration", "100000", "--requests", "48", "--query-tokens", "16",
                          "--output-tokens", "4", NULL};
     if (run_prog(gen, NULL) != 0) return -1;
+    char keyfile[600];
+    snprintf(keyfile, sizeof keyfile, "%s/keys_%s.json", tmpdir, policy);
+    if (keys) { /* the key file `isokv load --tenants key` needs, written by the CLI */
+        char *const wk[] = {b, "load", lv.trace, "--write-keys", keyfile, NULL};
+        if (run_prog(wk, NULL) != 0) return -1;
+    }
     snprintf(log, sizeof log, "%s/serve_%s.out", tmpdir, policy);
     pid_t pid = fork();
     if (pid == 0) {
@@ -1163,7 +1176,7 @@ static int live_start(const char *policy) {
         snprintf(pol, sizeof pol, "%s", policy);
         char *const argv[] = {b, "serve", "--model", "data/models/stories260K/stories260K.bin", "--tokenizer",
                               "data/models/stories260K/tok512.bin", "--port", "0", "--threads", "1",
-                              "--kv-mem", "2M", "--policy", pol, NULL};
+                              "--kv-mem", "2M", "--policy", pol, keys ? "--api-keys" : NULL, keyfile, NULL};
         execv(b, argv);
         _exit(127);
     }
@@ -1190,6 +1203,11 @@ static int live_start(const char *policy) {
 static int live_lru(void **state) {
     (void)state;
     return live_start("lru");
+}
+
+static int live_keys(void **state) {
+    (void)state;
+    return live_start_keys("lru", 1);
 }
 
 static int live_value(void **state) {
@@ -1291,6 +1309,33 @@ static void live_body(void) {
     }
 }
 
+/* Tenants as API keys against a server started with the key file `isokv load --write-keys`
+ * wrote: with those keys every request succeeds; with keys the server does not know, every
+ * request is a counted 401 and the run still ends. */
+static void test_live_serve_keys(void **state) {
+    (void)state;
+    if (!lv.port) skip();
+    char url[64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%u", lv.port);
+    ikv_load_opts o;
+    ikv_load_opts_default(&o);
+    o.url = url;
+    o.closed_loop = 1;
+    o.concurrency = 2;
+    o.tenant_mode = IKV_TENANT_KEY;
+    ikv_load_result r;
+    run_load(lv.trace, 12, 1, &o, &r);
+    assert_int_equal(r.ok, 12);
+    assert_true(r.cached_tokens > 0);
+    ikv_load_result_free(&r);
+    o.tenant_prefix = "stranger-";
+    run_load(lv.trace, 12, 1, &o, &r);
+    assert_int_equal(r.ok, 0);
+    assert_int_equal(r.errors_by[IKV_LOAD_HTTP], 12);
+    for (size_t i = 0; i < r.n; i++) assert_int_equal(r.records[i].status, 401);
+    ikv_load_result_free(&r);
+}
+
 static void test_live_serve_lru(void **state) {
     (void)state;
     live_body();
@@ -1326,6 +1371,7 @@ int main(void) {
         cmocka_unit_test(test_cli),
         cmocka_unit_test_setup_teardown(test_live_serve_lru, live_lru, live_stop),
         cmocka_unit_test_setup_teardown(test_live_serve_value, live_value, live_stop),
+        cmocka_unit_test_setup_teardown(test_live_serve_keys, live_keys, live_stop),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -19,6 +19,7 @@
 
 #include "isokv/load.h"
 
+#include <cjson/cJSON.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,7 +31,7 @@
 #define MAX_VARY 32
 
 typedef struct load_args {
-    const char *trace, *out, *vary_key, *title;
+    const char *trace, *out, *vary_key, *title, *write_keys;
     char *vary_vals[MAX_VARY];
     size_t n_vary;
     char vary_buf[1024];
@@ -73,6 +74,9 @@ static void usage(FILE *f) {
             "  --tenants MODE        salt (default: cache_salt PREFIX<i>), key (Bearer PREFIX<i>),\n"
             "                        none\n"
             "  --tenant-prefix P     default 'tenant-'\n"
+            "  --write-keys FILE     write the key file ({\"PREFIX<i>\": \"PREFIX<i>\"}) of every tenant\n"
+            "                        in the trace, for `isokv serve --api-keys FILE` with\n"
+            "                        --tenants key, and exit without sending\n"
             "  --no-public           do not send isokv.public_prefix_tokens\n"
             "  --ignore-eos          send ignore_eos: true (vLLM, llama.cpp)\n"
             "replay:\n"
@@ -205,6 +209,8 @@ static int parse_args(int argc, char **argv, load_args *a) {
             if ((rc = parse_pos_double(f, v, &a->lo.connect_timeout))) return rc;
         } else if (!strcmp(f, "--out")) {
             a->out = v;
+        } else if (!strcmp(f, "--write-keys")) {
+            a->write_keys = v;
         } else if (!strcmp(f, "--title")) {
             a->title = v;
         } else if (!strcmp(f, "--vary")) {
@@ -226,7 +232,7 @@ static int parse_args(int argc, char **argv, load_args *a) {
         }
     }
     if (!a->trace) return cli_usage_error(CMD, "no trace given");
-    if (!a->out) return cli_usage_error(CMD, "--out DIR is required");
+    if (!a->out && !a->write_keys) return cli_usage_error(CMD, "--out DIR is required");
     if (!a->lo.closed_loop && conc_given) a->lo.max_inflight = a->lo.concurrency;
     if (!a->lo.closed_loop && !conc_given) a->lo.concurrency = 0;
     return -1;
@@ -455,6 +461,38 @@ static int run_sweep(load_args *a) {
     return IKV_EXIT_OK;
 }
 
+/* --write-keys: reads the whole trace (with the same selection flags) and writes one key per
+ * tenant index seen, named as --tenants key sends them. */
+static int write_keys(const load_args *a) {
+    ikv_trace *t = NULL;
+    if (ikv_trace_open(a->trace, &a->to, &t)) return cli_fail(CMD, "%s", ikv_errdetail());
+    ikv_request q;
+    int rc;
+    uint64_t tenants = 0;
+    while ((rc = ikv_trace_next(t, &q)) == 1)
+        if ((uint64_t)q.tenant + 1 > tenants) tenants = (uint64_t)q.tenant + 1;
+    ikv_trace_close(t);
+    if (rc < 0) return cli_fail(CMD, "%s", ikv_errdetail());
+    if (a->lo.max_tenants && tenants > a->lo.max_tenants) tenants = a->lo.max_tenants;
+    cJSON *j = cJSON_CreateObject();
+    for (uint64_t i = 0; j && i < tenants; i++) {
+        char k[160];
+        snprintf(k, sizeof k, "%s%llu", a->lo.tenant_prefix, (unsigned long long)i);
+        if (!cJSON_AddStringToObject(j, k, k)) {
+            cJSON_Delete(j);
+            j = NULL;
+        }
+    }
+    char *text = j ? cJSON_Print(j) : NULL;
+    cJSON_Delete(j);
+    if (!text) return cli_fail(CMD, "out of memory");
+    rc = ikv_load_write_atomic(a->write_keys, text, strlen(text));
+    cJSON_free(text);
+    if (rc) return cli_fail(CMD, "%s", ikv_errdetail());
+    printf("wrote %llu tenant keys to %s\n", (unsigned long long)tenants, a->write_keys);
+    return IKV_EXIT_OK;
+}
+
 int ikv_cmd_load(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         usage(stdout);
@@ -463,6 +501,7 @@ int ikv_cmd_load(int argc, char **argv) {
     load_args a;
     int rc = parse_args(argc, argv, &a);
     if (rc >= 0) return rc;
+    if (a.write_keys) return write_keys(&a);
     if (a.vary_key) return run_sweep(&a);
     if ((rc = ensure_dir(a.out))) return rc;
     ikv_load_result r;

@@ -555,8 +555,10 @@ int ikv_load_run(ikv_trace *t, const ikv_load_opts *o, ikv_load_result *r) {
     u.r = r;
     size_t ul = strlen(o->url);
     while (ul && o->url[ul - 1] == '/') ul--;
+    /* a base URL gets /v1/completions, one ending in /v1 gets /completions, a full one nothing */
     const char *suffix = "/v1/completions";
     if (ul >= strlen(suffix) && !strncmp(o->url + ul - strlen(suffix), suffix, strlen(suffix))) suffix = "";
+    else if (ul >= 3 && !strncmp(o->url + ul - 3, "/v1", 3)) suffix = "/completions";
     if (ul + strlen(suffix) + 1 > sizeof u.url) return ikv_error(IKV_EINVAL, "URL too long");
     snprintf(u.url, sizeof u.url, "%.*s%s", (int)ul, o->url, suffix);
 
