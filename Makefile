@@ -6,7 +6,7 @@ CMAKE_ARGS ?=
 # cmake drives its own make: keep this make's flags (-w, jobserver) out of it.
 CMAKE_BUILD = env -u MAKEFLAGS -u MAKELEVEL -u MFLAGS cmake --build
 
-.PHONY: all deps build test test-asan bench demo clean format
+.PHONY: all deps build test test-asan fuzz bench demo clean format
 
 all: build
 
@@ -27,6 +27,12 @@ test-asan: deps
 	@cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
 	  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 ctest --output-on-failure -j $(JOBS)
 
+# libFuzzer harnesses (clang, build-fuzz/), FUZZ_SECONDS each; see docs/fuzzing.md. The
+# corpora and regression inputs also run in `make test` and `make test-asan` (fuzz_replay_*).
+FUZZ_SECONDS ?= 60
+fuzz: deps
+	@FUZZ_SECONDS=$(FUZZ_SECONDS) JOBS=$(JOBS) scripts/fuzz.sh build-fuzz
+
 bench: build
 	@scripts/bench.sh $(BUILD)
 
@@ -37,4 +43,4 @@ format:
 	@clang-format -i $$(git ls-files '*.c' '*.h')
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) out
+	rm -rf $(BUILD) $(ASAN_BUILD) build-fuzz out

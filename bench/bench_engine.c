@@ -34,31 +34,28 @@ int main(int argc, char **argv) {
             printf("usage: bench_engine [CONFIG [PREFIX [SUFFIX [DECODE [REPEAT]]]]] [--json]\n");
             return 0;
         }
-        switch (pos++) {
-        case 0:
-            o.config = argv[i];
-            break;
-        case 1:
-            o.prefix = (uint32_t)strtoul(argv[i], NULL, 10);
-            break;
-        case 2:
-            o.suffix = (uint32_t)strtoul(argv[i], NULL, 10);
-            break;
-        case 3:
-            o.decode = (uint32_t)strtoul(argv[i], NULL, 10);
-            break;
-        case 4:
-            o.repeat = (uint32_t)strtoul(argv[i], NULL, 10);
-            break;
-        default:
-            fprintf(stderr, "bench_engine: too many arguments\n");
+        if (argv[i][0] == '-') {
+            fprintf(stderr, "bench_engine: unknown option '%s' (try --help)\n", argv[i]);
             return 2;
         }
+        if (pos == 0) {
+            o.config = argv[i];
+            pos++;
+            continue;
+        }
+        uint64_t x;
+        if (pos > 4 || ikv_parse_count(argv[i], &x) || x == 0 || x > 1000000) {
+            fprintf(stderr, "bench_engine: %s '%s' (PREFIX SUFFIX DECODE REPEAT are counts >= 1)\n",
+                    pos > 4 ? "too many arguments at" : "bad count", argv[i]);
+            return 2;
+        }
+        uint32_t *dst[] = {NULL, &o.prefix, &o.suffix, &o.decode, &o.repeat};
+        *dst[pos++] = (uint32_t)x;
     }
     ikv_engine_bench_result r;
     if (ikv_engine_bench(&o, &r)) {
         fprintf(stderr, "bench_engine: %s\n", ikv_errdetail());
-        return 1;
+        return ikv_model_config_named(o.config, &(ikv_model_config){0}) ? 2 : 1;
     }
     ikv_engine_bench_print(&r, stdout, json);
     return 0;

@@ -229,15 +229,47 @@ int main(int argc, char **argv) {
     size_t ops = 10000000, seqs = 50000;
     uint64_t cap = 1u << 17;
     const char *only = NULL;
+    /* exit codes as everywhere in isokv: 0 ok, 1 failure, 2 usage (unknown option, bad value) */
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--ops") && i + 1 < argc) ops = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--cap") && i + 1 < argc) cap = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--seqs") && i + 1 < argc) seqs = strtoull(argv[++i], NULL, 10);
-        else if (!strcmp(argv[i], "--policy") && i + 1 < argc) only = argv[++i];
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng = strtoull(argv[++i], NULL, 10) | 1;
-        else {
-            fprintf(stderr, "usage: bench_index [--ops N] [--cap BLOCKS] [--seqs S] "
-                            "[--policy NAME] [--seed S]\n");
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: bench_index [--ops N] [--cap BLOCKS] [--seqs S] [--policy NAME] "
+                   "[--seed S]\n(counts take k/M/G suffixes)\n");
+            return 0;
+        }
+        int valued = !strcmp(a, "--ops") || !strcmp(a, "--cap") || !strcmp(a, "--seqs") ||
+                     !strcmp(a, "--policy") || !strcmp(a, "--seed");
+        if (!valued) {
+            fprintf(stderr, "bench_index: unknown option '%s' (try --help)\n", a);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench_index: option '%s' needs a value\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        uint64_t x = 0;
+        if (strcmp(a, "--policy") && ikv_parse_count(v, &x)) {
+            fprintf(stderr, "bench_index: %s: '%s' is not a count\n", a, v);
+            return 2;
+        }
+        if (!strcmp(a, "--ops"))
+            ops = (size_t)x;
+        else if (!strcmp(a, "--cap"))
+            cap = x;
+        else if (!strcmp(a, "--seqs"))
+            seqs = (size_t)x;
+        else if (!strcmp(a, "--seed"))
+            rng = x | 1;
+        else
+            only = v;
+    }
+    if (only) {
+        int found = 0;
+        for (size_t p = 0; p < ikv_policy_count(); p++)
+            found |= !strcmp(only, ikv_policy_name(p));
+        if (!found) {
+            fprintf(stderr, "bench_index: unknown policy '%s'\n", only);
             return 2;
         }
     }

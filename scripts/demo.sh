@@ -26,6 +26,13 @@ demo_plan() {
   done
   "$ISOKV" plan route --model llama3-70b --hw h100 --class medium --slo-ms 4000
   "$ISOKV" plan route --model llama3-70b --hw h100 --class complex --allow-poll
+  section "planner: the efficient frontier of the whole configuration space (simulated)"
+  "$ISOKV" plan --frontier --model llama3-70b --hw h100 --plot out/frontier-h100.svg
+  "$ISOKV" plan route --frontier --model llama3-70b --hw h100 --class medium --slo-ms 4000
+  section "planner: algorithmic jumps, the isoquant before and after (simulated)"
+  "$ISOKV" plan --jump w4,kv8,prefix:h=0.5 --model llama3-70b --hw h100 --plot out/jump-h100.svg
+  section "planner: measured on isokv's engine on this machine (wall clock)"
+  "$ISOKV" plan --measured --plot out/plan-measured.svg
 }
 # ---- end demo_plan ----
 

@@ -11,6 +11,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <stdint.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -85,6 +86,65 @@ static void test_keys_ids(void **st) {
     assert_int_not_equal(ikv_scope_salt(0, "alice"), ikv_scope_salt(0, "bob"));
     assert_true(ikv_scope_salt(0, "") == IKV_SCOPE_PUBLIC);
     assert_true(ikv_scope_salt(0, NULL) == IKV_SCOPE_PUBLIC);
+}
+
+/* One number parser for every flag: suffixes, whole strings, exact integers. */
+static void test_parse_count(void **st) {
+    (void)st;
+    uint64_t v;
+    assert_int_equal(ikv_parse_count("12", &v), 0), assert_int_equal(v, 12);
+    assert_int_equal(ikv_parse_count("2M", &v), 0), assert_int_equal(v, 2000000);
+    assert_int_equal(ikv_parse_count("1.5k", &v), 0), assert_int_equal(v, 1500);
+    assert_int_equal(ikv_parse_count("1.1k", &v), 0), assert_int_equal(v, 1100);
+    assert_int_equal(ikv_parse_count("1e3", &v), 0), assert_int_equal(v, 1000);
+    assert_int_equal(ikv_parse_count("3G", &v), 0), assert_int_equal(v, 3000000000ull);
+    assert_int_equal(ikv_parse_count("18446744073709551615", &v), 0);
+    assert_true(v == UINT64_MAX);
+    const char *bad[] = {"",
+                         "12x",
+                         "-1",
+                         "1.5",
+                         "0x10",
+                         "inf",
+                         "nan",
+                         "1e30",
+                         "2^20",
+                         "k",
+                         "1kk",
+                         " 1",
+                         "18446744073709551616"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        assert_int_equal(ikv_parse_count(bad[i], &v), -1);
+    double d;
+    assert_int_equal(ikv_parse_double("0.25", &d), 0);
+    assert_true(d == 0.25);
+    assert_int_equal(ikv_parse_double("0x1p3", &d), -1);
+    assert_int_equal(ikv_parse_double("1e999", &d), -1);
+}
+
+/* Regression: 999 600 tokens printed as "1e+03k"; the unit is chosen after rounding. */
+static void test_fmt_count(void **st) {
+    (void)st;
+    char b[32];
+    struct {
+        double v;
+        const char *s;
+    } cases[] = {
+        {0, "0"},       {999, "999"}, {999.6, "1k"},       {1500, "1.5k"},  {999600, "1M"},
+        {999936, "1M"}, {2e6, "2M"},  {123456789, "123M"}, {999.5e9, "1T"}, {16777216, "16.8M"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ikv_fmt_count(b, sizeof b, cases[i].v);
+        assert_string_equal(b, cases[i].s);
+    }
+}
+
+/* A bare error code never prints a stale detail ("success"). */
+static void test_errdetail_for(void **st) {
+    (void)st;
+    ikv_error(IKV_EINVAL, "older detail");
+    assert_string_equal(ikv_errdetail_for(IKV_ENOMEM), "out of memory");
+    assert_string_equal(ikv_errdetail_for(IKV_EINVAL), "older detail");
 }
 
 /* ---- atomic output files ----------------------------------------------------------------- */
@@ -338,7 +398,8 @@ int main(void) {
         cmocka_unit_test(test_keys_ids),         cmocka_unit_test(test_outset_commit),
         cmocka_unit_test(test_outset_abandon),   cmocka_unit_test(test_outset_refuses_non_regular),
         cmocka_unit_test(test_outset_same_file), cmocka_unit_test(test_outset_all_or_nothing),
-        cmocka_unit_test(test_outset_oom),
+        cmocka_unit_test(test_outset_oom),       cmocka_unit_test(test_parse_count),
+        cmocka_unit_test(test_fmt_count),        cmocka_unit_test(test_errdetail_for),
     };
     return cmocka_run_group_tests(tests, setup_odir, teardown_odir);
 }

@@ -241,6 +241,44 @@ static void test_names_and_check(void **st) {
     assert_int_equal(ikv_cost_cfg_check(&c), IKV_EINVAL);
 }
 
+/* The optional fields of a model spec: KV element width scales KV bytes; an attention window
+ * gives each new token min(p + i, w) keys (checked against the sum done token by token) and
+ * caps the KV a sequence keeps; a window no shorter than the context changes nothing. */
+static void test_kv_width_and_window(void **st) {
+    (void)st;
+    ikv_model_spec m = *model("llama3-8b");
+    double kv2 = ikv_kv_bytes_per_token(&m);
+    m.kv_bytes_per_elem = 1;
+    assert_true(ikv_kv_bytes_per_token(&m) * 2 == kv2);
+    m.kv_bytes_per_elem = 4;
+    assert_true(ikv_kv_bytes_per_token(&m) == kv2 * 2);
+    m.kv_bytes_per_elem = 0;
+    const uint64_t cases[][2] = {{0, 10},    {0, 700},  {100, 50}, {300, 400},
+                                 {600, 300}, {1000, 7}, {0, 512},  {512, 1}};
+    for (uint32_t w = 1; w <= 1024; w = w * 4 + 1) {
+        for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+            uint64_t p = cases[c][0], n = cases[c][1];
+            double keys = 0;
+            for (uint64_t i = 1; i <= n; i++)
+                keys += (double)(p + i < w ? p + i : w);
+            m.attn_window = w;
+            assert_near(ikv_attn_flops(&m, p, n), 4.0 * m.layers * m.heads * m.head_dim * keys,
+                        1e-12);
+            m.attn_window = 0;
+        }
+        m.attn_window = w;
+        double kvt = ikv_kv_bytes_per_token(&m);
+        assert_near(ikv_decode_bytes(&m, 2, 5000) - ikv_model_weight_bytes(&m), 2.0 * w * kvt,
+                    1e-12);
+        m.attn_window = 0;
+    }
+    ikv_model_spec full = *model("llama3-8b");
+    m.attn_window = 4096;
+    assert_true(ikv_prefill_flops(&m, 1000, 2000) == ikv_prefill_flops(&full, 1000, 2000));
+    assert_true(ikv_decode_flops(&m, 4, 4000) == ikv_decode_flops(&full, 4, 4000));
+    assert_true(ikv_decode_flops(&m, 4, 9000) < ikv_decode_flops(&full, 4, 9000));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_shapes_match_param_count),
@@ -254,6 +292,7 @@ int main(void) {
         cmocka_unit_test(test_load_time),
         cmocka_unit_test(test_unknown_names),
         cmocka_unit_test(test_names_and_check),
+        cmocka_unit_test(test_kv_width_and_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

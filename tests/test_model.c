@@ -1454,6 +1454,77 @@ static void test_alloc_failure(void **st) {
     ikv_model_destroy(m);
 }
 
+/* ---- regressions: hostile input (issue 9) ------------------------------------------------- */
+
+/* `run --tokenizer .` printed ".: 9223372036854775807 bytes": a directory is named as one. */
+static void test_regress_tokenizer_directory(void **st) {
+    (void)st;
+    ikv_tokenizer *t;
+    assert_int_equal(ikv_tokenizer_load(".", 512, &t), IKV_EIO);
+    assert_non_null(strstr(ikv_errdetail(), ".: is a directory, not a tokenizer file"));
+    ikv_model *m;
+    assert_int_equal(ikv_model_load(".", &m), IKV_EIO);
+    assert_non_null(strstr(ikv_errdetail(), ".: is a directory, not a checkpoint file"));
+}
+
+/* `run --kv-mem 100G` failed with "engine buffers (KV pool 100000000000 bytes)" (or, where
+ * memory is overcommitted, would be killed while the pool is touched): a pool beyond the
+ * machine's memory is refused before anything is allocated, with both sizes. */
+static void test_regress_kv_mem_beyond_memory(void **st) {
+    (void)st;
+    ikv_model_config c = tiny();
+    ikv_model *m;
+    assert_int_equal(ikv_model_random(&c, 1, &m), 0);
+    ikv_engine_options o;
+    ikv_engine_options_default(&o);
+    o.kv_mem = UINT64_C(1) << 60; /* an exabyte: more than any machine this runs on */
+    ikv_engine *e = NULL;
+    assert_int_equal(ikv_engine_create(m, &o, &e), IKV_ERANGE);
+    assert_null(e);
+    assert_non_null(strstr(ikv_errdetail(), "is more than this machine's"));
+    ikv_model_destroy(m);
+}
+
+/* The decode bound read "222%" for a model whose weights fit in the last-level cache; and
+ * --decode 0 / --prefix 0 ran a benchmark with nothing to measure. */
+static void test_regress_bench_bound_and_zero_sizes(void **st) {
+    (void)st;
+    ikv_engine_bench_options o = {.config = "tiny",
+                                  .prefix = 32,
+                                  .suffix = 8,
+                                  .decode = 4,
+                                  .threads = {1, 0},
+                                  .seed = 1,
+                                  .repeat = 1};
+    ikv_engine_bench_result r;
+    o.decode = 0;
+    assert_int_equal(ikv_engine_bench(&o, &r), IKV_EINVAL);
+    o.decode = 4, o.prefix = 0;
+    assert_int_equal(ikv_engine_bench(&o, &r), IKV_EINVAL);
+    o.prefix = 32;
+    assert_int_equal(ikv_engine_bench(&o, &r), 0);
+    const ikv_engine_bench_row *w = &r.rows[0];
+    ikv_model_config c = tiny();
+    double want = (double)ikv_model_decode_bytes(&c) +
+                  (double)ikv_model_kv_bytes_per_token(&c) * (40.0 + 4.0 / 2);
+    assert_true(fabs(w->step_bytes - want) < 1);
+    /* the tiny model (under 1 MB a step) fits any last-level cache this reports */
+    if (r.llc_bytes) {
+        assert_int_equal(w->bound_applies, 0);
+        assert_true(w->decode_bound_tok_s == 0);
+    }
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    ikv_engine_bench_print(&r, f, 0);
+    fclose(f);
+    if (r.llc_bytes)
+        assert_non_null(strstr(buf, "no bandwidth bound applies"));
+    else if (w->decode_tok_s > w->decode_bound_tok_s)
+        assert_non_null(strstr(buf, "above the bound: caches hold part"));
+    free(buf);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_config_sizes),
@@ -1477,6 +1548,9 @@ int main(void) {
         cmocka_unit_test(test_eviction_and_limits),
         cmocka_unit_test(test_batch_invariance),
         cmocka_unit_test(test_alloc_failure),
+        cmocka_unit_test(test_regress_tokenizer_directory),
+        cmocka_unit_test(test_regress_kv_mem_beyond_memory),
+        cmocka_unit_test(test_regress_bench_bound_and_zero_sizes),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -388,6 +389,502 @@ static void test_curve(void **st) {
     assert_int_equal(ikv_plan_curve(&p, r.model, r.hw, pts, 2), n); /* count beyond max */
 }
 
+/* ---- the frontier ---- */
+
+/* Is a dominated by b (b as cheap and as fast, and better in one)? */
+static int dominated(double ca, double la, double cb, double lb) {
+    return cb <= ca && lb <= la && (cb < ca || lb < la);
+}
+
+/* Differential fuzz: ikv_plan_pareto and ikv_plan_lower_hull against brute force on random
+ * clouds with duplicates and ties (a coarse grid makes both common). */
+static void test_pareto_fuzz(void **st) {
+    (void)st;
+    enum { N = 400 };
+    ikv_plan_xy pts[N], orig[N];
+    size_t hull[N];
+    uint64_t seed = 12345;
+    for (int round = 0; round < 60; round++) {
+        size_t n = 1 + (size_t)(round * 7) % N;
+        for (size_t i = 0; i < n; i++) {
+            seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+            int grid = round % 3 == 0 ? 8 : 1000;
+            orig[i].c = 1 + (double)((seed >> 20) % (uint64_t)grid);
+            orig[i].l = 1 + (double)((seed >> 40) % (uint64_t)grid);
+            orig[i].id = i;
+        }
+        memcpy(pts, orig, n * sizeof *pts);
+        size_t k = ikv_plan_pareto(pts, n);
+        /* brute force: every non-dominated point has an equal twin in pts[0..k) and every point
+         * in pts[0..k) is non-dominated; no two of them are equal */
+        for (size_t i = 0; i < n; i++) {
+            int dom = 0;
+            for (size_t j = 0; j < n && !dom; j++)
+                dom = dominated(orig[i].c, orig[i].l, orig[j].c, orig[j].l);
+            int in = 0;
+            for (size_t j = 0; j < k; j++)
+                in |= pts[j].c == orig[i].c && pts[j].l == orig[i].l;
+            assert_int_equal(in, !dom);
+        }
+        for (size_t j = 1; j < k; j++) {
+            assert_true(pts[j].c > pts[j - 1].c); /* cheapest first, strictly */
+            assert_true(pts[j].l < pts[j - 1].l);
+        }
+        size_t h = ikv_plan_lower_hull(pts, k, hull);
+        assert_true(h >= 1 && h <= k);
+        assert_int_equal(hull[0], 0);         /* the cheapest point */
+        assert_int_equal(hull[h - 1], k - 1); /* the fastest point */
+        double prev = -INFINITY;
+        for (size_t i = 1; i < h; i++) {
+            const ikv_plan_xy *a = &pts[hull[i - 1]], *b = &pts[hull[i]];
+            double mrts = (b->c - a->c) / (a->l - b->l);
+            assert_true(mrts > prev); /* rises strictly */
+            prev = mrts;
+            /* no Pareto point lies below the segment (convexity, brute force) */
+            for (size_t j = 0; j < k; j++)
+                if (pts[j].l <= a->l && pts[j].l >= b->l) {
+                    double t = (a->l - pts[j].l) / (a->l - b->l);
+                    assert_true(pts[j].c >= a->c + t * (b->c - a->c) - 1e-9 * b->c);
+                }
+        }
+    }
+    assert_int_equal(ikv_plan_pareto(pts, 0), 0);
+}
+
+static void frontier(const ikv_plan_params *p, const char *model, const char *hw, int level,
+                     ikv_plan_frontier *f) {
+    const ikv_model_spec *m;
+    const ikv_hw_spec *h;
+    assert_int_equal(ikv_model_lookup(model, &m), 0);
+    assert_int_equal(ikv_hw_lookup(hw, &h), 0);
+    int rc = ikv_plan_frontier_build(p, m, h, level, f);
+    if (rc) fail_msg("frontier failed: %s", ikv_errdetail());
+    if (!ikv_plan_frontier_check(f)) fail_msg("frontier check: %s", ikv_errdetail());
+}
+
+/* The default frontier: convex, non-dominated, MRTS rising, the walk placed consistently. */
+static void test_frontier_default(void **st) {
+    (void)st;
+    ikv_plan_params p;
+    ikv_plan_params_default(&p);
+    const char *hws[] = {"h100", "h200"};
+    for (int v = 0; v < 2; v++) {
+        ikv_plan_frontier f;
+        frontier(&p, "llama3-70b", hws[v], 7, &f);
+        ikv_plan_result w;
+        walk(&p, "llama3-70b", hws[v], &w);
+        assert_true(f.n_hull >= 3 && f.n_pareto >= f.n_hull && f.n_feasible >= f.n_pareto);
+        for (size_t i = 2; i < f.n_hull; i++)
+            assert_true(f.hull[i].mrts > f.hull[i - 1].mrts);
+        for (size_t i = 0; i < f.n_hull; i++) {
+            /* the hull point is its configuration, re-evaluated */
+            ikv_plan_step s;
+            assert_int_equal(ikv_plan_eval(&p, w.model, w.hw, &f.hull_cfg[i], &s), 0);
+            assert_true(s.compute_gpu_s == f.hull[i].compute_gpu_s);
+            assert_true(fabs(ikv_plan_frontier_compute_at(&f, s.latency_s) - s.compute_gpu_s) <=
+                        1e-9 * s.compute_gpu_s);
+            assert_true(s.step == ikv_plan_config_level(&p, f.base_tp, &f.hull_cfg[i]));
+        }
+        /* every walk step configuration is in the cloud; a step is never below the hull */
+        for (int k = 0; k < IKV_PLAN_STEPS; k++) {
+            const ikv_plan_step *s = &w.steps[k];
+            if (!isnan(f.walk_excess[k])) assert_true(f.walk_excess[k] >= -1e-9 * s->compute_gpu_s);
+            if (f.walk_where[k] == IKV_PLAN_DOMINATED) {
+                const ikv_plan_cloud_pt *q = &f.cloud[f.walk_dominated_by[k]];
+                assert_true(q->feasible && q->pareto);
+                assert_true(
+                    dominated(s->compute_gpu_s, s->latency_s, q->compute_gpu_s, q->latency_s));
+            } else {
+                assert_int_equal(f.walk_dominated_by[k], -1);
+            }
+            if (f.walk_where[k] == IKV_PLAN_ON_HULL)
+                assert_true(f.walk_excess[k] <= 1e-9 * s->compute_gpu_s);
+        }
+        /* on these defaults the naive baseline is dominated (fused kernels are a free lunch),
+         * and step 5's negative MRTS after step 4's 145 is out of order */
+        assert_int_equal(f.walk_where[0], IKV_PLAN_DOMINATED);
+        assert_int_equal(f.walk_out_of_order[5], 1);
+        assert_int_equal(f.walk_out_of_order[1], 0);
+        /* the frontier reaches at least as low a latency as the walk, and as low a compute */
+        double minc = INFINITY, minl = INFINITY;
+        for (int k = 0; k < IKV_PLAN_STEPS; k++)
+            if (w.steps[k].fits) {
+                minc = fmin(minc, w.steps[k].compute_gpu_s);
+                minl = fmin(minl, w.steps[k].latency_s);
+            }
+        assert_true(f.hull[0].compute_gpu_s <= minc);
+        assert_true(f.hull[f.n_hull - 1].latency_s <= minl);
+        ikv_plan_frontier_free(&f);
+        ikv_plan_frontier_free(&f); /* idempotent */
+    }
+}
+
+/* A small space where an O(n^2) check of every cloud point's Pareto flag is cheap. */
+static void test_frontier_bruteforce(void **st) {
+    (void)st;
+    ikv_plan_params p;
+    ikv_plan_params_default(&p);
+    const char *set[][2] = {{"tp.size", "4"},
+                            {"pp.nodes", "2"},
+                            {"frontier.max_nodes", "2"},
+                            {"spec.gamma", "2"},
+                            {"frontier.max_gamma", "2"},
+                            {"search.branches", "2"},
+                            {"frontier.max_branches", "3"},
+                            {"hedge.copies", "2"},
+                            {"frontier.max_copies", "2"},
+                            {"batch", "4"}};
+    for (size_t i = 0; i < sizeof set / sizeof set[0]; i++)
+        assert_int_equal(ikv_plan_param_set(&p, set[i][0], set[i][1]), 0);
+    ikv_plan_frontier f;
+    frontier(&p, "llama3-8b", "a100", 7, &f);
+    assert_int_equal(f.n_cloud, 2 * 3 * 2 * 3 * 3 * 2 * (3 + 1));
+    size_t pareto = 0;
+    for (size_t i = 0; i < f.n_cloud; i++) {
+        const ikv_plan_cloud_pt *a = &f.cloud[i];
+        if (!a->feasible) {
+            assert_int_equal(a->pareto, 0);
+            continue;
+        }
+        int dom = 0, twin = 0;
+        for (size_t j = 0; j < f.n_cloud; j++) {
+            const ikv_plan_cloud_pt *b = &f.cloud[j];
+            if (!b->feasible || j == i) continue;
+            dom |= dominated(a->compute_gpu_s, a->latency_s, b->compute_gpu_s, b->latency_s);
+            twin |=
+                b->pareto && b->compute_gpu_s == a->compute_gpu_s && b->latency_s == a->latency_s;
+        }
+        if (dom)
+            assert_int_equal(a->pareto, 0);
+        else
+            assert_true(a->pareto || twin);
+        pareto += a->pareto;
+    }
+    assert_int_equal(pareto, f.n_pareto);
+    /* no feasible point below the hull */
+    for (size_t i = 0; i < f.n_cloud; i++)
+        if (f.cloud[i].feasible) {
+            double c = ikv_plan_frontier_compute_at(&f, f.cloud[i].latency_s);
+            if (!isnan(c)) assert_true(f.cloud[i].compute_gpu_s >= c * (1 - 1e-9));
+        }
+    ikv_plan_frontier_free(&f);
+}
+
+/* The knee: with a linear value it is where the segment MRTS crosses value * 3600 / price;
+ * comparative statics as for the walk's knee. */
+static void test_frontier_knee(void **st) {
+    (void)st;
+    ikv_plan_params p;
+    ikv_plan_params_default(&p);
+    ikv_plan_frontier f;
+    const char *prices[] = {"0.5", "2.5", "10", "40"};
+    size_t last = SIZE_MAX;
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(ikv_plan_param_set(&p, "price.gpu_hour", prices[i]), 0);
+        frontier(&p, "llama3-70b", "h100", 7, &f);
+        size_t k = (size_t)f.knee;
+        double thr = f.mrts_threshold;
+        assert_true(fabs(thr - p.value_per_s * 3600 / p.price_gpu_hour) < 1e-9 * thr);
+        if (k > 0) assert_true(f.hull[k].mrts <= thr);
+        if (k + 1 < f.n_hull) assert_true(f.hull[k + 1].mrts > thr);
+        assert_true(k <= last); /* dearer compute: never a faster, dearer knee */
+        last = k;
+        ikv_plan_frontier_free(&f);
+    }
+    assert_int_equal(ikv_plan_param_set(&p, "price.gpu_hour", "0"), 0);
+    frontier(&p, "llama3-70b", "h100", 7, &f);
+    assert_int_equal(f.knee, (int)f.n_hull - 1); /* free compute: the fastest point */
+    assert_true(isinf(f.mrts_threshold));
+    ikv_plan_frontier_free(&f);
+    ikv_plan_params_default(&p);
+    assert_int_equal(ikv_plan_param_set(&p, "value.per_s", "0"), 0);
+    frontier(&p, "llama3-70b", "h100", 7, &f);
+    assert_int_equal(f.knee, 0); /* worthless latency: the cheapest point */
+    ikv_plan_frontier_free(&f);
+}
+
+/* The router on the frontier: the class cap holds for every candidate, the SLO picks the
+ * cheapest point meeting it, the budget caps, and a frontier with too many levers is refused. */
+static void test_route_frontier(void **st) {
+    (void)st;
+    ikv_plan_params p;
+    ikv_plan_params_default(&p);
+    for (int cls = 0; cls < 3; cls++) {
+        ikv_route_req req = {.cls = (ikv_req_class)cls};
+        int cap = ikv_plan_class_cap(&p, &req);
+        ikv_plan_frontier f;
+        frontier(&p, "llama3-70b", "h100", cap, &f);
+        for (size_t i = 0; i < f.n_hull; i++)
+            assert_true(f.hull[i].step <= cap);
+        ikv_route_decision d;
+        assert_int_equal(ikv_plan_route_frontier(&p, &f, &req, &d), 0);
+        assert_int_equal(d.point, f.knee);
+        assert_true(d.step <= cap);
+        /* an SLO between two hull points' latencies picks the first that meets it */
+        if (f.knee >= 1) {
+            req.slo_s = (f.hull[1].latency_s + f.hull[0].latency_s) / 2;
+            assert_int_equal(ikv_plan_route_frontier(&p, &f, &req, &d), 0);
+            assert_int_equal(d.point, 1);
+            assert_int_equal(d.slo_met, 1);
+        }
+        req.slo_s = 1e-6;
+        assert_int_equal(ikv_plan_route_frontier(&p, &f, &req, &d), 0);
+        assert_int_equal(d.slo_met, 0);
+        assert_int_equal(d.point, f.knee);
+        req.slo_s = 0;
+        req.budget_gpu_s = f.hull[0].compute_gpu_s;
+        assert_int_equal(ikv_plan_route_frontier(&p, &f, &req, &d), 0);
+        assert_int_equal(d.point, 0);
+        ikv_plan_frontier_free(&f);
+    }
+    ikv_plan_frontier f;
+    /* a space too large to evaluate is refused before anything is allocated */
+    ikv_plan_params big = p;
+    assert_int_equal(ikv_plan_param_set(&big, "frontier.max_branches", "1024"), 0);
+    assert_int_equal(ikv_plan_param_set(&big, "frontier.max_copies", "64"), 0);
+    {
+        const ikv_model_spec *m;
+        const ikv_hw_spec *h;
+        ikv_model_lookup("llama3-70b", &m);
+        ikv_hw_lookup("h100", &h);
+        assert_int_equal(ikv_plan_frontier_build(&big, m, h, 7, &f), IKV_ERANGE);
+        assert_non_null(strstr(ikv_errdetail(), "frontier.max_"));
+        assert_null(f.cloud);
+    }
+    frontier(&p, "llama3-70b", "h100", 7, &f);
+    ikv_route_req req = {.cls = IKV_CLASS_SIMPLE};
+    ikv_route_decision d;
+    assert_int_equal(ikv_plan_route_frontier(&p, &f, &req, &d), IKV_EINVAL);
+    ikv_plan_frontier_free(&f);
+    /* allocation failure at each allocation in turn: a clean error, nothing to free (ASan's
+     * leak check sees the rest) */
+    const ikv_model_spec *m;
+    const ikv_hw_spec *h;
+    ikv_model_lookup("llama3-70b", &m);
+    ikv_hw_lookup("h100", &h);
+    int ok = 0;
+    for (size_t k = 0; k < 16 && !ok; k++) {
+        ikv_alloc_fail_after(k);
+        int rc = ikv_plan_frontier_build(&p, m, h, 7, &f);
+        ikv_alloc_fail_after(SIZE_MAX);
+        if (rc == 0) {
+            ok = 1;
+            assert_true(k >= 3); /* cloud, scratch, hull indices, hull, configurations */
+            ikv_plan_frontier_free(&f);
+        } else {
+            assert_int_equal(rc, IKV_ENOMEM);
+            assert_null(f.cloud);
+            assert_null(f.hull);
+        }
+    }
+    assert_true(ok);
+}
+
+/* With a utility curve the knee is the hull point of highest u(L) - price C (the MRTS crossing
+ * the curve's slope); the dump names it. */
+static void test_frontier_utility(void **st) {
+    (void)st;
+    ikv_plan_params p;
+    ikv_plan_params_default(&p);
+    assert_int_equal(ikv_plan_param_set(&p, "utility", "1:0.08,2:0.05,4:0.02,20:0"), 0);
+    ikv_plan_frontier f;
+    frontier(&p, "llama3-70b", "h100", 7, &f);
+    double best = -INFINITY;
+    size_t arg = 0;
+    for (size_t i = 0; i < f.n_hull; i++) {
+        double u = ikv_plan_value(&p, f.hull[0].latency_s, f.hull[i].latency_s) -
+                   p.price_gpu_hour / 3600 * (f.hull[i].compute_gpu_s - f.hull[0].compute_gpu_s);
+        if (u > best + 1e-15) best = u, arg = i;
+    }
+    assert_int_equal(f.knee, (int)arg);
+    char buf[8192] = "";
+    FILE *mem = fmemopen(buf, sizeof buf - 1, "w");
+    assert_non_null(mem);
+    ikv_plan_frontier_dump(&f, mem);
+    fclose(mem);
+    char want[64];
+    snprintf(want, sizeof want, "knee %d", f.knee);
+    assert_non_null(strstr(buf, want));
+    assert_non_null(strstr(buf, "walk step 7"));
+    ikv_plan_frontier_free(&f);
+}
+
+/* ---- jumps ---- */
+
+static void test_jump_parse(void **st) {
+    (void)st;
+    ikv_plan_jumps j, before;
+    memset(&before, 0x5a, sizeof before);
+    j = before;
+    assert_int_equal(ikv_plan_jumps_parse("w4,kv8,gqa:kv=2,swa:w=1024,draft:alpha=0.95:c=0.05,"
+                                          "prefix:h=0.6",
+                                          &j),
+                     0);
+    assert_int_equal(j.n, 6);
+    assert_int_equal(j.j[0].kind, IKV_JUMP_W4);
+    assert_int_equal(j.j[2].kind, IKV_JUMP_GQA);
+    assert_true(j.j[2].a == 2);
+    assert_true(j.j[3].a == 1024);
+    assert_true(j.j[4].a == 0.95 && j.j[4].b == 0.05);
+    assert_true(j.j[5].a == 0.6);
+    const char *bad[] = {"w3",
+                         "",
+                         "w4,",
+                         "gqa:kv=0",
+                         "gqa:heads=2",
+                         "swa:w=x",
+                         "prefix",
+                         "prefix:h=1",
+                         "prefix:h=-0.1",
+                         "draft:alpha=1.5",
+                         "kv8:x=1",
+                         "prefix:sim=/nonexistent.json",
+                         "w8,w8,w8,w8,w8,w8,w8,w8,w8"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        j = before;
+        assert_true(ikv_plan_jumps_parse(bad[i], &j) < 0);
+        assert_memory_equal(&j, &before, sizeof j);
+    }
+    assert_int_equal(ikv_plan_jumps_parse("w3", &j), IKV_EPARAM);
+    assert_non_null(strstr(ikv_errdetail(), "w3"));
+    assert_int_equal(ikv_plan_jumps_parse("prefix:sim=/nonexistent.json", &j), IKV_EIO);
+    assert_non_null(strstr(ikv_errdetail(), "/nonexistent.json"));
+    for (int k = 0; k < IKV_JUMP_COUNT; k++) {
+        const ikv_plan_jump_info *in = ikv_plan_jump_info_at((ikv_jump_kind)k);
+        assert_non_null(in);
+        assert_true(*in->source && *in->quality);
+    }
+    assert_null(ikv_plan_jump_info_at(IKV_JUMP_COUNT));
+}
+
+static char *write_tmp(const char *text);
+
+/* prefix:sim= reads the token hit ratio of an `isokv sim --json` output (and of a sweep's run). */
+static void test_jump_sim_file(void **st) {
+    (void)st;
+    ikv_plan_jumps j;
+    char spec[256];
+    char *path = write_tmp("{\"policy\": \"lru\", \"token_hit_ratio\": 0.625}");
+    snprintf(spec, sizeof spec, "prefix:sim=%s", path);
+    assert_int_equal(ikv_plan_jumps_parse(spec, &j), 0);
+    assert_true(j.j[0].a == 0.625);
+    unlink(path);
+    path = write_tmp("{\"runs\": [{\"token_hit_ratio\": 0.3}, {\"token_hit_ratio\": 0.9}]}");
+    snprintf(spec, sizeof spec, "prefix:sim=%s:run=1", path);
+    assert_int_equal(ikv_plan_jumps_parse(spec, &j), 0);
+    assert_true(j.j[0].a == 0.9);
+    snprintf(spec, sizeof spec, "prefix:sim=%s:run=2", path);
+    assert_int_equal(ikv_plan_jumps_parse(spec, &j), IKV_ERANGE);
+    unlink(path);
+    path = write_tmp("{\"token_hit\": 0.5}");
+    snprintf(spec, sizeof spec, "prefix:sim=%s", path);
+    assert_int_equal(ikv_plan_jumps_parse(spec, &j), IKV_EFORMAT);
+    assert_non_null(strstr(ikv_errdetail(), "token_hit_ratio"));
+    unlink(path);
+    path = write_tmp("{not json");
+    snprintf(spec, sizeof spec, "prefix:sim=%s", path);
+    assert_int_equal(ikv_plan_jumps_parse(spec, &j), IKV_EFORMAT);
+    unlink(path);
+}
+
+/* Applies jumps to llama3-70b on h100; returns the new frontier in *nf and walk in *nw. */
+static void jumped(const char *spec, ikv_plan_params *np, ikv_model_spec *nm, char *name,
+                   ikv_plan_frontier *nf, ikv_plan_result *nw) {
+    ikv_plan_jumps j;
+    assert_int_equal(ikv_plan_jumps_parse(spec, &j), 0);
+    const ikv_model_spec *m;
+    const ikv_hw_spec *h;
+    ikv_model_lookup("llama3-70b", &m);
+    ikv_hw_lookup("h100", &h);
+    ikv_plan_params_default(np);
+    assert_int_equal(ikv_plan_jumps_apply(&j, m, np, nm, name, 256), 0);
+    assert_int_equal(ikv_plan_walk(np, nm, h, nw), 0);
+    assert_int_equal(ikv_plan_frontier_build(np, nm, h, 7, nf), 0);
+    assert_true(ikv_plan_frontier_check(nf));
+}
+
+/* Each jump moves the curve the way its transformation says; lossless jumps on a shape they do
+ * not touch leave it exactly where it was. */
+static void test_jump_effects(void **st) {
+    (void)st;
+    ikv_plan_params p, np;
+    ikv_plan_params_default(&p);
+    ikv_plan_frontier of, nf;
+    ikv_plan_result ow, nw;
+    ikv_model_spec nm;
+    char name[256];
+    frontier(&p, "llama3-70b", "h100", 7, &of);
+    walk(&p, "llama3-70b", "h100", &ow);
+
+    /* 4-bit weights: a quarter of the bytes, the baseline fits on one GPU, and every latency
+     * of the old walk costs less compute on the new frontier */
+    jumped("w4", &np, &nm, name, &nf, &nw);
+    assert_string_equal(nm.name, "llama3-70b+w4");
+    assert_true(fabs(ikv_model_weight_bytes(&nm) / ikv_model_weight_bytes(ow.model) -
+                     (0.5 + 2.0 / 128) / 2) < 1e-12);
+    assert_true(nw.base_tp < ow.base_tp);
+    for (int k = 0; k < IKV_PLAN_STEPS; k++) {
+        double c = ikv_plan_frontier_compute_at(&nf, ow.steps[k].latency_s);
+        assert_false(isnan(c));
+        assert_true(c < ikv_plan_frontier_compute_at(&of, ow.steps[k].latency_s));
+    }
+    assert_true(nf.hull[nf.n_hull - 1].latency_s < of.hull[of.n_hull - 1].latency_s);
+    ikv_plan_frontier_free(&nf);
+
+    /* KV at one byte: exactly half the KV bytes per token; weights untouched */
+    jumped("kv8", &np, &nm, name, &nf, &nw);
+    assert_true(ikv_kv_bytes_per_token(&nm) * 2 == ikv_kv_bytes_per_token(ow.model));
+    assert_true(ikv_model_weight_bytes(&nm) == ikv_model_weight_bytes(ow.model));
+    assert_true(nw.steps[1].tpot_s < ow.steps[1].tpot_s);
+    ikv_plan_frontier_free(&nf);
+
+    /* a window longer than prompt + output changes nothing, bit for bit */
+    jumped("swa:w=8192", &np, &nm, name, &nf, &nw);
+    for (int k = 0; k < IKV_PLAN_STEPS; k++) {
+        assert_true(nw.steps[k].compute_gpu_s == ow.steps[k].compute_gpu_s);
+        assert_true(nw.steps[k].latency_s == ow.steps[k].latency_s);
+    }
+    assert_int_equal(nf.n_hull, of.n_hull);
+    ikv_plan_frontier_free(&nf);
+    /* one shorter than the prompt bounds attention and KV: less work */
+    jumped("swa:w=512", &np, &nm, name, &nf, &nw);
+    assert_true(nw.steps[1].flops < ow.steps[1].flops);
+    assert_true(nw.steps[1].tpot_s < ow.steps[1].tpot_s);
+    ikv_plan_frontier_free(&nf);
+
+    /* fewer KV heads: KV and k,v projections shrink in proportion */
+    jumped("gqa:kv=2", &np, &nm, name, &nf, &nw);
+    assert_int_equal(nm.kv_heads, 2);
+    assert_true(ikv_kv_bytes_per_token(&nm) * 4 == ikv_kv_bytes_per_token(ow.model));
+    assert_true(fabs(ow.model->params - nm.params - 2.0 * 80 * 8192 * 6 * 128) < 1);
+    ikv_plan_frontier_free(&nf);
+
+    /* a better draft lowers TPOT from step 3 on and leaves steps 0..2 alone */
+    jumped("draft:alpha=0.95", &np, &nm, name, &nf, &nw);
+    assert_true(np.spec_alpha == 0.95);
+    assert_true(nw.steps[2].latency_s == ow.steps[2].latency_s);
+    assert_true(nw.steps[3].tpot_s < ow.steps[3].tpot_s);
+    ikv_plan_frontier_free(&nf);
+
+    /* a prefix hit of 0.75: TTFT falls, decode does not change; FLOPs of the first prefill fall
+     * by at least 2 N x 0.75 P */
+    jumped("prefix:h=0.75", &np, &nm, name, &nf, &nw);
+    assert_true(np.prefix_hit == 0.75);
+    assert_true(nw.steps[1].ttft_s < ow.steps[1].ttft_s);
+    assert_true(nw.steps[1].tpot_s == ow.steps[1].tpot_s);
+    assert_true(ow.steps[1].flops - nw.steps[1].flops >=
+                2 * ikv_model_layer_params(ow.model) * 1536 * 0.999);
+    ikv_plan_frontier_free(&nf);
+
+    /* a jump that does not fit the model: a clear error, nothing changed */
+    ikv_plan_jumps j;
+    assert_int_equal(ikv_plan_jumps_parse("gqa:kv=3", &j), 0);
+    ikv_plan_params q = p;
+    assert_int_equal(ikv_plan_jumps_apply(&j, ow.model, &q, &nm, name, sizeof name), IKV_ERANGE);
+    assert_memory_equal(&q, &p, sizeof q);
+    ikv_plan_frontier_free(&of);
+}
+
 /* ---- the CLI, through IKV_BIN ---- */
 
 /* Runs the isokv binary with args, capturing stdout into out (cap bytes); returns the exit
@@ -459,16 +956,35 @@ static void test_cli_json(void **st) {
 static void test_cli_errors(void **st) {
     (void)st;
     static char out[1 << 16];
+    /* one exit-code rule (issue 9): a name or value given by a flag that is unknown or
+     * malformed is a usage error (2); a bad --config file is a failed input (1) */
     int rc = run_cli("plan --model gpt-9", out, sizeof out);
     if (rc < 0) skip();
-    assert_int_equal(rc, 1);
+    assert_int_equal(rc, 2);
     assert_non_null(strstr(read_err(), "unknown model 'gpt-9'"));
-    assert_int_equal(run_cli("plan --hw tpu", out, sizeof out), 1);
+    assert_int_equal(run_cli("plan --hw tpu", out, sizeof out), 2);
     assert_non_null(strstr(read_err(), "unknown hardware 'tpu'"));
-    assert_int_equal(run_cli("plan --set spec.beta=2", out, sizeof out), 1);
+    assert_int_equal(run_cli("plan --set spec.beta=2", out, sizeof out), 2);
     assert_non_null(strstr(read_err(), "spec.beta"));
-    assert_int_equal(run_cli("plan --set spec.alpha=2", out, sizeof out), 1);
-    assert_int_equal(run_cli("plan --prompt -5", out, sizeof out), 1);
+    assert_int_equal(run_cli("plan --set spec.alpha=2", out, sizeof out), 2);
+    assert_int_equal(run_cli("plan --prompt -5", out, sizeof out), 2);
+    {
+        char cfg[512], args[600];
+        snprintf(cfg, sizeof cfg, "/tmp/ikv_test_plan_cfg.%ld.json", (long)getpid());
+        FILE *f = fopen(cfg, "w");
+        assert_non_null(f);
+        fputs("{\"spec\": {\"beta\": 2}}\n", f);
+        fclose(f);
+        snprintf(args, sizeof args, "plan --config %s", cfg);
+        assert_int_equal(run_cli(args, out, sizeof out), 1);
+        assert_non_null(strstr(read_err(), "unknown parameter 'spec.beta'"));
+        f = fopen(cfg, "w");
+        assert_non_null(f);
+        fputs("{\"model\": \"gpt-9\"}\n", f);
+        fclose(f);
+        assert_int_equal(run_cli(args, out, sizeof out), 1);
+        unlink(cfg);
+    }
     assert_int_equal(run_cli("plan --frobnicate", out, sizeof out), 2);
     assert_int_equal(run_cli("plan route", out, sizeof out), 2);
     assert_int_equal(run_cli("plan route --class urgent", out, sizeof out), 2);
@@ -477,6 +993,7 @@ static void test_cli_errors(void **st) {
     assert_non_null(strstr(out, "usage: isokv plan"));
     assert_int_equal(run_cli("plan --params", out, sizeof out), 0);
     assert_non_null(strstr(out, "spec.alpha"));
+    assert_null(strstr(out, "issue")); /* regression: sources cited the issue that asked */
     /* --plot writes the SVG and the PNG, or fails cleanly naming the file */
     char dir[] = "/tmp/ikv-plan-plot-XXXXXX";
     assert_non_null(mkdtemp(dir));
@@ -498,14 +1015,179 @@ static void test_cli_errors(void **st) {
     assert_non_null(strstr(out, "simulated"));
 }
 
+/* --frontier --json: the hull as `frontier`, each entry a `steps` entry plus its
+ * configuration, equal to the library's; --jump and route --frontier; plots and bad targets. */
+static void test_cli_frontier(void **st) {
+    (void)st;
+    static char out[1 << 20];
+    int rc = run_cli("plan --frontier --json", out, sizeof out);
+    if (rc < 0) skip();
+    assert_int_equal(rc, 0);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    cJSON *fr = cJSON_GetObjectItem(j, "frontier");
+    assert_true(cJSON_IsArray(fr));
+    ikv_plan_params p;
+    ikv_plan_params_default(&p);
+    ikv_plan_frontier f;
+    frontier(&p, "llama3-70b", "h100", 7, &f);
+    assert_int_equal(cJSON_GetArraySize(fr), (int)f.n_hull);
+    cJSON *s0 = cJSON_GetArrayItem(cJSON_GetObjectItem(j, "steps"), 0);
+    for (size_t i = 0; i < f.n_hull; i++) {
+        cJSON *e = cJSON_GetArrayItem(fr, (int)i);
+        for (cJSON *field = s0->child; field; field = field->next) /* all of a steps entry */
+            assert_non_null(cJSON_GetObjectItem(e, field->string));
+        double c = cJSON_GetObjectItem(e, "compute_gpu_s")->valuedouble;
+        assert_true(fabs(c - f.hull[i].compute_gpu_s) < 1e-6 * c);
+        cJSON *cf = cJSON_GetObjectItem(e, "configuration");
+        assert_non_null(cf);
+        assert_int_equal(cJSON_GetObjectItem(cf, "tp")->valueint, (int)f.hull_cfg[i].tp);
+        assert_int_equal(cJSON_GetObjectItem(cf, "batch")->valueint, (int)f.hull_cfg[i].batch);
+        if (i) assert_true(cJSON_IsNumber(cJSON_GetObjectItem(e, "mrts")));
+    }
+    assert_int_equal(cJSON_GetObjectItem(j, "frontier_knee")->valueint, f.knee);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "walk_vs_frontier")),
+                     IKV_PLAN_STEPS);
+    cJSON_Delete(j);
+    ikv_plan_frontier_free(&f);
+
+    assert_int_equal(run_cli("plan --frontier", out, sizeof out), 0);
+    assert_non_null(strstr(out, "<- knee"));
+    assert_non_null(strstr(out, "simulated"));
+    assert_int_equal(run_cli("plan --jump w4,prefix:h=0.5 --json", out, sizeof out), 0);
+    j = cJSON_Parse(out);
+    assert_non_null(j);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "jumps")), 2);
+    cJSON *same = cJSON_GetObjectItem(j, "same_latency");
+    assert_int_equal(cJSON_GetArraySize(same), IKV_PLAN_STEPS + 1);
+    double r = cJSON_GetObjectItem(cJSON_GetArrayItem(same, 3), "ratio")->valuedouble;
+    assert_true(r > 0 && r < 1);
+    cJSON_Delete(j);
+    assert_int_equal(run_cli("plan --jump w3", out, sizeof out), 1);
+    assert_non_null(strstr(read_err(), "unknown jump 'w3'"));
+    assert_int_equal(run_cli("plan --jump", out, sizeof out), 2);
+    assert_int_equal(run_cli("plan --frontier --measured", out, sizeof out), 2);
+    assert_int_equal(run_cli("plan route --frontier --class simple --json", out, sizeof out), 0);
+    j = cJSON_Parse(out);
+    assert_non_null(j);
+    assert_true(cJSON_GetObjectItem(j, "step")->valueint <= 2);
+    assert_string_equal(cJSON_GetObjectItem(j, "router")->valuestring, "frontier");
+    cJSON_Delete(j);
+
+    /* plots: written when asked, refused onto a directory, names with quotes survive */
+    char dir[] = "/tmp/ikv-plan-fr-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    char args[512], svg[256], png[256];
+    snprintf(svg, sizeof svg, "%s/it's \"a\" plot.svg", dir);
+    snprintf(png, sizeof png, "%s/it's \"a\" plot.png", dir);
+    snprintf(args, sizeof args, "plan --frontier --plot '%s/it'\\''s \"a\" plot.svg'", dir);
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    assert_int_equal(access(svg, R_OK), 0);
+    assert_int_equal(access(png, R_OK), 0);
+    unlink(svg);
+    unlink(png);
+    /* a title with a quote and a newline (from the jump's sim file name) stays a title */
+    char simf[256];
+    snprintf(simf, sizeof simf, "%s/s'i\nm.json", dir);
+    FILE *sf = fopen(simf, "w");
+    assert_non_null(sf);
+    fputs("{\"token_hit_ratio\": 0.5}", sf);
+    fclose(sf);
+    snprintf(svg, sizeof svg, "%s/j.svg", dir);
+    snprintf(png, sizeof png, "%s/j.png", dir);
+    snprintf(args, sizeof args, "plan --jump 'prefix:sim=%s/s'\\''i\nm.json' --plot %s", dir, svg);
+    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    assert_int_equal(access(svg, R_OK), 0);
+    assert_int_equal(access(png, R_OK), 0);
+    unlink(svg);
+    unlink(png);
+    unlink(simf);
+    snprintf(svg, sizeof svg, "%s/sub.svg", dir);
+    assert_int_equal(mkdir(svg, 0700), 0);
+    snprintf(args, sizeof args, "plan --jump kv8 --plot %s", svg);
+    assert_int_equal(run_cli(args, out, sizeof out), 1);
+    assert_non_null(strstr(read_err(), "not a regular file"));
+    rmdir(svg);
+    /* nothing else was left in the directory (no temporary files) */
+    assert_int_equal(rmdir(dir), 0);
+}
+
+/* --measured on a tiny generated model: four points, hits take tokens from the cache, misses
+ * none, every figure positive, the frontier's points undominated among the four. */
+static void test_cli_measured(void **st) {
+    (void)st;
+    static char out[1 << 18];
+    int rc = run_cli("plan --measured --engine-config tiny --prompt 128 --output 4 --repeat 1 "
+                     "--json",
+                     out, sizeof out);
+    if (rc < 0) skip();
+    assert_int_equal(rc, 0);
+    cJSON *j = cJSON_Parse(out);
+    assert_non_null(j);
+    assert_non_null(strstr(cJSON_GetObjectItem(j, "what")->valuestring, "measured"));
+    cJSON *pts = cJSON_GetObjectItem(j, "points");
+    assert_int_equal(cJSON_GetArraySize(pts), 4);
+    double c[4], l[4];
+    for (int i = 0; i < 4; i++) {
+        cJSON *q = cJSON_GetArrayItem(pts, i);
+        double cached = cJSON_GetObjectItem(q, "cached_tokens")->valuedouble;
+        if (i < 2)
+            assert_true(cached == 0);
+        else
+            assert_true(cached >= 64 && cached <= 112); /* 0.875 x 128, whole blocks */
+        l[i] = cJSON_GetObjectItem(q, "latency_ms")->valuedouble;
+        c[i] = cJSON_GetObjectItem(q, "compute_cpu_s")->valuedouble;
+        assert_true(l[i] > 0 && c[i] > 0);
+        assert_true(cJSON_GetObjectItem(q, "predicted_latency_ms")->valuedouble > 0);
+    }
+    cJSON *fr = cJSON_GetObjectItem(j, "frontier");
+    assert_true(cJSON_GetArraySize(fr) >= 1);
+    cJSON *e;
+    cJSON_ArrayForEach(e, fr) {
+        double fc = cJSON_GetObjectItem(e, "compute_gpu_s")->valuedouble;
+        double fl = cJSON_GetObjectItem(e, "latency_ms")->valuedouble;
+        for (int i = 0; i < 4; i++)
+            assert_false(dominated(fc, fl, c[i], l[i]));
+    }
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "steps")), 3);
+    cJSON_Delete(j);
+    assert_int_equal(run_cli("plan --measured --engine-config huge", out, sizeof out), 1);
+    assert_int_equal(run_cli("plan --measured --engine-model /nonexistent.bin", out, sizeof out),
+                     1);
+    assert_non_null(strstr(read_err(), "/nonexistent.bin"));
+    /* regression: this error message once read the model's seq_len after freeing the model
+     * (caught by ASan here) */
+    assert_int_equal(run_cli("plan --measured --engine-config tiny --prompt 300", out, sizeof out),
+                     1);
+    assert_non_null(strstr(read_err(), "seq_len"));
+    assert_int_equal(run_cli("plan --hit 0.5", out, sizeof out), 2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_roofline_bounds), cmocka_unit_test(test_baseline_fit),
-        cmocka_unit_test(test_walk_shape),      cmocka_unit_test(test_spec_acceptance),
-        cmocka_unit_test(test_knee_moves),      cmocka_unit_test(test_utility_curve),
-        cmocka_unit_test(test_router),          cmocka_unit_test(test_params),
-        cmocka_unit_test(test_json_config),     cmocka_unit_test(test_curve),
-        cmocka_unit_test(test_cli_json),        cmocka_unit_test(test_cli_errors),
+        cmocka_unit_test(test_roofline_bounds),
+        cmocka_unit_test(test_baseline_fit),
+        cmocka_unit_test(test_walk_shape),
+        cmocka_unit_test(test_spec_acceptance),
+        cmocka_unit_test(test_knee_moves),
+        cmocka_unit_test(test_utility_curve),
+        cmocka_unit_test(test_router),
+        cmocka_unit_test(test_params),
+        cmocka_unit_test(test_json_config),
+        cmocka_unit_test(test_curve),
+        cmocka_unit_test(test_cli_json),
+        cmocka_unit_test(test_cli_errors),
+        cmocka_unit_test(test_pareto_fuzz),
+        cmocka_unit_test(test_frontier_default),
+        cmocka_unit_test(test_frontier_bruteforce),
+        cmocka_unit_test(test_frontier_knee),
+        cmocka_unit_test(test_route_frontier),
+        cmocka_unit_test(test_frontier_utility),
+        cmocka_unit_test(test_jump_parse),
+        cmocka_unit_test(test_jump_sim_file),
+        cmocka_unit_test(test_jump_effects),
+        cmocka_unit_test(test_cli_frontier),
+        cmocka_unit_test(test_cli_measured),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

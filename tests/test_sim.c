@@ -18,6 +18,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "isokv/gen.h"
 #include "isokv/sim.h"
 
 #include <cjson/cJSON.h>
@@ -883,6 +884,300 @@ static void test_segments_remedies(void **state) {
     free(out);
 }
 
+/* ---- regressions: hostile input (issue 9), one test per defect ----------------------------- */
+
+static void write_bytes(const char *path, const char *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+}
+
+/* Reads every request of path with opts to; returns the count, *skipped and the first error. */
+static int read_all(const char *path, const ikv_trace_opts *to, uint64_t *skipped, char *first,
+                    size_t cap) {
+    ikv_trace *t;
+    int rc = ikv_trace_open(path, to, &t);
+    if (rc) return rc;
+    ikv_request q;
+    int n = 0;
+    while ((rc = ikv_trace_next(t, &q)) == 1)
+        n++;
+    *skipped = ikv_trace_skipped(t);
+    snprintf(first, cap, "%s", ikv_trace_first_error(t) ? ikv_trace_first_error(t) : "");
+    ikv_trace_close(t);
+    return rc < 0 ? rc : n;
+}
+
+/* A NUL byte inside line 2 used to end the line for strlen, so line 3 was glued onto it and
+ * lost; now line 2 alone is malformed, named, and line 3 is read. */
+static void test_regress_nul_byte_in_line(void **state) {
+    (void)state;
+    char path[512], buf[1024], first[512], want[1400];
+    tmp_path(path, sizeof path, "nul.jsonl");
+    size_t n = 0;
+    n += (size_t)snprintf(buf + n, sizeof buf - n, "%s", good1);
+    n += (size_t)snprintf(buf + n, sizeof buf - n, "{\"timestamp\": 5, \"input_length\": 1");
+    buf[n++] = 0;
+    n += (size_t)snprintf(buf + n, sizeof buf - n, ", \"output_length\": 1, \"hash_ids\": [7]}\n%s",
+                          good2);
+    write_bytes(path, buf, n);
+    ikv_trace_opts to = {0};
+    uint64_t sk;
+    assert_int_equal(read_all(path, &to, &sk, first, sizeof first), 2);
+    assert_int_equal(sk, 1);
+    snprintf(want, sizeof want, "%s:2: NUL byte at column 35", path);
+    assert_non_null(strstr(first, want));
+    to.strict = 1;
+    assert_int_equal(read_all(path, &to, &sk, first, sizeof first), IKV_EFORMAT);
+    assert_non_null(strstr(ikv_errdetail(), want));
+}
+
+/* Content after the JSON object on the same line was ignored, even with --strict. */
+static void test_regress_trailing_content(void **state) {
+    (void)state;
+    char path[512], text[1024], first[512], want[1400];
+    tmp_path(path, sizeof path, "trailing.jsonl");
+    snprintf(text, sizeof text, "%s%.*s {\"more\": 1}\n%s", good1, (int)strlen(good2) - 1, good2,
+             good2);
+    write_file(path, text);
+    ikv_trace_opts to = {0};
+    uint64_t sk;
+    assert_int_equal(read_all(path, &to, &sk, first, sizeof first), 2);
+    assert_int_equal(sk, 1);
+    snprintf(want, sizeof want, "%s:2: trailing content after the JSON object at column", path);
+    assert_non_null(strstr(first, want));
+    to.strict = 1;
+    assert_int_equal(read_all(path, &to, &sk, first, sizeof first), IKV_EFORMAT);
+    assert_non_null(strstr(ikv_errdetail(), want));
+}
+
+/* A trace whose every line is malformed: the error names the file and the first reason. */
+static void test_regress_all_malformed_names_file(void **state) {
+    (void)state;
+    char path[512], want[1400];
+    tmp_path(path, sizeof path, "allbad.jsonl");
+    write_file(path,
+               "{\"timestamp\": -1, \"input_length\": 1, \"output_length\": 1, \"hash_ids\": [0]}\n"
+               "{\"timestamp\": 1}\n");
+    ikv_trace_opts to = {.format = IKV_TRACE_MOONCAKE};
+    ikv_replay_opts ro;
+    ikv_replay_opts_default(&ro);
+    ikv_replay_result r;
+    assert_int_equal(replay_file(path, &to, &ro, &r), IKV_EEMPTY);
+    snprintf(want, sizeof want,
+             "%s: no valid request to replay: 2 malformed lines skipped; the "
+             "first: %s:1: \"timestamp\"",
+             path, path);
+    assert_non_null(strstr(ikv_errdetail(), want));
+}
+
+/* Absurd numbers were accepted: a timestamp of 1e308 ms, an output length of 2^32 - 1. */
+static void test_regress_absurd_numbers(void **state) {
+    (void)state;
+    char path[512], text[1024], first[512], want[1400];
+    tmp_path(path, sizeof path, "absurd.jsonl");
+    snprintf(
+        text, sizeof text, "%s%s%s%s", good1,
+        "{\"timestamp\": 1e308, \"input_length\": 1, \"output_length\": 5, \"hash_ids\": [0]}\n",
+        "{\"timestamp\": 2, \"input_length\": 1, \"output_length\": 4294967295, \"hash_ids\": "
+        "[0]}\n",
+        good2);
+    write_file(path, text);
+    ikv_trace_opts to = {.strict = 1};
+    ikv_trace *t;
+    ikv_request q;
+    assert_int_equal(ikv_trace_open(path, &to, &t), 0);
+    assert_int_equal(ikv_trace_next(t, &q), 1);
+    assert_int_equal(ikv_trace_next(t, &q), IKV_EFORMAT);
+    snprintf(want, sizeof want, "%s:2: \"timestamp\" 1e+308 ms is more than 1e12 ms", path);
+    assert_non_null(strstr(ikv_errdetail(), want));
+    ikv_trace_close(t);
+    to.strict = 0;
+    uint64_t sk;
+    assert_int_equal(read_all(path, &to, &sk, first, sizeof first), 2);
+    assert_int_equal(sk, 2);
+    /* the output length: the limit is named, and it is configurable */
+    snprintf(text, sizeof text, "%s%s", good1,
+             "{\"timestamp\": 2, \"input_length\": 1, \"output_length\": 4294967295, \"hash_ids\": "
+             "[0]}\n");
+    write_file(path, text);
+    to.strict = 1;
+    assert_int_equal(read_all(path, &to, &sk, first, sizeof first), IKV_EFORMAT);
+    snprintf(want, sizeof want,
+             "%s:2: \"output_length\" 4294967295 is more than the limit of "
+             "2097152 tokens (--max-request-tokens)",
+             path);
+    assert_non_null(strstr(ikv_errdetail(), want));
+    to.max_request_tokens = 100;
+    assert_int_equal(read_all(path, &to, &sk, first, sizeof first), IKV_EFORMAT);
+    snprintf(want, sizeof want, "%s:1: \"input_length\" 600 is more than the limit of 100", path);
+    assert_non_null(strstr(ikv_errdetail(), want));
+}
+
+/* JSON nested too deeply was reported as "not a JSON object". */
+static void test_regress_deep_nesting(void **state) {
+    (void)state;
+    char path[512], first[512], want[1400];
+    static char text[8192];
+    tmp_path(path, sizeof path, "deep.jsonl");
+    size_t n = (size_t)snprintf(text, sizeof text, "%s{\"timestamp\": 1, \"hash_ids\": ", good1);
+    for (int i = 0; i < 1200; i++)
+        text[n++] = '[';
+    for (int i = 0; i < 1200; i++)
+        text[n++] = ']';
+    n += (size_t)snprintf(text + n, sizeof text - n, "}\n%s", good2);
+    write_bytes(path, text, n);
+    ikv_trace_opts to = {0};
+    uint64_t sk;
+    assert_int_equal(read_all(path, &to, &sk, first, sizeof first), 2);
+    snprintf(want, sizeof want, "%s:2: JSON nested deeper than 1000 levels", path);
+    assert_non_null(strstr(first, want));
+    /* on the first line, where the format is detected */
+    write_bytes(path, text + strlen(good1), n - strlen(good1));
+    ikv_trace *t;
+    assert_int_equal(ikv_trace_open(path, &to, &t), IKV_EFORMAT);
+    assert_non_null(strstr(ikv_errdetail(), "JSON nested deeper than 1000 levels"));
+    assert_null(strstr(ikv_errdetail(), "not a JSON object"));
+}
+
+/* A WEKA conversation with zero requests reached qsort(NULL, 0) (undefined; the sanitizer
+ * build aborted). It is skipped with a reason; alone, the trace has nothing to replay. */
+static void test_regress_weka_zero_requests(void **state) {
+    (void)state;
+    char path[512], first[512], want[1400];
+    tmp_path(path, sizeof path, "weka0.jsonl");
+    write_file(path,
+               "{\"id\":\"a\",\"block_size\":64,\"hash_id_scope\":\"local\",\"requests\":[]}\n");
+    ikv_trace_opts to = {0};
+    ikv_trace *t;
+    assert_int_equal(ikv_trace_open(path, &to, &t), IKV_EEMPTY);
+    snprintf(want, sizeof want, "%s:1: the conversation has no requests", path);
+    assert_non_null(strstr(ikv_errdetail(), want));
+    write_file(path,
+               "{\"id\":\"a\",\"block_size\":64,\"hash_id_scope\":\"local\",\"requests\":[]}\n"
+               "{\"id\":\"b\",\"block_size\":64,\"requests\":[{\"t\":0,\"type\":\"n\",\"in\":64,"
+               "\"out\":1,\"hash_ids\":[3]}]}\n");
+    uint64_t sk;
+    assert_int_equal(read_all(path, &to, &sk, first, sizeof first), 1);
+    assert_int_equal(sk, 1);
+    assert_non_null(strstr(first, want));
+}
+
+/* A 139-byte segments line could make the reader derive and hash 2^24 tokens; tokens per
+ * segment and per request are capped (configurable), the line named with the limit. */
+static void test_regress_segment_token_caps(void **state) {
+    (void)state;
+    char path[512], first[512], want[1400];
+    tmp_path(path, sizeof path, "segbig.jsonl");
+    const char *big = "{\"time\":0,\"tenant\":\"u\",\"segments\":[{\"kind\":\"doc\",\"id\":\"d\","
+                      "\"tokens\":16777216}]}\n";
+    write_file(path, big);
+    ikv_trace_opts to = {.format = IKV_TRACE_SEGMENTS, .strict = 1};
+    uint64_t sk;
+    assert_int_equal(read_all(path, &to, &sk, first, sizeof first), IKV_EFORMAT);
+    snprintf(want, sizeof want,
+             "%s:1: segments[0] has 16777216 tokens, more than the limit of "
+             "1048576 per segment (--max-segment-tokens)",
+             path);
+    assert_non_null(strstr(ikv_errdetail(), want));
+    write_file(path, "{\"time\":0,\"tenant\":\"u\",\"segments\":[{\"kind\":\"doc\",\"id\":\"d\","
+                     "\"tokens\":60},{\"kind\":\"query\",\"id\":\"q\",\"tokens\":60}]}\n");
+    to.max_request_tokens = 100;
+    assert_int_equal(read_all(path, &to, &sk, first, sizeof first), IKV_EFORMAT);
+    snprintf(want, sizeof want, "%s:1: the request has more than the limit of 100 tokens", path);
+    assert_non_null(strstr(ikv_errdetail(), want));
+    to.max_request_tokens = 120;
+    to.max_segment_tokens = 50;
+    assert_int_equal(read_all(path, &to, &sk, first, sizeof first), IKV_EFORMAT);
+    assert_non_null(
+        strstr(ikv_errdetail(), "segments[0] has 60 tokens, more than the limit of 50"));
+    to.max_segment_tokens = 60;
+    assert_int_equal(read_all(path, &to, &sk, first, sizeof first), 1);
+}
+
+/* --thrash-window 1G allocated 4 GB up front for a 300-request trace (and 10G failed with
+ * "success"): the ghost now grows with the drops, so the largest window runs in the memory of
+ * the drops, and a window beyond the 32-bit ring is a range error with its reason. */
+static void test_regress_thrash_window_bounded(void **state) {
+    (void)state;
+    ikv_trace_opts to = {0};
+    ikv_replay_opts ro;
+    ikv_replay_opts_default(&ro);
+    ro.capacity_tokens = 100000;
+    ikv_replay_result small, huge;
+    ro.thrash_window = 1u << 20; /* far more than this trace drops */
+    assert_int_equal(replay_file(MOONCAKE, &to, &ro, &small), 0);
+    ro.thrash_window = IKV_REPLAY_MAX_THRASH_WINDOW; /* 68 GB if allocated up front */
+    assert_int_equal(replay_file(MOONCAKE, &to, &ro, &huge), 0);
+    assert_true(small.evictions > 0);
+    assert_int_equal(small.thrash_reused, huge.thrash_reused);
+    assert_int_equal(huge.thrash_window, IKV_REPLAY_MAX_THRASH_WINDOW);
+    ikv_replay_result_free(&small);
+    ikv_replay_result_free(&huge);
+    ro.thrash_window = IKV_REPLAY_MAX_THRASH_WINDOW + 1;
+    assert_int_equal(replay_file(MOONCAKE, &to, &ro, &huge), IKV_ERANGE);
+    assert_non_null(strstr(ikv_errdetail(), "thrash window"));
+}
+
+/* --tiers accepted slower-before-faster and duplicate tiers silently. */
+static void test_regress_tiers_spec(void **state) {
+    (void)state;
+    ikv_replay_tier tiers[IKV_MAX_TIERS];
+    size_t n = 99;
+    assert_int_equal(ikv_replay_tiers_parse("dram=1M,hbm=100k", tiers, &n), IKV_EPARAM);
+    assert_non_null(strstr(ikv_errdetail(), "'hbm' comes after the slower 'dram'"));
+    assert_int_equal(ikv_replay_tiers_parse("hbm=1M,hbm=100k", tiers, &n), IKV_EPARAM);
+    assert_non_null(strstr(ikv_errdetail(), "tier 'hbm' is given twice"));
+    assert_int_equal(ikv_replay_tiers_parse("hbm=1M,ssd=2M,dram=3M", tiers, &n), IKV_EPARAM);
+    /* "faster" is the cost model's load time: RDMA (remote) beats NVMe (ssd) */
+    assert_int_equal(ikv_replay_tiers_parse("dram=1M,ssd=2M,remote=3M", tiers, &n), IKV_EPARAM);
+    assert_non_null(strstr(ikv_errdetail(), "'remote' comes after the slower 'ssd'"));
+    assert_int_equal(ikv_replay_tiers_parse("hbm=0", tiers, &n), IKV_EPARAM);
+    assert_int_equal(ikv_replay_tiers_parse("hbm=1M,", tiers, &n), IKV_EPARAM);
+    assert_int_equal(ikv_replay_tiers_parse("tape=1M", tiers, &n), IKV_EPARAM);
+    assert_int_equal(n, 99); /* untouched on error */
+    assert_int_equal(ikv_replay_tiers_parse("hbm=1k,dram=2k,remote=3k,ssd=4k", tiers, &n), 0);
+    assert_int_equal(n, 4);
+    assert_int_equal(ikv_replay_tiers_parse("hbm=2M,dram=16M,ssd=1.5G", tiers, &n), 0);
+    assert_int_equal(n, 3);
+    assert_string_equal(tiers[2].name, "ssd");
+    assert_int_equal(tiers[0].capacity_tokens, 2000000);
+    assert_int_equal(tiers[2].capacity_tokens, 1500000000ull);
+}
+
+/* gen accepted 65536-token blocks that sim (the cache) then refused: one limit now. */
+static void test_regress_block_size_limit(void **state) {
+    (void)state;
+    ikv_gen_opts g;
+    ikv_gen_opts_default(&g);
+    g.block_tokens = IKV_MAX_BLOCK_TOKENS + 1;
+    assert_int_not_equal(ikv_gen_opts_check(&g), 0);
+    assert_non_null(strstr(ikv_errdetail(), "1..65535"));
+    g.block_tokens = IKV_MAX_BLOCK_TOKENS;
+    g.system_tokens = 70000; /* at least one full block */
+    assert_int_equal(ikv_gen_opts_check(&g), 0);
+    char path[512];
+    tmp_path(path, sizeof path, "bt.jsonl");
+    write_file(path, "{\"format\":\"isokv-segments\",\"version\":1,\"block_tokens\":65536}\n"
+                     "{\"time\":0,\"tenant\":\"u\",\"segments\":[{\"kind\":\"query\",\"id\":\"q\","
+                     "\"tokens\":20}]}\n");
+    ikv_trace_opts to = {0};
+    ikv_trace *t;
+    assert_int_equal(ikv_trace_open(path, &to, &t), IKV_EFORMAT);
+    assert_non_null(strstr(ikv_errdetail(), "must be 1..65535"));
+    write_file(path, "{\"format\":\"isokv-segments\",\"version\":1,\"block_tokens\":65535}\n"
+                     "{\"time\":0,\"tenant\":\"u\",\"segments\":[{\"kind\":\"query\",\"id\":\"q\","
+                     "\"tokens\":70000}]}\n");
+    ikv_replay_opts ro;
+    ikv_replay_opts_default(&ro);
+    ikv_replay_result r;
+    assert_int_equal(replay_file(path, &to, &ro, &r), 0);
+    assert_int_equal(r.block_tokens, 65535);
+    assert_int_equal(r.blocks, 2);
+    ikv_replay_result_free(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_mooncake_reader),
@@ -898,6 +1193,16 @@ int main(void) {
         cmocka_unit_test(test_cli_json),
         cmocka_unit_test(test_cli_sweep),
         cmocka_unit_test(test_segments_remedies),
+        cmocka_unit_test(test_regress_nul_byte_in_line),
+        cmocka_unit_test(test_regress_trailing_content),
+        cmocka_unit_test(test_regress_all_malformed_names_file),
+        cmocka_unit_test(test_regress_absurd_numbers),
+        cmocka_unit_test(test_regress_deep_nesting),
+        cmocka_unit_test(test_regress_weka_zero_requests),
+        cmocka_unit_test(test_regress_segment_token_caps),
+        cmocka_unit_test(test_regress_thrash_window_bounded),
+        cmocka_unit_test(test_regress_tiers_spec),
+        cmocka_unit_test(test_regress_block_size_limit),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }

@@ -75,6 +75,11 @@ int ikv_error(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)
  * pointer stays valid until the next ikv_error() on this thread. */
 const char *ikv_errdetail(void);
 
+/* The detail of the last ikv_error() on this thread if it was given for code err, else
+ * ikv_strerror(err): what to print for a call that returned err, so a bare `return IKV_ENOMEM`
+ * never shows a stale detail (or "success"). */
+const char *ikv_errdetail_for(int err);
+
 /* Programmer errors (broken invariants) abort with file and line; bad input never does. */
 #define IKV_ASSERT(x)                                                                           \
     do {                                                                                       \
@@ -121,6 +126,19 @@ uint64_t ikv_scope_salt(uint64_t seed, const char *tenant);
 
 /* The key of an opaque trace block id in namespace ns (e.g. a WEKA conversation index). */
 ikv_key ikv_key_from_id(uint64_t seed, uint64_t ns, uint64_t id);
+
+/* ---- numbers typed on a command line (src/base/number.c) -------------------------------- */
+
+/* A whole non-negative count, the whole string: digits, or a decimal mantissa with an optional
+ * suffix k/M/G/T (1e3/1e6/1e9/1e12, any case): "2M" -> 2000000, "1.5k" -> 1500. Returns 0, or
+ * -1 for anything else ("12x", "-1", "1.5", "0x10", "", too large). Every flag that takes a
+ * count parses it with this, so the suffixes work everywhere. */
+int ikv_parse_count(const char *s, uint64_t *out);
+/* A finite decimal number, the whole string. 0 or -1. */
+int ikv_parse_double(const char *s, double *out);
+/* v with three significant digits and a k/M/G/T/P suffix chosen after rounding ("1M", not
+ * "1e+03k"); whole numbers below 1000 print as they are. */
+void ikv_fmt_count(char *buf, size_t n, double v);
 
 /* ---- small utilities --------------------------------------------------------------------- */
 

@@ -42,6 +42,9 @@ extern "C" {
 #endif
 
 #define IKV_MAX_TIERS 4
+/* The largest block, in tokens, anything in isokv accepts (gen, every trace reader, the cache:
+ * node token counts are 16-bit). The one place this limit lives. */
+#define IKV_MAX_BLOCK_TOKENS 65535u
 #define IKV_NIL UINT32_MAX
 #define IKV_NEVER UINT64_MAX /* next-use time of a block that is never used again */
 

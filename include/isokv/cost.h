@@ -41,6 +41,12 @@ typedef struct ikv_model_spec {
     double params;          /* published total parameter count (embeddings included) */
     double bytes_per_param; /* 2 for BF16 */
     const char *source;     /* where the shapes come from */
+    /* Optional (0 = the default), set by the planner's algorithmic jumps (plan.h) and by its
+     * measured mode for an fp32 CPU engine: */
+    double kv_bytes_per_elem; /* bytes of one K or V element: 0 = 2 (BF16), 1 = FP8, 4 = fp32 */
+    uint32_t attn_window;     /* sliding attention window, tokens: a token attends to at most
+                                 this many keys and a sequence keeps at most this many tokens of
+                                 KV; 0 = full causal attention */
 } ikv_model_spec;
 
 /* One GPU as deployed in an 8-GPU server (per-GPU shares of node resources). Bandwidths are
@@ -125,7 +131,8 @@ int ikv_cost_cfg_check(const ikv_cost_cfg *cfg);
 double ikv_model_layer_params(const ikv_model_spec *m);
 /* Bytes of all weights: params * bytes_per_param (llama3-70b BF16: 141.1e9). */
 double ikv_model_weight_bytes(const ikv_model_spec *m);
-/* KV bytes per token: 2 (K and V) * layers * kv_heads * head_dim * 2 bytes (BF16). */
+/* KV bytes per token: 2 (K and V) * layers * kv_heads * head_dim * kv_bytes_per_elem (2 bytes,
+ * BF16, when the field is 0). */
 double ikv_kv_bytes_per_token(const ikv_model_spec *m);
 /* KV bytes of one block of block_tokens tokens. */
 double ikv_kv_bytes_per_block(const ikv_model_spec *m, uint32_t block_tokens);
@@ -135,7 +142,8 @@ double ikv_kv_bytes_per_block(const ikv_model_spec *m, uint32_t block_tokens);
 /* FLOPs to compute the KV of n new tokens that follow a cached prefix of p tokens (all
  * layers; no logits): 2 n P_layers + 4 L H d_h (n p + n (n + 1) / 2). */
 double ikv_kv_flops(const ikv_model_spec *m, uint64_t p, uint64_t n);
-/* FLOPs of the attention part alone (QK^T and AV, causal) of ikv_kv_flops. */
+/* FLOPs of the attention part alone (QK^T and AV, causal) of ikv_kv_flops. With an attention
+ * window w, new token i (1-based) attends to min(p + i, w) keys instead of p + i. */
 double ikv_attn_flops(const ikv_model_spec *m, uint64_t p, uint64_t n);
 /* FLOPs of a prefill of n new tokens after a cached prefix of p: ikv_kv_flops plus the
  * logits of the last token (2 vocab hidden). 0 when n = 0. */
@@ -147,7 +155,7 @@ double ikv_decode_flops(const ikv_model_spec *m, uint32_t b, uint64_t ctx);
 /* ---- times (seconds, on the roofline of cfg) ---------------------------------------------- */
 
 /* Bytes a prefill of n after p moves through HBM: the weights once, the prefix KV read, the
- * new KV written. */
+ * new KV written (at most attn_window tokens of it when the model has a window). */
 double ikv_prefill_bytes(const ikv_model_spec *m, uint64_t p, uint64_t n);
 /* Seconds of a prefill of n new tokens after a cached prefix of p (0 when n = 0). */
 double ikv_prefill_time(const ikv_cost_cfg *cfg, uint64_t p, uint64_t n);

@@ -329,7 +329,11 @@ typedef struct ikv_engine_bench_row {
     double decode_tok_s;
     double read_gbs;           /* measured read bandwidth over 256 MiB: the best of a streaming
                                   sum per pool thread, sasum per pool thread, threaded sasum */
-    double decode_bound_tok_s; /* read_gbs / weight bytes per token */
+    double decode_bound_tok_s; /* read_gbs / step_bytes; 0 when the bound does not apply */
+    double step_bytes;         /* bytes one decode step reads: the weights it uses plus the KV
+                                  of the mean context over the decode steps */
+    int bound_applies;         /* 0 when step_bytes fit in the last-level cache: the steps then
+                                  read cache, not memory, and no memory bound holds */
     const char *peak_how, *read_how; /* which probe gave the peak / the bandwidth (static) */
 } ikv_engine_bench_row;
 
@@ -337,6 +341,7 @@ typedef struct ikv_engine_bench_result {
     ikv_model_config cfg;
     uint32_t prefix, suffix, decode, repeat, tile, group;
     long cores;
+    uint64_t llc_bytes; /* the last-level cache this machine reports (0: unknown) */
     size_t n_rows;
     ikv_engine_bench_row rows[2];
 } ikv_engine_bench_result;

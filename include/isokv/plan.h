@@ -20,13 +20,23 @@
  * cost/ ("simulated", never measured). The formulas and every default with its source are in
  * src/plan/plan.c and docs/planner.md.
  *
- * Pure computation: no allocation except in ikv_plan_params_load_json (cJSON), no globals.
+ * Beyond the fixed walk (frontier.c, jump.c):
+ *   frontier  every combination of the steps' levers (plus batch), the non-dominated ones and
+ *             their lower convex hull of C against L, along which MRTS rises; its knee; where
+ *             the seven steps leave it; the router on it (ikv_plan_route_frontier);
+ *   jumps     changes that move the whole curve (quantized weights or KV, fewer KV heads, an
+ *             attention window, a better draft, a prefix-cache hit ratio), as transformations
+ *             of the model spec and the parameters.
+ *
+ * Pure computation, no globals; allocation only in ikv_plan_params_load_json (cJSON), the
+ * frontier's cloud and hull, and reading an `isokv sim` file for a prefix jump.
  */
 #ifndef ISOKV_PLAN_H
 #define ISOKV_PLAN_H
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "isokv/cost.h"
 
@@ -44,9 +54,10 @@ extern "C" {
  * (ikv_plan_param_at) and docs/planner.md. */
 typedef struct ikv_plan_params {
     /* the request shape */
-    double prompt; /* prompt tokens (none cached) */
-    double output; /* output tokens */
-    double batch;  /* concurrent requests sharing one replica's decode steps */
+    double prompt;     /* prompt tokens (none cached) */
+    double output;     /* output tokens */
+    double batch;      /* concurrent requests sharing one replica's decode steps */
+    double prefix_hit; /* fraction of the prompt found in the prefix cache (0: none) */
     /* baseline (step 0) */
     double base_mfu, base_mbu; /* achieved fractions of peak with naive kernels */
     double base_overhead_ms;   /* host overhead per forward pass (eager launches), ms */
@@ -86,6 +97,9 @@ typedef struct ikv_plan_params {
     /* hard cap and router */
     double cap_max_gpus; /* no step may hold more GPUs per request copy */
     double route_simple, route_medium, route_complex; /* highest step per class */
+    /* the configuration space of the frontier: each lever is swept from off to
+     * max(its walk value, this bound) */
+    double fr_max_nodes, fr_max_gamma, fr_max_branches, fr_max_copies;
 } ikv_plan_params;
 
 /* Sets every field to its documented default. */
@@ -164,6 +178,169 @@ typedef struct ikv_plan_point {
 int ikv_plan_curve(const ikv_plan_params *p, const ikv_model_spec *model, const ikv_hw_spec *hw,
                    ikv_plan_point *pts, size_t max);
 
+/* ---- the configuration space and its efficient frontier ---- */
+
+/* One point of the configuration space: the levers of the seven steps, each free. */
+typedef struct ikv_plan_config {
+    uint8_t kernels;   /* 1: fused kernels (step 1's efficiencies), 0: naive (step 0's) */
+    uint8_t poll;      /* 1: dedicated replica with busy polling (batch 1 only) */
+    uint32_t tp;       /* GPUs of one node per pipeline stage, power of two */
+    uint32_t nodes;    /* pipeline stages (nodes) */
+    uint32_t gamma;    /* draft tokens per target pass; 0 = no speculative decoding */
+    uint32_t branches; /* parallel search branches */
+    uint32_t copies;   /* hedged copies */
+    uint32_t batch;    /* requests sharing one replica's decode steps */
+} ikv_plan_config;
+
+/* The configuration of step k of the walk (baseline on base_tp GPUs). */
+ikv_plan_config ikv_plan_walk_config(const ikv_plan_params *p, uint32_t base_tp, int k);
+
+/* The highest walk step whose lever cfg moves away from the baseline (kernels 1, TP 2, spec 3,
+ * nodes 4, branches 5, copies 6, polling or a smaller batch 7): the step a router's class cap is
+ * compared with. */
+int ikv_plan_config_level(const ikv_plan_params *p, uint32_t base_tp, const ikv_plan_config *c);
+
+/* Evaluates one configuration into *out (step = its level, name = that step's name, or "batch"
+ * for level 7 reached by a smaller batch without polling; the d_*
+ * fields, mrts and d_utility are zero/NAN: they need a previous point). Returns 0 or an error
+ * as ikv_plan_walk (the baseline must fit). Does not allocate. */
+int ikv_plan_eval(const ikv_plan_params *p, const ikv_model_spec *model, const ikv_hw_spec *hw,
+                  const ikv_plan_config *c, ikv_plan_step *out);
+
+/* A (C, L) point of any origin (modelled or measured) for the hull. id is the caller's. */
+typedef struct ikv_plan_xy {
+    double c, l;
+    size_t id;
+} ikv_plan_xy;
+
+/* Reorders pts so that its first k entries are the points no other point dominates (none has
+ * C <= and L <= with one of them <), each once (of exact duplicates the first in (L, C) order),
+ * sorted by C ascending (so L descending: from the cheapest to the fastest); returns k.
+ * O(n log n), in place, does not allocate. */
+size_t ikv_plan_pareto(ikv_plan_xy *pts, size_t n);
+
+/* The lower convex hull of C against L of k Pareto points in ikv_plan_pareto's order: writes
+ * the indices (into pts) of its vertices to hull[], in the same order (cheapest first), and
+ * returns their count. Collinear points are left out, so the MRTS of consecutive segments,
+ * (C[i+1] - C[i]) / (L[i] - L[i+1]), strictly rises. hull needs room for k. O(k). */
+size_t ikv_plan_lower_hull(const ikv_plan_xy *pts, size_t k, size_t *hull);
+
+/* One configuration of the cloud. */
+typedef struct ikv_plan_cloud_pt {
+    ikv_plan_config cfg;
+    double compute_gpu_s, latency_s;
+    uint8_t feasible; /* fits in memory, within cap.max_gpus, level allowed */
+    uint8_t pareto;   /* not dominated by any feasible point */
+    uint8_t level;    /* ikv_plan_config_level */
+} ikv_plan_cloud_pt;
+
+/* Where a step of the seven-step walk stands against the frontier. */
+typedef enum ikv_plan_where {
+    IKV_PLAN_ON_HULL = 0, /* a vertex of the hull (or on a hull segment) */
+    IKV_PLAN_ABOVE_HULL,  /* not dominated, but above the hull (a mix of neighbours beats it) */
+    IKV_PLAN_DOMINATED,   /* some configuration is both cheaper and faster (or as good in one) */
+    IKV_PLAN_INFEASIBLE   /* does not fit, or holds more than cap.max_gpus */
+} ikv_plan_where;
+const char *ikv_plan_where_name(ikv_plan_where w);
+
+/* The efficient frontier of one scenario. Callers own the struct (zero it or let
+ * ikv_plan_frontier_build fill it) and free it with ikv_plan_frontier_free. */
+typedef struct ikv_plan_frontier {
+    uint32_t base_tp;
+    int max_level;            /* levers of steps above it were not allowed */
+    size_t n_cloud;           /* configurations evaluated */
+    size_t n_feasible;        /* of which feasible */
+    size_t n_pareto;          /* of which not dominated */
+    ikv_plan_cloud_pt *cloud; /* [n_cloud], owned */
+    size_t n_hull;
+    ikv_plan_step *hull;       /* [n_hull]: cheapest first; d_*, mrts and d_utility relative
+                                  to the previous hull point; owned */
+    ikv_plan_config *hull_cfg; /* [n_hull], owned */
+    int knee;                  /* hull index of the highest cumulative utility (ties: lower) */
+    double mrts_threshold;     /* value_per_s * 3600 / price (GPU-s per s) the segment MRTS is
+                                  compared with when there is no utility curve; INFINITY at
+                                  price 0 */
+    /* the walk of ikv_plan_walk against the hull (filled when max_level = 7) */
+    ikv_plan_where walk_where[IKV_PLAN_STEPS];
+    double walk_excess[IKV_PLAN_STEPS];        /* C - hull's C at the step's L, GPU-s; NAN when L is
+                                                  below every feasible latency */
+    long walk_dominated_by[IKV_PLAN_STEPS];    /* cloud index of a Pareto point that dominates the
+                                                  step, -1 if none */
+    uint8_t walk_out_of_order[IKV_PLAN_STEPS]; /* its MRTS is below an earlier step's */
+} ikv_plan_frontier;
+
+#define IKV_PLAN_MAX_CLOUD 4000000 /* configurations one frontier may evaluate (~200 MB) */
+
+/* Evaluates the whole configuration space (kernels naive/fused; TP 1, 2, .. tp.size; nodes
+ * 1..max(pp.nodes, frontier.max_nodes); draft length 0..max(spec.gamma, frontier.max_gamma);
+ * branches, copies likewise; batch = batch, batch/2, .., 1; polling at batch 1), keeps the
+ * feasible points whose level is at most max_level (7: all; a router class cap otherwise),
+ * finds the non-dominated ones, the lower convex hull, the knee and, for max_level 7, where
+ * the seven-step walk leaves the hull. Allocates the cloud and hull (through ikv_malloc).
+ * Returns 0, IKV_ENOMEM, IKV_ERANGE (more than IKV_PLAN_MAX_CLOUD configurations), or an error
+ * as ikv_plan_walk; on error *out holds nothing to free. */
+int ikv_plan_frontier_build(const ikv_plan_params *p, const ikv_model_spec *model,
+                            const ikv_hw_spec *hw, int max_level, ikv_plan_frontier *out);
+void ikv_plan_frontier_free(ikv_plan_frontier *f);
+
+/* The hull's compute at latency l: linear between the hull vertices around l, the cheapest
+ * vertex's C when l is slower than it, NAN when l is faster than the fastest vertex. */
+double ikv_plan_frontier_compute_at(const ikv_plan_frontier *f, double l);
+
+/* Checks the frontier's invariants: hull vertices feasible, not dominated by any feasible
+ * cloud point, L strictly falling and C strictly rising, MRTS strictly rising, knee in range.
+ * Returns 1, or 0 with an ikv_errdetail message. O(n_cloud x n_hull). */
+int ikv_plan_frontier_check(const ikv_plan_frontier *f);
+/* Writes the counts, the hull (configuration, C, L, MRTS) and the walk's placement to out. */
+void ikv_plan_frontier_dump(const ikv_plan_frontier *f, FILE *out);
+
+/* ---- algorithmic jumps: changes that move the whole isoquant ---- */
+
+typedef enum ikv_jump_kind {
+    IKV_JUMP_W8 = 0, /* 8-bit weights: 1 byte per parameter */
+    IKV_JUMP_W4,     /* 4-bit weights, group-128 FP16 scales: 0.5156 bytes per parameter */
+    IKV_JUMP_KV8,    /* 8-bit KV cache: 1 byte per element */
+    IKV_JUMP_KV4,    /* 4-bit KV cache: 0.5 byte per element */
+    IKV_JUMP_GQA,    /* fewer KV heads (a = the new count; default half) */
+    IKV_JUMP_SWA,    /* sliding-window attention (a = window tokens; default 4096) */
+    IKV_JUMP_DRAFT,  /* a better draft (a = acceptance, default 0.9; b = draft/target cost) */
+    IKV_JUMP_PREFIX, /* prefix-cache hit ratio a (given, or the token hit ratio of an
+                        `isokv sim --json` output) */
+    IKV_JUMP_COUNT
+} ikv_jump_kind;
+
+typedef struct ikv_plan_jump {
+    ikv_jump_kind kind;
+    double a, b;   /* the kind's arguments (0: its default) */
+    char text[96]; /* how it was given, for reports */
+} ikv_plan_jump;
+
+#define IKV_PLAN_MAX_JUMPS 8
+typedef struct ikv_plan_jumps {
+    size_t n;
+    ikv_plan_jump j[IKV_PLAN_MAX_JUMPS];
+} ikv_plan_jumps;
+
+/* The catalogue (for --help and docs): name, what it changes, its source, its quality cost. */
+typedef struct ikv_plan_jump_info {
+    const char *name, *syntax, *what, *source, *quality;
+} ikv_plan_jump_info;
+const ikv_plan_jump_info *ikv_plan_jump_info_at(ikv_jump_kind k); /* NULL past the end */
+
+/* Parses "NAME[:k=v[:k=v]][,NAME...]": w8, w4, kv8, kv4, gqa[:kv=N], swa[:w=N],
+ * draft[:alpha=A][:c=C], prefix:h=H, prefix:sim=FILE[:run=I] (FILE an `isokv sim --json`
+ * output: its token_hit_ratio, or that of runs[I] of a sweep). Returns 0, IKV_EPARAM (unknown
+ * jump or argument, malformed number; the detail names it), IKV_ERANGE, or IKV_EIO /
+ * IKV_EFORMAT for the sim file (detail: file and problem). *out is unchanged on error. */
+int ikv_plan_jumps_parse(const char *spec, ikv_plan_jumps *out);
+
+/* Applies the jumps in order to a copy of model (written to *m_out, its name "M+jump+...",
+ * kept in name[cap]) and to *p (draft acceptance, prefix hit). Returns 0, or IKV_ERANGE when a
+ * jump does not fit the model (gqa:kv not dividing the heads or above the current count);
+ * on error *p and *m_out are unchanged. */
+int ikv_plan_jumps_apply(const ikv_plan_jumps *j, const ikv_model_spec *model, ikv_plan_params *p,
+                         ikv_model_spec *m_out, char *name, size_t cap);
+
 /* The value of a latency change: value(L_old) - value(L_new) on the utility curve, or
  * value_per_s * (L_old - L_new) without one. $ per request. */
 double ikv_plan_value(const ikv_plan_params *p, double l_old, double l_new);
@@ -188,6 +365,7 @@ typedef struct ikv_route_req {
 } ikv_route_req;
 
 typedef struct ikv_route_decision {
+    int point;    /* with ikv_plan_route_frontier: the hull index chosen; -1 otherwise */
     int max_step; /* the highest step the request may use: min(class, knee, hard cap, budget) */
     int step;     /* the step to use: the cheapest step <= max_step meeting the SLO, else
                      max_step's fastest step */
@@ -199,6 +377,20 @@ typedef struct ikv_route_decision {
 /* The router policy: decides for one request on a computed walk. Does not allocate. */
 void ikv_plan_route(const ikv_plan_params *p, const ikv_plan_result *walk, const ikv_route_req *req,
                     ikv_route_decision *out);
+
+/* The router on a frontier built with max_level = the request's class cap (7 only when
+ * allow_poll and the class is complex; see ikv_plan_route): the candidates are the hull points
+ * up to the knee within the compute budget; step is the chosen point's level, point its hull
+ * index (cheapest meeting the SLO, else the fastest candidate; with no SLO the knee).
+ * knee and budget_cap are hull indices, hard_cap is -1 (infeasible points are never in the
+ * hull). Returns 0, or IKV_EINVAL when f allows levers above the class cap (build it with
+ * max_level = ikv_plan_class_cap). Does not allocate. */
+int ikv_plan_route_frontier(const ikv_plan_params *p, const ikv_plan_frontier *f,
+                            const ikv_route_req *req, ikv_route_decision *out);
+
+/* The class cap of a request (route.simple/medium/complex; 7 for an allowed complex request,
+ * never above 6 otherwise). */
+int ikv_plan_class_cap(const ikv_plan_params *p, const ikv_route_req *req);
 
 #ifdef __cplusplus
 }

@@ -64,7 +64,14 @@ typedef struct ikv_trace_opts {
     uint64_t conversations;   /* weka: take the first N conversations (0 = all) */
     double window;            /* weka: conversation i starts at i*window/N seconds (def. 3600) */
     uint64_t max_requests;    /* stop after this many (0 = all) */
+    /* Resource bounds: a record asking for more is a malformed line naming the limit, so a
+     * short hostile line cannot make the reader allocate and hash millions of tokens. */
+    uint64_t max_request_tokens; /* input (and output) tokens of one request (0 = default) */
+    uint64_t max_segment_tokens; /* tokens of one segment, segments traces (0 = default) */
 } ikv_trace_opts;
+
+#define IKV_TRACE_DEFAULT_MAX_REQUEST_TOKENS (UINT64_C(1) << 21) /* 2097152: 10x real traces */
+#define IKV_TRACE_DEFAULT_MAX_SEGMENT_TOKENS (UINT64_C(1) << 20) /* 1048576 */
 
 typedef struct ikv_trace ikv_trace;
 
@@ -81,6 +88,7 @@ int ikv_trace_rewind(ikv_trace *t);
 uint64_t ikv_trace_skipped(const ikv_trace *t);
 const char *ikv_trace_first_error(const ikv_trace *t);
 ikv_trace_format ikv_trace_format_of(const ikv_trace *t);
+const char *ikv_trace_path(const ikv_trace *t);
 uint32_t ikv_trace_block_tokens(const ikv_trace *t); /* 512 mooncake, 64 weka, N segments */
 uint32_t ikv_trace_tenants(const ikv_trace *t);      /* distinct tenant indices seen so far */
 void ikv_trace_close(ikv_trace *t);
@@ -121,7 +129,8 @@ typedef struct ikv_replay_opts {
     int pin_public;           /* pin each request's leading public blocks after insertion */
     double pin_budget;        /* fraction of tier 0 that may be pinned (default 0.5) */
     double chunk_reuse;       /* < 0: off; else R: doc chunks hit anywhere, R recomputed */
-    uint64_t thrash_window;   /* ghost list size in blocks (0 = total capacity in blocks) */
+    uint64_t thrash_window;   /* ghost list size in blocks (0 = total capacity in blocks; at
+                                 most IKV_REPLAY_MAX_THRASH_WINDOW); memory follows the drops */
     int check_every;          /* tests: run ikv_cache_check every N requests (0 = never) */
     void (*progress)(void *ctx, uint64_t done, uint64_t total); /* may be NULL */
     void *progress_ctx;
@@ -141,6 +150,19 @@ typedef struct ikv_request_outcome {
 } ikv_request_outcome;
 
 void ikv_replay_opts_default(ikv_replay_opts *o);
+
+/* Parses a tier list "hbm=2M,dram=16M,ssd=200M" (fastest first, each tier once, token
+ * capacities > 0 with k/M/G suffixes) into tiers[IKV_MAX_TIERS] and *n. 0, or IKV_EPARAM with a
+ * detail (unknown tier, duplicate, slower before faster, bad capacity); nothing written then.
+ * "Faster" is a shorter ikv_load_time of a block: hbm, dram, remote, ssd in the catalog. */
+int ikv_replay_tiers_parse(const char *spec, ikv_replay_tier *tiers, size_t *n);
+
+struct ikv_cost_cfg;
+/* The order and uniqueness check of ikv_replay_tiers_parse on a given cost model (ikv_replay
+ * runs it with its model and hardware). 0 or IKV_EPARAM with a detail. */
+int ikv_replay_tiers_check(const ikv_replay_tier *tiers, size_t n, const struct ikv_cost_cfg *cfg);
+
+#define IKV_REPLAY_MAX_THRASH_WINDOW (UINT64_C(0xFFFFFFFE)) /* 32-bit ring positions */
 
 /* What a replay measured. Token and block counts are exact; simulated times come from the cost
  * model named in model/hw; wall-clock figures (replay_seconds, block_ops_per_s) are measured. */

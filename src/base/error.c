@@ -46,3 +46,8 @@ void ikv__assert_fail(const char *expr, const char *file, int line) {
     fprintf(stderr, "isokv: assertion failed: %s (%s:%d)\n", expr, file, line);
     abort();
 }
+
+const char *ikv_errdetail_for(int err) {
+    if (detail[0] && detail_code == err) return detail;
+    return ikv_strerror(err);
+}

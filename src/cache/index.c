@@ -132,9 +132,9 @@ static int setup_tier(ikv_cache *c, size_t t, const ikv_tier_config *tc) {
 
 int ikv_cache_create(const ikv_cache_config *cfg, ikv_cache **out) {
     if (!cfg || !out) return ikv_error(IKV_EINVAL, "NULL config or output");
-    if (cfg->block_tokens == 0 || cfg->block_tokens > UINT16_MAX)
-        return ikv_error(IKV_EINVAL, "block size must be 1..65535 tokens, got %u",
-                         cfg->block_tokens);
+    if (cfg->block_tokens == 0 || cfg->block_tokens > IKV_MAX_BLOCK_TOKENS)
+        return ikv_error(IKV_EINVAL, "block size must be 1..%u tokens, got %u",
+                         IKV_MAX_BLOCK_TOKENS, cfg->block_tokens);
     if (cfg->n_tiers < 1 || cfg->n_tiers > IKV_MAX_TIERS)
         return ikv_error(IKV_EINVAL, "tier count must be 1..%d, got %zu", IKV_MAX_TIERS,
                          cfg->n_tiers);

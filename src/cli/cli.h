@@ -21,8 +21,9 @@ enum { IKV_EXIT_OK = 0, IKV_EXIT_FAIL = 1, IKV_EXIT_USAGE = 2 };
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-/* Parse a count with an optional suffix k/K (1e3), M (1e6), G (1e9): "2M" -> 2000000.
- * Returns 0 on success, -1 if the text is not a whole non-negative number. */
+/* Parse a count with an optional suffix k/K (1e3), M (1e6), G (1e9), T (1e12): "2M" -> 2000000.
+ * Returns 0 on success, -1 if the text is not a whole non-negative number. cli_parse_u64 is
+ * the same parser (ikv_parse_count): every count flag takes the suffixes. */
 int cli_parse_count(const char *s, uint64_t *out);
 
 /* Parse a finite double / a non-negative integer that must use the whole string. */

@@ -7,6 +7,8 @@
  */
 #include "cli.h"
 
+#include "isokv/base.h"
+
 #include <errno.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -42,46 +44,18 @@ int cli_fail(const char *cmd, const char *fmt, ...) {
     return IKV_EXIT_FAIL;
 }
 
+/* All three go through the one parser in src/base/number.c, so every count flag of every
+ * subcommand takes the same k/M/G suffixes and rejects the same typos. */
 int cli_parse_double(const char *s, double *out) {
-    char *end;
-    if (!s || !*s) return -1;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || !isfinite(v)) return -1;
-    *out = v;
-    return 0;
+    return ikv_parse_double(s, out);
 }
 
 int cli_parse_u64(const char *s, uint64_t *out) {
-    char *end;
-    if (!s || !*s || *s == '-') return -1;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end) return -1;
-    *out = v;
-    return 0;
+    return ikv_parse_count(s, out);
 }
 
 int cli_parse_count(const char *s, uint64_t *out) {
-    char *end;
-    if (!s || !*s || *s == '-') return -1;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || end == s || !isfinite(v) || v < 0) return -1;
-    double mul = 1;
-    if (*end) {
-        switch (*end) {
-        case 'k': case 'K': mul = 1e3; break;
-        case 'm': case 'M': mul = 1e6; break;
-        case 'g': case 'G': mul = 1e9; break;
-        default: return -1;
-        }
-        if (end[1]) return -1;
-    }
-    v *= mul;
-    if (v != floor(v) || v > 1.8e19) return -1;
-    *out = (uint64_t)v;
-    return 0;
+    return ikv_parse_count(s, out);
 }
 
 int cli_wants_help(int argc, char **argv) {

@@ -46,6 +46,13 @@ static int engine(int argc, char **argv) {
             json = 1;
             continue;
         }
+        static const char *const valued[] = {"--config", "--prefix", "--suffix",
+                                             "--decode", "--seed",   "--repeat",
+                                             "--tile",   "--group",  "--threads"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
+            known |= !strcmp(a, valued[k]);
+        if (!known) return cli_usage_error("bench", "unknown option '%s'", a);
         if (!v) return cli_usage_error("bench", "option '%s' needs a value", a);
         if (!strcmp(a, "--config"))
             o.config = v;
@@ -54,6 +61,10 @@ static int engine(int argc, char **argv) {
                  !strcmp(a, "--group")) {
             if (cli_parse_u64(v, &x) || (strcmp(a, "--seed") && x > 1000000))
                 return cli_usage_error("bench", "bad value '%s' for %s", v, a);
+            /* a zero prefix has nothing to reuse, a zero decode nothing to time */
+            if (x == 0 &&
+                (!strcmp(a, "--prefix") || !strcmp(a, "--decode") || !strcmp(a, "--suffix")))
+                return cli_usage_error("bench", "%s must be at least 1, got '%s'", a, v);
             if (!strcmp(a, "--prefix"))
                 o.prefix = (uint32_t)x;
             else if (!strcmp(a, "--suffix"))
@@ -86,7 +97,10 @@ static int engine(int argc, char **argv) {
         i++;
     }
     ikv_engine_bench_result r;
-    if (ikv_engine_bench(&o, &r)) return cli_fail("bench", "%s", ikv_errdetail());
+    int rc = ikv_engine_bench(&o, &r);
+    if (rc == IKV_EMODEL || rc == IKV_EINVAL) /* --config names no config; sizes that do not fit */
+        return cli_usage_error("bench", "%s", ikv_errdetail_for(rc));
+    if (rc) return cli_fail("bench", "%s", ikv_errdetail_for(rc));
     ikv_engine_bench_print(&r, stdout, json);
     return IKV_EXIT_OK;
 }

@@ -50,8 +50,12 @@ static int init(int argc, char **argv) {
             if (cli_parse_u64(v, &seed))
                 return cli_usage_error("model", "--seed '%s' is not a number", v);
             i++;
-        } else
-            return cli_usage_error("model", "unknown or incomplete option '%s'", a);
+        } else if (!strcmp(a, "--config") || !strcmp(a, "-o") || !strcmp(a, "--output") ||
+                   !strcmp(a, "--tokenizer-out") || !strcmp(a, "--classifier") ||
+                   !strcmp(a, "--seed"))
+            return cli_usage_error("model", "option '%s' needs a value", a);
+        else
+            return cli_usage_error("model", "unknown option '%s'", a);
     }
     if (!cfgname)
         return cli_usage_error("model", "init needs --config (%s)", ikv_model_config_names());

@@ -5,7 +5,8 @@
  *              [--value $/s] [--utility L:V,...] [--set key=value]... [--config file.json]
  *              [--json] [--plot out.svg] [--params]
  *   isokv plan route --class simple|medium|complex [--slo-ms X] [--budget GPU-s]
- *              [--allow-poll] [same scenario options] [--json]
+ *              [--allow-poll] [--frontier] [same scenario options] [--json]
+ *   isokv plan --frontier | --jump J[,J...] | --measured [...]   (plan_views.c, plan_measured.c)
  *
  * The numbers come from plan/ on the cost/ roofline: they are simulated, and every output says
  * so. --plot writes the gnuplot data and script to a temporary directory, runs gnuplot (an
@@ -14,6 +15,8 @@
  * partial file and a device or other non-regular target is refused.
  */
 #include "cli.h"
+#include "plan_cli.h"
+#include "plan_plot.h"
 
 #include "isokv/base.h"
 #include "isokv/cost.h"
@@ -62,19 +65,41 @@ static void usage(FILE *f) {
             "  --json            one JSON object (steps, knee, hard_cap, curve)\n"
             "  --plot OUT.svg    C against L with the steps and the knee (and OUT.png)\n"
             "  --params          list every parameter with its default and source\n"
+            "  --frontier        the efficient frontier of the whole configuration space (TP,\n"
+            "                    nodes, draft length, branches, copies, batch, polling): its\n"
+            "                    lower convex hull with MRTS per segment, the knee, and where\n"
+            "                    the seven-step walk leaves it (with --json: `frontier`)\n"
+            "  --jump J[,J...]   algorithmic jumps: w8 w4 kv8 kv4 gqa[:kv=N] swa[:w=N]\n"
+            "                    draft[:alpha=A][:c=C] prefix:h=H prefix:sim=SIM.json[:run=I];\n"
+            "                    the isoquant before and after, and the compute the same\n"
+            "                    latency costs after\n"
+            "measured (isokv's own engine on this machine, wall clock):\n"
+            "  --measured        threads 1/2 x prefix-cache miss/hit, measured walk and\n"
+            "                    frontier, and the roofline's prediction from the engine's own\n"
+            "                    sgemm and bandwidth probes; --prompt/--output set the request\n"
+            "                    (384 and 16 by default)\n"
+            "  --engine-model F  a llama2.c checkpoint (default: a generated model)\n"
+            "  --engine-config C generated model shape (tiny, stories15m, small, base; small)\n"
+            "  --repeat N        measurements per point, best kept (2)\n"
+            "  --hit H           prefix hit ratio of the hit configurations (0.875)\n"
             "route:\n"
             "  --class C         simple | medium | complex (required)\n"
             "  --slo-ms X        latency target in ms\n"
             "  --budget X        compute budget, GPU-seconds per request\n"
             "  --allow-poll      allow step 7 (only a complex request may then reach it)\n"
+            "  --frontier        route on the frontier of the levers the class may use\n"
             "\n"
-            "Exit codes: 0 success, 1 bad input (unknown model, hardware or parameter), 2 usage.\n",
+            "Exit codes: 0 success, 1 bad input (the --config file: unreadable, malformed, an\n"
+            "unknown name or a value out of range in it), 2 usage error (unknown option, a\n"
+            "malformed value, or an unknown model, hardware or parameter named by a flag).\n",
             models, hws);
 }
 
 typedef struct opts {
-    const char *model, *hw, *plot;
-    int json, params, route, allow_poll, have_class;
+    const char *model, *hw, *plot, *jump;
+    int json, params, route, allow_poll, have_class, frontier, measured;
+    plan_measured_opts mo;
+    int prompt_set, output_set;
     ikv_req_class cls;
     double slo_ms, budget;
 } opts;
@@ -220,162 +245,99 @@ static cJSON *to_json(const ikv_plan_params *p, const ikv_plan_result *r, const 
     return o;
 }
 
-/* Writes text to dir/name; 0 or -1 (errno set). */
-static int write_file(const char *dir, const char *name, const char *text) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
-    int bad = fputs(text, f) < 0;
-    bad |= fclose(f) != 0;
-    return bad ? -1 : 0;
-}
-
-static void remove_tmpdir(const char *dir) {
-    const char *names[] = {"curve.dat", "steps.dat", "knee.dat", "plot.gp"};
-    char path[4096];
-    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
-        unlink(path);
-    }
-    rmdir(dir);
-}
-
-/* Appends to a growing text buffer of fixed capacity; returns -1 when it would overflow. */
-typedef struct sbuf {
-    char *b;
-    size_t len, cap;
-} sbuf;
-
-static int sb_add(sbuf *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static int sb_add(sbuf *s, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    int w = vsnprintf(s->b + s->len, s->cap - s->len, fmt, ap);
-    va_end(ap);
-    if (w < 0 || (size_t)w >= s->cap - s->len) return -1;
-    s->len += (size_t)w;
-    return 0;
-}
-
-/* Draws the walk into `out` (SVG) and the PNG beside it, one atomic output set (ikv_outset):
- * both appear or neither does, and a device or other non-regular target is refused. The data
- * and the script live in a private temporary directory; gnuplot runs with an argument vector
- * (no shell), and every string in the script that is not a constant (paths, model and hardware
- * names) is written by cli_gp_string, so it is data, never code. */
 static int plot(const char *out, const ikv_plan_result *r, const ikv_plan_point *pts, size_t npts) {
-    char png[4096];
-    size_t ol = strlen(out);
-    if (ol >= 4000) return cli_fail(CMD, "--plot: file name too long");
-    if (ol > 4 && !strcmp(out + ol - 4, ".svg"))
-        snprintf(png, sizeof png, "%.*s.png", (int)(ol - 4), out);
-    else
-        snprintf(png, sizeof png, "%s.png", out);
-    /* fail early, with the reason, if the outputs cannot be created where asked */
-    ikv_outset *outs = NULL;
-    const char *tsvg = NULL, *tpng = NULL;
-    int rc = ikv_outset_create(&outs);
-    if (!rc) rc = ikv_outset_add(outs, out, NULL, &tsvg);
-    if (!rc) rc = ikv_outset_add(outs, png, NULL, &tpng);
-    if (rc) {
-        ikv_outset_destroy(outs);
-        return cli_fail(CMD, "--plot: %s", ikv_errdetail());
+    double cx[MAX_CURVE], cy[MAX_CURVE], sx[IKV_PLAN_STEPS], sy[IKV_PLAN_STEPS], kx, ky;
+    char lab[IKV_PLAN_STEPS][48];
+    const char *labels[IKV_PLAN_STEPS];
+    for (size_t i = 0; i < npts; i++) {
+        cx[i] = pts[i].latency_s * 1e3;
+        cy[i] = pts[i].compute_gpu_s;
     }
-
-    char tmpl[] = "/tmp/isokv-plot-XXXXXX";
-    const char *tmpdir = getenv("TMPDIR");
-    char dirbuf[4096];
-    snprintf(dirbuf, sizeof dirbuf, "%s/isokv-plot-XXXXXX", tmpdir && *tmpdir ? tmpdir : "/tmp");
-    char *dir = mkdtemp(strlen(dirbuf) < sizeof dirbuf - 1 ? dirbuf : tmpl);
-    if (!dir) {
-        ikv_outset_destroy(outs);
-        return cli_fail(CMD, "cannot create a temporary directory: %s", strerror(errno));
+    for (int k = 0; k < IKV_PLAN_STEPS; k++) {
+        sx[k] = r->steps[k].latency_s * 1e3;
+        sy[k] = r->steps[k].compute_gpu_s;
+        snprintf(lab[k], sizeof lab[k], "%d %s", k, r->steps[k].name);
+        labels[k] = lab[k];
     }
-
-    static char text[65536];
-    sbuf s = {text, 0, sizeof text};
-    int bad = 0;
-    for (size_t i = 0; i < npts; i++)
-        bad |= sb_add(&s, "%.6g %.6g \"%s\"\n", pts[i].latency_s * 1e3, pts[i].compute_gpu_s,
-                      pts[i].label);
-    bad |= write_file(dir, "curve.dat", text);
-    s.len = 0;
-    for (int k = 0; k < IKV_PLAN_STEPS; k++)
-        bad |= sb_add(&s, "%.6g %.6g \"%d %s\"\n", r->steps[k].latency_s * 1e3,
-                      r->steps[k].compute_gpu_s, k, r->steps[k].name);
-    bad |= write_file(dir, "steps.dat", text);
-    s.len = 0;
-    bad |= sb_add(&s, "%.6g %.6g \"knee: step %d\"\n", r->steps[r->knee].latency_s * 1e3,
-                  r->steps[r->knee].compute_gpu_s, r->knee);
-    bad |= write_file(dir, "knee.dat", text);
-
-    char script[4096], title[512], data[4][4200];
-    snprintf(script, sizeof script, "%s/plot.gp", dir);
+    kx = sx[r->knee];
+    ky = sy[r->knee];
+    plan_series s[] = {
+        {"walk, parameters swept", "linespoints lc rgb '#888888' pt 1", npts, cx, cy, NULL},
+        {"steps", "points pt 7 ps 1.3 lc rgb '#1f77b4'", IKV_PLAN_STEPS, sx, sy, NULL},
+        {NULL, "labels offset char 1,1 left font ',9'", IKV_PLAN_STEPS, sx, sy, labels},
+        {"knee", "points pt 6 ps 3 lw 2 lc rgb '#d62728'", 1, &kx, &ky, NULL},
+    };
+    char title[256];
     snprintf(title, sizeof title,
              "%s on %s: compute vs latency along the walk (simulated, isokv roofline model)",
              r->model->name, r->hw->name);
-    const char *names[4] = {"curve.dat", "steps.dat", "steps.dat", "knee.dat"};
-    for (int k = 0; k < 4; k++)
-        snprintf(data[k], sizeof data[k], "%s/%s", dir, names[k]);
-    FILE *g = bad ? NULL : fopen(script, "w");
-    if (g) {
-        fputs("set termoption noenhanced\n"
-              "set terminal svg size 960,640 dynamic background rgb 'white'\nset output ",
-              g);
-        cli_gp_string(g, tsvg);
-        fputs("\nset title ", g);
-        cli_gp_string(g, title);
-        fputs("\nset xlabel 'expected latency L per request (ms)'\n"
-              "set ylabel 'compute C (GPU-seconds per request)'\n"
-              "set logscale xy\nset grid\nset key top right\n"
-              "set datafile separator whitespace\nplot ",
-              g);
-        cli_gp_string(g, data[0]);
-        fputs(" using 1:2 with linespoints lc rgb '#888888' pt 1 title 'walk, parameters swept', ",
-              g);
-        cli_gp_string(g, data[1]);
-        fputs(" using 1:2 with points pt 7 ps 1.3 lc rgb '#1f77b4' title 'steps', ", g);
-        cli_gp_string(g, data[2]);
-        fputs(" using 1:2:3 with labels offset char 1,1 left font ',9' notitle, ", g);
-        cli_gp_string(g, data[3]);
-        fputs(" using 1:2 with points pt 6 ps 3 lw 2 lc rgb '#d62728' title 'knee'\n"
-              "set terminal pngcairo size 960,640 background rgb 'white'\nset output ",
-              g);
-        cli_gp_string(g, tpng);
-        fputs("\nreplot\nset output\n", g);
-        bad |= ferror(g) != 0;
-        bad |= fclose(g) != 0;
-    } else {
-        bad = 1;
-    }
-    if (bad) {
-        remove_tmpdir(dir);
-        ikv_outset_destroy(outs);
-        return cli_fail(CMD, "cannot write the plot data in %s", dir);
-    }
-    fflush(stdout);
-    char *argv[] = {"gnuplot", script, NULL};
-    rc = cli_spawn_wait(argv);
-    int e = errno;
-    remove_tmpdir(dir);
-    if (rc) {
-        ikv_outset_destroy(outs);
-        if (rc < 0 && e == ENOENT)
-            return cli_fail(CMD,
-                            "gnuplot not found on PATH: install gnuplot-nox (scripts/deps.sh)");
-        if (rc < 0) return cli_fail(CMD, "cannot run gnuplot: %s", strerror(e));
-        return cli_fail(CMD, "gnuplot failed (exit %d)", rc);
-    }
-    rc = ikv_outset_commit(outs);
-    ikv_outset_destroy(outs);
-    if (rc) return cli_fail(CMD, "--plot: %s", ikv_errdetail());
-    return IKV_EXIT_OK;
+    return plan_plot(CMD, out, title, "expected latency L per request (ms)",
+                     "compute C (GPU-seconds per request)", s, sizeof s / sizeof s[0]);
 }
 
 static int parse_num_flag(const char *flag, const char *v, double *out) {
     if (cli_parse_double(v, out))
         return cli_usage_error(CMD, "%s needs a number, got '%s'", flag, v);
     return 0;
+}
+
+/* plan route --frontier: the frontier of the levers the class may use, and the router on it. */
+static int route_frontier(const ikv_plan_params *p, const ikv_model_spec *m, const ikv_hw_spec *hw,
+                          const opts *o) {
+    ikv_route_req req = {.cls = o->cls,
+                         .slo_s = o->slo_ms * 1e-3,
+                         .budget_gpu_s = o->budget,
+                         .allow_poll = o->allow_poll};
+    ikv_plan_frontier f;
+    if (ikv_plan_frontier_build(p, m, hw, ikv_plan_class_cap(p, &req), &f))
+        return cli_fail(CMD, "%s", ikv_errdetail());
+    ikv_route_decision d;
+    if (ikv_plan_route_frontier(p, &f, &req, &d)) {
+        ikv_plan_frontier_free(&f);
+        return cli_fail(CMD, "%s", ikv_errdetail());
+    }
+    const ikv_plan_step *s = &f.hull[d.point];
+    if (o->json) {
+        cJSON *j = cJSON_CreateObject();
+        cJSON_AddStringToObject(j, "cost_model", "isokv roofline (simulated, not measured)");
+        cJSON_AddStringToObject(j, "model", m->name);
+        cJSON_AddStringToObject(j, "hw", hw->name);
+        cJSON_AddStringToObject(j, "class", ikv_req_class_name(o->cls));
+        cJSON_AddStringToObject(j, "router", "frontier");
+        if (o->slo_ms > 0)
+            cJSON_AddNumberToObject(j, "slo_ms", o->slo_ms);
+        else
+            cJSON_AddNullToObject(j, "slo_ms");
+        cJSON_AddNumberToObject(j, "point", d.point);
+        cJSON_AddNumberToObject(j, "step", d.step);
+        cJSON_AddStringToObject(j, "step_name", s->name);
+        cJSON_AddStringToObject(j, "config", s->config);
+        cJSON_AddItemToObject(j, "configuration", plan_config_json(&f.hull_cfg[d.point]));
+        cJSON_AddNumberToObject(j, "class_cap", d.class_cap);
+        cJSON_AddNumberToObject(j, "knee", d.knee);
+        cJSON_AddNumberToObject(j, "budget_cap", d.budget_cap);
+        cJSON_AddNumberToObject(j, "frontier_points", (double)f.n_hull);
+        cJSON_AddBoolToObject(j, "slo_met", d.slo_met);
+        cJSON_AddNumberToObject(j, "latency_ms", s->latency_s * 1e3);
+        cJSON_AddNumberToObject(j, "compute_gpu_s", s->compute_gpu_s);
+        cJSON_AddStringToObject(j, "why", d.why);
+        char *t = cJSON_Print(j);
+        cJSON_Delete(j);
+        ikv_plan_frontier_free(&f);
+        if (!t) return cli_fail(CMD, "out of memory");
+        printf("%s\n", t);
+        cJSON_free(t);
+        return IKV_EXIT_OK;
+    }
+    printf("isokv plan route --frontier: %s request, %s on %s -> frontier point %d (levers up to "
+           "step %d, %s): %s\n",
+           ikv_req_class_name(o->cls), m->name, hw->name, d.point, d.step, s->name, s->config);
+    printf("  simulated latency %.1f ms, compute %.3f GPU-s per request (isokv roofline "
+           "model)%s\n",
+           s->latency_s * 1e3, s->compute_gpu_s, d.slo_met ? "" : "; SLO NOT met");
+    printf("  why: %s\n", d.why);
+    ikv_plan_frontier_free(&f);
+    return IKV_EXIT_OK;
 }
 
 int ikv_cmd_plan(int argc, char **argv) {
@@ -411,7 +373,10 @@ int ikv_cmd_plan(int argc, char **argv) {
                                                     : NULL;
         if (key) {
             if (!v) return cli_usage_error(CMD, "%s needs a value", a);
-            if (ikv_plan_param_set(&p, key, v)) return cli_fail(CMD, "%s: %s", a, ikv_errdetail());
+            o.prompt_set |= !strcmp(key, "prompt");
+            o.output_set |= !strcmp(key, "output");
+            if (ikv_plan_param_set(&p, key, v))
+                return cli_usage_error(CMD, "%s: %s", a, ikv_errdetail());
             i++;
         } else if (!strcmp(a, "--set")) {
             if (!v) return cli_usage_error(CMD, "--set needs KEY=VALUE");
@@ -421,7 +386,8 @@ int ikv_cmd_plan(int argc, char **argv) {
                 return cli_usage_error(CMD, "--set needs KEY=VALUE, got '%s'", v);
             memcpy(kbuf, v, (size_t)(eq - v));
             kbuf[eq - v] = '\0';
-            if (ikv_plan_param_set(&p, kbuf, eq + 1)) return cli_fail(CMD, "%s", ikv_errdetail());
+            if (ikv_plan_param_set(&p, kbuf, eq + 1))
+                return cli_usage_error(CMD, "--set: %s", ikv_errdetail());
             i++;
         } else if (!strcmp(a, "--config")) {
             if (!v) return cli_usage_error(CMD, "--config needs a file");
@@ -437,6 +403,35 @@ int ikv_cmd_plan(int argc, char **argv) {
             i++;
         } else if (!strcmp(a, "--json")) {
             o.json = 1;
+        } else if (!strcmp(a, "--frontier")) {
+            o.frontier = 1;
+        } else if (!o.route && !strcmp(a, "--jump")) {
+            if (!v) return cli_usage_error(CMD, "--jump needs NAME[,NAME...]");
+            o.jump = v;
+            i++;
+        } else if (!o.route && !strcmp(a, "--measured")) {
+            o.measured = 1;
+        } else if (!o.route && (!strcmp(a, "--engine-model") || !strcmp(a, "--engine-config"))) {
+            if (!v) return cli_usage_error(CMD, "%s needs a value", a);
+            if (!strcmp(a, "--engine-model"))
+                o.mo.engine_model = v;
+            else
+                o.mo.engine_config = v;
+            i++;
+        } else if (!o.route && (!strcmp(a, "--repeat") || !strcmp(a, "--hit"))) {
+            double x;
+            if (!v) return cli_usage_error(CMD, "%s needs a number", a);
+            int rc = parse_num_flag(a, v, &x);
+            if (rc) return rc;
+            if (!strcmp(a, "--repeat")) {
+                if (x < 1 || x > 100 || x != floor(x))
+                    return cli_usage_error(CMD, "--repeat must be a whole number in 1..100");
+                o.mo.repeat = (uint32_t)x;
+            } else {
+                if (!(x > 0 && x < 1)) return cli_usage_error(CMD, "--hit must be in (0, 1)");
+                o.mo.hit = x;
+            }
+            i++;
         } else if (!strcmp(a, "--params")) {
             o.params = 1;
         } else if (o.route && !strcmp(a, "--class")) {
@@ -465,14 +460,39 @@ int ikv_cmd_plan(int argc, char **argv) {
     if (o.params) return print_params();
     if (o.route && !o.have_class) return cli_usage_error(CMD, "route needs --class");
     if (o.route && o.plot) return cli_usage_error(CMD, "--plot is for the walk, not route");
+    if (o.frontier + o.measured + (o.jump != NULL) > 1)
+        return cli_usage_error(CMD, "--frontier, --jump and --measured are separate reports");
+    if (!o.measured && (o.mo.engine_model || o.mo.engine_config || o.mo.repeat || o.mo.hit))
+        return cli_usage_error(CMD, "--engine-model, --engine-config, --repeat and --hit go "
+                                    "with --measured");
+    if (o.measured) {
+        if (o.mo.engine_model && o.mo.engine_config)
+            return cli_usage_error(CMD, "--engine-model or --engine-config, not both");
+        o.mo.prompt = o.prompt_set ? (uint32_t)p.prompt : 0;
+        o.mo.output = o.output_set ? (uint32_t)p.output : 0;
+        return plan_measured_main(CMD, &o.mo, o.json, o.plot);
+    }
 
     const ikv_model_spec *m;
     const ikv_hw_spec *hw;
-    if (ikv_model_lookup(o.model, &m)) return cli_fail(CMD, "%s", ikv_errdetail());
-    if (ikv_hw_lookup(o.hw, &hw)) return cli_fail(CMD, "%s", ikv_errdetail());
+    /* a name from a flag is a usage error; from the --config file, a bad input */
+    if (ikv_model_lookup(o.model, &m))
+        return o.model == cmodel ? cli_fail(CMD, "%s: %s", "--config", ikv_errdetail())
+                                 : cli_usage_error(CMD, "--model: %s", ikv_errdetail());
+    if (ikv_hw_lookup(o.hw, &hw))
+        return o.hw == chw ? cli_fail(CMD, "%s: %s", "--config", ikv_errdetail())
+                           : cli_usage_error(CMD, "--hw: %s", ikv_errdetail());
+    if (o.jump) {
+        ikv_plan_jumps js;
+        if (ikv_plan_jumps_parse(o.jump, &js))
+            return cli_usage_error(CMD, "--jump: %s", ikv_errdetail());
+        return plan_jump_main(CMD, &p, m, hw, &js, o.json, o.plot);
+    }
+    if (o.frontier && !o.route) return plan_frontier_main(CMD, &p, m, hw, o.json, o.plot);
     ikv_plan_result r;
     if (ikv_plan_walk(&p, m, hw, &r)) return cli_fail(CMD, "%s", ikv_errdetail());
 
+    if (o.route && o.frontier) return route_frontier(&p, m, hw, &o);
     if (o.route) {
         ikv_route_req req = {.cls = o.cls,
                              .slo_s = o.slo_ms * 1e-3,

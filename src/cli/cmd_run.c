@@ -100,6 +100,13 @@ int ikv_cmd_run(int argc, char **argv) {
             *(a[2] == 's' ? &stop_eos : &raw) = 1;
             continue;
         }
+        static const char *const valued[] = {
+            "--model",   "--tokenizer", "--prompt", "--tenant", "--policy", "-n",    "--seed",
+            "--threads", "--kv-mem",    "--public", "--repeat", "--temp",   "--topp"};
+        int known = 0;
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
+            known |= !strcmp(a, valued[k]);
+        if (!known) return cli_usage_error("run", "unknown option '%s'", a);
         if (!v) return cli_usage_error("run", "option '%s' needs a value", a);
         if (!strcmp(a, "--model"))
             model = v;
@@ -180,8 +187,13 @@ int ikv_cmd_run(int argc, char **argv) {
                  (int)c->seq_len);
         goto out;
     }
-    if (ikv_engine_create(m, &eo, &e)) {
-        cli_fail("run", "%s", ikv_errdetail());
+    int erc = ikv_engine_create(m, &eo, &e);
+    if (erc) {
+        /* an unknown policy or policy parameter is a usage error; the rest (memory) a failure */
+        if (erc == IKV_EPOLICY || erc == IKV_EPARAM)
+            rc = cli_usage_error("run", "--policy: %s", ikv_errdetail_for(erc));
+        else
+            cli_fail("run", "%s", ikv_errdetail_for(erc));
         goto out;
     }
     for (uint64_t r = 0; r < repeat; r++) {

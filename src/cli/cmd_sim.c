@@ -49,27 +49,31 @@ typedef struct sim_args {
 } sim_args;
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "usage: isokv sim TRACE [options]\n"
-            "       isokv sim sweep TRACE --vary KEY=v1,v2,.. [--policy p1,p2,..]\n"
-            "                       [--capacity-tokens c1,c2,..] --out DIR [--jobs J] [options]\n"
-            "\n"
-            "Replays a trace (Mooncake JSONL, WEKA agentic JSONL.gz, isokv segments JSONL; plain\n"
-            "or gzip) through the isokv cache core and reports hits, evictions, thrash and, in timed\n"
-            "mode, simulated TTFT. Times are SIMULATED on the roofline cost model (src/cost/).\n"
-            "\n"
-            "trace:\n"
-            "  --format F            auto (default), mooncake, weka, segments\n"
-            "  --strict              a malformed line is fatal (default: skip and count it)\n"
-            "  --conversations N     weka: the first N conversations (default all)\n"
-            "  --window W            weka: conversation i starts at i*W/N seconds (default 3600)\n"
-            "  --max-requests N      stop after N requests\n"
-            "  --seed S              key seed (default 0)\n"
-            "cache:\n"
-            "  --capacity-tokens C   one tier of C tokens (k/M/G suffixes; 0 or 'unlimited' =\n"
-            "                        every distinct block fits; default unlimited)\n"
-            "  --tiers SPEC          e.g. hbm=2M,dram=16M,ssd=200M (token capacities, fastest first)\n"
-            "  --policy NAME[:k=v]   eviction policy of every tier (default lru); registered:");
+    fprintf(
+        f,
+        "usage: isokv sim TRACE [options]\n"
+        "       isokv sim sweep TRACE --vary KEY=v1,v2,.. [--policy p1,p2,..]\n"
+        "                       [--capacity-tokens c1,c2,..] --out DIR [--jobs J] [options]\n"
+        "\n"
+        "Replays a trace (Mooncake JSONL, WEKA agentic JSONL.gz, isokv segments JSONL; plain\n"
+        "or gzip) through the isokv cache core and reports hits, evictions, thrash and, in timed\n"
+        "mode, simulated TTFT. Times are SIMULATED on the roofline cost model (src/cost/).\n"
+        "\n"
+        "trace:\n"
+        "  --format F            auto (default), mooncake, weka, segments\n"
+        "  --strict              a malformed line is fatal (default: skip and count it)\n"
+        "  --conversations N     weka: the first N conversations (default all)\n"
+        "  --window W            weka: conversation i starts at i*W/N seconds (default 3600)\n"
+        "  --max-requests N      stop after N requests\n"
+        "  --seed S              key seed (default 0)\n"
+        "  --max-request-tokens N  a record asking for more input or output tokens is\n"
+        "                        malformed (default 2097152)\n"
+        "  --max-segment-tokens N  segments: the same for one segment (default 1048576)\n"
+        "cache:\n"
+        "  --capacity-tokens C   one tier of C tokens (k/M/G suffixes; 0 or 'unlimited' =\n"
+        "                        every distinct block fits; default unlimited)\n"
+        "  --tiers SPEC          e.g. hbm=2M,dram=16M,ssd=200M (token capacities, fastest first)\n"
+        "  --policy NAME[:k=v]   eviction policy of every tier (default lru); registered:");
     for (size_t i = 0; i < ikv_policy_count(); i++) fprintf(f, " %s", ikv_policy_name(i));
     fprintf(f,
             "\n"
@@ -113,6 +117,22 @@ static int policy_known(const char *spec) {
     return 0;
 }
 
+/* 1 (after printing the usage error) if the policy's own parser rejects the parameters of
+ * spec ("lru:bogus=1"), checked on a throwaway cache, so a sweep fails at its flags exactly as a
+ * single replay does, before any run starts. */
+static int policy_params_bad(const char *spec) {
+    ikv_cache_config cfg;
+    ikv_cache_config_default(&cfg, 16, spec);
+    ikv_cache *c = NULL;
+    int rc = ikv_cache_create(&cfg, &c);
+    if (rc == IKV_EPOLICY || rc == IKV_EPARAM) {
+        cli_usage_error(CMD, "--policy: %s", ikv_errdetail_for(rc));
+        return 1;
+    }
+    if (!rc) ikv_cache_destroy(c);
+    return 0;
+}
+
 static int policy_error(const char *spec) {
     char list[512] = "";
     for (size_t i = 0; i < ikv_policy_count(); i++) {
@@ -131,31 +151,13 @@ static int parse_capacity(const char *s, uint64_t *out) {
     return cli_parse_count(s, out);
 }
 
-/* "hbm=2M,dram=16M" -> ro->tiers */
+/* "hbm=2M,dram=16M" -> ro->tiers (ikv_replay_tiers_parse: fastest first, no duplicates) */
 static int parse_tiers(sim_args *a, const char *spec) {
     if (strlen(spec) >= sizeof a->tiers_spec)
         return cli_usage_error(CMD, "--tiers: specification too long");
     snprintf(a->tiers_spec, sizeof a->tiers_spec, "%s", spec);
-    char buf[256];
-    snprintf(buf, sizeof buf, "%s", spec);
-    size_t n = 0;
-    for (char *save = NULL, *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-        char *eq = strchr(tok, '=');
-        if (!eq) return cli_usage_error(CMD, "--tiers: '%s' is not NAME=TOKENS", tok);
-        *eq = 0;
-        ikv_tier kind;
-        if (ikv_tier_parse(tok, &kind))
-            return cli_usage_error(CMD, "--tiers: unknown tier '%s' (hbm, dram, ssd, remote)", tok);
-        if (n == IKV_MAX_TIERS) return cli_usage_error(CMD, "--tiers: at most %d tiers", IKV_MAX_TIERS);
-        uint64_t cap;
-        if (cli_parse_count(eq + 1, &cap) || cap == 0)
-            return cli_usage_error(CMD, "--tiers: bad capacity '%s' for %s", eq + 1, tok);
-        snprintf(a->ro.tiers[n].name, sizeof a->ro.tiers[n].name, "%s", tok);
-        a->ro.tiers[n].capacity_tokens = cap;
-        n++;
-    }
-    if (!n) return cli_usage_error(CMD, "--tiers: no tier given");
-    a->ro.n_tiers = n;
+    if (ikv_replay_tiers_parse(spec, a->ro.tiers, &a->ro.n_tiers))
+        return cli_usage_error(CMD, "%s", ikv_errdetail());
     return 0;
 }
 
@@ -302,8 +304,11 @@ static int parse_args(int argc, char **argv, int first, sim_args *a, sweep_args 
                 sw->n_pol = split_policies(sw->pol_buf, sw->policies, MAX_LIST);
                 for (size_t k = 0; k < sw->n_pol; k++)
                     if (!policy_known(sw->policies[k])) return policy_error(sw->policies[k]);
+                    else if (policy_params_bad(sw->policies[k]))
+                        return IKV_EXIT_USAGE;
             } else {
                 if (!policy_known(v)) return policy_error(v);
+                if (policy_params_bad(v)) return IKV_EXIT_USAGE;
                 a->ro.policy = v;
             }
         } else if (OPT("--model")) {
@@ -314,7 +319,8 @@ static int parse_args(int argc, char **argv, int first, sim_args *a, sweep_args 
             a->ro.hw = v;
         } else if (OPT("--gpus") || OPT("--servers") || OPT("--decode-batch") ||
                    OPT("--conversations") || OPT("--max-requests") || OPT("--seed") ||
-                   OPT("--thrash-window") || OPT("--jobs")) {
+                   OPT("--thrash-window") || OPT("--jobs") || OPT("--max-request-tokens") ||
+                   OPT("--max-segment-tokens")) {
             if (miss) return cli_usage_error(CMD, "%s needs a value", arg);
             uint64_t u;
             const char *name = arg;
@@ -326,8 +332,18 @@ static int parse_args(int argc, char **argv, int first, sim_args *a, sweep_args 
             else if (!strncmp(name, "--conversations", 15)) a->to.conversations = u;
             else if (!strncmp(name, "--max-requests", 14)) a->to.max_requests = u;
             else if (!strncmp(name, "--seed", 6)) a->to.seed = u;
-            else if (!strncmp(name, "--thrash-window", 15)) a->ro.thrash_window = u;
-            else if (!strncmp(name, "--jobs", 6)) {
+            else if (!strncmp(name, "--thrash-window", 15)) {
+                if (u > IKV_REPLAY_MAX_THRASH_WINDOW)
+                    return cli_usage_error(CMD, "--thrash-window: at most %llu blocks, got '%s'",
+                                           (unsigned long long)IKV_REPLAY_MAX_THRASH_WINDOW, v);
+                a->ro.thrash_window = u;
+            } else if (!strncmp(name, "--max-request-tokens", 20) ||
+                       !strncmp(name, "--max-segment-tokens", 20)) {
+                if (u == 0 || u > UINT32_MAX)
+                    return cli_usage_error(CMD, "%.*s must be 1..%u", (int)strcspn(name, "="), name,
+                                           UINT32_MAX);
+                *(name[6] == 'r' ? &a->to.max_request_tokens : &a->to.max_segment_tokens) = u;
+            } else if (!strncmp(name, "--jobs", 6)) {
                 if (!sw) return cli_usage_error(CMD, "--jobs is a sweep option");
                 sw->jobs = (uint32_t)u;
             }
@@ -385,11 +401,9 @@ static void progress_cb(void *ctx, uint64_t done, uint64_t total) {
     ikv_progress_update(p, done);
 }
 
+/* "1M", "512k", "999": the unit is chosen after rounding (ikv_fmt_count). */
 static void fmt_tokens(char *buf, size_t n, double tok) {
-    if (tok >= 1e9) snprintf(buf, n, "%.3gG", tok / 1e9);
-    else if (tok >= 1e6) snprintf(buf, n, "%.3gM", tok / 1e6);
-    else if (tok >= 1e3) snprintf(buf, n, "%.3gk", tok / 1e3);
-    else snprintf(buf, n, "%.0f", tok);
+    ikv_fmt_count(buf, n, tok);
 }
 
 /* The JSON object of one replay (caller owns it). */
@@ -560,7 +574,8 @@ static void print_table(const sim_args *a, const ikv_trace *t, const ikv_replay_
 
 static int run_one(const sim_args *a, ikv_progress *prog) {
     ikv_trace *t;
-    if (ikv_trace_open(a->trace, &a->to, &t)) return cli_fail(CMD, "%s", ikv_errdetail());
+    int orc = ikv_trace_open(a->trace, &a->to, &t);
+    if (orc) return cli_fail(CMD, "%s", ikv_errdetail_for(orc));
     ikv_replay_opts ro = a->ro;
     if (prog) {
         ro.progress = progress_cb;
@@ -570,7 +585,11 @@ static int run_one(const sim_args *a, ikv_progress *prog) {
     int rc = ikv_replay(t, &ro, &r);
     if (prog) ikv_progress_done(prog);
     if (rc) {
-        int code = cli_fail(CMD, "%s", ikv_errdetail());
+        /* a policy spec the cache rejects (unknown parameter name) is a usage error; the rest
+         * (the trace, memory) is a failure */
+        int code = rc == IKV_EPOLICY || rc == IKV_EPARAM
+                       ? cli_usage_error(CMD, "%s", ikv_errdetail_for(rc))
+                       : cli_fail(CMD, "%s", ikv_errdetail_for(rc));
         ikv_trace_close(t);
         return code;
     }
@@ -620,7 +639,7 @@ static void *worker(void *arg) {
         j->rc = ikv_trace_open(j->a.trace, &j->a.to, &t);
         if (!j->rc) j->rc = ikv_replay(t, &j->a.ro, &j->r);
         if (j->rc) {
-            snprintf(j->err, sizeof j->err, "%s", ikv_errdetail());
+            snprintf(j->err, sizeof j->err, "%s", ikv_errdetail_for(j->rc));
         } else {
             j->json = result_json(&j->a, t, &j->r);
             if (!j->json) {

@@ -17,8 +17,8 @@ typedef struct command {
 } command;
 
 static int cmd_version(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
+    if (argc > 1 && !cli_wants_help(argc, argv))
+        return cli_usage_error("version", "unknown option '%s'", argv[1]);
     printf("isokv 0.1.0\n");
     return IKV_EXIT_OK;
 }

@@ -6,7 +6,8 @@
  *
  *   P_layers   = L (d H dh + 2 d Hkv dh + H dh d + 3 d f)    matrices of the blocks
  *   W          = P s                                          weight bytes
- *   kv/token   = 2 L Hkv dh 2                                 K and V, BF16 (llama3-70b: 327,680)
+ *   kv/token   = 2 L Hkv dh e                                 K and V, e bytes each (BF16: 2;
+ *                                                             llama3-70b: 327,680)
  *
  *   n new tokens after a cached prefix of p tokens (causal: token i of the n attends p + i keys):
  *   attn(p, n) = 4 L H dh (n p + n (n + 1) / 2)               QK^T and AV, 2 FLOPs per MAC each
@@ -17,6 +18,10 @@
  *   one decode step, batch b, each sequence with ctx cached tokens:
  *   decode     = b (2 P_layers + 2 V d + 4 L H dh (ctx + 1))
  *   bytes_dec  = W + b (ctx + 1) kv/token
+ *
+ *   with an attention window w (sliding-window attention, Beltagy et al. 2020; Mistral 7B,
+ *   Jiang et al. 2023) token i attends min(p + i, w) keys and a sequence keeps min(ctx, w)
+ *   tokens of KV; w = 0 is full attention.
  *
  *   time(F, B) = max(F / (peak_flops mfu g), B / (hbm_bw mbu g))      the roofline
  *
@@ -112,7 +117,13 @@ double ikv_model_weight_bytes(const ikv_model_spec *m) {
 }
 
 double ikv_kv_bytes_per_token(const ikv_model_spec *m) {
-    return 2.0 * m->layers * m->kv_heads * m->head_dim * 2.0;
+    double elem = m->kv_bytes_per_elem > 0 ? m->kv_bytes_per_elem : 2.0;
+    return 2.0 * m->layers * m->kv_heads * m->head_dim * elem;
+}
+
+/* Tokens of KV a sequence of `tokens` keeps: all of them, or the window. */
+static double kv_tokens(const ikv_model_spec *m, double tokens) {
+    return m->attn_window && tokens > m->attn_window ? (double)m->attn_window : tokens;
 }
 
 double ikv_kv_bytes_per_block(const ikv_model_spec *m, uint32_t block_tokens) {
@@ -121,9 +132,18 @@ double ikv_kv_bytes_per_block(const ikv_model_spec *m, uint32_t block_tokens) {
 
 /* ---- FLOPs ---- */
 
+/* The key count sum over the new tokens i = 1..n of min(p + i, w) is split at the first token
+ * whose p + i reaches w: full causal attention before, w keys each after. */
 double ikv_attn_flops(const ikv_model_spec *m, uint64_t p, uint64_t n) {
-    double nn = (double)n, pp = (double)p;
-    return 4.0 * m->layers * m->heads * m->head_dim * (nn * pp + nn * (nn + 1) / 2);
+    double nn = (double)n, pp = (double)p, keys;
+    double w = m->attn_window;
+    if (!m->attn_window || pp + nn <= w) {
+        keys = nn * pp + nn * (nn + 1) / 2;
+    } else {
+        double k = pp >= w ? 0 : w - pp; /* tokens before the window is full */
+        keys = k * pp + k * (k + 1) / 2 + (nn - k) * w;
+    }
+    return 4.0 * m->layers * m->heads * m->head_dim * keys;
 }
 
 double ikv_kv_flops(const ikv_model_spec *m, uint64_t p, uint64_t n) {
@@ -141,7 +161,7 @@ double ikv_prefill_flops(const ikv_model_spec *m, uint64_t p, uint64_t n) {
 
 double ikv_decode_flops(const ikv_model_spec *m, uint32_t b, uint64_t ctx) {
     double per_seq = 2.0 * ikv_model_layer_params(m) + logits_flops(m) +
-                     4.0 * m->layers * m->heads * m->head_dim * ((double)ctx + 1);
+                     4.0 * m->layers * m->heads * m->head_dim * kv_tokens(m, (double)ctx + 1);
     return b * per_seq;
 }
 
@@ -156,7 +176,8 @@ static double roofline(const ikv_cost_cfg *c, double flops, double bytes) {
 
 double ikv_prefill_bytes(const ikv_model_spec *m, uint64_t p, uint64_t n) {
     if (n == 0) return 0;
-    return ikv_model_weight_bytes(m) + ((double)p + (double)n) * ikv_kv_bytes_per_token(m);
+    return ikv_model_weight_bytes(m) +
+           kv_tokens(m, (double)p + (double)n) * ikv_kv_bytes_per_token(m);
 }
 
 double ikv_prefill_time(const ikv_cost_cfg *cfg, uint64_t p, uint64_t n) {
@@ -165,7 +186,8 @@ double ikv_prefill_time(const ikv_cost_cfg *cfg, uint64_t p, uint64_t n) {
 }
 
 double ikv_decode_bytes(const ikv_model_spec *m, uint32_t b, uint64_t ctx) {
-    return ikv_model_weight_bytes(m) + (double)b * ((double)ctx + 1) * ikv_kv_bytes_per_token(m);
+    return ikv_model_weight_bytes(m) +
+           (double)b * kv_tokens(m, (double)ctx + 1) * ikv_kv_bytes_per_token(m);
 }
 
 double ikv_decode_time(const ikv_cost_cfg *cfg, uint32_t b, uint64_t ctx) {
@@ -181,7 +203,7 @@ double ikv_decode_ridge_batch(const ikv_cost_cfg *cfg, uint64_t ctx) {
     double g = cfg->gpus ? cfg->gpus : 1;
     double fc = cfg->hw->flops * cfg->mfu * g, bm = cfg->hw->hbm_bw * cfg->mbu * g;
     double f1 = ikv_decode_flops(cfg->model, 1, ctx);
-    double k1 = ((double)ctx + 1) * ikv_kv_bytes_per_token(cfg->model);
+    double k1 = kv_tokens(cfg->model, (double)ctx + 1) * ikv_kv_bytes_per_token(cfg->model);
     double den = f1 / fc - k1 / bm;
     if (den <= 0) return INFINITY;
     return (ikv_model_weight_bytes(cfg->model) / bm) / den;

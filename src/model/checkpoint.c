@@ -203,8 +203,10 @@ int ikv_model_load(const char *path, ikv_model **out) {
     if (fd < 0) return ikv_error(IKV_EIO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        int dir = S_ISDIR(st.st_mode);
         close(fd);
-        return ikv_error(IKV_EIO, "%s: not a regular file", path);
+        return ikv_error(IKV_EIO, "%s: %s, not a checkpoint file", path,
+                         dir ? "is a directory" : "is not a regular file");
     }
     size_t bytes = (size_t)st.st_size;
     if (bytes < IKV__CKPT_HEADER_BYTES) {

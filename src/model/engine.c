@@ -56,6 +56,7 @@
 
 #include <cblas.h>
 #include <string.h>
+#include <unistd.h>
 #include <sys/mman.h>
 
 /* Tests: -1, or the only prefill scheme (0, 1) ikv_engine_create may pick. */
@@ -191,6 +192,17 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     uint64_t block_bytes = ikv_model_kv_bytes_per_token(c) * bt;
     uint64_t reserve = o.private_blocks ? o.private_blocks : (uint64_t)o.max_seqs * max_blocks;
     if (o.kv_mem == 0) o.kv_mem = (reserve + 4ull * max_blocks) * block_bytes;
+    /* a pool larger than the machine would be overcommitted, then killed when touched below */
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    uint64_t phys = pages > 0 && psz > 0 ? (uint64_t)pages * (uint64_t)psz : 0;
+    if (phys && o.kv_mem > phys) {
+        char want[32], have[32];
+        ikv_fmt_count(want, sizeof want, (double)o.kv_mem);
+        ikv_fmt_count(have, sizeof have, (double)phys);
+        return ikv_error(IKV_ERANGE,
+                         "kv-mem %sB (%llu bytes) is more than this machine's %sB of memory", want,
+                         (unsigned long long)o.kv_mem, have);
+    }
     uint64_t nblocks = o.kv_mem / block_bytes;
     if (nblocks < reserve + 1 || nblocks > UINT32_MAX - 1)
         return ikv_error(
@@ -273,8 +285,10 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
              ALLOC(e->seqs[i].logits, V) && ALLOC(e->seqs[i].tok, (size_t)c->seq_len);
     if (!ok) {
         ikv_engine_destroy(e);
-        return ikv_error(IKV_ENOMEM, "engine buffers (KV pool %llu bytes)",
-                         (unsigned long long)o.kv_mem);
+        return ikv_error(IKV_ENOMEM,
+                         "out of memory allocating the KV pool (%llu bytes, %llu blocks) and the "
+                         "engine's buffers: a smaller kv-mem may fit",
+                         (unsigned long long)o.kv_mem, (unsigned long long)nblocks);
     }
     advise_huge(e->kv, sizeof(float) * (size_t)nblocks * e->block_floats);
     /* touch every page of the pool now: a page fault on first use would otherwise land in the

@@ -92,17 +92,20 @@
 /* ---- softmax ------------------------------------------------------------------------------
  * exp(r) for r <= 0 as 2^n * e^f, n = round(r / ln 2), f = r - n ln 2 (Cody-Waite split), e^f
  * by a degree-7 polynomial (Cephes expf coefficients; relative error ~1e-7 on [-ln2/2, ln2/2]);
- * r is clamped at -87 (e^-87 ~ 1.6e-38, nothing next to the row maximum's 1). The SSE2 lanes
- * and the scalar tail do the same operations in the same order (C11 mode: no FMA contraction),
- * so a value's result does not depend on which path computed it. libm's expf costs a call per
- * attention entry; this is 4 entries per few instructions. */
+ * r is clamped to [-87, 0] (e^-87 ~ 1.6e-38, nothing next to the row maximum's 1; the upper
+ * clamp and the NaN -> -87 rule only matter for a corrupt checkpoint's inf/NaN weights, whose
+ * conversion to int would otherwise be undefined; found by tests/fuzz/fuzz_checkpoint.c). The SSE2
+ * lanes and the scalar tail do the same operations in the same order (C11 mode: no FMA
+ * contraction), so a value's result does not depend on which path computed it. libm's expf costs a
+ * call per attention entry; this is 4 entries per few instructions. */
 #define EXP_LOG2E 1.44269504088896341f
 #define EXP_MAGIC 12582912.0f /* 1.5 * 2^23: adding it rounds to an integer */
 #define EXP_C1    0.693359375f
 #define EXP_C2    -2.12194440e-4f
 
 static inline float exp_neg_scalar(float r) {
-    r = r > -87.0f ? r : -87.0f;
+    r = r > -87.0f ? r : -87.0f; /* NaN too: a NaN never reaches the int conversion below */
+    r = r < 0.0f ? r : 0.0f;     /* +inf (a row of infinities in a corrupt checkpoint) too */
     float n = (r * EXP_LOG2E + EXP_MAGIC) - EXP_MAGIC;
     float f = (r - n * EXP_C1) - n * EXP_C2;
     float p = 1.9875691500e-4f;
@@ -122,6 +125,7 @@ static inline float exp_neg_scalar(float r) {
 /* exp_neg_scalar on 4 lanes, operation for operation. */
 static inline __m128 exp_neg4(__m128 r) {
     r = _mm_max_ps(r, _mm_set1_ps(-87.0f));
+    r = _mm_min_ps(r, _mm_setzero_ps());
     const __m128 mag = _mm_set1_ps(EXP_MAGIC);
     __m128 nn = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(r, _mm_set1_ps(EXP_LOG2E)), mag), mag);
     __m128 f = _mm_sub_ps(_mm_sub_ps(r, _mm_mul_ps(nn, _mm_set1_ps(EXP_C1))),
@@ -185,6 +189,7 @@ static float softmax_exp_sse(float *row, size_t n) {
  * and add, as the scalar code rounds them). */
 __attribute__((target("avx2"))) static inline __m256 exp_neg8(__m256 r) {
     r = _mm256_max_ps(r, _mm256_set1_ps(-87.0f));
+    r = _mm256_min_ps(r, _mm256_setzero_ps());
     const __m256 mag = _mm256_set1_ps(EXP_MAGIC);
     __m256 nn = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(r, _mm256_set1_ps(EXP_LOG2E)), mag), mag);
     __m256 f = _mm256_sub_ps(_mm256_sub_ps(r, _mm256_mul_ps(nn, _mm256_set1_ps(EXP_C1))),

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 struct ikv_tokenizer {
@@ -95,6 +96,13 @@ int ikv_tokenizer_load(const char *path, uint32_t vocab, ikv_tokenizer **out) {
                          path, vocab);
     FILE *f = fopen(path, "rb");
     if (!f) return ikv_error(IKV_EIO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    if (fstat(fileno(f), &st) != 0 || !S_ISREG(st.st_mode)) {
+        int dir = S_ISDIR(st.st_mode);
+        fclose(f);
+        return ikv_error(IKV_EIO, "%s: %s, not a tokenizer file", path,
+                         dir ? "is a directory" : "is not a regular file");
+    }
     if (fseek(f, 0, SEEK_END) != 0) {
         fclose(f);
         return ikv_error(IKV_EIO, "%s: cannot seek", path);

@@ -26,10 +26,12 @@ typedef struct row {
     { {k, 0, d, lo, hi, integ, unit, src}, offsetof(ikv_plan_params, field) }
 
 static const row table[] = {
-    NUM("prompt", prompt, 2048, 1, 1e7, 1, "tokens", "request shape (CLI example of issue 5)"),
+    NUM("prompt", prompt, 2048, 1, 1e7, 1, "tokens", "request shape: a 2k-token prompt"),
     NUM("output", output, 256, 1, 1e6, 1, "tokens", "request shape"),
     NUM("batch", batch, 16, 1, 4096, 1, "requests",
         "a moderately loaded interactive replica; vLLM's max_num_seqs default is 256"),
+    NUM("prefix.hit", prefix_hit, 0, 0, 0.999, 0, "fraction",
+        "prompt share found in the prefix cache; measure it with isokv sim (--jump prefix:sim=)"),
     NUM("base.mfu", base_mfu, 0.30, 1e-3, 1, 0, "fraction",
         "eager PyTorch/HF transformers prefill: unfused attention and small kernels"),
     NUM("base.mbu", base_mbu, 0.50, 1e-3, 1, 0, "fraction",
@@ -86,10 +88,20 @@ static const row table[] = {
     NUM("value.per_s", value_per_s, 0.01, 0, 1e6, 0, "$/s",
         "assumption: an interactive request loses 1 cent per second of waiting"),
     NUM("cap.max_gpus", cap_max_gpus, 64, 1, 1e6, 1, "GPUs", "eight 8-GPU nodes"),
-    NUM("route.simple", route_simple, 2, 0, 7, 1, "step", "issue 5: simple requests stop at 2"),
-    NUM("route.medium", route_medium, 4, 0, 7, 1, "step", "issue 5: medium at 4"),
+    NUM("route.simple", route_simple, 2, 0, 7, 1, "step",
+        "router policy: simple requests stop at step 2 (tp)"),
+    NUM("route.medium", route_medium, 4, 0, 7, 1, "step",
+        "router policy: medium requests stop at step 4 (pp)"),
     NUM("route.complex", route_complex, 6, 0, 7, 1, "step",
-        "issue 5: complex may go to 6; 7 only when allowed"),
+        "router policy: complex requests may go to step 6 (hedge); 7 only when allowed"),
+    NUM("frontier.max_nodes", fr_max_nodes, 4, 1, 64, 1, "nodes",
+        "frontier sweep: pipeline stages 1..max(pp.nodes, this)"),
+    NUM("frontier.max_gamma", fr_max_gamma, 8, 1, 64, 1, "tokens",
+        "frontier sweep: draft length 0 (off)..max(spec.gamma, this)"),
+    NUM("frontier.max_branches", fr_max_branches, 8, 1, 1024, 1, "branches",
+        "frontier sweep: search branches 1..max(search.branches, this)"),
+    NUM("frontier.max_copies", fr_max_copies, 4, 1, 64, 1, "copies",
+        "frontier sweep: hedged copies 1..max(hedge.copies, this)"),
 };
 
 #define NROWS (sizeof table / sizeof table[0])
@@ -181,11 +193,14 @@ int ikv_plan_param_set(ikv_plan_params *p, const char *key, const char *value) {
         return ikv_error(IKV_EPARAM, "unknown parameter '%s' (isokv plan --params lists them)",
                          key);
     if (r->info.is_string) return set_string(p, r, value);
-    char *end;
-    errno = 0;
-    double v = strtod(value, &end);
-    if (!*value || *end || errno)
-        return ikv_error(IKV_EPARAM, "parameter %s: '%s' is not a number", key, value);
+    /* a number, or a count with a k/M/G suffix ("2k" prompt tokens), like every other flag */
+    double v;
+    uint64_t u;
+    if (ikv_parse_double(value, &v)) {
+        if (ikv_parse_count(value, &u))
+            return ikv_error(IKV_EPARAM, "parameter %s: '%s' is not a number", key, value);
+        v = (double)u;
+    }
     return set_number(p, r, v);
 }
 
@@ -286,7 +301,22 @@ int ikv_plan_params_load_json(ikv_plan_params *p, const char *path) {
         size_t off = errp ? (size_t)(errp - buf) : 0, line = 1;
         for (size_t i = 0; i < off && i < len; i++)
             line += buf[i] == '\n';
+        /* say why when it is cJSON's nesting limit, not a syntax error */
+        size_t depth = 0, max = 0;
+        for (size_t i = 0; i < len && max <= CJSON_NESTING_LIMIT; i++) {
+            if (buf[i] == '"') {
+                for (i++; i < len && buf[i] != '"'; i++)
+                    if (buf[i] == '\\') i++;
+            } else if (buf[i] == '{' || buf[i] == '[') {
+                if (++depth > max) max = depth;
+            } else if ((buf[i] == '}' || buf[i] == ']') && depth) {
+                depth--;
+            }
+        }
         ikv_free(buf);
+        if (max > CJSON_NESTING_LIMIT)
+            return ikv_error(IKV_EFORMAT, "%s:%zu: JSON nested deeper than %d levels", path, line,
+                             CJSON_NESTING_LIMIT);
         return ikv_error(IKV_EFORMAT, "%s:%zu: malformed JSON", path, line);
     }
     ikv_free(buf);

@@ -5,8 +5,10 @@
  * A configuration (struct state) is: achieved MFU/MBU and host overhead per forward (kernels),
  * KV waste, TP degree t inside a node, pipeline stages s across nodes, speculative decoding
  * (draft length g, acceptance a), search branches n, hedged copies h, dedicated replica with
- * busy polling. Its evaluation, with b = batch (1 when dedicated), P = prompt, O = output,
- * ctx = P + O / 2 (mean decode context), W = weight bytes, k = KV bytes per token:
+ * busy polling, batch b (ikv_plan_config: the walk sets them step by step, the frontier freely).
+ * Its evaluation, with b = the configuration's batch (1 when dedicated), P = prompt, O = output,
+ * ctx = P + O / 2 (mean decode context), W = weight bytes, k = KV bytes per token (a sequence
+ * keeps at most the model's attention window of them), h = prefix.hit:
  *
  *   fwd(q seqs, context c, m new tokens each)      one forward pass on t GPUs
  *      = max(F / (peak mfu' t), (W + q (c + m) k) / (bw mbu' t))
@@ -14,8 +16,9 @@
  *      F = q kv_flops(c, m) + logits;  mfu' = mfu tp_eff^log2(t), likewise mbu'
  *   allreduce(S, t) = launch + 2 (t - 1) hop + 2 (t - 1) / t * S / (nvlink_bw link)  (ring)
  *
- *   TTFT   = fwd(1, 0, P); with s stages and M = s chunks_per_stage chunks of P / M tokens,
- *            pipelined: (M + s - 1) fwd(1, P/2, P/M) / s + (s - 1) (hop + chunk bytes / net)
+ *   TTFT   = fwd(1, hP, (1-h)P) (the cached hP are not recomputed); with s stages and
+ *            M = s chunks_per_stage chunks of (1-h)P / M tokens, pipelined:
+ *            (M + s - 1) fwd(1, hP + (1-h)P/2, (1-h)P/M) / s + (s - 1) (hop + chunk bytes / net)
  *   TPOT   = fwd(b n, ctx, 1) [+ (s - 1) (hop + b n d 2 / net)]
  *   spec:    TPOT = (g T_draft + fwd(b n, ctx, g + 1)) / E,  E = (1 - a^(g+1)) / (1 - a)
  *            (Leviathan et al. 2023, eq. 1), T_draft = the draft model's fwd on the same GPUs
@@ -35,6 +38,7 @@
  */
 #include "isokv/base.h"
 #include "isokv/plan.h"
+#include "internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -44,7 +48,7 @@ typedef struct state {
     double mfu, mbu;   /* before the TP efficiency loss */
     double overhead_s; /* host overhead per forward */
     double kv_waste;
-    uint32_t tp, nodes, branches, copies, gamma;
+    uint32_t tp, nodes, branches, copies, gamma, batch;
     int kernels, spec, dedicated;
     double poll_s;
 } state;
@@ -55,11 +59,12 @@ typedef struct eval {
     int fits;
 } eval;
 
-typedef struct ctx {
-    const ikv_plan_params *p;
-    const ikv_model_spec *m, *draft;
-    const ikv_hw_spec *hw;
-} ctx;
+typedef ikv__plan_ctx ctx;
+
+/* Tokens of KV a sequence of `tokens` keeps (the attention window bounds it). */
+static double kv_tok(const ikv_model_spec *m, double tokens) {
+    return m->attn_window && tokens > m->attn_window ? (double)m->attn_window : tokens;
+}
 
 static double tp_factor(const ikv_plan_params *p, uint32_t tp) {
     return pow(p->tp_eff, log2((double)tp));
@@ -79,7 +84,7 @@ static double fwd(const ctx *x, const ikv_model_spec *m, const state *st, double
                   double mnew, double logit_rows, double *flops) {
     double f = q * ikv_kv_flops(m, (uint64_t)c, (uint64_t)mnew) +
                logit_rows * 2.0 * m->vocab * (double)m->hidden;
-    double bytes = ikv_model_weight_bytes(m) + q * (c + mnew) * ikv_kv_bytes_per_token(m);
+    double bytes = ikv_model_weight_bytes(m) + q * kv_tok(m, c + mnew) * ikv_kv_bytes_per_token(m);
     double k = tp_factor(x->p, st->tp), t = st->tp;
     double tc = f / (x->hw->flops * st->mfu * k * t);
     double tm = bytes / (x->hw->hbm_bw * st->mbu * k * t);
@@ -98,27 +103,29 @@ static double hop(const ctx *x, double tokens) {
 /* Do the weights and the KV of all live sequences fit the GPUs held? */
 static int fits(const ctx *x, const state *st) {
     const ikv_plan_params *p = x->p;
-    double seqs = (st->dedicated ? 1 : p->batch) * st->branches;
-    double per_seq = (p->prompt + p->output) * ikv_kv_bytes_per_token(x->m);
+    double seqs = (double)st->batch * st->branches;
+    double per_seq = kv_tok(x->m, p->prompt + p->output) * ikv_kv_bytes_per_token(x->m);
     double need = ikv_model_weight_bytes(x->m) + seqs * per_seq / (1 - st->kv_waste);
     if (st->spec)
         need += ikv_model_weight_bytes(x->draft) * st->nodes +
-                seqs * (p->prompt + p->output) * ikv_kv_bytes_per_token(x->draft);
+                seqs * kv_tok(x->draft, p->prompt + p->output) * ikv_kv_bytes_per_token(x->draft);
     return need <= x->hw->hbm_bytes * p->mem_usable * st->tp * st->nodes;
 }
 
 static void evaluate(const ctx *x, const state *st, eval *e) {
     const ikv_plan_params *p = x->p;
     const ikv_model_spec *m = x->m;
-    double P = p->prompt, O = p->output, b = st->dedicated ? 1 : p->batch;
+    double P = p->prompt, O = p->output, b = st->batch;
     double seqs = b * st->branches, c = P + O / 2, s = st->nodes;
     double f_pre, f_cached, f_tok;
+    /* a prefix-cache hit of h: only the last (1 - h) of the prompt is computed */
+    double Pc = floor(P * p->prefix_hit), Pn = P - Pc;
 
     /* prefill, pipelined across stages when s > 1 */
-    double ttft = fwd(x, m, st, 1, 0, P, 1, &f_pre);
+    double ttft = fwd(x, m, st, 1, Pc, Pn, 1, &f_pre);
     if (st->nodes > 1) {
-        double M = s * p->pp_chunks, chunk = ceil(P / M);
-        double t_chunk = fwd(x, m, st, 1, P / 2, chunk, 1, NULL) / s;
+        double M = s * p->pp_chunks, chunk = ceil(Pn / M);
+        double t_chunk = fwd(x, m, st, 1, Pc + Pn / 2, chunk, 1, NULL) / s;
         ttft = (M + s - 1) * t_chunk + (s - 1) * hop(x, chunk);
     }
     double ttft_c = fwd(x, m, st, 1, P, 1, 1, &f_cached) + (s - 1) * (s > 1 ? hop(x, 1) : 0);
@@ -180,34 +187,64 @@ double ikv_plan_value(const ikv_plan_params *p, double l_old, double l_new) {
 static const char *const step_names[IKV_PLAN_STEPS] = {"baseline", "kernels", "tp",    "spec",
                                                        "pp",       "search",  "hedge", "poll"};
 
-/* The cumulative state after step k (k = 0: baseline on base_tp GPUs). */
-static state state_at(const ikv_plan_params *p, uint32_t base_tp, int k) {
+ikv_plan_config ikv_plan_walk_config(const ikv_plan_params *p, uint32_t base_tp, int k) {
+    ikv_plan_config c = {
+        .tp = base_tp, .nodes = 1, .branches = 1, .copies = 1, .batch = (uint32_t)p->batch};
+    if (k >= 1) c.kernels = 1;
+    if (k >= 2 && (uint32_t)p->tp_size > c.tp) c.tp = (uint32_t)p->tp_size;
+    if (k >= 3) c.gamma = (uint32_t)p->spec_gamma;
+    if (k >= 4) c.nodes = (uint32_t)p->pp_nodes;
+    if (k >= 5) c.branches = (uint32_t)p->search_branches;
+    if (k >= 6) c.copies = (uint32_t)p->hedge_copies;
+    if (k >= 7) {
+        c.poll = 1;
+        c.batch = 1;
+    }
+    return c;
+}
+
+int ikv_plan_config_level(const ikv_plan_params *p, uint32_t base_tp, const ikv_plan_config *c) {
+    if (c->poll || c->batch < (uint32_t)p->batch) return 7;
+    if (c->copies > 1) return 6;
+    if (c->branches > 1) return 5;
+    if (c->nodes > 1) return 4;
+    if (c->gamma > 0) return 3;
+    if (c->tp != base_tp) return 2;
+    return c->kernels ? 1 : 0;
+}
+
+/* The evaluation state of a configuration: step 0's or step 1's efficiencies, the levers. */
+static state state_of(const ikv_plan_params *p, const ikv_plan_config *c) {
     state st = {.mfu = p->base_mfu,
                 .mbu = p->base_mbu,
                 .overhead_s = p->base_overhead_ms * 1e-3,
                 .kv_waste = p->base_kv_waste,
-                .tp = base_tp,
-                .nodes = 1,
-                .branches = 1,
-                .copies = 1,
-                .gamma = (uint32_t)p->spec_gamma};
-    if (k >= 1) {
+                .tp = c->tp,
+                .nodes = c->nodes,
+                .branches = c->branches,
+                .copies = c->copies,
+                .gamma = c->gamma ? c->gamma : (uint32_t)p->spec_gamma,
+                .batch = c->batch ? c->batch : 1,
+                .spec = c->gamma > 0,
+                .dedicated = c->poll};
+    if (c->kernels) {
         st.kernels = 1;
         st.mfu = p->k_mfu;
         st.mbu = p->k_mbu;
         st.overhead_s = p->k_overhead_ms * 1e-3;
         st.kv_waste = p->k_kv_waste;
     }
-    if (k >= 2 && (uint32_t)p->tp_size > st.tp) st.tp = (uint32_t)p->tp_size;
-    if (k >= 3) st.spec = 1;
-    if (k >= 4) st.nodes = (uint32_t)p->pp_nodes;
-    if (k >= 5) st.branches = (uint32_t)p->search_branches;
-    if (k >= 6) st.copies = (uint32_t)p->hedge_copies;
-    if (k >= 7) {
-        st.dedicated = 1;
+    if (c->poll) {
+        st.batch = 1;
         st.poll_s = p->poll_saved_us * 1e-6;
     }
     return st;
+}
+
+/* The cumulative state after step k (k = 0: baseline on base_tp GPUs). */
+static state state_at(const ikv_plan_params *p, uint32_t base_tp, int k) {
+    ikv_plan_config c = ikv_plan_walk_config(p, base_tp, k);
+    return state_of(p, &c);
 }
 
 static void describe(const ikv_plan_params *p, const state *st, char *buf, size_t cap) {
@@ -219,12 +256,15 @@ static void describe(const ikv_plan_params *p, const state *st, char *buf, size_
     if (st->spec) ADD(" spec%u@%.2f", st->gamma, p->spec_alpha);
     if (st->branches > 1) ADD(" n=%u", st->branches);
     if (st->copies > 1) ADD(" h=%u", st->copies);
-    if (st->dedicated) ADD(" dedicated+poll");
+    if (st->dedicated)
+        ADD(" dedicated+poll");
+    else if (st->batch != (uint32_t)p->batch)
+        ADD(" batch %u", st->batch);
 #undef ADD
 }
 
-static int setup(const ikv_plan_params *p, const ikv_model_spec *model, const ikv_hw_spec *hw,
-                 ctx *x, uint32_t *base_tp) {
+int ikv__plan_setup(const ikv_plan_params *p, const ikv_model_spec *model, const ikv_hw_spec *hw,
+                    ikv__plan_ctx *x) {
     int rc = ikv_plan_params_check(p);
     if (rc) return rc;
     if (!model || !hw) return ikv_error(IKV_EINVAL, "plan: model and hardware are required");
@@ -236,7 +276,7 @@ static int setup(const ikv_plan_params *p, const ikv_model_spec *model, const ik
     for (uint32_t t = 1; t <= (uint32_t)p->tp_size; t *= 2) {
         state st = state_at(p, t, 0);
         if (fits(x, &st)) {
-            *base_tp = t;
+            x->base_tp = t;
             return 0;
         }
     }
@@ -248,6 +288,53 @@ static int setup(const ikv_plan_params *p, const ikv_model_spec *model, const ik
                      "(%.0f GB usable)",
                      model->name, need / 1e9, p->batch, p->tp_size, hw->name,
                      hw->hbm_bytes * p->mem_usable * p->tp_size / 1e9);
+}
+
+static int setup(const ikv_plan_params *p, const ikv_model_spec *model, const ikv_hw_spec *hw,
+                 ctx *x, uint32_t *base_tp) {
+    int rc = ikv__plan_setup(p, model, hw, x);
+    *base_tp = x->base_tp;
+    return rc;
+}
+
+/* Fills the fields of a step that one configuration determines. */
+static void fill_step(const ctx *x, const state *st, int k, ikv_plan_step *s) {
+    eval e;
+    evaluate(x, st, &e);
+    memset(s, 0, sizeof *s);
+    s->step = k;
+    s->name = step_names[k];
+    describe(x->p, st, s->config, sizeof s->config);
+    s->gpus = e.gpus;
+    s->fits = e.fits;
+    s->compute_gpu_s = e.c;
+    s->flops = e.flops;
+    s->ttft_s = e.ttft;
+    s->tpot_s = e.tpot;
+    s->rounds = e.rounds;
+    s->latency_s = e.latency;
+    s->mrts = NAN;
+}
+
+void ikv__plan_eval(const ikv__plan_ctx *x, const ikv_plan_config *c, ikv_plan_step *out) {
+    state st = state_of(x->p, c);
+    int level = ikv_plan_config_level(x->p, x->base_tp, c);
+    fill_step(x, &st, level, out);
+    if (level == 7 && !c->poll) out->name = "batch"; /* step 7's lever without the polling */
+}
+
+int ikv_plan_eval(const ikv_plan_params *p, const ikv_model_spec *model, const ikv_hw_spec *hw,
+                  const ikv_plan_config *c, ikv_plan_step *out) {
+    ctx x;
+    int rc = ikv__plan_setup(p, model, hw, &x);
+    if (rc) return rc;
+    if (!c->tp || (c->tp & (c->tp - 1)) || !c->nodes || !c->branches || !c->copies || !c->batch)
+        return ikv_error(IKV_ERANGE,
+                         "plan: configuration with a zero lever or TP %u not a power "
+                         "of two",
+                         c->tp);
+    ikv__plan_eval(&x, c, out);
+    return 0;
 }
 
 int ikv_plan_walk(const ikv_plan_params *p, const ikv_model_spec *model, const ikv_hw_spec *hw,
@@ -264,21 +351,8 @@ int ikv_plan_walk(const ikv_plan_params *p, const ikv_model_spec *model, const i
     int prefix_ok = 1;
     for (int k = 0; k < IKV_PLAN_STEPS; k++) {
         state st = state_at(p, base_tp, k);
-        eval e;
-        evaluate(&x, &st, &e);
         ikv_plan_step *s = &out->steps[k];
-        s->step = k;
-        s->name = step_names[k];
-        describe(p, &st, s->config, sizeof s->config);
-        s->gpus = e.gpus;
-        s->fits = e.fits;
-        s->compute_gpu_s = e.c;
-        s->flops = e.flops;
-        s->ttft_s = e.ttft;
-        s->tpot_s = e.tpot;
-        s->rounds = e.rounds;
-        s->latency_s = e.latency;
-        s->mrts = NAN;
+        fill_step(&x, &st, k, s);
         if (k == 0) continue;
         const ikv_plan_step *prev = &out->steps[k - 1];
         s->d_compute = s->compute_gpu_s - prev->compute_gpu_s;

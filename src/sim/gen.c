@@ -195,7 +195,8 @@ static double total_rate(const ikv_gen_opts *o) {
 #define BAD(...) return ikv_error(IKV_EPARAM, __VA_ARGS__)
 
 int ikv_gen_opts_check(const ikv_gen_opts *o) {
-    if (!o->block_tokens || o->block_tokens > 65536) BAD("gen: block_tokens must be 1..65536");
+    if (!o->block_tokens || o->block_tokens > IKV_MAX_BLOCK_TOKENS)
+        BAD("gen: block_tokens must be 1..%u", IKV_MAX_BLOCK_TOKENS);
     if (!o->users || o->users > MAX_TABLE)
         BAD("gen: users must be 1..%llu", (unsigned long long)MAX_TABLE);
     if (!(o->user_alpha >= 0 && o->user_alpha <= 10)) BAD("gen: user_alpha must be 0..10");
@@ -236,8 +237,21 @@ int ikv_gen_opts_check(const ikv_gen_opts *o) {
     double longest = (double)o->system_tokens + o->tool_tokens + o->memory_tokens +
                      (double)o->docs_per_query * o->doc_tokens +
                      (double)o->turns * (o->query_tokens + (double)o->output_tokens);
-    if (longest > IKV_SEG_MAX_TOKENS)
-        BAD("gen: the longest prompt (%.0f tokens) exceeds %u", longest, IKV_SEG_MAX_TOKENS);
+    /* ... and what the readers accept by default, so `isokv sim` replays every file gen writes
+     * without raising --max-request-tokens / --max-segment-tokens */
+    if (longest > (double)IKV_TRACE_DEFAULT_MAX_REQUEST_TOKENS)
+        BAD("gen: the longest prompt (%.0f tokens) exceeds %llu (the trace readers' default "
+            "--max-request-tokens)",
+            longest, (unsigned long long)IKV_TRACE_DEFAULT_MAX_REQUEST_TOKENS);
+    double seg = o->system_tokens;
+    const double others[] = {o->tool_tokens, o->memory_item_tokens, o->doc_tokens, o->query_tokens,
+                             o->output_tokens}; /* history: one per turn */
+    for (size_t i = 0; i < sizeof others / sizeof others[0]; i++)
+        if (others[i] > seg) seg = others[i];
+    if (seg > (double)IKV_TRACE_DEFAULT_MAX_SEGMENT_TOKENS)
+        BAD("gen: a segment of %.0f tokens exceeds %llu (the trace readers' default "
+            "--max-segment-tokens)",
+            seg, (unsigned long long)IKV_TRACE_DEFAULT_MAX_SEGMENT_TOKENS);
     return 0;
 }
 

@@ -27,7 +27,8 @@
  * ghost FIFO of the last W dropped keys (W = thrash_window, default the cache's total capacity
  * in blocks); a later miss on a key still in the ghost counts as thrash. So thrash_ratio is the
  * fraction of drops that a cache twice as large would have turned into hits soon after —
- * evicted blocks requested again "within a window" of W further drops.
+ * evicted blocks requested again "within a window" of W further drops. The ghost's memory
+ * follows the drops (it grows as it fills), so a large W costs only what the trace drops.
  *
  * Chunk reuse (segments traces, R >= 0): after the prefix match stops at block k, every doc
  * chunk reaching beyond k is looked up by its position-independent doc keys (a chain of its
@@ -132,26 +133,59 @@ static int kmap_has(const kmap *m, ikv_key k) {
 /* ---- ghost FIFO of dropped keys (thrash) --------------------------------------------------- */
 
 typedef struct ghost {
-    ikv_key *keys;    /* ring of cap entries */
+    ikv_key *keys;    /* ring of cap entries, allocated up to `alloc` as drops arrive */
     uint32_t *next;   /* bucket chain through ring positions */
     uint8_t *live;
     uint32_t *bucket; /* nb buckets, IKV_NIL = empty */
-    uint64_t cap, nb, pos, count;
+    uint64_t cap;     /* W, the window: the ring's logical size */
+    uint64_t alloc;   /* entries allocated (<= cap) */
+    uint64_t nb, pos;
+    int nomem; /* a growth failed (on_evict cannot return it; checked per request) */
 } ghost;
 
+/* The window is W entries, but memory follows the drops: the ring starts small and doubles
+ * while it fills (it only fills before its first wrap, so positions never move), so W = 1G
+ * over a 300-request trace costs what its few hundred drops need, not 25 GB up front.
+ * W must fit the 32-bit ring positions (checked by setup). */
 static int ghost_init(ghost *g, uint64_t cap) {
     memset(g, 0, sizeof *g);
-    if (cap < 1) cap = 1;
-    if (cap >= IKV_NIL) cap = IKV_NIL - 1;
-    g->cap = cap;
-    g->nb = 1;
-    while (g->nb < cap) g->nb <<= 1;
-    g->keys = ikv_malloc((size_t)cap * sizeof *g->keys);
-    g->next = ikv_malloc((size_t)cap * sizeof *g->next);
-    g->live = ikv_calloc((size_t)cap, 1);
-    g->bucket = ikv_malloc((size_t)g->nb * sizeof *g->bucket);
-    if (!g->keys || !g->next || !g->live || !g->bucket) return IKV_ENOMEM;
-    memset(g->bucket, 0xff, (size_t)g->nb * sizeof *g->bucket);
+    g->cap = cap < 1 ? 1 : cap;
+    return 0;
+}
+
+/* Grows the ring to min(cap, 2 x alloc) entries and rehashes into a table of at least that many
+ * buckets. 0 or IKV_ENOMEM (the ghost unchanged). */
+static int ghost_grow(ghost *g) {
+    uint64_t n = g->alloc ? g->alloc * 2 : 1024;
+    if (n > g->cap) n = g->cap;
+    ikv_key *k = ikv_realloc(g->keys, (size_t)n * sizeof *k);
+    if (!k) return IKV_ENOMEM;
+    g->keys = k;
+    uint32_t *nx = ikv_realloc(g->next, (size_t)n * sizeof *nx);
+    if (!nx) return IKV_ENOMEM;
+    g->next = nx;
+    uint8_t *lv = ikv_realloc(g->live, (size_t)n);
+    if (!lv) return IKV_ENOMEM;
+    g->live = lv;
+    memset(g->live + g->alloc, 0, (size_t)(n - g->alloc));
+    uint64_t nb = 1;
+    while (nb < n)
+        nb <<= 1;
+    if (nb != g->nb) {
+        uint32_t *b = ikv_malloc((size_t)nb * sizeof *b);
+        if (!b) return IKV_ENOMEM;
+        memset(b, 0xff, (size_t)nb * sizeof *b);
+        for (uint64_t p = 0; p < g->alloc; p++)
+            if (g->live[p]) {
+                uint32_t *h = &b[g->keys[p].lo & (nb - 1)];
+                g->next[p] = *h;
+                *h = (uint32_t)p;
+            }
+        ikv_free(g->bucket);
+        g->bucket = b;
+        g->nb = nb;
+    }
+    g->alloc = n;
     return 0;
 }
 
@@ -171,6 +205,10 @@ static void ghost_unlink(ghost *g, uint32_t p) {
 }
 
 static void ghost_add(ghost *g, ikv_key k) {
+    if (g->pos == g->alloc && ghost_grow(g)) {
+        g->nomem = 1;
+        return;
+    }
     uint32_t p = (uint32_t)g->pos;
     if (g->live[p]) ghost_unlink(g, p);
     g->keys[p] = k;
@@ -183,6 +221,7 @@ static void ghost_add(ghost *g, ikv_key k) {
 
 /* 1 (and forgets it) if k was dropped within the window. */
 static int ghost_take(ghost *g, ikv_key k) {
+    if (!g->nb) return 0;
     for (uint32_t p = g->bucket[k.lo & (g->nb - 1)]; p != IKV_NIL; p = g->next[p])
         if (ikv_key_eq(g->keys[p], k)) {
             ghost_unlink(g, p);
@@ -733,6 +772,7 @@ static int setup(replay *s, ikv_trace *t, uint64_t *total) {
         *total = reqs;
     }
     if (o->n_tiers) {
+        if ((rc = ikv_replay_tiers_check(o->tiers, o->n_tiers, &s->cost))) return rc;
         cfg.n_tiers = o->n_tiers;
         for (size_t i = 0; i < o->n_tiers; i++) {
             const ikv_replay_tier *rt = &o->tiers[i];
@@ -761,7 +801,15 @@ static int setup(replay *s, ikv_trace *t, uint64_t *total) {
         sum += cfg.tiers[i].capacity;
     }
     if ((rc = ikv_cache_create(&cfg, &s->c))) return rc;
-    r->thrash_window = o->thrash_window ? o->thrash_window : sum;
+    r->thrash_window = o->thrash_window                     ? o->thrash_window
+                       : sum < IKV_REPLAY_MAX_THRASH_WINDOW ? sum
+                                                            : IKV_REPLAY_MAX_THRASH_WINDOW;
+    if (r->thrash_window > IKV_REPLAY_MAX_THRASH_WINDOW)
+        return ikv_error(IKV_ERANGE,
+                         "thrash window of %llu blocks is more than the %llu the ghost "
+                         "list can index",
+                         (unsigned long long)r->thrash_window,
+                         (unsigned long long)IKV_REPLAY_MAX_THRASH_WINDOW);
     if ((rc = ghost_init(&s->g, r->thrash_window))) return rc;
     if (o->pin_public && (rc = kmap_init(&s->pinned, 1024))) return rc;
     if (o->mode == IKV_REPLAY_TIMED) {
@@ -843,6 +891,11 @@ int ikv_replay(ikv_trace *t, const ikv_replay_opts *o, ikv_replay_result *r) {
         if ((rc = ensure_tenant(&s, q.tenant))) break;
         rc = o->mode == IKV_REPLAY_TIMED ? timed_one(&s, &q, &last_arrival) : order_one(&s, &q);
         if (rc) break;
+        if (s.g.nomem) {
+            rc = ikv_error(IKV_ENOMEM, "thrash ghost list at %llu of %llu entries: out of memory",
+                           (unsigned long long)s.g.alloc, (unsigned long long)s.g.cap);
+            break;
+        }
         if (o->check_every && (q.index + 1) % (uint64_t)o->check_every == 0 &&
             !ikv_cache_check(s.c)) {
             rc = ikv_error(IKV_EINVAL, "cache check failed after request %llu: %s",
@@ -859,8 +912,15 @@ int ikv_replay(ikv_trace *t, const ikv_replay_opts *o, ikv_replay_result *r) {
     }
     r->replay_seconds = ikv_now() - t0;
     if (r->requests == 0) {
-        rc = ikv_error(IKV_EEMPTY, "no valid request to replay (%llu malformed line%s skipped)",
-                       (unsigned long long)ikv_trace_skipped(t), ikv_trace_skipped(t) == 1 ? "" : "s");
+        uint64_t sk = ikv_trace_skipped(t);
+        const char *first = ikv_trace_first_error(t);
+        if (first)
+            rc = ikv_error(IKV_EEMPTY,
+                           "%s: no valid request to replay: %llu malformed line%s skipped; the "
+                           "first: %s",
+                           ikv_trace_path(t), (unsigned long long)sk, sk == 1 ? "" : "s", first);
+        else
+            rc = ikv_error(IKV_EEMPTY, "%s: no request to replay", ikv_trace_path(t));
         goto out;
     }
     finish(&s, t);

@@ -5,8 +5,13 @@
  * Files are read through zlib: gzopen reads a plain file transparently, so one code path serves
  * .jsonl and .jsonl.gz. A gzip stream that ends early (a truncated download) is reported as
  * IKV_ETRUNC with the file name, never silently taken as the end of the trace. Lines are
- * gathered with gzgets into a buffer that doubles as needed, so a 4 MB WEKA conversation line
- * is read like a 100-byte Mooncake one. Blank lines are ignored.
+ * split out of a gzread buffer with memchr into a line buffer that doubles as needed, so a 4 MB
+ * WEKA conversation line is read like a 100-byte Mooncake one, and a NUL byte is part of its
+ * line (reported as malformed), not the end of it. Blank lines are ignored.
+ *
+ * A record is one JSON object per line: invalid JSON, a NUL byte, nesting deeper than cJSON's
+ * limit and content after the object on the same line are each malformed, reported with the
+ * line and column.
  *
  * Detection: the first non-blank line is parsed as JSON and offered to each registered reader's
  * detect(); the first that accepts it wins. `--format` skips detection.
@@ -62,70 +67,107 @@ static const ikv__trace_reader *reader_of(ikv_trace_format f) {
 
 /* ---- lines -------------------------------------------------------------------------------- */
 
-static int is_blank(const char *s) {
-    for (; *s; s++)
-        if (*s != ' ' && *s != '\t' && *s != '\r' && *s != '\n') return 0;
+static int is_blank(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (s[i] != ' ' && s[i] != '\t' && s[i] != '\r' && s[i] != '\n') return 0;
     return 1;
 }
 
-/* Reads one physical line (any length) into t->line. 1, 0 at EOF, or an error. */
+#define RBUF_BYTES (1u << 17)
+
+/* Refills the read buffer. 1 (bytes available), 0 (end of file), or an error naming the line
+ * after which the file stopped: a gzip stream that ends early is IKV_ETRUNC, never taken for
+ * the end of the trace. */
+static int refill(ikv_trace *t) {
+    if (t->reof) return 0;
+    if (!t->rbuf) {
+        t->rbuf = ikv_malloc(RBUF_BYTES);
+        if (!t->rbuf) return IKV_ENOMEM;
+    }
+    int got = gzread(t->gz, t->rbuf, RBUF_BYTES);
+    int zerr = 0;
+    const char *msg = gzerror(t->gz, &zerr);
+    if (got < 0 || (zerr != Z_OK && zerr != Z_STREAM_END)) {
+        if (zerr == Z_BUF_ERROR || (msg && strstr(msg, "unexpected end")))
+            return ikv_error(IKV_ETRUNC, "%s: truncated gzip stream after line %llu (%s)", t->path,
+                             (unsigned long long)t->lineno, msg ? msg : "");
+        return ikv_error(IKV_EIO, "%s: read error after line %llu (%s)", t->path,
+                         (unsigned long long)t->lineno, msg ? msg : "zlib error");
+    }
+    t->rpos = 0;
+    t->rlen = (size_t)got;
+    if (got == 0) t->reof = 1;
+    return got > 0;
+}
+
+/* Makes t->line hold at least `need` bytes plus a terminating NUL. */
+static int line_room(ikv_trace *t, size_t need) {
+    if (need + 1 <= t->line_cap) return 0;
+    size_t cap = t->line_cap ? t->line_cap : 1 << 16;
+    while (cap < need + 1)
+        cap *= 2;
+    char *p = ikv_realloc(t->line, cap);
+    if (!p)
+        return ikv_error(IKV_ENOMEM, "%s:%llu: line too long for memory", t->path,
+                         (unsigned long long)t->lineno + 1);
+    t->line = p;
+    t->line_cap = cap;
+    return 0;
+}
+
+/* Reads one physical line (any length, any bytes but '\n') into t->line. 1, 0 at EOF, or an
+ * error. The line is NUL-terminated for convenience, but its length is t->line_len and a NUL
+ * byte inside it is recorded in t->line_nul: readers report such a line as malformed instead
+ * of cutting it short (gzgets + strlen silently dropped the rest and the next line). */
 static int read_line(ikv_trace *t) {
     t->line_len = 0;
-    if (!t->line) {
-        t->line_cap = 1 << 16;
-        t->line = ikv_malloc(t->line_cap);
-        if (!t->line) return IKV_ENOMEM;
-    }
+    t->line_complete = 0;
+    int rc = line_room(t, 0);
+    if (rc) return rc;
     for (;;) {
-        if (t->line_cap - t->line_len < 2) {
-            size_t cap = t->line_cap * 2;
-            char *p = ikv_realloc(t->line, cap);
-            if (!p) return ikv_error(IKV_ENOMEM, "%s:%llu: line too long for memory", t->path,
-                                     (unsigned long long)t->lineno + 1);
-            t->line = p;
-            t->line_cap = cap;
-        }
-        int room = t->line_cap - t->line_len > (size_t)INT32_MAX ? INT32_MAX
-                                                                  : (int)(t->line_cap - t->line_len);
-        char *got = gzgets(t->gz, t->line + t->line_len, room);
-        if (!got) {
-            int zerr = 0;
-            const char *msg = gzerror(t->gz, &zerr);
-            if (zerr != Z_OK && zerr != Z_STREAM_END) {
-                if (zerr == Z_BUF_ERROR || (msg && strstr(msg, "unexpected end")))
-                    return ikv_error(IKV_ETRUNC, "%s: truncated gzip stream after line %llu (%s)",
-                                     t->path, (unsigned long long)t->lineno, msg ? msg : "");
-                return ikv_error(IKV_EIO, "%s: read error after line %llu (%s)", t->path,
-                                 (unsigned long long)t->lineno, msg ? msg : "zlib error");
+        if (t->rpos == t->rlen) {
+            rc = refill(t);
+            if (rc < 0) return rc;
+            if (rc == 0) {
+                if (t->line_len == 0) return 0;
+                break; /* last line without a newline */
             }
-            if (t->line_len == 0) return 0;
-            break; /* last line without a newline */
         }
-        size_t n = strlen(t->line + t->line_len);
-        t->line_len += n;
-        if (t->line_len && t->line[t->line_len - 1] == '\n') break;
-        if (gzeof(t->gz)) {
-            /* a read error or a truncated stream may also surface as EOF: check */
-            int zerr = 0;
-            const char *msg = gzerror(t->gz, &zerr);
-            if (zerr == Z_BUF_ERROR || (zerr != Z_OK && zerr != Z_STREAM_END))
-                return ikv_error(IKV_ETRUNC, "%s: truncated gzip stream at line %llu (%s)",
-                                 t->path, (unsigned long long)t->lineno + 1, msg ? msg : "");
+        const char *from = t->rbuf + t->rpos;
+        size_t avail = t->rlen - t->rpos;
+        const char *nl = memchr(from, '\n', avail);
+        size_t take = nl ? (size_t)(nl - from) + 1 : avail;
+        if ((rc = line_room(t, t->line_len + take))) return rc;
+        memcpy(t->line + t->line_len, from, take);
+        t->line_len += take;
+        t->rpos += take;
+        if (nl) {
+            t->line_complete = 1;
             break;
         }
     }
     t->lineno++;
-    t->line_complete = t->line_len && t->line[t->line_len - 1] == '\n';
     while (t->line_len && (t->line[t->line_len - 1] == '\n' || t->line[t->line_len - 1] == '\r'))
-        t->line[--t->line_len] = 0;
+        t->line_len--;
+    t->line[t->line_len] = 0;
+    const char *z = memchr(t->line, 0, t->line_len);
+    t->line_nul = z ? (size_t)(z - t->line) : SIZE_MAX;
     return 1;
+}
+
+int ikv__trace_file_rewind(ikv_trace *t) {
+    if (gzrewind(t->gz) != 0) return ikv_error(IKV_EIO, "%s: cannot rewind", t->path);
+    t->rpos = t->rlen = 0;
+    t->reof = 0;
+    t->lineno = 0;
+    return 0;
 }
 
 int ikv__trace_getline(ikv_trace *t) {
     for (;;) {
         int rc = read_line(t);
         if (rc <= 0) return rc;
-        if (!is_blank(t->line)) return 1;
+        if (!is_blank(t->line, t->line_len)) return 1;
     }
 }
 
@@ -162,23 +204,82 @@ int ikv__trace_reserve(ikv_trace *t, size_t n) {
     return 0;
 }
 
-cJSON *ikv__trace_parse_line(ikv_trace *t, int *rc) {
-    *rc = 0;
-    cJSON *j = cJSON_ParseWithLength(t->line, t->line_len);
+/* The deepest nesting of arrays and objects in s (strings skipped), stopping early once it
+ * passes `stop`. Used only to explain a failed parse. */
+static size_t json_depth(const char *s, size_t n, size_t stop) {
+    size_t d = 0, max = 0;
+    for (size_t i = 0; i < n && max <= stop; i++) {
+        char c = s[i];
+        if (c == '"') {
+            for (i++; i < n && s[i] != '"'; i++)
+                if (s[i] == '\\') i++;
+        } else if (c == '[' || c == '{') {
+            if (++d > max) max = d;
+        } else if ((c == ']' || c == '}') && d) {
+            d--;
+        }
+    }
+    return max;
+}
+
+const char *ikv__trace_json_problem(ikv_trace *t, cJSON **obj, char *why, size_t why_len) {
+    *obj = NULL;
+    if (t->line_nul != SIZE_MAX) {
+        snprintf(why, why_len, "NUL byte at column %zu", t->line_nul + 1);
+        return why;
+    }
+    const char *end = NULL;
+    cJSON *j = cJSON_ParseWithLengthOpts(t->line, t->line_len, &end, 0);
     if (!j) {
+        if (json_depth(t->line, t->line_len, CJSON_NESTING_LIMIT) > CJSON_NESTING_LIMIT) {
+            snprintf(why, why_len, "JSON nested deeper than %d levels", CJSON_NESTING_LIMIT);
+            return why;
+        }
         const char *where = cJSON_GetErrorPtr();
         size_t off = where && where >= t->line && where <= t->line + t->line_len
                          ? (size_t)(where - t->line)
                          : t->line_len;
-        *rc = ikv__trace_malformed(t, "invalid JSON at column %zu", off + 1);
-        return NULL;
+        snprintf(why, why_len, "invalid JSON at column %zu", off + 1);
+        return why;
     }
     if (!cJSON_IsObject(j)) {
         cJSON_Delete(j);
-        *rc = ikv__trace_malformed(t, "expected a JSON object");
+        snprintf(why, why_len, "expected a JSON object");
+        return why;
+    }
+    size_t off = end && end >= t->line && end <= t->line + t->line_len ? (size_t)(end - t->line)
+                                                                       : t->line_len;
+    if (!is_blank(t->line + off, t->line_len - off)) {
+        cJSON_Delete(j);
+        while (off < t->line_len && (t->line[off] == ' ' || t->line[off] == '\t'))
+            off++;
+        snprintf(why, why_len, "trailing content after the JSON object at column %zu", off + 1);
+        return why;
+    }
+    *obj = j;
+    return NULL;
+}
+
+cJSON *ikv__trace_parse_line(ikv_trace *t, int *rc) {
+    *rc = 0;
+    char why[128];
+    cJSON *j;
+    const char *bad = ikv__trace_json_problem(t, &j, why, sizeof why);
+    if (bad) {
+        *rc = ikv__trace_malformed(t, "%s", bad);
         return NULL;
     }
     return j;
+}
+
+uint64_t ikv__trace_max_request_tokens(const ikv_trace *t) {
+    return t->opts.max_request_tokens ? t->opts.max_request_tokens
+                                      : IKV_TRACE_DEFAULT_MAX_REQUEST_TOKENS;
+}
+
+uint64_t ikv__trace_max_segment_tokens(const ikv_trace *t) {
+    return t->opts.max_segment_tokens ? t->opts.max_segment_tokens
+                                      : IKV_TRACE_DEFAULT_MAX_SEGMENT_TOKENS;
 }
 
 /* ---- JSON helpers ------------------------------------------------------------------------- */
@@ -209,14 +310,20 @@ static int detect(ikv_trace *t) {
     int rc = ikv__trace_getline(t);
     if (rc < 0) return rc;
     if (rc == 0) return ikv_error(IKV_EEMPTY, "%s: empty trace (no records)", t->path);
-    cJSON *j = cJSON_ParseWithLength(t->line, t->line_len);
-    if (!j || !cJSON_IsObject(j)) {
-        cJSON_Delete(j);
-        return ikv_error(IKV_EFORMAT,
-                         "%s:%llu: cannot detect the trace format: the first record is not a "
-                         "JSON object%s (use --format)",
-                         t->path, (unsigned long long)t->lineno,
-                         t->line_complete ? "" : " (file ends inside it: truncated?)");
+    char why[128];
+    cJSON *j;
+    const char *bad = ikv__trace_json_problem(t, &j, why, sizeof why);
+    if (bad && !j) {
+        /* trailing content is the reader's to report (with the line counted); the rest means
+         * there is no record to detect from */
+        if (strncmp(bad, "trailing", 8))
+            return ikv_error(IKV_EFORMAT,
+                             "%s:%llu: cannot detect the trace format: the first record: %s%s "
+                             "(use --format)",
+                             t->path, (unsigned long long)t->lineno, bad,
+                             t->line_complete ? "" : " (file ends inside it: truncated?)");
+        j = cJSON_ParseWithLength(t->line, t->line_len);
+        if (!j) return ikv_error(IKV_ENOMEM, "%s: parsing the first record", t->path);
     }
     const ikv__trace_reader *found = NULL;
     for (size_t i = 0; i < N_READERS && !found; i++)
@@ -232,8 +339,8 @@ static int detect(ikv_trace *t) {
 }
 
 static int file_rewind(ikv_trace *t) {
-    if (gzrewind(t->gz) != 0) return ikv_error(IKV_EIO, "%s: cannot rewind", t->path);
-    t->lineno = 0;
+    int rc = ikv__trace_file_rewind(t);
+    if (rc) return rc;
     t->emitted = 0;
     return 0;
 }
@@ -259,6 +366,7 @@ int ikv_trace_open(const char *path, const ikv_trace_opts *opts, ikv_trace **out
         goto fail;
     }
     gzbuffer(t->gz, 1 << 17);
+    t->line_nul = SIZE_MAX;
     if (t->opts.format == IKV_TRACE_AUTO) {
         if ((rc = detect(t))) goto fail;
     } else {
@@ -312,6 +420,10 @@ uint64_t ikv_trace_skipped(const ikv_trace *t) {
     return t->skipped;
 }
 
+const char *ikv_trace_path(const ikv_trace *t) {
+    return t->path;
+}
+
 const char *ikv_trace_first_error(const ikv_trace *t) {
     return t->has_error ? t->first_error : NULL;
 }
@@ -333,6 +445,7 @@ void ikv_trace_close(ikv_trace *t) {
     if (t->rd && t->rd->close) t->rd->close(t);
     if (t->gz) gzclose(t->gz);
     ikv_free(t->line);
+    ikv_free(t->rbuf);
     ikv_free(t->keys);
     ikv_free(t->ntokens);
     ikv_free(t->path);

@@ -2,13 +2,15 @@
  * Trace readers: the internal interface between the generic reader (trace.c) and one file per
  * format (trace_mooncake.c, trace_weka.c, trace_segments.c).
  *
- * trace.c owns the file (zlib gzopen/gzgets read plain and gzip files alike), line splitting
- * for lines of any length, line numbers, the malformed-line policy (skip and count, or fatal
+ * trace.c owns the file (zlib gzopen/gzread read plain and gzip files alike), line splitting
+ * for lines of any length (its own buffer, so a NUL byte inside a line is seen, never taken
+ * for the end of it), line numbers, the malformed-line policy (skip and count, or fatal
  * with opts.strict), format detection, max_requests and request numbering. A format supplies a
  * const ikv__trace_reader and is listed once in trace.c's registry:
  *
  *     ikv_trace_open ─ detect (first record, parsed once with cJSON) ─ rd->open
- *     ikv_trace_next ─ rd->next ─ (index, max_requests)                 ikv_trace_rewind ─ rd->rewind
+ *     ikv_trace_next ─ rd->next ─ (index, max_requests)                 ikv_trace_rewind ─
+ * rd->rewind
  *
  * A reader keeps its own state in t->state (allocated in open, freed in close). It may stream
  * (read one line per request: mooncake, segments) or read the whole file in open (weka, which
@@ -54,6 +56,11 @@ struct ikv_trace {
     size_t line_cap, line_len;
     uint64_t lineno;           /* 1-based number of the line in `line` */
     int line_complete;         /* 0 if the file ended without a newline after it */
+    size_t line_nul;           /* offset of the first NUL byte in `line`, SIZE_MAX if none */
+    /* read buffer between the file and `line` (gzread, not gzgets: NUL bytes survive) */
+    char *rbuf;
+    size_t rpos, rlen;
+    int reof;
     /* malformed-line accounting */
     uint64_t skipped;
     char first_error[256];
@@ -79,13 +86,29 @@ int ikv__trace_getline(ikv_trace *t);
  * ends in the middle of is called truncated in the message. */
 int ikv__trace_malformed(ikv_trace *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Back to the start of the file: zlib rewind, read buffer emptied, line counter 0. 0 or
+ * IKV_EIO with a detail. */
+int ikv__trace_file_rewind(ikv_trace *t);
+
 /* Makes the shared scratch (t->keys, t->ntokens) hold at least n blocks. 0 or IKV_ENOMEM. */
 int ikv__trace_reserve(ikv_trace *t, size_t n);
 
 /* Parses the current line as a JSON object. Returns the object (caller cJSON_Delete()s it), or
  * NULL after reporting the line through ikv__trace_malformed (*rc says whether that was fatal:
- * 0 skip, < 0 return it). */
+ * 0 skip, < 0 return it). A NUL byte in the line, content after the object, nesting deeper
+ * than cJSON's limit and invalid JSON are each reported as what they are, with the column. */
 cJSON *ikv__trace_parse_line(ikv_trace *t, int *rc);
+
+/* Why the current line is not one JSON object, or NULL if it is one (then *obj holds it, the
+ * caller's to delete). `why` is a buffer of at least 96 bytes. Does not report anything. */
+const char *ikv__trace_json_problem(ikv_trace *t, cJSON **obj, char *why, size_t why_len);
+
+/* Bounds every reader applies to numbers it takes from a record (absurd values are malformed
+ * lines, not silently huge replays): times in seconds, and tokens per request and per segment
+ * unless opts.max_request_tokens / opts.max_segment_tokens say otherwise. */
+#define IKV__TRACE_MAX_SECONDS 1e9 /* about 31.7 years of trace */
+uint64_t ikv__trace_max_request_tokens(const ikv_trace *t);
+uint64_t ikv__trace_max_segment_tokens(const ikv_trace *t);
 
 /* JSON field helpers: a non-negative integral number that fits `max`. 0 on success, -1 if the
  * field is missing, not a number, negative, fractional or too large. */

@@ -9,8 +9,10 @@
  * ikv_key_from_id(seed, 0, x): equal ids are equal prefixes. The last block may be partial:
  * len(hash_ids) == ceil(input_length / 512); block i has min(512, input - 512 i) tokens.
  *
- * Checks per line: the four fields present and integral, ids non-negative, and the id count
- * matching ceil(input/512) (a mismatch is a malformed line, since token hit ratios depend on
+ * Checks per line: the four fields present and integral, ids non-negative, the timestamp below
+ * 1e12 ms and both lengths within opts.max_request_tokens (absurd values such as 1e308 or
+ * 2^32-1 are malformed lines, reported with their line), and the id count matching
+ * ceil(input/512) (a mismatch is a malformed line, since token hit ratios depend on
  * it). Streams: one line in memory at a time; O(ids) per request.
  */
 #include "trace_internal.h"
@@ -38,14 +40,25 @@ static int mc_next(ikv_trace *t, ikv_request *req) {
             if (rc) return rc;
             continue;
         }
-        uint64_t in = 0, out = 0;
+        uint64_t in = 0, out = 0, lim = ikv__trace_max_request_tokens(t);
         double ts = 0;
+        char why[160];
         const cJSON *ids = cJSON_GetObjectItemCaseSensitive(j, "hash_ids");
         const char *bad = NULL;
         if (ikv__json_double(j, "timestamp", &ts) || ts < 0) bad = "\"timestamp\" (ms) missing or negative";
         else if (ikv__json_uint(j, "input_length", MAX_TOKENS, &in)) bad = "\"input_length\" missing or not a token count";
         else if (ikv__json_uint(j, "output_length", MAX_TOKENS, &out)) bad = "\"output_length\" missing or not a token count";
         else if (!cJSON_IsArray(ids)) bad = "\"hash_ids\" missing or not an array";
+        else if (ts > IKV__TRACE_MAX_SECONDS * 1e3) {
+            snprintf(why, sizeof why, "\"timestamp\" %.6g ms is more than 1e12 ms (31 years)", ts);
+            bad = why;
+        } else if (in > lim || out > lim) {
+            snprintf(why, sizeof why,
+                     "\"%s\" %llu is more than the limit of %llu tokens (--max-request-tokens)",
+                     in > lim ? "input_length" : "output_length",
+                     (unsigned long long)(in > lim ? in : out), (unsigned long long)lim);
+            bad = why;
+        }
         size_t n = bad ? 0 : (size_t)cJSON_GetArraySize(ids);
         if (!bad && n != (in + MOONCAKE_BLOCK - 1) / MOONCAKE_BLOCK) {
             rc = ikv__trace_malformed(t, "%zu hash_ids for input_length %llu (expected ceil(%llu/512) = %llu)",

@@ -28,7 +28,7 @@
 
 #define HEADER_FORMAT    "isokv-segments"
 #define HEADER_VERSION   1
-#define MAX_BLOCK_TOKENS 65536u
+#define MAX_BLOCK_TOKENS IKV_MAX_BLOCK_TOKENS
 #define MAX_TENANTS      UINT32_MAX
 
 typedef struct seg_state {
@@ -59,8 +59,9 @@ static int seg_detect(const cJSON *j) {
 static int read_header(ikv_trace *t, seg_state *s, uint32_t *block) {
     int rc = ikv__trace_getline(t);
     if (rc <= 0) return rc;
-    cJSON *j = cJSON_ParseWithLength(t->line, t->line_len);
-    if (!j || !cJSON_IsObject(j) || !is_header(j)) {
+    char why[128];
+    cJSON *j;
+    if (ikv__trace_json_problem(t, &j, why, sizeof why) || !is_header(j)) {
         cJSON_Delete(j); /* not a header: a request (or a bad line next() will report) */
         return 0;
     }
@@ -72,8 +73,10 @@ static int read_header(ikv_trace *t, seg_state *s, uint32_t *block) {
     else if (ikv__json_uint(j, "version", UINT32_MAX, &v) || v != HEADER_VERSION)
         bad = "header: unsupported \"version\" (this reader knows 1)";
     else if (cJSON_GetObjectItemCaseSensitive(j, "block_tokens") &&
-             (ikv__json_uint(j, "block_tokens", MAX_BLOCK_TOKENS, &bt) || bt == 0))
-        bad = "header: \"block_tokens\" must be 1..65536";
+             (ikv__json_uint(j, "block_tokens", MAX_BLOCK_TOKENS, &bt) || bt == 0)) {
+        snprintf(why, sizeof why, "header: \"block_tokens\" must be 1..%u", IKV_MAX_BLOCK_TOKENS);
+        bad = why;
+    }
     cJSON_Delete(j);
     if (bad)
         return ikv_error(IKV_EFORMAT, "%s:%llu: %s", t->path, (unsigned long long)t->lineno, bad);
@@ -103,8 +106,7 @@ static int seg_open(ikv_trace *t) {
     uint32_t block = IKV_SEG_DEFAULT_BLOCK;
     int rc = read_header(t, s, &block);
     if (rc < 0) return rc;
-    if (gzrewind(t->gz) != 0) return ikv_error(IKV_EIO, "%s: cannot rewind", t->path);
-    t->lineno = 0;
+    if ((rc = ikv__trace_file_rewind(t))) return rc;
     if (block > MAX_BLOCK_TOKENS)
         return ikv_error(IKV_EINVAL, "%s: block size %u out of range 1..%u", t->path, block,
                          MAX_BLOCK_TOKENS);
@@ -162,8 +164,10 @@ static int tenant_index(seg_state *s, const char *name, uint32_t *out) {
 
 /* Parses the segments array of a request into s->segs. Returns NULL on success (count in
  * *n), or a static-format reason written to `why`. */
-static const char *parse_segments(seg_state *s, const cJSON *arr, size_t *n, char *why,
-                                  size_t why_len, int *nomem) {
+static const char *parse_segments(const ikv_trace *t, seg_state *s, const cJSON *arr, size_t *n,
+                                  char *why, size_t why_len, int *nomem) {
+    uint64_t max_seg = ikv__trace_max_segment_tokens(t), max_req = ikv__trace_max_request_tokens(t);
+    if (max_req > IKV_SEG_MAX_TOKENS) max_req = IKV_SEG_MAX_TOKENS;
     size_t count = (size_t)cJSON_GetArraySize(arr);
     if (!count) return "\"segments\" is empty";
     if (count > s->segs_cap) {
@@ -194,17 +198,26 @@ static const char *parse_segments(seg_state *s, const cJSON *arr, size_t *n, cha
             bad = "\"kind\" is not one of system, tool, memory, doc, history, query";
         else if (!cJSON_IsString(id) || !id->valuestring[0])
             bad = "\"id\" missing or not a non-empty string";
-        else if (ikv__json_uint(it, "tokens", IKV_SEG_MAX_TOKENS, &tok) || tok == 0)
-            bad = "\"tokens\" missing or not an integer 1..16777216";
+        else if (ikv__json_uint(it, "tokens", UINT64_MAX >> 11, &tok) || tok == 0)
+            bad = "\"tokens\" missing or not a positive integer";
         else if (pub && !cJSON_IsBool(pub))
             bad = "\"public\" is not true or false";
         if (bad) {
             snprintf(why, why_len, "segments[%zu] %s", i, bad);
             return why;
         }
+        if (tok > max_seg) {
+            snprintf(why, why_len,
+                     "segments[%zu] has %llu tokens, more than the limit of %llu per segment "
+                     "(--max-segment-tokens)",
+                     i, (unsigned long long)tok, (unsigned long long)max_seg);
+            return why;
+        }
         total += tok;
-        if (total > IKV_SEG_MAX_TOKENS) {
-            snprintf(why, why_len, "the request has more than %u tokens", IKV_SEG_MAX_TOKENS);
+        if (total > max_req) {
+            snprintf(why, why_len,
+                     "the request has more than the limit of %llu tokens (--max-request-tokens)",
+                     (unsigned long long)max_req);
             return why;
         }
         g->id = id->valuestring;
@@ -239,6 +252,8 @@ static int seg_next(ikv_trace *t, ikv_request *req) {
             bad = "a header line is allowed only as line 1";
         else if (ikv__json_double(j, "time", &time) || time < 0)
             bad = "\"time\" (seconds) missing or negative";
+        else if (time > IKV__TRACE_MAX_SECONDS)
+            bad = "\"time\" is more than 1e9 seconds (31 years) into the trace";
         else if (time < s->last_time) {
             snprintf(why, sizeof why, "\"time\" %.6f goes back before the previous request's %.6f",
                      time, s->last_time);
@@ -251,10 +266,16 @@ static int seg_next(ikv_trace *t, ikv_request *req) {
         else if (cJSON_GetObjectItemCaseSensitive(j, "output") &&
                  ikv__json_uint(j, "output", UINT32_MAX, &output))
             bad = "\"output\" is not a token count";
-        else if (!cJSON_IsArray(segs))
+        else if (output > ikv__trace_max_request_tokens(t)) {
+            snprintf(why, sizeof why,
+                     "\"output\" %llu is more than the limit of %llu tokens (--max-request-tokens)",
+                     (unsigned long long)output,
+                     (unsigned long long)ikv__trace_max_request_tokens(t));
+            bad = why;
+        } else if (!cJSON_IsArray(segs))
             bad = "\"segments\" missing or not an array";
         else
-            bad = parse_segments(s, segs, &n, why, sizeof why, &nomem);
+            bad = parse_segments(t, s, segs, &n, why, sizeof why, &nomem);
         if (nomem) {
             cJSON_Delete(j);
             return IKV_ENOMEM;

@@ -5,7 +5,8 @@
  * One conversation per line:
  *     {"id", "block_size": 64, "hash_id_scope": "local", ...,
  *      "requests": [{"t": s, "type": "n"|"s", "in", "out", "hash_ids": [..]},
- *                   {"t": s, "type": "subagent", "requests": [ {..t from the subagent's start..} ]}]}
+ *                   {"t": s, "type": "subagent", "requests": [ {..t from the subagent's start..}
+ * ]}]}
  *
  * Keys. Ids are local to the conversation and, like Mooncake's, prefix ids (an id stands for a
  * block and all before it). Conversation i (0-based among accepted lines) uses namespace i + 1:
@@ -24,7 +25,9 @@
  * kept run-length encoded — (first id, count) runs of consecutive ids, which is what agentic
  * prompts are made of (the 355-conversation file has 40 M ids in ~3 k runs per conversation) —
  * and keys are computed when a request is handed out. A malformed conversation line is skipped
- * as a whole (its requests cannot be trusted) and does not count towards N.
+ * as a whole (its requests cannot be trusted) and does not count towards N; so is a
+ * conversation with no requests at all (reported as such), and one whose times or token counts
+ * are absurd (beyond 1e9 s, or opts.max_request_tokens).
  */
 #include "trace_internal.h"
 
@@ -58,6 +61,7 @@ typedef struct weka {
         uint32_t n_runs, n_ids;
     } *arr;
     size_t n_arr, cap_arr, next_arr;
+    uint64_t max_tokens; /* opts.max_request_tokens or its default */
     char why[400];
 } weka;
 
@@ -192,6 +196,11 @@ static int add_requests(weka *w, const cJSON *arr, double base, uint32_t conv, u
             snprintf(w->why, sizeof w->why, "%s: \"t\" missing or negative", here);
             return 1;
         }
+        if (base + t > IKV__TRACE_MAX_SECONDS) {
+            snprintf(w->why, sizeof w->why, "%s: \"t\" %.6g s is more than 1e9 s (31 years)", here,
+                     base + t);
+            return 1;
+        }
         const cJSON *type = cJSON_GetObjectItemCaseSensitive(r, "type");
         if (cJSON_IsString(type) && !strcmp(type->valuestring, "subagent")) {
             char sub[112];
@@ -204,6 +213,14 @@ static int add_requests(weka *w, const cJSON *arr, double base, uint32_t conv, u
         uint64_t in, out;
         if (ikv__json_uint(r, "in", UINT32_MAX, &in) || ikv__json_uint(r, "out", UINT32_MAX, &out)) {
             snprintf(w->why, sizeof w->why, "%s: \"in\"/\"out\" missing or not token counts", here);
+            return 1;
+        }
+        if (in > w->max_tokens || out > w->max_tokens) {
+            snprintf(w->why, sizeof w->why,
+                     "%s: \"%s\" %llu is more than the limit of %llu tokens (--max-request-tokens)",
+                     here, in > w->max_tokens ? "in" : "out",
+                     (unsigned long long)(in > w->max_tokens ? in : out),
+                     (unsigned long long)w->max_tokens);
             return 1;
         }
         const cJSON *ids = cJSON_GetObjectItemCaseSensitive(r, "hash_ids");
@@ -260,6 +277,7 @@ static int wk_open(ikv_trace *t) {
     weka *w = ikv_calloc(1, sizeof *w);
     if (!w) return IKV_ENOMEM;
     t->state = w;
+    w->max_tokens = ikv__trace_max_request_tokens(t);
     uint64_t want = t->opts.conversations;
     int rc = 0;
     while ((!want || w->n_conv < want) && (rc = ikv__trace_getline(t)) == 1) {
@@ -293,6 +311,11 @@ static int wk_open(ikv_trace *t) {
                          w->n_arr - w->next_arr);
                 bad = 1;
             }
+            if (!bad && w->n_reqs == w->line_first_req) {
+                /* nothing to replay, and it would shift every later conversation's start */
+                snprintf(w->why, sizeof w->why, "the conversation has no requests");
+                bad = 1;
+            }
         }
         cJSON_Delete(j);
         if (bad < 0) return bad;
@@ -312,7 +335,7 @@ static int wk_open(ikv_trace *t) {
     /* Conversation i starts at i*W/N. */
     for (size_t i = 0; i < w->n_reqs; i++)
         w->reqs[i].time += (double)w->reqs[i].conv * t->opts.window / (double)w->n_conv;
-    qsort(w->reqs, w->n_reqs, sizeof *w->reqs, cmp_req);
+    if (w->n_reqs > 1) qsort(w->reqs, w->n_reqs, sizeof *w->reqs, cmp_req);
     t->tenants = w->n_conv;
     t->known_requests = w->n_reqs;
     return 0;
