@@ -5,7 +5,7 @@ set -euo pipefail
 
 pkgs=(build-essential cmake pkg-config libxxhash-dev libopenblas-dev libcjson-dev
       zlib1g-dev libcmocka-dev gnuplot-nox libmicrohttpd-dev libhiredis-dev
-      redis-server redis-tools libcurl4-openssl-dev curl clang)
+      redis-server redis-tools libcurl4-openssl-dev curl jq clang)
 # Node.js runs only the OpenAI-client test; a Node install from elsewhere (with its own npm) counts.
 command -v node >/dev/null 2>&1 || pkgs+=(nodejs)
 command -v npm >/dev/null 2>&1 || pkgs+=(npm)

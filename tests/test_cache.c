@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <cmocka.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -544,13 +545,36 @@ static void test_sieve_visited(void **st) {
     ikv_cache_destroy(c);
 }
 
+/* value:ghost=1: a block that misses while its key is among the recently evicted comes back
+ * proven (ordered by recency), not unproven (predicted 4 mean gaps away and evicted first).
+ * Times are explicit so the mean gap (100) dwarfs the eviction horizon. */
+static void test_value_ghost_feedback(void **st) {
+    (void)st;
+    for (int ghost = 1; ghost >= 0; ghost--) {
+        ikv_cache *c = make(2, ghost ? "value:ghost=1" : "value");
+        req1(c, 1, 1);
+        assert_int_equal(req1(c, 1, 101), 1); /* gap 100: the mean gap is 100 */
+        req1(c, 2, 102);                     /* unproven: key 102 - 400 */
+        req1(c, 3, 103);                     /* 2 goes (and into the ghost) */
+        assert_false(resident1(c, 2));
+        req1(c, 2, 104); /* 1 goes; 2 returns: from the ghost it is proven */
+        assert_false(resident1(c, 1));
+        req1(c, 4, 105); /* unproven 2 goes first, a returning (proven) 2 outlives 3 */
+        assert_int_equal(resident1(c, 2), ghost);
+        assert_int_equal(resident1(c, 3), !ghost);
+        ikv_cache_destroy(c);
+    }
+}
+
 /* s3fifo: a block inserted and never hit leaves through the small queue before an older block
  * that was hit twice (which moves to main); a key remembered by the ghost comes back into main
  * and outlives the one-hit blocks inserted after it, unless the ghost is off. */
 static void test_s3fifo_small_and_ghost(void **st) {
     (void)st;
-    for (int ghost = 1; ghost >= 0; ghost--) {
-        ikv_cache *c = make(10, ghost ? "s3fifo" : "s3fifo:ghost=0");
+    static const char *const cfg[] = {"s3fifo", "s3fifo:approx=1", "s3fifo:ghost=0"};
+    for (int k = 0; k < 3; k++) {
+        int ghost = k < 2;
+        ikv_cache *c = make(10, cfg[k]);
         uint64_t t = 1;
         req1(c, 100, t++);
         req1(c, 100, t++), req1(c, 100, t++); /* 100 hit twice: freq 2 */
@@ -597,6 +621,7 @@ static void test_policy_params(void **st) {
         "fifo:x=1",        "lfu:x=1",        "sieve:x=1",           "arc:p=1",
         "gdsf:cost=flops", "gdsf:beta=1",    "s3fifo:small=0",      "s3fifo:small=1",
         "s3fifo:small=x",  "s3fifo:ghost=2", "s3fifo:move=4",       "s3fifo:move=1.5",
+        "s3fifo:approx=2", "value:ghost=-1",
         "s3fifo:size=0.1", "s3fifo:small",   "s3fifo:small=0.1,,x", "value:beta=1",
         "value:new=-1",    "value:smooth=0", "value:cost=x",        "value:lru2=1e9",
         "value:fork=0.5",  "value:fork=2",   "value:horizon=-1"};
@@ -611,7 +636,7 @@ static void test_policy_params(void **st) {
     static const char *good[] = {"s3fifo:small=0.2,ghost=0.5,move=1", "s3fifo:ghost=0",
                                  "gdsf:cost=unit", "gdsf:cost=callback",
                                  "value:new=0,smooth=1,cost=2,lru2=0", "value:horizon=0,fork=0",
-                                 "value:horizon=2,fork=1"};
+                                 "value:horizon=2,fork=1", "s3fifo:approx=1", "value:ghost=1"};
     for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
         ikv_cache *c = make(10, good[i]);
         CHECKED(c);
@@ -1274,20 +1299,39 @@ static void test_alloc_failure(void **st) {
     ikv_cache_destroy(c);
 }
 
+/* Metadata per block: at most 96 bytes (node, bucket, chain link, a heap slot), plus the exact
+ * ghost lists of arc (24 bytes a key, c keys) and s3fifo (0.9 c keys), which docs/cache.md
+ * states: those two must cost exactly that much more than lru, s3fifo:approx=1 4 bytes a key. */
 static void test_bytes_per_block(void **st) {
     (void)st;
     /* a power of two and a capacity just above one (no rounding of the bucket array) */
     static const uint64_t caps[] = {1 << 16, (1 << 16) + 1, 100003};
-    for (size_t k = 0; k < sizeof caps / sizeof caps[0]; k++)
+    for (size_t k = 0; k < sizeof caps / sizeof caps[0]; k++) {
+        ikv_cache *lru = make(caps[k], "lru");
+        double base = ikv_cache_bytes_per_block(lru);
+        ikv_cache_destroy(lru);
         for (size_t p = 0; p < ikv_policy_count(); p++) {
-            ikv_cache *c = make(caps[k], ikv_policy_name(p));
+            const char *name = ikv_policy_name(p);
+            ikv_cache *c = make(caps[k], name);
             double b = ikv_cache_bytes_per_block(c);
-            if (b > 96.0)
-                fail_msg("policy %s at %" PRIu64 " blocks: %.2f bytes per block > 96",
-                         ikv_policy_name(p), caps[k], b);
+            double ghost = !strcmp(name, "arc")      ? 24.0
+                           : !strcmp(name, "s3fifo") ? 24.0 * (double)(uint64_t)(0.9 * (double)caps[k]) /
+                                                           (double)caps[k]
+                                                     : 0.0;
+            if (b > 96.0 + ghost)
+                fail_msg("policy %s at %" PRIu64 " blocks: %.2f bytes per block > %.2f", name,
+                         caps[k], b, 96.0 + ghost);
+            if (ghost > 0 && fabs(b - base - ghost) > 1e-9)
+                fail_msg("policy %s at %" PRIu64 " blocks: ghost costs %.4f bytes per block, "
+                         "not %.4f", name, caps[k], b - base, ghost);
             assert_true(b >= 84.0); /* node and bucket at least */
             ikv_cache_destroy(c);
         }
+        ikv_cache *a = make(caps[k], "s3fifo:approx=1");
+        double b = ikv_cache_bytes_per_block(a);
+        assert_true(b - base >= 0.9 * 4 - 0.01 && b - base <= 0.9 * 4 + 8.0 / (double)caps[k] * 4);
+        ikv_cache_destroy(a);
+    }
 }
 
 /* Regression: heap slots hold float keys; opt's next-use times past 2^24 round to equal floats
@@ -1373,6 +1417,7 @@ int main(void) {
         cmocka_unit_test(test_value_horizon),
         cmocka_unit_test(test_sieve_visited),
         cmocka_unit_test(test_s3fifo_small_and_ghost),
+        cmocka_unit_test(test_value_ghost_feedback),
         cmocka_unit_test(test_arc_adapts),
         cmocka_unit_test(test_policy_params),
         cmocka_unit_test(test_golden_mooncake),

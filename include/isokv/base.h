@@ -54,7 +54,9 @@ extern "C" {
     X(TOOLONG, "input longer than allowed")                                                    \
     X(MODEL, "unknown model")                                                                  \
     X(HW, "unknown hardware")                                                                  \
-    X(UNSUPPORTED, "not supported")
+    X(UNSUPPORTED, "not supported")                                                            \
+    X(CORRUPT, "corrupt stored block")                                                         \
+    X(MISMATCH, "stored block belongs to another key, scope or model")
 
 enum {
     IKV_OK = 0,

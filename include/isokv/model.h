@@ -29,6 +29,7 @@
 
 #include "isokv/base.h"
 #include "isokv/cache.h"
+#include "isokv/store.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -166,6 +167,16 @@ typedef struct ikv_engine_options {
                               of every step; sets OpenBLAS to 1 thread (process-wide).
                               0 = one thread, OpenBLAS's own thread setting left alone */
     uint64_t key_seed;     /* secret seed of block keys and scope salts */
+    /* Lower tiers, fastest first, after the KV pool (tier 0): opened stores (the caller owns
+     * them; open them with ikv_engine_store_params; they must outlive the engine) and the
+     * blocks the cache core gives each (0 = the store's capacity). See src/model/tiers.c. */
+    ikv_store *tiers[IKV_MAX_TIERS - 1];
+    uint64_t tier_blocks[IKV_MAX_TIERS - 1];
+    size_t n_tiers;
+    uint64_t tokenizer_fp; /* hash of the tokenizer, part of the model fingerprint (0 = none) */
+    int tier_dtype;        /* lower tiers' payload: IKV_BLOB_DTYPE_F32 (0, exact) or
+                              IKV_BLOB_DTYPE_Q8 (int8 with a scale per token and kv head: about
+                              4x fewer bytes, lossy; hits from such a tier are reported) */
     uint64_t private_blocks; /* pool blocks set aside for sequences' private blocks (partial
                                 last blocks, decode blocks); admission reserves from them.
                                 0 = max_seqs x ceil(seq_len / block_tokens), room for every
@@ -205,6 +216,12 @@ typedef struct ikv_prefill_info {
     size_t matched_blocks;  /* blocks the index matched */
     size_t rejected_blocks; /* matched blocks refused (token ids, depth or parent differ) */
     size_t inserted_blocks; /* new full blocks put in the cache */
+    size_t tier_tokens[IKV_MAX_TIERS]; /* prompt positions taken from each tier (0 = pool;
+                                          1.. = the lower tiers, loaded) */
+    size_t recomputed_tier_tokens;     /* positions found in a lower tier but recomputed
+                                          (cheaper, or the load failed) */
+    size_t lossy_tokens;               /* cached positions whose K/V went through a lossy (q8)
+                                          tier, now or when a pool block was loaded */
     double seconds;         /* wall time of the call (measured) */
 } ikv_prefill_info;
 
@@ -292,6 +309,37 @@ typedef struct ikv_engine_stats {
 void ikv_engine_stats_get(const ikv_engine *e, ikv_engine_stats *s);
 
 ikv_cache *ikv_engine_cache(ikv_engine *e); /* the prefix cache (owned by the engine) */
+
+/* ---- lower tiers (tiers.c) ----------------------------------------------------------------- */
+
+/* The model fingerprint: XXH3-64 of the checkpoint image, the tokenizer hash, the block size,
+ * the KV dtype and the block layout version. Every stored block carries it. */
+uint64_t ikv_engine_fingerprint(const ikv_model *m, const ikv_engine_options *o);
+
+/* The parameters a store needs to hold this engine's blocks (slot size, fingerprint). */
+void ikv_engine_store_params(const ikv_model *m, const ikv_engine_options *o,
+                             ikv_store_params *p);
+
+typedef struct ikv_engine_tier_stats {
+    const char *spec;         /* the store's spec */
+    uint64_t capacity;        /* blocks the cache core gives the tier */
+    uint64_t resident;        /* blocks the core holds in it now */
+    uint64_t loaded_blocks;   /* lower-tier hits loaded into the pool */
+    uint64_t recomputed_blocks; /* lower-tier hits recomputed because that was cheaper */
+    uint64_t failed_blocks;   /* loads that failed (miss, corrupt, mismatch, down): recomputed */
+    uint64_t probed_blocks;   /* blocks found by probing keys this index had never seen */
+    uint64_t demoted_blocks;  /* blocks written into the tier */
+    uint64_t deleted_blocks;  /* blocks deleted (dropped by the core, moved away) */
+    double load_s_per_block;  /* current estimate: probe at start, then a running average */
+    double put_s_per_block;
+    ikv_store_stats store;
+} ikv_engine_tier_stats;
+
+/* Fills st for lower tier t (1..n_tiers). Returns 0 or IKV_ERANGE. */
+int ikv_engine_tier_stats_get(const ikv_engine *e, size_t t, ikv_engine_tier_stats *st);
+/* The engine's measured prefill time for positions [a, b) (seconds; the running average of
+ * its prefills at the cost model in tiers.c), 0 before anything was measured. */
+double ikv_engine_prefill_estimate(const ikv_engine *e, size_t a, size_t b);
 const ikv_model *ikv_engine_model(const ikv_engine *e);
 
 /* Walks the pool invariants (every block free, private to one sequence, or cached under the
@@ -314,6 +362,12 @@ typedef struct ikv_engine_bench_options {
     uint32_t repeat; /* repetitions per thread count; each figure is the best (0 = 1) */
     uint32_t tile;   /* prefill tile rows (0 = the engine's default, 64) */
     uint32_t group;  /* tiles per projection call (0 = the engine's default, 8) */
+    /* lower tiers (store specs, fastest first): with any, the pool is sized to hold one
+     * request's blocks, a third request with another prefix pushes the first prefix down, and
+     * a fourth (another tenant, the first prefix) takes it from the tiers: TTFT from the tier */
+    const char *tiers[IKV_MAX_TIERS - 1];
+    size_t n_tiers;
+    int tier_dtype; /* IKV_BLOB_DTYPE_F32 or _Q8 */
 } ikv_engine_bench_options;
 
 typedef struct ikv_engine_bench_row {
@@ -334,6 +388,8 @@ typedef struct ikv_engine_bench_row {
                                   of the mean context over the decode steps */
     int bound_applies;         /* 0 when step_bytes fit in the last-level cache: the steps then
                                   read cache, not memory, and no memory bound holds */
+    double ttft_tier_s;        /* with tiers: TTFT of the request whose prefix is in them */
+    size_t tier_loaded_tokens, tier_recomputed_tokens; /* that request's, by the decision */
     const char *peak_how, *read_how; /* which probe gave the peak / the bandwidth (static) */
 } ikv_engine_bench_row;
 

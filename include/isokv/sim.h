@@ -30,6 +30,7 @@ typedef enum ikv_trace_format {
     IKV_TRACE_MOONCAKE,
     IKV_TRACE_WEKA,
     IKV_TRACE_SEGMENTS,
+    IKV_TRACE_ORACLE, /* libCacheSim oracleGeneral binary, one block per request (never detected) */
 } ikv_trace_format;
 
 /* A run of blocks that came from one `doc` segment (segments format only): chunk reuse lets

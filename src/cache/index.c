@@ -313,6 +313,12 @@ static inline int is_pinned(const ikv__node *n) {
 
 static int make_room(ikv_cache *c, size_t t);
 
+/* Tells tier t's policy that a block with key k is about to be admitted (before make_room). */
+static inline void announce(ikv_cache *c, size_t t, ikv_key k) {
+    tier *tr = &c->tiers[t];
+    if (tr->ops->miss) tr->ops->miss(tr->pol, k);
+}
+
 /* Takes a (not queued) node out of its tier's accounting and policy. */
 static void leave_tier(ikv_cache *c, uint32_t id) {
     ikv__node *n = &c->nodes[id];
@@ -358,6 +364,7 @@ static int evict_one(ikv_cache *c, uint32_t id) {
     /* Hold the victim while room is made below: it must not be picked twice. */
     if (demote) {
         lock_node(c, id);
+        announce(c, t + 1, n->key);
         int rc = make_room(c, t + 1);
         unlock_node(c, id);
         if (rc) {
@@ -413,6 +420,7 @@ static int make_room(ikv_cache *c, size_t t) {
 static int promote_one(ikv_cache *c, uint32_t id) {
     ikv__node *n = &c->nodes[id];
     int from = n->tier;
+    announce(c, 0, n->key);
     int rc = make_room(c, 0);
     if (rc) return rc;
     leave_tier(c, id);
@@ -696,6 +704,7 @@ static int insert_chain(ikv_cache *c, uint32_t prev, const ikv_key *keys, size_t
                 break;
             }
         } else {
+            announce(c, 0, keys[i]);
             if ((rc = make_room(c, 0))) break;
             id = c->free_head;
             ikv__node *nd = &c->nodes[id];

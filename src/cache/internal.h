@@ -73,6 +73,11 @@ typedef struct ikv__policy_env {
 /*
  * A policy plug-in: one const table per file, listed once in policy.c's registry.
  * Events for a block in this policy's tier, in the order the core sends them:
+ *   miss       (optional, may be NULL) a block with this key is about to be admitted into the
+ *              tier, before the core makes room for it (victim calls may follow, then admit).
+ *              A policy whose victim choice depends on the incoming key (arc: FAST'03 adapts p
+ *              and applies its directory rules before REPLACE) learns it here. Not every miss
+ *              is followed by an admit (a demotion that finds no room drops the block instead).
  *   admit      the block entered this tier (new insert, demotion or promotion); a = NULL for
  *              demotions and promotions, else pos is the block's index in the caller's key array
  *              (for a->next_use, a->ntokens). Initialise the block's pol fields; do not queue it.
@@ -93,6 +98,7 @@ typedef struct ikv_policy_ops {
     const char *doc;
     int (*create)(const ikv__policy_env *env, const char *params, void **state);
     void (*destroy)(void *state);
+    void (*miss)(void *s, ikv_key key);
     void (*admit)(void *s, uint32_t id, const ikv_access *a, size_t pos);
     void (*hit)(void *s, uint32_t id, const ikv_access *a, size_t pos);
     void (*queue)(void *s, uint32_t id);

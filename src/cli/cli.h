@@ -45,6 +45,33 @@ int cli_spawn_wait(char *const argv[]);
  * bytes of s, and never as code: quotes, backquotes, backslashes, '@' and newlines included. */
 void cli_gp_string(FILE *f, const char *s);
 
+/* Lower tiers (cli_tiers.c): --tier SPEC flags, repeatable, fastest first. */
+struct ikv_engine_options;
+struct ikv_model;
+struct ikv_engine;
+struct ikv_store;
+#define CLI_MAX_TIERS 3
+typedef struct cli_tiers {
+    const char *specs[CLI_MAX_TIERS];
+    size_t n;
+    struct ikv_store *st[CLI_MAX_TIERS];
+    int dtype; /* --tier-dtype: 0 fp32, 1 q8 */
+} cli_tiers;
+/* Parses a --tier-dtype value (f32, q8); IKV_EXIT_USAGE with a message if neither. */
+int cli_tiers_dtype(cli_tiers *t, const char *cmd, const char *v);
+/* Records one --tier value; IKV_EXIT_USAGE (with a message) past CLI_MAX_TIERS. */
+int cli_tiers_add(cli_tiers *t, const char *cmd, const char *spec);
+/* Opens the stores for the model and sets eo's tier list (tokenizer: its file, or NULL).
+ * Returns IKV_EXIT_OK, or IKV_EXIT_USAGE (a malformed spec) / IKV_EXIT_FAIL (unreachable,
+ * unwritable) after printing why. */
+int cli_tiers_open(cli_tiers *t, const char *cmd, const struct ikv_model *m, const char *tokenizer,
+                   struct ikv_engine_options *eo);
+/* Prints each tier's figures (measured) to stderr. */
+void cli_tiers_report(const cli_tiers *t, const struct ikv_engine *e, const char *cmd);
+void cli_tiers_close(cli_tiers *t);
+/* The usage lines of --tier, for help texts. */
+extern const char cli_tiers_help[];
+
 /* Subcommands (one line each). */
 int ikv_cmd_gen(int argc, char **argv);
 int ikv_cmd_sim(int argc, char **argv);
@@ -52,6 +79,7 @@ int ikv_cmd_plan(int argc, char **argv);
 int ikv_cmd_model(int argc, char **argv);
 int ikv_cmd_run(int argc, char **argv);
 int ikv_cmd_bench(int argc, char **argv);
+int ikv_cmd_trace(int argc, char **argv);
 int ikv_cmd_serve(int argc, char **argv);
 int ikv_cmd_load(int argc, char **argv);
 

@@ -3,7 +3,7 @@
  *
  *     isokv bench engine [--config small] [--prefix 2048] [--suffix 32] [--decode 32]
  *                        [--threads 1,2] [--repeat 3] [--tile 64] [--group 8] [--seed S]
- *                        [--json]
+ *                        [--json] [--tier SPEC]...
  *
  * Every figure is measured (wall clock) on this machine; see docs/benchmarks.md.
  */
@@ -17,7 +17,8 @@
 static void help(FILE *f) {
     fputs("usage: isokv bench engine [--config small] [--prefix 2048] [--suffix 32] [--decode 32]\n"
           "                          [--threads 1,2] [--repeat 3] [--tile 64] [--group 8]\n"
-          "                          [--seed S] [--json]\n\n"
+          "                          [--seed S] [--json] [--tier SPEC]...\n"
+          "                          [--tier-dtype q8]\n\n"
           "engine: builds a random-weight model of the config in memory and measures, at each\n"
           "thread count, TTFT cold vs warm for a P-token shared public prefix + Q-token private\n"
           "suffix (the warm request is another tenant's, reusing the prefix from the cache),\n"
@@ -26,8 +27,12 @@ static void help(FILE *f) {
           "bandwidth). All figures measured. --repeat R runs the probes and requests R times per\n"
           "thread count and reports the best of each figure (the machine may be shared). --tile\n"
           "sets the prefill tile rows; --group the tiles per projection call (the engine uses 1\n"
-          "where its check finds that BLAS would not give every row the same bits; printed).\n",
+          "where its check finds that BLAS would not give every row the same bits; printed).\n"
+          "With --tier, the pool holds one request, a request with another prefix pushes the\n"
+          "first prefix into the tiers, and a third tenant's request takes it from there: its\n"
+          "TTFT is printed next to cold and warm.\n",
           f);
+    fputs(cli_tiers_help, f);
 }
 
 static int engine(int argc, char **argv) {
@@ -48,7 +53,8 @@ static int engine(int argc, char **argv) {
         }
         static const char *const valued[] = {"--config", "--prefix", "--suffix",
                                              "--decode", "--seed",   "--repeat",
-                                             "--tile",   "--group",  "--threads"};
+                                             "--tile",   "--group",  "--threads",
+                                             "--tier",   "--tier-dtype"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(a, valued[k]);
@@ -56,6 +62,15 @@ static int engine(int argc, char **argv) {
         if (!v) return cli_usage_error("bench", "option '%s' needs a value", a);
         if (!strcmp(a, "--config"))
             o.config = v;
+        else if (!strcmp(a, "--tier")) {
+            if (o.n_tiers == IKV_MAX_TIERS - 1)
+                return cli_usage_error("bench", "at most %d --tier options", IKV_MAX_TIERS - 1);
+            o.tiers[o.n_tiers++] = v;
+        } else if (!strcmp(a, "--tier-dtype")) {
+            cli_tiers t = {0};
+            if (cli_tiers_dtype(&t, "bench", v)) return IKV_EXIT_USAGE;
+            o.tier_dtype = t.dtype;
+        }
         else if (!strcmp(a, "--prefix") || !strcmp(a, "--suffix") || !strcmp(a, "--decode") ||
                  !strcmp(a, "--seed") || !strcmp(a, "--repeat") || !strcmp(a, "--tile") ||
                  !strcmp(a, "--group")) {
@@ -98,7 +113,7 @@ static int engine(int argc, char **argv) {
     }
     ikv_engine_bench_result r;
     int rc = ikv_engine_bench(&o, &r);
-    if (rc == IKV_EMODEL || rc == IKV_EINVAL) /* --config names no config; sizes that do not fit */
+    if (rc == IKV_EMODEL || rc == IKV_EINVAL || rc == IKV_EPARAM) /* --config names no config; sizes that do not fit */
         return cli_usage_error("bench", "%s", ikv_errdetail_for(rc));
     if (rc) return cli_fail("bench", "%s", ikv_errdetail_for(rc));
     ikv_engine_bench_print(&r, stdout, json);

@@ -4,7 +4,7 @@
  *
  *     isokv run [--model m.bin] [--tokenizer t.bin] [--prompt TEXT] [-n 64] [--temp 0] [--topp 0.9]
  *               [--seed S] [--threads T] [--kv-mem BYTES] [--policy lru] [--tenant NAME]
- *               [--public N] [--repeat R] [--stop-eos] [--raw-bytes]
+ *               [--public N] [--repeat R] [--stop-eos] [--raw-bytes] [--tier SPEC]...
  *
  * --repeat R sends the same request R times through one engine, so runs after the first show
  * the cache at work (cached tokens, warm TTFT). Text goes to stdout; figures to stderr.
@@ -48,7 +48,7 @@ static void help(FILE *f) {
         "usage: isokv run [--model M.bin] [--tokenizer T.bin] [--prompt TEXT] [-n 64] [--temp 0]\n"
         "                 [--topp 0.9] [--seed S] [--threads T] [--kv-mem BYTES]\n"
         "                 [--policy NAME] [--tenant NAME] [--public N] [--repeat R]\n"
-        "                 [--stop-eos] [--raw-bytes]\n\n"
+        "                 [--stop-eos] [--raw-bytes] [--tier SPEC]... [--tier-dtype q8]\n\n"
         "Encodes the prompt (BOS first; byte-level when --model is given without a tokenizer),\n"
         "prefills it through the prefix cache, then decodes up to -n tokens (stopping at BOS,\n"
         "also at EOS with --stop-eos, or at seq_len) and prints the text as llama2.c's run.c\n"
@@ -66,6 +66,7 @@ static void help(FILE *f) {
         "hit the cache). --kv-mem sizes the KV pool (k/M/G suffixes; default: 5 full-length\n"
         "sequences). Figures printed on stderr are measured wall-clock times.\n",
         data_dir(), DEFAULT_MODEL, data_dir());
+    fputs(cli_tiers_help, f);
 }
 
 /* Writes the text of `token` after `prev` to stdout. Unless raw, a byte-fallback token (ids
@@ -93,6 +94,7 @@ int ikv_cmd_run(int argc, char **argv) {
     ikv_engine_options eo;
     ikv_engine_options_default(&eo);
     int stop_eos = 0, raw = 0;
+    cli_tiers tiers = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
@@ -102,7 +104,8 @@ int ikv_cmd_run(int argc, char **argv) {
         }
         static const char *const valued[] = {
             "--model",   "--tokenizer", "--prompt", "--tenant", "--policy", "-n",    "--seed",
-            "--threads", "--kv-mem",    "--public", "--repeat", "--temp",   "--topp"};
+            "--threads", "--kv-mem",    "--public", "--repeat", "--temp",   "--topp",
+            "--tier",    "--tier-dtype"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(a, valued[k]);
@@ -118,7 +121,11 @@ int ikv_cmd_run(int argc, char **argv) {
             tenant = v;
         else if (!strcmp(a, "--policy"))
             eo.policy = v;
-        else if (!strcmp(a, "-n"))
+        else if (!strcmp(a, "--tier")) {
+            if (cli_tiers_add(&tiers, "run", v)) return IKV_EXIT_USAGE;
+        } else if (!strcmp(a, "--tier-dtype")) {
+            if (cli_tiers_dtype(&tiers, "run", v)) return IKV_EXIT_USAGE;
+        } else if (!strcmp(a, "-n"))
             bad = cli_parse_u64(v, &steps);
         else if (!strcmp(a, "--seed"))
             bad = cli_parse_u64(v, &seed);
@@ -187,6 +194,8 @@ int ikv_cmd_run(int argc, char **argv) {
                  (int)c->seq_len);
         goto out;
     }
+    if ((rc = cli_tiers_open(&tiers, "run", m, tokp, &eo))) goto out;
+    rc = IKV_EXIT_FAIL;
     int erc = ikv_engine_create(m, &eo, &e);
     if (erc) {
         /* an unknown policy or policy parameter is a usage error; the rest (memory) a failure */
@@ -244,12 +253,25 @@ int ikv_cmd_run(int argc, char **argv) {
                 info.computed_tokens, info.seconds * 1e3,
                 info.seconds > 0 ? (double)info.computed_tokens / info.seconds : 0.0, gen,
                 gen > 1 && dt > 0 ? (double)(gen - 1) / dt : 0.0);
+        if (tiers.n) {
+            fprintf(stderr, "[run %llu] cached tokens by tier: pool %zu", (unsigned long long)r + 1,
+                    info.tier_tokens[0]);
+            for (size_t t = 1; t <= tiers.n; t++)
+                fprintf(stderr, ", %s %zu", tiers.specs[t - 1], info.tier_tokens[t]);
+            fprintf(stderr, "; %zu tier tokens recomputed (cheaper or failed)",
+                    info.recomputed_tier_tokens);
+            if (info.lossy_tokens)
+                fprintf(stderr, "; %zu cached tokens LOSSY (q8 tier)", info.lossy_tokens);
+            fprintf(stderr, "\n");
+        }
     }
+    cli_tiers_report(&tiers, e, "run");
     rc = IKV_EXIT_OK;
 out:
     free(ids);
     ikv_sampler_destroy(smp);
     ikv_engine_destroy(e);
+    cli_tiers_close(&tiers);
     ikv_tokenizer_destroy(tok);
     ikv_model_destroy(m);
     return rc;

@@ -27,6 +27,7 @@ static const command commands[] = {
     {"version", cmd_version, "print the version"},
     {"gen", ikv_cmd_gen, "write a synthetic multi-user segments trace"},
     {"sim", ikv_cmd_sim, "replay a trace through the cache core; sweeps (hit ratio vs users)"},
+    {"trace", ikv_cmd_trace, "export a trace's block stream (libCacheSim oracleGeneral)"},
     {"plan", ikv_cmd_plan, "compute-latency walk, MRTS, knee, router (simulated)"},
     {"model", ikv_cmd_model, "write a random-weight checkpoint, or describe one"},
     {"run", ikv_cmd_run, "generate text with the paged-KV engine through the prefix cache"},

@@ -54,7 +54,7 @@
  */
 #include "internal.h"
 
-#include <cblas.h>
+#include "blas.h"
 #include <string.h>
 #include <unistd.h>
 #include <sys/mman.h>
@@ -111,12 +111,13 @@ static uint32_t pool_pop(ikv_engine *e) {
     return e->free_stack[--e->n_free];
 }
 
-/* The cache core dropped (or, with tiers, demoted) a block: its KV bytes are free again. */
+/* The cache core dropped or demoted a block: its KV bytes in the pool are free again. Moves
+ * between lower tiers and promotions are the stores' business (tiers.c). */
 static void on_evict(void *ctx, uint32_t node, ikv_key key, int from_tier, int to_tier) {
     ikv_engine *e = ctx;
-    (void)key, (void)from_tier;
-    IKV_ASSERT(to_tier < 0); /* single tier: eviction always drops */
     IKV_ASSERT(node < e->node_limit);
+    if (e->tiers) ikv__tiers_on_evict(e, node, key, from_tier, to_tier);
+    if (from_tier != 0) return;
     uint32_t b = e->node2blk[node];
     e->node2blk[node] = IKV_NIL;
     if (b == IKV_NIL) return;
@@ -127,6 +128,7 @@ static void on_evict(void *ctx, uint32_t node, ikv_key key, int from_tier, int t
 void ikv_engine_destroy(ikv_engine *e) {
     if (!e) return;
     ikv__pool_destroy(e->pool);
+    ikv__tiers_destroy(e);
     ikv_cache_destroy(e->cache);
     if (e->seqs)
         for (uint32_t i = 0; i < e->opt.max_seqs; i++) {
@@ -175,6 +177,8 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     else
         ikv_engine_options_default(&o);
     if (!o.policy) o.policy = "lru";
+    int brc = ikv__blas_load(); /* BLAS starts here, not when the binary loads (blas.h) */
+    if (brc) return brc;
     const ikv_model_config *c = &m->cfg;
     if (o.block_tokens == 0 || o.block_tokens > 4096)
         return ikv_error(IKV_EINVAL, "block_tokens %u not in 1..4096", o.block_tokens);
@@ -241,6 +245,7 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     cc.block_tokens = bt;
     cc.on_evict = on_evict;
     cc.evict_ctx = e;
+    if (o.n_tiers) ikv__tiers_config(e, &o, &cc);
     int rc = ikv_cache_create(&cc, &e->cache);
     if (rc) {
         ikv_free(e);
@@ -332,6 +337,10 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
         if (score > 0) e->TP = tp[got];
         if (!(best & 1)) e->G = 1;
         e->Q = best & 2 ? qq[got] : 0;
+    }
+    if (o.n_tiers && (rc = ikv__tiers_create(e, &o))) {
+        ikv_engine_destroy(e);
+        return rc;
     }
     *out = e;
     return 0;
@@ -546,6 +555,7 @@ int ikv_engine_admit(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
             }
             s->n_locked = m, s->n_blocks = m;
         }
+        if (e->tiers) m = ikv__tiers_match(e, r, s, m, &core_m, nfull, &acc, &inf);
         if (m == core_m && m < nfull) {
             size_t ins = 0;
             rc = ikv_cache_insert(e->cache, e->keys, nfull, m, &acc, 1, e->nodes + m, &ins);
@@ -575,6 +585,7 @@ int ikv_engine_admit(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
         }
     }
     s->pend0 = m, s->pend1 = m + inserted;
+    s->tier_m = m, s->tier_ins = inserted, s->prefill_s = 0;
     /* copy-on-write source for block m, found before any block is taken: a verified full
      * block the prompt ends on (its first bt - 1 positions), or a parked partial block */
     if (!r->no_cache && m < nblk) {
@@ -658,7 +669,9 @@ size_t ikv_seq_pending(const ikv_seq *s) {
  * when given. Marks the inserted blocks whose positions are all computed READY. */
 static void prefill_chunk(ikv_engine *e, ikv_seq *s, size_t cnt, float *logits_all) {
     const size_t first = s->n, end = first + cnt, V = (size_t)e->m->cfg.vocab_size;
+    double t0 = ikv_now();
     ikv__prefill(e, s, s->tok, first, end);
+    s->prefill_s += ikv_now() - t0;
     if (logits_all)
         for (size_t p = first; p < end; p++)
             ikv__logits_row(e, ikv__prefill_row(e, first, p), logits_all + p * V);
@@ -671,6 +684,7 @@ static void prefill_chunk(ikv_engine *e, ikv_seq *s, size_t cnt, float *logits_a
     while (s->pend0 < s->pend1 && (size_t)(s->pend0 + 1) * e->bt <= end)
         e->state[s->table[s->pend0++]] = IKV__BLK_READY;
     s->n = (uint32_t)end;
+    if (end == s->n_prompt && e->tiers) ikv__tiers_done(e, s, s->tier_m, s->tier_ins, s->prefill_s);
     e->n_computed_tokens += cnt;
 }
 

@@ -82,7 +82,7 @@
  */
 #include "internal.h"
 
-#include <cblas.h>
+#include "blas.h"
 #include <math.h>
 #include <string.h>
 #if defined(__SSE2__)

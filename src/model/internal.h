@@ -97,6 +97,10 @@ struct ikv_seq {
     uint64_t salt;         /* scope salt of its private blocks */
     size_t public_tokens;
     int no_cache;
+    /* lower tiers: the blocks taken from the cache and inserted at admission, and the time
+     * its prefill chunks took, for ikv__tiers_done when the prompt is complete */
+    uint32_t tier_m, tier_ins;
+    double prefill_s;
 };
 
 struct ikv_engine {
@@ -173,7 +177,39 @@ struct ikv_engine {
     float *dlog;                /* [dmax][vocab] */
 
     uint64_t n_requests, n_cached_tokens, n_computed_tokens, n_rejected, n_partial_hits;
+    struct ikv__tiers *tiers; /* lower tiers (tiers.c); NULL without any */
 };
+
+/* ---- lower tiers (tiers.c) ---------------------------------------------------------------- */
+
+/* Adds the lower tiers of o to the cache config (before the cache is created). */
+void ikv__tiers_config(const struct ikv_engine *e, const ikv_engine_options *o,
+                       ikv_cache_config *cc);
+/* Allocates the tier state, probes every store's speed and the prefill rate. 0 or an error. */
+int ikv__tiers_create(struct ikv_engine *e, const ikv_engine_options *o);
+void ikv__tiers_destroy(struct ikv_engine *e);
+/* The core moved a block (from_tier -> to_tier; -1 = dropped): write, move, delete, adopt. */
+void ikv__tiers_on_evict(struct ikv_engine *e, uint32_t node, ikv_key key, int from_tier,
+                         int to_tier);
+/* After the local longest match: m verified pool blocks of s are locked; *core_m blocks are
+ * resident. Loads the lower-tier blocks that follow (from the core's tiers and, probing shared
+ * stores, blocks this index never saw) into fresh pool blocks, or leaves them to be
+ * recomputed, whichever is cheaper; locks and records the loaded ones in s. Returns the
+ * usable prefix and sets *core_m so the engine inserts the rest from there. */
+uint32_t ikv__tiers_match(struct ikv_engine *e, const ikv_request *r, struct ikv_seq *s,
+                          uint32_t m, size_t *core_m, uint32_t nfull, const ikv_access *acc,
+                          ikv_prefill_info *inf);
+/* When the prefill of s's prompt positions [m * bt, n_prompt) is complete (the last chunk of
+ * ikv_engine_step): records the scopes of the inserted blocks [m, m + inserted) and the
+ * measured prefill time, flushes queued demotions, and writes the request's computed full
+ * blocks through to the shared stores. Recomputes the prompt's block keys from s->tok (other
+ * admissions have reused the engine's key scratch since). */
+void ikv__tiers_done(struct ikv_engine *e, struct ikv_seq *s, uint32_t m, uint32_t inserted,
+                     double prefill_s);
+
+/* Tests: pins lower tier t's (1..n) load estimate at s seconds per block (no running average
+ * updates it after); s < 0 unpins. */
+void ikv__tiers_pin_load_s(struct ikv_engine *e, size_t t, double s);
 
 /* K (kv = 0) or V (kv = 1) of `layer`, kv head `g`, slot `slot` of physical block b. */
 static inline float *ikv__kv_at(const struct ikv_engine *e, uint32_t b, int layer, int kv, int g,

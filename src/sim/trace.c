@@ -33,17 +33,20 @@
 extern const ikv__trace_reader ikv__trace_mooncake;
 extern const ikv__trace_reader ikv__trace_weka;
 extern const ikv__trace_reader ikv__trace_segments;
+extern const ikv__trace_reader ikv__trace_oracle;
 
 /* Detection tries them in this order; a new format is one file plus one line here. */
 static const ikv__trace_reader *const readers[] = {
     &ikv__trace_mooncake,
     &ikv__trace_weka,
     &ikv__trace_segments,
+    &ikv__trace_oracle, /* binary: only with --format oracleGeneral */
 };
 
 #define N_READERS (sizeof readers / sizeof readers[0])
 
-static const char *const format_names[] = {"auto", "mooncake", "weka", "segments"};
+static const char *const format_names[] = {"auto", "mooncake", "weka", "segments",
+                                           "oracleGeneral"};
 
 const char *ikv_trace_format_name(ikv_trace_format f) {
     return (unsigned)f < sizeof format_names / sizeof format_names[0] ? format_names[f] : "?";
@@ -55,7 +58,7 @@ int ikv_trace_format_parse(const char *name, ikv_trace_format *out) {
             *out = (ikv_trace_format)i;
             return 0;
         }
-    return ikv_error(IKV_EINVAL, "unknown trace format '%s' (auto, mooncake, weka, segments)",
+    return ikv_error(IKV_EINVAL, "unknown trace format '%s' (auto, mooncake, weka, segments, oracleGeneral)",
                      name ? name : "");
 }
 
@@ -319,7 +322,7 @@ static int detect(ikv_trace *t) {
         if (strncmp(bad, "trailing", 8))
             return ikv_error(IKV_EFORMAT,
                              "%s:%llu: cannot detect the trace format: the first record: %s%s "
-                             "(use --format)",
+                             "(use --format; binary traces: --format oracleGeneral)",
                              t->path, (unsigned long long)t->lineno, bad,
                              t->line_complete ? "" : " (file ends inside it: truncated?)");
         j = cJSON_ParseWithLength(t->line, t->line_len);
@@ -327,7 +330,7 @@ static int detect(ikv_trace *t) {
     }
     const ikv__trace_reader *found = NULL;
     for (size_t i = 0; i < N_READERS && !found; i++)
-        if (readers[i]->detect(j)) found = readers[i];
+        if (readers[i]->detect && readers[i]->detect(j)) found = readers[i];
     cJSON_Delete(j);
     if (!found)
         return ikv_error(IKV_EFORMAT,
@@ -376,8 +379,8 @@ int ikv_trace_open(const char *path, const ikv_trace_opts *opts, ikv_trace **out
                            ikv_trace_format_name(t->opts.format));
             goto fail;
         }
-        /* an empty file is an error whatever the format */
-        int g = ikv__trace_getline(t);
+        /* an empty file is an error whatever the format (binary readers check it) */
+        int g = t->rd->binary ? 1 : ikv__trace_getline(t);
         if (g < 0) {
             rc = g;
             goto fail;

@@ -30,7 +30,10 @@ typedef struct ikv__trace_reader {
     const char *name;          /* "mooncake", "weka", "segments" (ikv_trace_format_name) */
     ikv_trace_format format;
     uint32_t block_tokens;     /* default block size of the format (segments may override) */
-    /* 1 if the first record (a parsed JSON object) looks like this format, 0 if not. */
+    int binary;                /* 1: not line-based (oracleGeneral): never auto-detected, and
+                                  open() and next() report an empty file themselves */
+    /* 1 if the first record (a parsed JSON object) looks like this format, 0 if not. NULL for
+     * binary formats. */
     int (*detect)(const cJSON *first);
     /* Sets up t->state. The file is positioned at its start (no line read yet). Returns 0 or a
      * negative error with an ikv_error detail. May read the whole file. */

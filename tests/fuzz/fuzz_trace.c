@@ -1,8 +1,8 @@
 /*
  * Fuzz harness: a trace file through its reader and a replay (docs/fuzzing.md).
  *
- * Built three times, once per reader (FUZZ_FORMAT = IKV_TRACE_MOONCAKE, _WEKA, _SEGMENTS: the
- * harnesses trace_mooncake, trace_weka, trace_segments), with detection (IKV_TRACE_AUTO) tried
+ * Built once per reader (FUZZ_FORMAT = IKV_TRACE_MOONCAKE, _WEKA, _SEGMENTS, _ORACLE: the
+ * harnesses trace_mooncake, trace_weka, trace_segments, trace_oracle), with detection (IKV_TRACE_AUTO) tried
  * on every fourth input. The input is the file; the replay varies with fuzz_pick: order or
  * timed mode, strict or lenient lines, a policy among lru, opt (its first pass rewinds the
  * trace), value, s3fifo and arc, one tier or hbm+dram, and a cache check after every request.

@@ -5,9 +5,10 @@ tests/data/mooncake_conv_300.jsonl in trace order exactly as ikv_cache_access do
 longest resident prefix, then insert the rest while holding the chain's tail; a block is
 evictable when it has no resident child and is not held) and prints the blocks hit per policy
 and capacity. The policies are written from the papers plus the leaf-only adaptations stated
-in src/cache/policy/*.c, with plain Python lists and exact ghost lists (no fingerprints, no
-generations), so agreement with the C core checks both the C code and that the ghost table's
-approximations do not matter at these sizes.
+in src/cache/policy/*.c, with plain Python lists and exact ghost lists, so agreement with the C core checks the C code under the prefix rules
+(tests/test_policy_ref.c checks the flat case against brute force and libCacheSim). s3fifo and
+arc look their ghosts up when the core announces the miss, before it makes room (the `miss`
+op), as the C code does.
 
     python3 tests/tools/policy_model.py 1000 3000 5000
 """
@@ -49,8 +50,10 @@ class S3:
     def __init__(s, cap):
         s.cap, s.q, s.res, s.seq, s.pending = cap, [[], []], [0, 0], 0, None
         s.gcap, s.ghost = int(0.9 * cap), OrderedDict()
+        s.msize, s.xg = cap - int(0.1 * cap), False
+    def miss(s, id): s.xg = s.ghost.pop(id, None) is not None   # before room is made
     def admit(s, n):
-        g = s.ghost.pop(n.id, None) is not None
+        g = s.xg
         n.qid, n.freq = (1 if g else 0), 0
         s.seq += 1; n.seq = s.seq; s.res[n.qid] += 1
     def hit(s, n): n.freq = min(n.freq + 1, 3)
@@ -70,7 +73,7 @@ class S3:
         s.seq += 1; n.seq = s.seq; s.q[q].append(n)
     def victim(s):
         S, M = s.q
-        if s.res[0] >= 0.1 * s.cap or not M:
+        if not s.res[1] > s.msize or not M:
             while S:
                 t = S[0]
                 if t.freq < 2: s.pending = t; return t
@@ -82,14 +85,20 @@ class S3:
         return None
 
 class Arc:
-    def __init__(s, cap): s.c, s.t, s.res, s.p, s.b, s.pending = cap, [[], []], [0, 0], 0.0, [[], []], None
-    def admit(s, n):
-        g = 0 if n.id in s.b[0] else 1 if n.id in s.b[1] else -1
+    """FAST'03 Fig. 4: p adapted and the ghost looked up at the miss (before room is made),
+    the tie rule and case IV's directory rules in victim, T1/T2 as resident counts."""
+    def __init__(s, cap):
+        s.c, s.t, s.res, s.p, s.b, s.pending, s.ghost_it = cap, [[], []], [0, 0], 0.0, [[], []], None, True
+        s.xg = -1
+    def miss(s, id):
+        g = 0 if id in s.b[0] else 1 if id in s.b[1] else -1
         b1, b2 = len(s.b[0]), len(s.b[1])
-        if g == 0: s.p = min(s.p + (1 if b1 >= b2 else b2 / b1), s.c)
-        if g == 1: s.p = max(s.p - (1 if b2 >= b1 else b1 / b2), 0)
-        if g >= 0: s.b[g].remove(n.id)
-        n.l = 1 if g >= 0 else 0; s.res[n.l] += 1
+        if g == 0: s.p = min(s.p + max(b2 / b1, 1), s.c)
+        if g == 1: s.p = max(s.p - max(b1 / b2, 1), 0)
+        if g >= 0: s.b[g].remove(id)
+        s.xg = g
+    def admit(s, n):
+        n.l = 1 if s.xg >= 0 else 0; s.res[n.l] += 1; s.xg = -1
     def hit(s, n):
         if n.queued: s.t[n.l].remove(n)
         if n.l == 0: s.res[0] -= 1; s.res[1] += 1; n.l = 1
@@ -103,14 +112,23 @@ class Arc:
         s.res[n.l] -= 1
         if n is not s.pending: return
         s.pending = None
-        s.b[n.l].append(n.id)
-        while s.res[0] + len(s.b[0]) > s.c and s.b[0]: s.b[0].pop(0)
-        while s.res[0] + s.res[1] + len(s.b[0]) + len(s.b[1]) > 2 * s.c and s.b[1]: s.b[1].pop(0)
-    def victim(s):
-        l = 0 if s.res[0] > 0 and s.res[0] > s.p else 1
+        if s.ghost_it: s.b[n.l].append(n.id)
+    def replace(s):
+        t1 = s.res[0]
+        l = 0 if (t1 >= 1 and (t1 > s.p or (s.xg == 1 and t1 == s.p))) or s.res[1] == 0 else 1
         if not s.t[l]: l = 1 - l
+        s.ghost_it = True
         s.pending = s.t[l][0] if s.t[l] else None
         return s.pending
+    def victim(s):
+        if s.xg >= 0: return s.replace()
+        t1, b1 = s.res[0], len(s.b[0])
+        if t1 + b1 >= s.c:
+            if b1: s.b[0].pop(0); return s.replace()
+            if s.t[0]: s.ghost_it = False; s.pending = s.t[0][0]; return s.pending
+            return s.replace()
+        if t1 + s.res[1] + b1 + len(s.b[1]) >= 2 * s.c and s.b[1]: s.b[1].pop(0)
+        return s.replace()
 
 def run(P, cap):
     pol, nodes, hits = P(cap), {}, 0
@@ -128,6 +146,7 @@ def run(P, cap):
         prev = nodes[ids[m - 1]] if m else None
         if prev: prev.lock += 1; refresh(prev)
         for i in range(m, len(ids)):
+            if hasattr(pol, 'miss'): pol.miss(ids[i])
             full = False
             while len(nodes) >= cap:
                 v = pol.victim()

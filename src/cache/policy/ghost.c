@@ -1,5 +1,5 @@
 /*
- * Ghost queues shared by s3fifo and arc: fingerprints with coarse insertion times in a
+ * The approximate ghost table (s3fifo:approx=1 only): fingerprints with coarse insertion times in a
  * bucketed hash table. See ghost.h for the layout, the invariants and the cost.
  */
 #include "ghost.h"

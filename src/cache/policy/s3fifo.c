@@ -27,21 +27,33 @@
  * admit/leave), as in the paper; when the queue chosen has no evictable block the other one is
  * used. Moving a block from S to M never evicts by itself (the paper's fixed-size M may): the
  * tier's capacity is the only bound, and the core enforces it. Admission into the tier
- * (insert, demotion, promotion) is the paper's insert: G decides S or M.
+ * (insert, demotion, promotion) is the paper's insert: G decides S or M, looked up when the
+ * core announces the miss (the `miss` op, before it makes room), as libCacheSim looks it up
+ * before it evicts (else the eviction made for a block could push its own ghost out first).
  *
- * Ghost: the keys of blocks evicted from S, `ghost` x capacity of them (default 0.9, the size
- * of M, as in the paper), in the bucketed fingerprint table of ghost.h (4 bytes per key,
- * FIFO forgetting). A block evicted from S is recognised as the one the last victim() call
- * returned when it leaves the tier (a block leaving by promotion is not remembered).
+ * Sizes as in libCacheSim's S3FIFO.c (the authors' implementation): S's size is
+ * floor(small x capacity) blocks and M's the rest; eviction takes M when M holds more than
+ * its size (or S has no evictable block), else S. In a full tier that is "S holds at least
+ * floor(small x c)" (the paper's "S.size >= 10%", rounded down). G holds
+ * floor(ghost x capacity) keys.
+ *
+ * Ghost: the keys of blocks evicted from S, exact by default (ghostq.h: a FIFO of
+ * fingerprints with a hash index, a ghost hit frees its place; 24 bytes per key, so 21.6 bytes
+ * per resident block with the defaults). `approx=1` selects the older bucketed fingerprint
+ * table of ghost.h instead (4 bytes per key, 3.6 per block, but it forgets early: at load 1.0
+ * in 8-way buckets a good share of its entries go before their time, which cost up to ~1 point
+ * of miss ratio on the Mooncake traces). A block evicted from S is recognised as the one the
+ * last victim() call returned when it leaves the tier (a block leaving by promotion is not
+ * remembered).
  *
  * Parameters: small (fraction of capacity, default 0.1), ghost (fraction, 0..1, default 0.9),
- * move (accesses in S that earn M, 1..3, default 2).
+ * move (accesses in S that earn M, 1..3, default 2), approx (0 or 1, default 0).
  * Cost: O(1) per event, victim O(1) amortized (each block moves S -> M once per admission;
- * each reinsertion in M spends a count that a hit paid for). Memory: 3.6 bytes per block of
- * ghost with the defaults.
+ * each reinsertion in M spends a count that a hit paid for).
  */
 #include "../internal.h"
 #include "ghost.h"
+#include "ghostq.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -52,12 +64,17 @@ typedef struct s3fifo {
     ikv__list q[2];     /* evictable blocks of S and M, head = newest entry */
     uint64_t res[2];    /* resident blocks of S and M (evictable or not) */
     ikv__node *nodes;
-    ikv__ghost ghost;
+    ikv__ghostq gq;     /* the exact ghost (default) */
+    ikv__ghost ghost;   /* the approximate one (approx=1) */
+    int approx;
     uint64_t cap;       /* tier capacity in blocks */
+    uint64_t m_size;    /* cap - floor(small x cap): M is over its size above this */
     double small, ghost_frac;
     uint32_t move;
     uint64_t seq;       /* entries into a queue position so far */
     uint32_t pending;   /* the last victim returned, until it leaves */
+    ikv_key x;          /* the announced miss (miss op) until its admit */
+    int x_valid, x_ghost;
 } s3fifo;
 
 #define QID(n) ((n)->pol.s.a)  /* S or M */
@@ -85,7 +102,16 @@ static int set_param(void *ctx, const char *k, const char *v) {
         p->move = (uint32_t)m;
         return rc;
     }
-    return ikv_error(IKV_EPARAM, "s3fifo: unknown parameter '%s' (small, ghost, move)", k);
+    if (!strcmp(k, "approx")) {
+        double a;
+        int rc = ikv__param_double("s3fifo", k, v, 0, 1, &a);
+        if (!rc && a != 0 && a != 1)
+            rc = ikv_error(IKV_EPARAM, "s3fifo: approx=%s must be 0 or 1", v);
+        p->approx = a == 1;
+        return rc;
+    }
+    return ikv_error(IKV_EPARAM,
+                     "s3fifo: unknown parameter '%s' (small, ghost, move, approx)", k);
 }
 
 static int s3fifo_create(const ikv__policy_env *env, const char *params, void **out) {
@@ -95,7 +121,8 @@ static int s3fifo_create(const ikv__policy_env *env, const char *params, void **
     p->ghost_frac = 0.9;
     p->move = 2;
     int rc = ikv__params_each(params, set_param, p);
-    if (!rc) rc = ikv__ghost_init(&p->ghost, (uint64_t)(p->ghost_frac * (double)env->capacity));
+    uint64_t gcap = (uint64_t)(p->ghost_frac * (double)env->capacity);
+    if (!rc) rc = p->approx ? ikv__ghost_init(&p->ghost, gcap) : ikv__ghostq_init(&p->gq, gcap);
     if (rc) {
         ikv_free(p);
         return rc;
@@ -104,6 +131,7 @@ static int s3fifo_create(const ikv__policy_env *env, const char *params, void **
     ikv__list_init(&p->q[M]);
     p->nodes = env->nodes;
     p->cap = env->capacity;
+    p->m_size = p->cap - (uint64_t)(p->small * (double)p->cap);
     p->pending = IKV_NIL;
     *out = p;
     return 0;
@@ -113,15 +141,33 @@ static void s3fifo_destroy(void *s) {
     s3fifo *p = s;
     if (!p) return;
     ikv__ghost_free(&p->ghost);
+    ikv__ghostq_free(&p->gq);
     ikv_free(p);
 }
 
-/* The paper's insert: M if the key is remembered in G, else S. */
+/* Looks k up in G; if it is there, forgets it and returns 1. */
+static int ghost_take(s3fifo *p, ikv_key k) {
+    return (p->approx ? ikv__ghost_take(&p->ghost, k) : ikv__ghostq_take(&p->gq, k)) >= 0;
+}
+
+/* A miss is announced before the core makes room: G is looked up now, as libCacheSim does
+ * (its find runs before the eviction), so the eviction made for this block cannot push the
+ * block's own ghost entry out first. */
+static void s3fifo_miss(void *s, ikv_key k) {
+    s3fifo *p = s;
+    p->x = k;
+    p->x_valid = 1;
+    p->x_ghost = ghost_take(p, k);
+}
+
+/* The paper's insert: M if the key was remembered in G, else S. */
 static void s3fifo_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     (void)a, (void)pos;
     s3fifo *p = s;
     ikv__node *n = &p->nodes[id];
-    uint32_t q = ikv__ghost_take(&p->ghost, n->key) >= 0 ? M : S;
+    if (!p->x_valid || !ikv_key_eq(p->x, n->key)) s3fifo_miss(p, n->key);
+    uint32_t q = p->x_ghost ? M : S;
+    p->x_valid = 0;
     QID(n) = q;
     FREQ(n) = 0;
     SEQ(n) = ++p->seq;
@@ -149,7 +195,10 @@ static void s3fifo_leave(void *s, uint32_t id) {
     s3fifo *p = s;
     ikv__node *n = &p->nodes[id];
     p->res[QID(n)]--;
-    if (id == p->pending && QID(n) == S) ikv__ghost_add(&p->ghost, n->key, 0);
+    if (id == p->pending && QID(n) == S) {
+        if (p->approx) ikv__ghost_add(&p->ghost, n->key, 0);
+        else ikv__ghostq_add(&p->gq, n->key, 0);
+    }
     p->pending = IKV_NIL;
 }
 
@@ -166,7 +215,7 @@ static void requeue_head(s3fifo *p, uint32_t id, uint32_t q) {
 
 static uint32_t s3fifo_victim(void *s) {
     s3fifo *p = s;
-    if ((double)p->res[S] >= p->small * (double)p->cap || !p->q[M].len) {
+    if (!(p->res[M] > p->m_size) || !p->q[M].len) {
         /* evictS: promote S's tail while it earned M, else it is the victim */
         while (p->q[S].len) {
             uint32_t t = p->q[S].tail;
@@ -199,8 +248,11 @@ static int s3fifo_check(const void *s) {
             if (nx != IKV_NIL && SEQ(&p->nodes[nx]) >= SEQ(n)) return 0;
         }
     }
-    return p->res[S] + p->res[M] <= p->cap && ikv__ghost_check(&p->ghost) &&
-           ikv__ghost_len(&p->ghost, 1) == 0;
+    if (p->approx) return p->res[S] + p->res[M] <= p->cap && ikv__ghost_check(&p->ghost) &&
+                          ikv__ghost_len(&p->ghost, 1) == 0;
+    return p->res[S] + p->res[M] <= p->cap && ikv__ghostq_check(&p->gq) &&
+           ikv__ghostq_len(&p->gq, 1) == 0 &&
+           ikv__ghostq_len(&p->gq, 0) <= (uint64_t)(p->ghost_frac * (double)p->cap);
 }
 
 static uint64_t s3fifo_queued(const void *s) {
@@ -210,15 +262,16 @@ static uint64_t s3fifo_queued(const void *s) {
 
 static size_t s3fifo_bytes(const void *s) {
     const s3fifo *p = s;
-    return ikv__ghost_bytes(&p->ghost);
+    return p->approx ? ikv__ghost_bytes(&p->ghost) : ikv__ghostq_bytes(&p->gq);
 }
 
 const ikv_policy_ops ikv_policy_s3fifo = {
     .name = "s3fifo",
-    .doc = "S3-FIFO (SOSP'23): small + main FIFO, 2-bit counts, ghost of small's evictions "
-           "(params small, ghost, move)",
+    .doc = "S3-FIFO (SOSP'23): small + main FIFO, 2-bit counts, exact ghost of small's "
+           "evictions (params small, ghost, move, approx)",
     .create = s3fifo_create,
     .destroy = s3fifo_destroy,
+    .miss = s3fifo_miss,
     .admit = s3fifo_admit,
     .hit = s3fifo_hit,
     .queue = s3fifo_queue,

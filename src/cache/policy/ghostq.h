@@ -1,0 +1,78 @@
+/*
+ * Exact ghost lists for s3fifo and arc: FIFO (LRU, since ghosts are never reordered) lists of
+ * the fingerprints of recently evicted keys, with a hash index, in one pool of slots sized at
+ * creation.
+ *
+ * S3-FIFO remembers the blocks evicted from its small queue in one list G; ARC remembers the
+ * blocks evicted from T1 and T2 in two lists B1 and B2 and must delete the LRU entry of one of
+ * them at a time (FAST'03 Fig. 4, case IV). Both need exactly what the papers' lists do: a key
+ * is remembered until it is taken (a ghost hit frees its place at once) or until it is the
+ * oldest entry of its list and the list must shrink. No generations, no early forgetting.
+ *
+ *     list 0   head (newest) <-> ... <-> tail (oldest)      slots: fp | prev | next | hnext
+ *     list 1   head <-> ... <-> tail                        bucket[b]: first slot of chain b
+ *     free     chained through next
+ *
+ * Layout: per slot (20 bytes, so a lookup touches one line per chain entry) a 64-bit
+ * fingerprint (the key's high word with its lowest bit replaced by the entry's list), prev
+ * and next slot ids (the list) and the next slot of its hash chain; one 32-bit chain head per
+ * slot. 24 bytes per remembered key: s3fifo (0.9 x capacity keys) costs 21.6
+ * bytes per resident block, arc (capacity keys: |B1| + |B2| <= c) 24. A false ghost hit needs
+ * two keys whose high words agree in 63 bits (the bucket is a function of the fingerprint):
+ * about n / 2^63 per lookup, which only makes a policy treat a new block as a returning one.
+ *
+ * Cost: add, take, drop O(1) expected (a chain averages < 1 entry at full load; a drop walks
+ * the chain of the slot it frees). Nothing allocates after ikv__ghostq_init.
+ */
+#ifndef ISOKV_CACHE_POLICY_GHOSTQ_H
+#define ISOKV_CACHE_POLICY_GHOSTQ_H
+
+#include "../internal.h"
+
+typedef struct ikv__gslot {
+    uint32_t fp[2];      /* fingerprint, low and high words (4-byte alignment: 20-byte slots) */
+    uint32_t prev, next; /* list links (IKV_NIL at the ends); next also chains free slots */
+    uint32_t hnext;      /* next slot in the hash chain (IKV_NIL at the end) */
+} ikv__gslot;
+
+typedef struct ikv__ghostq {
+    ikv__gslot *slot; /* cap slots */
+    uint32_t *bucket; /* nbuckets chain heads (IKV_NIL = empty) */
+    uint32_t cap;     /* keys remembered at most (0: remembers nothing) */
+    uint32_t nbuckets;
+    uint32_t free; /* first free slot */
+    uint32_t head[2], tail[2];
+    uint64_t n[2];   /* keys per list */
+    uint64_t forced; /* entries dropped because every slot was in use (see add) */
+} ikv__ghostq;
+
+/* Sizes a ghost for at most `cap` keys (0: a ghost that remembers nothing; cap < 2^32 - 1).
+ * Returns 0 or IKV_ENOMEM. */
+int ikv__ghostq_init(ikv__ghostq *g, uint64_t cap);
+void ikv__ghostq_free(ikv__ghostq *g);
+
+/* Remembers key k as the newest entry of list 0 or 1. When every slot is in use the oldest
+ * entry of `list` (of the other list if `list` is empty) is forgotten first and `forced` is
+ * counted: s3fifo's FIFO of fixed size works that way; arc keeps its lists within the pool by
+ * its directory rules, so there it is a safety valve. O(1), does not allocate. */
+void ikv__ghostq_add(ikv__ghostq *g, ikv_key k, int list);
+
+/* Looks k up; if it is remembered, forgets it (its slot is free again) and returns its list
+ * (0 or 1), else -1. O(1) expected, does not allocate. */
+int ikv__ghostq_take(ikv__ghostq *g, ikv_key k);
+
+/* Forgets the oldest entry of `list`. 1 if one was dropped, 0 if the list is empty. */
+int ikv__ghostq_drop_oldest(ikv__ghostq *g, int list);
+
+static inline uint64_t ikv__ghostq_len(const ikv__ghostq *g, int list) {
+    return g->n[list];
+}
+
+/* Bytes of the arrays (fingerprints, slots, buckets). */
+size_t ikv__ghostq_bytes(const ikv__ghostq *g);
+
+/* Walks both lists, the free list and every hash chain and checks them against each other and
+ * the counts. 1 if consistent. O(cap). */
+int ikv__ghostq_check(const ikv__ghostq *g);
+
+#endif
