@@ -623,8 +623,8 @@ int ikv_load_run(ikv_trace *t, const ikv_load_opts *o, ikv_load_result *r) {
         }
         if (finished) continue; /* something may start now */
         if (u.inflight == 0 && (stop || u.sent + u.skipped == r->n)) break;
-        int ms = (int)(wait * 1000);
-        if (ms > 50) ms = 50;
+        /* wait may be INFINITY (closed loop: only a completion starts anything): clamp first */
+        int ms = wait < 0.05 ? (int)(wait * 1000) : 50;
         if (o->duration > 0 && !stop) {
             double left_s = o->duration - (ikv_now() - u.t0);
             if (left_s * 1000 < ms) ms = left_s > 0 ? (int)(left_s * 1000) : 0;
