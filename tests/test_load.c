@@ -39,7 +39,7 @@
 #include <unistd.h>
 
 #define MOONCAKE "tests/data/mooncake_conv_300.jsonl"
-#define WEKA "tests/data/weka_5conv.jsonl.gz"
+#define WEKA     "tests/data/weka_5conv.jsonl.gz"
 
 static char tmpdir[256];
 
@@ -102,16 +102,15 @@ static int collect(void *ctx, const char *d, size_t len) {
     return 0;
 }
 
-static const char *STREAM =
-    ": keep-alive\r\n"
-    "data: {\"a\":1}\r\n\r\n"
-    "event: x\n"
-    "data:first\n"
-    "data: second\n"
-    "id: 7\n"
-    "\n"
-    "data: [DONE]\r\r"
-    "data: tail-without-blank";
+static const char *STREAM = ": keep-alive\r\n"
+                            "data: {\"a\":1}\r\n\r\n"
+                            "event: x\n"
+                            "data:first\n"
+                            "data: second\n"
+                            "id: 7\n"
+                            "\n"
+                            "data: [DONE]\r\r"
+                            "data: tail-without-blank";
 
 static void check_stream_events(const events *e) {
     assert_int_equal(e->n, 4);
@@ -195,15 +194,17 @@ static void test_reply_fields(void **state) {
 
     /* llama.cpp: timings.cache_n; older vLLM: usage.num_cached_tokens */
     ikv_load_reply_init(&r);
-    const char *l = "{\"choices\":[{\"text\":\"a\"}],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1},"
-                    "\"timings\":{\"cache_n\":5,\"prompt_n\":4}}";
+    const char *l =
+        "{\"choices\":[{\"text\":\"a\"}],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1},"
+        "\"timings\":{\"cache_n\":5,\"prompt_n\":4}}";
     assert_int_equal(ikv_load_reply_chunk(&r, l, strlen(l), 1.0), 0);
     assert_int_equal(r.cached_tokens, 5);
     assert_int_equal(r.cached_src, IKV_CACHED_LLAMACPP);
     /* llama.cpp without cache_n (b4700-era builds): prompt tokens minus those it evaluated */
     ikv_load_reply_init(&r);
-    const char *l2 = "{\"choices\":[{\"text\":\"\"}],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1},"
-                     "\"timings\":{\"prompt_n\":4}}";
+    const char *l2 =
+        "{\"choices\":[{\"text\":\"\"}],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1},"
+        "\"timings\":{\"prompt_n\":4}}";
     assert_int_equal(ikv_load_reply_chunk(&r, l2, strlen(l2), 1.0), 0);
     assert_int_equal(r.cached_tokens, 5);
     assert_int_equal(r.cached_src, IKV_CACHED_LLAMACPP_PROMPT_N);
@@ -221,7 +222,8 @@ static void test_reply_fields(void **state) {
         assert_true(r.error[0] != 0);
     }
     ikv_load_reply_init(&r);
-    const char *neg = "{\"usage\":{\"prompt_tokens\":-3,\"prompt_tokens_details\":{\"cached_tokens\":1.5}}}";
+    const char *neg =
+        "{\"usage\":{\"prompt_tokens\":-3,\"prompt_tokens_details\":{\"cached_tokens\":1.5}}}";
     assert_int_equal(ikv_load_reply_chunk(&r, neg, strlen(neg), 1.0), 0);
     assert_int_equal(r.prompt_tokens, -1);
     assert_int_equal(r.cached_tokens, -1);
@@ -250,7 +252,8 @@ static size_t read_all(const char *path, kept *out, size_t max, uint32_t *bt) {
         k->keys = malloc((q.n_blocks + 1) * sizeof *k->keys);
         k->ntok = malloc((q.n_blocks + 1) * sizeof *k->ntok);
         memcpy(k->keys, q.keys, q.n_blocks * sizeof *k->keys);
-        for (size_t i = 0; i < q.n_blocks; i++) k->ntok[i] = q.ntokens ? q.ntokens[i] : *bt;
+        for (size_t i = 0; i < q.n_blocks; i++)
+            k->ntok[i] = q.ntokens ? q.ntokens[i] : *bt;
         k->q.keys = k->keys;
         k->q.ntokens = k->ntok;
     }
@@ -260,7 +263,8 @@ static size_t read_all(const char *path, kept *out, size_t max, uint32_t *bt) {
 
 static size_t common_keys(const kept *a, const kept *b) {
     size_t i = 0;
-    while (i < a->n && i < b->n && ikv_key_eq(a->keys[i], b->keys[i]) && a->ntok[i] == b->ntok[i]) i++;
+    while (i < a->n && i < b->n && ikv_key_eq(a->keys[i], b->keys[i]) && a->ntok[i] == b->ntok[i])
+        i++;
     return i;
 }
 
@@ -297,9 +301,11 @@ static void check_mapping(const char *path, uint32_t scale, size_t max) {
         for (size_t j = i + 1; j < n; j++) {
             size_t c = common_keys(&ks[i], &ks[j]);
             size_t lcp = 0;
-            while (lcp < pb[i].n && lcp < pb[j].n && pb[i].tokens[lcp] == pb[j].tokens[lcp]) lcp++;
+            while (lcp < pb[i].n && lcp < pb[j].n && pb[i].tokens[lcp] == pb[j].tokens[lcp])
+                lcp++;
             size_t ctok = 0;
-            for (size_t b = 0; b < c; b++) ctok += ks[i].ntok[b] >= bt ? bs : ks[i].ntok[b] / scale;
+            for (size_t b = 0; b < c; b++)
+                ctok += ks[i].ntok[b] >= bt ? bs : ks[i].ntok[b] / scale;
             if (c) shared_pairs++;
             /* the common token prefix covers the common blocks and ends inside the next block */
             assert_true(lcp >= ctok);
@@ -344,7 +350,8 @@ static void test_max_tokens(void **state) {
     m.scale = 4;
     ikv_key k = {1, 2};
     uint32_t nt = 64;
-    ikv_request q = {.input_tokens = 64, .output_tokens = 10, .n_blocks = 1, .keys = &k, .ntokens = &nt};
+    ikv_request q = {
+        .input_tokens = 64, .output_tokens = 10, .n_blocks = 1, .keys = &k, .ntokens = &nt};
     ikv_load_prompt_buf b = {0};
     assert_int_equal(ikv_load_prompt(&m, &q, 64, &b), 0);
     assert_int_equal(b.max_tokens, 3); /* round(10 / 4) */
@@ -422,16 +429,30 @@ static void test_csv_quoting(void **state) {
     assert_non_null(strstr(csv, ",400,http,\"bad \"\"prompt\"\", line break\"\n"));
     /* every row has the header's column count outside quotes */
     int lines = 0;
-    for (char *p = csv; *p; p++) lines += *p == '\n';
+    for (char *p = csv; *p; p++)
+        lines += *p == '\n';
     assert_int_equal(lines, 3);
     ikv_free(csv);
     char q[64];
     assert_string_equal(ikv_load_gp_quote(q, sizeof q, "it's\n'x'"), "it''s''x''");
 }
 
-/* ---- the loopback responder ------------------------------------------------------------------- */
+/* ---- the loopback responder -------------------------------------------------------------------
+ */
 
-enum mode { M_GOOD, M_500, M_429, M_HTML, M_GARBAGE, M_NODONE, M_STALL, M_PLAIN, M_LLAMA, M_NOUSAGE, M_TRAILER };
+enum mode {
+    M_GOOD,
+    M_500,
+    M_429,
+    M_HTML,
+    M_GARBAGE,
+    M_NODONE,
+    M_STALL,
+    M_PLAIN,
+    M_LLAMA,
+    M_NOUSAGE,
+    M_TRAILER
+};
 
 typedef struct fixture {
     struct MHD_Daemon *d;
@@ -466,7 +487,8 @@ static ssize_t reader(void *cls, uint64_t pos, char *buf, size_t max) {
     stream *s = cls;
     if (s->stall && pos > 0) {
         struct timespec ts = {0, 20 * 1000000L};
-        for (int i = 0; i < 150; i++) nanosleep(&ts, NULL);
+        for (int i = 0; i < 150; i++)
+            nanosleep(&ts, NULL);
         return MHD_CONTENT_READER_END_WITH_ERROR;
     }
     if (pos >= s->len) return MHD_CONTENT_READER_END_OF_STREAM;
@@ -500,15 +522,17 @@ static size_t cached_of(const uint32_t *p, size_t n) {
 
 static enum MHD_Result respond_text(struct MHD_Connection *c, unsigned code, const char *type,
                                     const char *text) {
-    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
     MHD_add_response_header(r, "Content-Type", type);
     enum MHD_Result ret = MHD_queue_response(c, code, r);
     MHD_destroy_response(r);
     return ret;
 }
 
-static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url, const char *method,
-                               const char *version, const char *upload, size_t *upload_size, void **con) {
+static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *url,
+                               const char *method, const char *version, const char *upload,
+                               size_t *upload_size, void **con) {
     (void)cls;
     (void)version;
     conn *k = *con;
@@ -529,7 +553,8 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         return MHD_YES;
     }
     if (strcmp(method, "POST") || strcmp(url, "/v1/completions"))
-        return respond_text(c, 404, "application/json", "{\"error\":{\"message\":\"no such route\"}}");
+        return respond_text(c, 404, "application/json",
+                            "{\"error\":{\"message\":\"no such route\"}}");
     pthread_mutex_lock(&fx.mu);
     enum mode mode = fx.mode;
     fx.requests++;
@@ -564,42 +589,60 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
     cJSON_Delete(j);
 
     switch (mode) {
-    case M_500: return respond_text(c, 500, "application/json", "{\"error\":{\"message\":\"engine on fire\",\"type\":\"server_error\"}}");
-    case M_429: return respond_text(c, 429, "application/json", "{\"error\":{\"message\":\"queue full\"}}");
-    case M_HTML: return respond_text(c, 200, "text/html", "<html><body>hello</body></html>");
+    case M_500:
+        return respond_text(
+            c, 500, "application/json",
+            "{\"error\":{\"message\":\"engine on fire\",\"type\":\"server_error\"}}");
+    case M_429:
+        return respond_text(c, 429, "application/json", "{\"error\":{\"message\":\"queue full\"}}");
+    case M_HTML:
+        return respond_text(c, 200, "text/html", "<html><body>hello</body></html>");
     case M_PLAIN: {
         char b[256];
-        snprintf(b, sizeof b, "{\"choices\":[{\"text\":\"ok\"}],\"usage\":{\"prompt_tokens\":%zu,"
-                 "\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":%zu}}}", n, cached);
+        snprintf(b, sizeof b,
+                 "{\"choices\":[{\"text\":\"ok\"}],\"usage\":{\"prompt_tokens\":%zu,"
+                 "\"completion_tokens\":1,\"prompt_tokens_details\":{\"cached_tokens\":%zu}}}",
+                 n, cached);
         return respond_text(c, 200, "application/json", b);
     }
-    default: break;
+    default:
+        break;
     }
     stream *s = calloc(1, sizeof *s);
     s->text = malloc(1024);
     int len = 0;
-    if (mode == M_GARBAGE) len = snprintf(s->text, 1024, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: <oops>\n\n");
+    if (mode == M_GARBAGE)
+        len = snprintf(s->text, 1024, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: <oops>\n\n");
     else {
-        len = snprintf(s->text, 1024, "data: {\"choices\":[{\"text\":\"a\"}]}\n\n: ping\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\n");
+        len = snprintf(s->text, 1024,
+                       "data: {\"choices\":[{\"text\":\"a\"}]}\n\n: ping\n\ndata: "
+                       "{\"choices\":[{\"text\":\"b\"}]}\n\n");
         if (mode == M_LLAMA)
-            len += snprintf(s->text + len, 1024 - len, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%zu,"
-                            "\"completion_tokens\":2},\"timings\":{\"cache_n\":%zu}}\n\n", n, cached);
+            len += snprintf(s->text + len, 1024 - len,
+                            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%zu,"
+                            "\"completion_tokens\":2},\"timings\":{\"cache_n\":%zu}}\n\n",
+                            n, cached);
         else if (mode != M_NOUSAGE)
-            len += snprintf(s->text + len, 1024 - len, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%zu,"
-                            "\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":%zu}}}\r\n\r\n", n, cached);
+            len += snprintf(s->text + len, 1024 - len,
+                            "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%zu,"
+                            "\"completion_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":%"
+                            "zu}}}\r\n\r\n",
+                            n, cached);
         if (mode != M_NODONE) len += snprintf(s->text + len, 1024 - len, "data: [DONE]\n\n");
         if (mode == M_TRAILER) len += snprintf(s->text + len, 1024 - len, "data: {\"choices\":[]}");
     }
     s->len = (size_t)len;
     s->stall = mode == M_STALL;
-    struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 256, reader, s, stream_free);
+    struct MHD_Response *r =
+        MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 256, reader, s, stream_free);
     MHD_add_response_header(r, "Content-Type", "text/event-stream");
     enum MHD_Result ret = MHD_queue_response(c, 200, r);
     MHD_destroy_response(r);
     return ret;
 }
 
-static void completed(void *cls, struct MHD_Connection *c, void **con, enum MHD_RequestTerminationCode t) {
+static void completed(void *cls, struct MHD_Connection *c, void **con,
+                      enum MHD_RequestTerminationCode t) {
     (void)cls;
     (void)c;
     (void)t;
@@ -613,7 +656,8 @@ static void completed(void *cls, struct MHD_Connection *c, void **con, enum MHD_
 
 static void fixture_reset(enum mode m) {
     pthread_mutex_lock(&fx.mu);
-    for (size_t i = 0; i < fx.n; i++) free(fx.prompts[i]);
+    for (size_t i = 0; i < fx.n; i++)
+        free(fx.prompts[i]);
     fx.n = 0;
     fx.mode = m;
     fx.requests = 0;
@@ -628,10 +672,10 @@ static int fixture_start(void **state) {
     a.sin_family = AF_INET;
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     a.sin_port = 0;
-    fx.d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0, NULL, NULL,
-                            handler, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&a,
-                            MHD_OPTION_NOTIFY_COMPLETED, completed, NULL, MHD_OPTION_CONNECTION_TIMEOUT,
-                            (unsigned)10, MHD_OPTION_END);
+    fx.d = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION, 0,
+                            NULL, NULL, handler, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&a,
+                            MHD_OPTION_NOTIFY_COMPLETED, completed, NULL,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)10, MHD_OPTION_END);
     if (!fx.d) return -1;
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(fx.d, MHD_DAEMON_INFO_BIND_PORT);
     fx.port = info ? info->port : 0;
@@ -756,7 +800,8 @@ static void test_keys_and_sessions(void **state) {
     ikv_load_opts o;
     char url[64];
     opts_for(&o, url, sizeof url);
-    snprintf(url, sizeof url, "http://127.0.0.1:%u/v1/", fx.port); /* ".../v1": /completions added */
+    snprintf(url, sizeof url, "http://127.0.0.1:%u/v1/",
+             fx.port); /* ".../v1": /completions added */
     o.tenant_mode = IKV_TENANT_KEY;
     o.tenant_prefix = "k";
     o.concurrency = 3;
@@ -800,8 +845,10 @@ static void expect_all(enum mode m, ikv_load_err err, long status, const char *d
     cJSON *j = cJSON_Parse(js);
     const cJSON *eb = cJSON_GetObjectItemCaseSensitive(j, "errors_by_status");
     char key[32];
-    if (err == IKV_LOAD_HTTP) snprintf(key, sizeof key, "%ld", status);
-    else snprintf(key, sizeof key, "%s", ikv_load_err_name(err));
+    if (err == IKV_LOAD_HTTP)
+        snprintf(key, sizeof key, "%ld", status);
+    else
+        snprintf(key, sizeof key, "%s", ikv_load_err_name(err));
     const cJSON *c = cJSON_GetObjectItemCaseSensitive(eb, key);
     assert_true(cJSON_IsNumber(c) && c->valuedouble == 4);
     assert_true(cJSON_IsNull(cJSON_GetObjectItemCaseSensitive(j, "token_hit_ratio")));
@@ -910,7 +957,8 @@ static size_t count_requests(const ikv_load_result *r) {
     char *sent = ikv_load_sent_trace(r);
     assert_non_null(sent);
     size_t n = 0;
-    for (const char *p = sent; (p = strstr(p, "{\"time\":")); p++) n++;
+    for (const char *p = sent; (p = strstr(p, "{\"time\":")); p++)
+        n++;
     ikv_free(sent);
     return n;
 }
@@ -929,7 +977,8 @@ static void test_open_loop(void **state) {
     ikv_load_result r;
     run_load(MOONCAKE, 30, 32, &o, &r);
     assert_int_equal(r.ok, 30);
-    for (size_t i = 0; i < r.n; i++) assert_true(r.records[i].send + 1e-9 >= r.records[i].trace_time / 20);
+    for (size_t i = 0; i < r.n; i++)
+        assert_true(r.records[i].send + 1e-9 >= r.records[i].trace_time / 20);
     assert_true(r.records[29].send >= 0.45);
     ikv_load_result_free(&r);
     /* stop after 0.2 s: the requests due at 0 and 0.15 s are sent, those at 0.3 and 0.45 s not */
@@ -1034,8 +1083,9 @@ static void test_cli(void **state) {
     snprintf(b, sizeof b, "%s", bin);
     snprintf(url, sizeof url, "http://127.0.0.1:%u", fx.port);
     snprintf(out, sizeof out, "%s/cli", tmpdir);
-    char *const argv[] = {b, "load", MOONCAKE, "--url", url, "--scale", "32", "--max-requests", "8",
-                          "--closed-loop", "--concurrency", "2", "--out", out, NULL};
+    char *const argv[] = {
+        b,   "load",          MOONCAKE,        "--url", url,     "--scale", "32", "--max-requests",
+        "8", "--closed-loop", "--concurrency", "2",     "--out", out,       NULL};
     assert_int_equal(run_prog(argv, NULL), 0);
     const char *names[] = {"requests.csv", "summary.json", "sent.jsonl"};
     for (int i = 0; i < 3; i++) {
@@ -1044,7 +1094,8 @@ static void test_cli(void **state) {
         assert_non_null(s);
         if (i == 0) {
             int lines = 0;
-            for (char *p = s; *p; p++) lines += *p == '\n';
+            for (char *p = s; *p; p++)
+                lines += *p == '\n';
             assert_int_equal(lines, 9);
         }
         free(s);
@@ -1058,8 +1109,9 @@ static void test_cli(void **state) {
     assert_int_equal(run_prog(argv, NULL), 1);
     fixture_reset(M_GOOD);
     snprintf(out, sizeof out, "%s/sweep", tmpdir);
-    char *const sw[] = {b, "load", WEKA, "--url", url, "--scale", "4", "--closed-loop", "--vary",
-                        "users=1,2,5", "--out", out, NULL};
+    char *const sw[] = {b,   "load",          WEKA,     "--url",       url,     "--scale",
+                        "4", "--closed-loop", "--vary", "users=1,2,5", "--out", out,
+                        NULL};
     assert_int_equal(run_prog(sw, NULL), 0);
     snprintf(f, sizeof f, "%s/sweep.csv", out);
     char *s = slurp(f);
@@ -1153,11 +1205,25 @@ static int live_start_keys(const char *policy, int keys) {
     char b[512], log[600];
     snprintf(b, sizeof b, "%s", bin);
     snprintf(lv.trace, sizeof lv.trace, "%s/live_%s.jsonl", tmpdir, policy);
-    char *const gen[] = {b, "gen", "-q", "-o", lv.trace, "--users", "8", "--apps", "2", "--system-tokens", "64",
-                         "--tool-tokens", "0", "--memory-tokens", "48", "--memory-item-tokens", "16",
-                         "--docs", "1", "--corpus", "40", "--doc-tokens", "32", "--turns", "3", "--think", "1",
-                         "--rate", "20", "--duration", "100000", "--requests", "48", "--query-tokens", "16",
-                         "--output-tokens", "4", NULL};
+    char *const gen[] = {b,        "gen",
+                         "-q",     "-o",
+                         lv.trace, "--users",
+                         "8",      "--apps",
+                         "2",      "--system-tokens",
+                         "64",     "--tool-tokens",
+                         "0",      "--memory-tokens",
+                         "48",     "--memory-item-tokens",
+                         "16",     "--docs",
+                         "1",      "--corpus",
+                         "40",     "--doc-tokens",
+                         "32",     "--turns",
+                         "3",      "--think",
+                         "1",      "--rate",
+                         "20",     "--duration",
+                         "100000", "--requests",
+                         "48",     "--query-tokens",
+                         "16",     "--output-tokens",
+                         "4",      NULL};
     if (run_prog(gen, NULL) != 0) return -1;
     char keyfile[600];
     snprintf(keyfile, sizeof keyfile, "%s/keys_%s.json", tmpdir, policy);
@@ -1174,9 +1240,23 @@ static int live_start_keys(const char *policy, int keys) {
         if (nul >= 0) dup2(nul, 2);
         char pol[64];
         snprintf(pol, sizeof pol, "%s", policy);
-        char *const argv[] = {b, "serve", "--model", "data/models/stories260K/stories260K.bin", "--tokenizer",
-                              "data/models/stories260K/tok512.bin", "--port", "0", "--threads", "1",
-                              "--kv-mem", "2M", "--policy", pol, keys ? "--api-keys" : NULL, keyfile, NULL};
+        char *const argv[] = {b,
+                              "serve",
+                              "--model",
+                              "data/models/stories260K/stories260K.bin",
+                              "--tokenizer",
+                              "data/models/stories260K/tok512.bin",
+                              "--port",
+                              "0",
+                              "--threads",
+                              "1",
+                              "--kv-mem",
+                              "2M",
+                              "--policy",
+                              pol,
+                              keys ? "--api-keys" : NULL,
+                              keyfile,
+                              NULL};
         execv(b, argv);
         _exit(127);
     }
@@ -1188,7 +1268,8 @@ static int live_start_keys(const char *policy, int keys) {
         const char *p = out ? strstr(out, "http://127.0.0.1:") : NULL;
         const char *c = out ? strstr(out, "cache ") : NULL;
         if (p) lv.port = (uint16_t)atoi(p + strlen("http://127.0.0.1:"));
-        while (c && !(c[6] >= '0' && c[6] <= '9')) c = strstr(c + 1, "cache ");
+        while (c && !(c[6] >= '0' && c[6] <= '9'))
+            c = strstr(c + 1, "cache ");
         if (c) lv.cache_blocks = strtoull(c + 6, NULL, 10);
         free(out);
         int st;
@@ -1259,7 +1340,8 @@ static void live_body(void) {
         assert_int_equal(r.reported, 48);
         assert_int_equal(r.cached_src, IKV_CACHED_OPENAI);
         assert_true(r.cached_tokens > 0);
-        for (size_t i = 0; i < r.n; i++) assert_int_equal(r.records[i].server_prompt_tokens, r.records[i].prompt_tokens);
+        for (size_t i = 0; i < r.n; i++)
+            assert_int_equal(r.records[i].server_prompt_tokens, r.records[i].prompt_tokens);
         /* the server's own counters moved by exactly what its answers said */
         char murl[96];
         snprintf(murl, sizeof murl, "%s/metrics", url);
@@ -1288,17 +1370,19 @@ static void live_body(void) {
         snprintf(pol, sizeof pol, "%s", lv.policy);
         snprintf(b, sizeof b, "%s", getenv("IKV_BIN"));
         /* the server pins public prefixes (within half the cache): --pin-public does the same */
-        char *const argv[] = {b, "sim", path, "--mode", "order", "--policy", pol, "--capacity-tokens", cap,
-                              "--pin-public", "--json", NULL};
+        char *const argv[] = {b,       "sim",          path,     "--mode",
+                              "order", "--policy",     pol,      "--capacity-tokens",
+                              cap,     "--pin-public", "--json", NULL};
         assert_int_equal(run_prog(argv, out), 0);
         char *js = slurp(out);
         cJSON *j = cJSON_Parse(js);
         const cJSON *h = cJSON_GetObjectItemCaseSensitive(j, "hit_tokens");
         assert_true(cJSON_IsNumber(h));
         double sim_ratio = h->valuedouble / (double)r.prompt_tokens;
-        print_message("live %s: cache %llu blocks, measured %.6f (%llu cached), isokv sim %.6f (%.0f)\n",
-                      lv.policy, (unsigned long long)lv.cache_blocks, r.token_hit_ratio,
-                      (unsigned long long)r.cached_tokens, sim_ratio, h->valuedouble);
+        print_message(
+            "live %s: cache %llu blocks, measured %.6f (%llu cached), isokv sim %.6f (%.0f)\n",
+            lv.policy, (unsigned long long)lv.cache_blocks, r.token_hit_ratio,
+            (unsigned long long)r.cached_tokens, sim_ratio, h->valuedouble);
         assert_true(fabs(sim_ratio - r.token_hit_ratio) <= 0.02);
         /* the cache really was too small: the simulator evicted */
         const cJSON *ev = cJSON_GetObjectItemCaseSensitive(j, "evictions");
@@ -1332,7 +1416,8 @@ static void test_live_serve_keys(void **state) {
     run_load(lv.trace, 12, 1, &o, &r);
     assert_int_equal(r.ok, 0);
     assert_int_equal(r.errors_by[IKV_LOAD_HTTP], 12);
-    for (size_t i = 0; i < r.n; i++) assert_int_equal(r.records[i].status, 401);
+    for (size_t i = 0; i < r.n; i++)
+        assert_int_equal(r.records[i].status, 401);
     ikv_load_result_free(&r);
 }
 

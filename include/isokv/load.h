@@ -46,11 +46,11 @@ void ikv_load_map_default(ikv_load_map *m);
 
 /* A request as it is sent: owned by the caller (ikv_load_prompt fills it and grows tokens). */
 typedef struct ikv_load_prompt_buf {
-    uint32_t *tokens;        /* (n) token ids */
+    uint32_t *tokens; /* (n) token ids */
     size_t n, cap;
-    uint32_t block_tokens;   /* scaled block size B/K (the server's KV block should equal it) */
-    uint32_t full_blocks;    /* leading whole scaled blocks (the tokens a server can cache) */
-    uint32_t public_tokens;  /* leading tokens declared public (segments) */
+    uint32_t block_tokens;  /* scaled block size B/K (the server's KV block should equal it) */
+    uint32_t full_blocks;   /* leading whole scaled blocks (the tokens a server can cache) */
+    uint32_t public_tokens; /* leading tokens declared public (segments) */
     uint32_t max_tokens;
 } ikv_load_prompt_buf;
 
@@ -67,9 +67,9 @@ void ikv_load_prompt_free(ikv_load_prompt_buf *buf);
 
 /* Where a response's cached-token count came from. */
 typedef enum ikv_cached_src {
-    IKV_CACHED_NONE = 0,  /* the server reported no cached-token field */
-    IKV_CACHED_OPENAI,    /* usage.prompt_tokens_details.cached_tokens (OpenAI, vLLM, isokv) */
-    IKV_CACHED_LLAMACPP,  /* timings.cache_n (llama.cpp's llama-server) */
+    IKV_CACHED_NONE = 0,    /* the server reported no cached-token field */
+    IKV_CACHED_OPENAI,      /* usage.prompt_tokens_details.cached_tokens (OpenAI, vLLM, isokv) */
+    IKV_CACHED_LLAMACPP,    /* timings.cache_n (llama.cpp's llama-server) */
     IKV_CACHED_VLLM_LEGACY, /* usage.num_cached_tokens (older vLLM) */
     IKV_CACHED_LLAMACPP_PROMPT_N, /* usage.prompt_tokens - timings.prompt_n (llama.cpp builds
                                      without cache_n: the prompt tokens it did not evaluate) */
@@ -79,17 +79,17 @@ const char *ikv_cached_src_name(ikv_cached_src s);
 
 /* What one response said (filled as its SSE events arrive). */
 typedef struct ikv_load_reply {
-    int events;               /* data events parsed as JSON */
-    int done;                 /* "data: [DONE]" seen */
-    int streamed;             /* the body was SSE (0: one plain JSON object) */
-    int first_token_seen;     /* a chunk with non-empty choices[].text / delta.content */
-    double first_token_time;  /* ikv_now() when it arrived */
-    int64_t prompt_tokens;    /* usage.prompt_tokens (-1 = absent) */
-    int64_t completion_tokens;/* usage.completion_tokens (-1 = absent) */
-    int64_t cached_tokens;    /* see cached_src (-1 = absent) */
+    int events;                /* data events parsed as JSON */
+    int done;                  /* "data: [DONE]" seen */
+    int streamed;              /* the body was SSE (0: one plain JSON object) */
+    int first_token_seen;      /* a chunk with non-empty choices[].text / delta.content */
+    double first_token_time;   /* ikv_now() when it arrived */
+    int64_t prompt_tokens;     /* usage.prompt_tokens (-1 = absent) */
+    int64_t completion_tokens; /* usage.completion_tokens (-1 = absent) */
+    int64_t cached_tokens;     /* see cached_src (-1 = absent) */
     ikv_cached_src cached_src;
-    int64_t text_chunks;      /* chunks that carried text */
-    char error[160];          /* "": fine; else what was wrong with the body */
+    int64_t text_chunks; /* chunks that carried text */
+    char error[160];     /* "": fine; else what was wrong with the body */
 } ikv_load_reply;
 
 /* An incremental SSE parser (WHATWG event-stream rules: "data:" lines joined by '\n', an event
@@ -129,25 +129,25 @@ typedef enum ikv_tenant_mode {
 } ikv_tenant_mode;
 
 typedef struct ikv_load_opts {
-    const char *url;          /* base, e.g. http://127.0.0.1:8000 (/v1/completions appended) */
-    const char *model;        /* "model" field (NULL: omitted) */
-    const char *api_key;      /* Authorization for every request (tenant mode salt/none) */
+    const char *url;     /* base, e.g. http://127.0.0.1:8000 (/v1/completions appended) */
+    const char *model;   /* "model" field (NULL: omitted) */
+    const char *api_key; /* Authorization for every request (tenant mode salt/none) */
     ikv_tenant_mode tenant_mode;
-    const char *tenant_prefix;/* default "tenant-" */
-    int closed_loop;          /* 1: next request of a session when its previous ends */
-    uint32_t concurrency;     /* closed loop: requests in flight (default 1); open loop: a cap
-                                 (0 = none) */
-    double rate;              /* open loop: time multiplier (2 = twice as fast; default 1) */
-    double duration;          /* stop sending after this many seconds (0 = no limit) */
-    double timeout;           /* per request, seconds (default 60) */
-    double connect_timeout;   /* seconds (default 5) */
-    int ignore_eos;           /* send "ignore_eos": true (vLLM, llama.cpp) */
-    int send_public;          /* send "isokv": {"public_prefix_tokens": N} when N > 0 (default 1) */
-    int include_usage;        /* stream_options.include_usage (default 1) */
-    uint32_t max_tenants;     /* keep only requests of tenants 0..N-1 (0 = all; segments) */
-    uint32_t max_inflight;    /* open loop: at most this many in flight (default 256) */
-    uint32_t max_context;     /* skip (IKV_LOAD_TOO_LONG) requests whose prompt + max_tokens
-                                 exceed this (0 = send everything) */
+    const char *tenant_prefix; /* default "tenant-" */
+    int closed_loop;           /* 1: next request of a session when its previous ends */
+    uint32_t concurrency;      /* closed loop: requests in flight (default 1); open loop: a cap
+                                  (0 = none) */
+    double rate;               /* open loop: time multiplier (2 = twice as fast; default 1) */
+    double duration;           /* stop sending after this many seconds (0 = no limit) */
+    double timeout;            /* per request, seconds (default 60) */
+    double connect_timeout;    /* seconds (default 5) */
+    int ignore_eos;            /* send "ignore_eos": true (vLLM, llama.cpp) */
+    int send_public;       /* send "isokv": {"public_prefix_tokens": N} when N > 0 (default 1) */
+    int include_usage;     /* stream_options.include_usage (default 1) */
+    uint32_t max_tenants;  /* keep only requests of tenants 0..N-1 (0 = all; segments) */
+    uint32_t max_inflight; /* open loop: at most this many in flight (default 256) */
+    uint32_t max_context;  /* skip (IKV_LOAD_TOO_LONG) requests whose prompt + max_tokens
+                              exceed this (0 = send everything) */
     ikv_load_map map;
     void (*progress)(void *ctx, uint64_t done, uint64_t total); /* may be NULL */
     void *progress_ctx;
@@ -158,13 +158,13 @@ void ikv_load_opts_default(ikv_load_opts *o);
 /* Error classes of a request that did not end in a complete 2xx stream. */
 typedef enum ikv_load_err {
     IKV_LOAD_OK = 0,
-    IKV_LOAD_HTTP,        /* a non-2xx status (see status) */
-    IKV_LOAD_CONNECT,     /* connection refused / unreachable / DNS */
-    IKV_LOAD_TIMEOUT,     /* per-request timeout */
-    IKV_LOAD_BAD_REPLY,   /* 2xx but not an OpenAI completion stream */
-    IKV_LOAD_TRANSPORT,   /* any other transfer error (reset, partial body) */
-    IKV_LOAD_NOT_SENT,    /* --duration ran out before it was sent */
-    IKV_LOAD_TOO_LONG,    /* prompt + max_tokens over max_context: not sent */
+    IKV_LOAD_HTTP,      /* a non-2xx status (see status) */
+    IKV_LOAD_CONNECT,   /* connection refused / unreachable / DNS */
+    IKV_LOAD_TIMEOUT,   /* per-request timeout */
+    IKV_LOAD_BAD_REPLY, /* 2xx but not an OpenAI completion stream */
+    IKV_LOAD_TRANSPORT, /* any other transfer error (reset, partial body) */
+    IKV_LOAD_NOT_SENT,  /* --duration ran out before it was sent */
+    IKV_LOAD_TOO_LONG,  /* prompt + max_tokens over max_context: not sent */
     IKV_LOAD_N_ERR
 } ikv_load_err;
 
@@ -172,19 +172,19 @@ const char *ikv_load_err_name(ikv_load_err e);
 
 /* One request: what was sent and what came back. Times are measured seconds from the start. */
 typedef struct ikv_load_record {
-    uint64_t index;           /* order in the trace */
-    uint64_t sent_order;      /* order in which it was sent (UINT64_MAX: not sent) */
-    uint64_t session;         /* conversation/session id (0: none) */
+    uint64_t index;      /* order in the trace */
+    uint64_t sent_order; /* order in which it was sent (UINT64_MAX: not sent) */
+    uint64_t session;    /* conversation/session id (0: none) */
     uint32_t tenant;
-    double trace_time;        /* seconds, from the trace */
+    double trace_time;             /* seconds, from the trace */
     double send, first_token, end; /* measured; first_token < 0 when none came */
-    uint32_t prompt_tokens;   /* sent */
+    uint32_t prompt_tokens;        /* sent */
     uint32_t full_blocks, block_tokens, public_tokens, max_tokens;
     int64_t server_prompt_tokens, cached_tokens, completion_tokens; /* -1 = not reported */
     ikv_cached_src cached_src;
-    long status;              /* HTTP status (0: none) */
+    long status; /* HTTP status (0: none) */
     ikv_load_err err;
-    char detail[200];         /* error detail ("" when fine) */
+    char detail[200]; /* error detail ("" when fine) */
     /* the trace request (owned by the result): its block keys, kept to build the prompt when
        it is sent and to write the sent-order trace */
     ikv_key *keys;
@@ -200,12 +200,12 @@ typedef struct ikv_load_result {
     uint64_t prompt_tokens, cached_tokens, reported; /* over ok requests that reported cached */
     uint64_t completion_tokens;
     ikv_cached_src cached_src; /* the field the server used (first seen) */
-    double token_hit_ratio;   /* cached_tokens / prompt_tokens over requests that reported */
-    double ttft_p50, ttft_p90, ttft_p99, ttft_mean;   /* seconds, ok requests */
+    double token_hit_ratio;    /* cached_tokens / prompt_tokens over requests that reported */
+    double ttft_p50, ttft_p90, ttft_p99, ttft_mean; /* seconds, ok requests */
     double lat_p50, lat_p90, lat_p99, lat_mean;
-    double wall;              /* seconds from the first send to the last end */
+    double wall; /* seconds from the first send to the last end */
     double req_per_s, out_tok_per_s, prompt_tok_per_s;
-    uint32_t block_tokens;    /* scaled block size */
+    uint32_t block_tokens; /* scaled block size */
     uint32_t trace_block_tokens;
 } ikv_load_result;
 

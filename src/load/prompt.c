@@ -55,7 +55,8 @@ static uint32_t token_of(const ikv_load_map *m, uint64_t a, uint64_t b, uint32_t
 static int grow(ikv_load_prompt_buf *b, size_t need) {
     if (need <= b->cap) return 0;
     size_t cap = b->cap ? b->cap : 256;
-    while (cap < need) cap *= 2;
+    while (cap < need)
+        cap *= 2;
     uint32_t *p = ikv_realloc(b->tokens, cap * sizeof *p);
     if (!p) return ikv_error(IKV_ENOMEM, "prompt of %zu tokens", need);
     b->tokens = p;
@@ -90,7 +91,8 @@ int ikv_load_prompt(const ikv_load_map *m, const ikv_request *q, uint32_t block_
         uint32_t nt = q->ntokens ? q->ntokens[i] : block_tokens;
         uint32_t k = nt >= block_tokens ? bs : nt / m->scale;
         if (k == bs && full == i) full++;
-        for (uint32_t j = 0; j < k; j++) buf->tokens[n++] = token_of(m, q->keys[i].lo, q->keys[i].hi, j);
+        for (uint32_t j = 0; j < k; j++)
+            buf->tokens[n++] = token_of(m, q->keys[i].lo, q->keys[i].hi, j);
     }
     /* the tail: drawn from the request's index under a domain of its own ("tail") */
     for (size_t j = 0; j < tail; j++)

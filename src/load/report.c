@@ -67,8 +67,8 @@ void ikv_load_summarize(ikv_load_result *r) {
         if (e->cached_tokens >= 0) {
             r->reported++;
             r->cached_tokens += (uint64_t)e->cached_tokens;
-            r->prompt_tokens += e->server_prompt_tokens >= 0 ? (uint64_t)e->server_prompt_tokens
-                                                              : e->prompt_tokens;
+            r->prompt_tokens +=
+                e->server_prompt_tokens >= 0 ? (uint64_t)e->server_prompt_tokens : e->prompt_tokens;
             if (r->cached_src == IKV_CACHED_NONE) r->cached_src = e->cached_src;
         }
         if (e->first_token >= 0) {
@@ -102,12 +102,14 @@ void ikv_load_summarize(ikv_load_result *r) {
     ikv_free(lat);
 }
 
-/* ---- atomic files ------------------------------------------------------------------------------ */
+/* ---- atomic files ------------------------------------------------------------------------------
+ */
 
 int ikv_load_write_atomic(const char *path, const char *text, size_t len) {
     struct stat st;
     if (lstat(path, &st) == 0 && !S_ISREG(st.st_mode))
-        return ikv_error(IKV_EINVAL, "%s exists and is not a regular file: refusing to replace it", path);
+        return ikv_error(IKV_EINVAL, "%s exists and is not a regular file: refusing to replace it",
+                         path);
     size_t pl = strlen(path);
     char *tmp = ikv_malloc(pl + 32);
     if (!tmp) return IKV_ENOMEM;
@@ -116,7 +118,8 @@ int ikv_load_write_atomic(const char *path, const char *text, size_t len) {
     snprintf(tmp, pl + 32, "%.*s.%s.tmp.XXXXXX", (int)dl, path, path + dl);
     int fd = mkstemp(tmp);
     if (fd < 0) {
-        int rc = ikv_error(IKV_EIO, "%s: cannot create a temporary file: %s", path, strerror(errno));
+        int rc =
+            ikv_error(IKV_EIO, "%s: cannot create a temporary file: %s", path, strerror(errno));
         ikv_free(tmp);
         return rc;
     }
@@ -143,7 +146,8 @@ int ikv_load_write_atomic(const char *path, const char *text, size_t len) {
     return 0;
 }
 
-/* ---- text building ------------------------------------------------------------------------------- */
+/* ---- text building
+ * ------------------------------------------------------------------------------- */
 
 typedef struct sbuf {
     char *p;
@@ -168,7 +172,8 @@ static void sb_printf(sbuf *b, const char *fmt, ...) {
             return;
         }
         size_t cap = b->cap ? b->cap : 4096;
-        while (cap < b->len + (size_t)n + 1) cap *= 2;
+        while (cap < b->len + (size_t)n + 1)
+            cap *= 2;
         char *p = ikv_realloc(b->p, cap);
         if (!p) {
             b->oom = 1;
@@ -197,9 +202,12 @@ static void sb_csv(sbuf *b, const char *s) {
     }
     sb_printf(b, "\"");
     for (; *s; s++) {
-        if (*s == '"') sb_printf(b, "\"\"");
-        else if (*s == '\r' || *s == '\n') sb_printf(b, " ");
-        else sb_printf(b, "%c", *s);
+        if (*s == '"')
+            sb_printf(b, "\"\"");
+        else if (*s == '\r' || *s == '\n')
+            sb_printf(b, " ");
+        else
+            sb_printf(b, "%c", *s);
     }
     sb_printf(b, "\"");
 }
@@ -264,8 +272,10 @@ char *ikv_load_summary_json(const ikv_load_result *r, const ikv_load_opts *o, co
     cJSON_AddNumberToObject(j, "prompt_tokens", (double)r->prompt_tokens);
     cJSON_AddNumberToObject(j, "cached_tokens", (double)r->cached_tokens);
     cJSON_AddNumberToObject(j, "completion_tokens", (double)r->completion_tokens);
-    if (r->reported) cJSON_AddNumberToObject(j, "token_hit_ratio", r->token_hit_ratio);
-    else cJSON_AddNullToObject(j, "token_hit_ratio");
+    if (r->reported)
+        cJSON_AddNumberToObject(j, "token_hit_ratio", r->token_hit_ratio);
+    else
+        cJSON_AddNullToObject(j, "token_hit_ratio");
     cJSON *t = cJSON_AddObjectToObject(j, "ttft_s");
     if (t) {
         cJSON_AddNumberToObject(t, "p50", r->ttft_p50);
@@ -292,11 +302,15 @@ char *ikv_load_summary_json(const ikv_load_result *r, const ikv_load_opts *o, co
         if (e->err == IKV_LOAD_OK) continue;
         errors++;
         char k[32];
-        if (e->err == IKV_LOAD_HTTP) snprintf(k, sizeof k, "%ld", e->status);
-        else snprintf(k, sizeof k, "%s", ikv_load_err_name(e->err));
+        if (e->err == IKV_LOAD_HTTP)
+            snprintf(k, sizeof k, "%ld", e->status);
+        else
+            snprintf(k, sizeof k, "%s", ikv_load_err_name(e->err));
         cJSON *c = cJSON_GetObjectItemCaseSensitive(eb, k);
-        if (c) cJSON_SetNumberValue(c, c->valuedouble + 1);
-        else cJSON_AddNumberToObject(eb, k, 1);
+        if (c)
+            cJSON_SetNumberValue(c, c->valuedouble + 1);
+        else
+            cJSON_AddNumberToObject(eb, k, 1);
     }
     cJSON_AddNumberToObject(j, "errors", (double)errors);
     /* the first error's detail, to say what went wrong without opening the CSV */
@@ -329,7 +343,8 @@ char *ikv_load_summary_json(const ikv_load_result *r, const ikv_load_opts *o, co
     return out;
 }
 
-/* ---- the sent-order trace ------------------------------------------------------------------------ */
+/* ---- the sent-order trace
+ * ------------------------------------------------------------------------ */
 
 typedef struct keypos {
     uint64_t lo, hi;
@@ -344,7 +359,8 @@ static int cmp_keypos(const void *a, const void *b) {
 }
 
 static int cmp_sent(const void *a, const void *b) {
-    const ikv_load_record *x = *(const ikv_load_record *const *)a, *y = *(const ikv_load_record *const *)b;
+    const ikv_load_record *x = *(const ikv_load_record *const *)a,
+                          *y = *(const ikv_load_record *const *)b;
     return x->sent_order < y->sent_order ? -1 : x->sent_order > y->sent_order;
 }
 
@@ -383,21 +399,25 @@ char *ikv_load_sent_trace(const ikv_load_result *r) {
         if (i && (kp[i].lo != kp[i - 1].lo || kp[i].hi != kp[i - 1].hi)) next_id++;
         ids[kp[i].pos] = next_id;
     }
-    sb_printf(&b, "{\"format\": \"isokv-segments\", \"version\": 1, \"block_tokens\": %u, "
-                  "\"isokv_load\": {\"requests\": %zu, \"prompt_tokens\": %llu, \"note\": \"full blocks "
-                  "only: compare hit_tokens with the server's cached tokens\"}}\n",
-              bs, ns, (unsigned long long)prompt);
+    sb_printf(
+        &b,
+        "{\"format\": \"isokv-segments\", \"version\": 1, \"block_tokens\": %u, "
+        "\"isokv_load\": {\"requests\": %zu, \"prompt_tokens\": %llu, \"note\": \"full blocks "
+        "only: compare hit_tokens with the server's cached tokens\"}}\n",
+        bs, ns, (unsigned long long)prompt);
     size_t at = 0;
     for (size_t i = 0; i < ns; i++) {
         const ikv_load_record *e = order[i];
         uint32_t pub_blocks = e->public_tokens / bs;
-        sb_printf(&b, "{\"time\": %.6f, \"tenant\": \"t%u\", \"session\": %llu, \"output\": %u, \"segments\": [",
+        sb_printf(&b,
+                  "{\"time\": %.6f, \"tenant\": \"t%u\", \"session\": %llu, \"output\": %u, "
+                  "\"segments\": [",
                   e->send, e->tenant, (unsigned long long)e->session, e->max_tokens);
         for (uint32_t j = 0; j < e->full_blocks; j++) {
             int pub = j < pub_blocks;
             sb_printf(&b, "%s{\"kind\": \"%s\", \"id\": \"b%llu\", \"tokens\": %u, \"public\": %s}",
-                      j ? ", " : "", pub ? "system" : "history", (unsigned long long)ids[at + j], bs,
-                      pub ? "true" : "false");
+                      j ? ", " : "", pub ? "system" : "history", (unsigned long long)ids[at + j],
+                      bs, pub ? "true" : "false");
         }
         sb_printf(&b, "]}\n");
         at += e->full_blocks;
@@ -415,7 +435,8 @@ oom:
     return NULL;
 }
 
-/* ---- gnuplot ---------------------------------------------------------------------------------- */
+/* ---- gnuplot ----------------------------------------------------------------------------------
+ */
 
 char *ikv_load_gp_quote(char *out, size_t cap, const char *s) {
     size_t n = 0;

@@ -53,13 +53,13 @@ void ikv_load_opts_default(ikv_load_opts *o) {
 }
 
 const char *ikv_load_err_name(ikv_load_err e) {
-    static const char *const names[IKV_LOAD_N_ERR] = {"ok",        "http",      "connect",
-                                                       "timeout",   "bad_reply", "transport",
-                                                       "not_sent",  "too_long"};
+    static const char *const names[IKV_LOAD_N_ERR] = {
+        "ok", "http", "connect", "timeout", "bad_reply", "transport", "not_sent", "too_long"};
     return (unsigned)e < IKV_LOAD_N_ERR ? names[e] : "?";
 }
 
-/* ---- a growable text buffer -------------------------------------------------------------------- */
+/* ---- a growable text buffer --------------------------------------------------------------------
+ */
 
 typedef struct tbuf {
     char *p;
@@ -70,7 +70,8 @@ typedef struct tbuf {
 static void tb_reserve(tbuf *b, size_t extra) {
     if (b->oom || b->len + extra + 1 <= b->cap) return;
     size_t cap = b->cap ? b->cap : 1024;
-    while (cap < b->len + extra + 1) cap *= 2;
+    while (cap < b->len + extra + 1)
+        cap *= 2;
     char *p = ikv_realloc(b->p, cap);
     if (!p) {
         b->oom = 1;
@@ -117,7 +118,8 @@ static void tb_json_str(tbuf *b, const char *s) {
     tb_put(b, "\"", 1);
 }
 
-/* ---- slots ------------------------------------------------------------------------------------- */
+/* ---- slots -------------------------------------------------------------------------------------
+ */
 
 typedef struct slot {
     CURL *easy;
@@ -127,11 +129,11 @@ typedef struct slot {
     size_t raw_len;
     ikv_sse *sse;
     ikv_load_reply reply;
-    int sse_rc;          /* first SSE/chunk error (stops the transfer) */
+    int sse_rc; /* first SSE/chunk error (stops the transfer) */
     char sse_err[160];
     ikv_load_record *rec;
-    uint32_t session;    /* dense session index or NO_SESSION */
-    double t0;           /* run start (ikv_now) */
+    uint32_t session; /* dense session index or NO_SESSION */
+    double t0;        /* run start (ikv_now) */
     int busy;
 } slot;
 
@@ -145,7 +147,7 @@ typedef struct run {
     uint8_t *session_busy;
     char url[2048];
     ikv_load_prompt_buf pb;
-    uint32_t *ntok;        /* scratch ntokens for a record's blocks */
+    uint32_t *ntok; /* scratch ntokens for a record's blocks */
     size_t ntok_cap;
     double t0;
     uint64_t sent, done, skipped;
@@ -200,7 +202,8 @@ static void slot_free(slot *s) {
     ikv_free(s->raw);
 }
 
-/* ---- reading the trace --------------------------------------------------------------------------- */
+/* ---- reading the trace
+ * --------------------------------------------------------------------------- */
 
 static int cmp_u64_pair(const void *a, const void *b) {
     const uint64_t *x = a, *y = b;
@@ -235,15 +238,18 @@ static int read_trace(run *u, ikv_trace *t) {
         e->input_tokens = q.input_tokens;
         e->output_tokens = q.output_tokens;
         e->n_public_blocks = (uint32_t)q.n_public_blocks;
-        e->last_ntokens = q.n_blocks ? (q.ntokens ? q.ntokens[q.n_blocks - 1] : r->trace_block_tokens) : 0;
+        e->last_ntokens =
+            q.n_blocks ? (q.ntokens ? q.ntokens[q.n_blocks - 1] : r->trace_block_tokens) : 0;
         if (q.n_blocks) {
             e->keys = ikv_malloc(q.n_blocks * sizeof *e->keys);
             if (!e->keys) return IKV_ENOMEM;
             memcpy(e->keys, q.keys, q.n_blocks * sizeof *e->keys);
-            /* only the last block may be partial (all readers): checked, since prompts rely on it */
+            /* only the last block may be partial (all readers): checked, since prompts rely on it
+             */
             for (size_t i = 0; q.ntokens && i + 1 < q.n_blocks; i++)
                 if (q.ntokens[i] != r->trace_block_tokens)
-                    return ikv_error(IKV_EFORMAT, "request %llu: block %zu of %zu has %u tokens "
+                    return ikv_error(IKV_EFORMAT,
+                                     "request %llu: block %zu of %zu has %u tokens "
                                      "(only the last block may be partial)",
                                      (unsigned long long)q.index, i, q.n_blocks, q.ntokens[i]);
         }
@@ -290,12 +296,19 @@ static int build_body(run *u, slot *s, ikv_load_record *e) {
         u->ntok = p;
         u->ntok_cap = e->n_keys;
     }
-    for (uint32_t i = 0; i < e->n_keys; i++) u->ntok[i] = bt;
+    for (uint32_t i = 0; i < e->n_keys; i++)
+        u->ntok[i] = bt;
     if (e->n_keys) u->ntok[e->n_keys - 1] = e->last_ntokens;
-    ikv_request q = {.time = e->trace_time, .index = e->index, .tenant = e->tenant,
-                     .session = e->session, .input_tokens = e->input_tokens,
-                     .output_tokens = e->output_tokens, .n_blocks = e->n_keys, .keys = e->keys,
-                     .ntokens = u->ntok, .n_public_blocks = e->n_public_blocks};
+    ikv_request q = {.time = e->trace_time,
+                     .index = e->index,
+                     .tenant = e->tenant,
+                     .session = e->session,
+                     .input_tokens = e->input_tokens,
+                     .output_tokens = e->output_tokens,
+                     .n_blocks = e->n_keys,
+                     .keys = e->keys,
+                     .ntokens = u->ntok,
+                     .n_public_blocks = e->n_public_blocks};
     int rc = ikv_load_prompt(&o->map, &q, bt, &u->pb);
     if (rc) return rc;
     e->prompt_tokens = (uint32_t)u->pb.n;
@@ -414,12 +427,14 @@ static void error_detail(char *out, size_t cap, const char *raw, size_t len) {
     cJSON *j = len ? cJSON_ParseWithLength(raw, len) : NULL;
     const cJSON *e = j ? cJSON_GetObjectItemCaseSensitive(j, "error") : NULL;
     const cJSON *m = cJSON_IsObject(e) ? cJSON_GetObjectItemCaseSensitive(e, "message") : e;
-    if (cJSON_IsString(m)) snprintf(out, cap, "%s", m->valuestring);
+    if (cJSON_IsString(m))
+        snprintf(out, cap, "%s", m->valuestring);
     else if (len) {
         snprintf(out, cap, "non-OpenAI error body: %.80s", raw);
         for (char *p = out; *p; p++)
             if ((unsigned char)*p < 0x20) *p = ' ';
-    } else snprintf(out, cap, "empty body");
+    } else
+        snprintf(out, cap, "empty body");
     cJSON_Delete(j);
 }
 
@@ -461,7 +476,8 @@ static void finish(run *u, slot *s, CURLcode cc) {
         ikv_load_reply_init(rp);
         if (s->raw_len >= RAW_KEEP) {
             e->err = IKV_LOAD_BAD_REPLY;
-            snprintf(e->detail, sizeof e->detail, "not an event stream, and over %u bytes", RAW_KEEP);
+            snprintf(e->detail, sizeof e->detail, "not an event stream, and over %u bytes",
+                     RAW_KEEP);
         } else if (ikv_load_reply_chunk(rp, s->raw, s->raw_len, now) || rp->prompt_tokens < 0) {
             e->err = IKV_LOAD_BAD_REPLY;
             snprintf(e->detail, sizeof e->detail, "not an OpenAI completion (%.160s)",
@@ -510,7 +526,8 @@ static int schedule(run *u, size_t *cursor, int stop, double *wait) {
     *wait = 1.0;
     if (stop) return 0;
     size_t cap = o->closed_loop ? o->concurrency : u->n_slots;
-    while (*cursor < r->n && (r->records[*cursor].sent_order != UINT64_MAX || r->records[*cursor].err))
+    while (*cursor < r->n &&
+           (r->records[*cursor].sent_order != UINT64_MAX || r->records[*cursor].err))
         (*cursor)++;
     double now = ikv_now() - u->t0;
     for (size_t i = *cursor; i < r->n && u->inflight < cap; i++) {
@@ -554,11 +571,14 @@ int ikv_load_run(ikv_trace *t, const ikv_load_opts *o, ikv_load_result *r) {
     u.o = o;
     u.r = r;
     size_t ul = strlen(o->url);
-    while (ul && o->url[ul - 1] == '/') ul--;
+    while (ul && o->url[ul - 1] == '/')
+        ul--;
     /* a base URL gets /v1/completions, one ending in /v1 gets /completions, a full one nothing */
     const char *suffix = "/v1/completions";
-    if (ul >= strlen(suffix) && !strncmp(o->url + ul - strlen(suffix), suffix, strlen(suffix))) suffix = "";
-    else if (ul >= 3 && !strncmp(o->url + ul - 3, "/v1", 3)) suffix = "/completions";
+    if (ul >= strlen(suffix) && !strncmp(o->url + ul - strlen(suffix), suffix, strlen(suffix)))
+        suffix = "";
+    else if (ul >= 3 && !strncmp(o->url + ul - 3, "/v1", 3))
+        suffix = "/completions";
     if (ul + strlen(suffix) + 1 > sizeof u.url) return ikv_error(IKV_EINVAL, "URL too long");
     snprintf(u.url, sizeof u.url, "%.*s%s", (int)ul, o->url, suffix);
 
@@ -629,7 +649,8 @@ int ikv_load_run(ikv_trace *t, const ikv_load_opts *o, ikv_load_result *r) {
             double left_s = o->duration - (ikv_now() - u.t0);
             if (left_s * 1000 < ms) ms = left_s > 0 ? (int)(left_s * 1000) : 0;
         }
-        if (u.inflight) curl_multi_poll(u.multi, NULL, 0, ms, NULL);
+        if (u.inflight)
+            curl_multi_poll(u.multi, NULL, 0, ms, NULL);
         else if (ms > 0) {
             struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
             nanosleep(&ts, NULL);
@@ -659,7 +680,8 @@ out:
 
 void ikv_load_result_free(ikv_load_result *r) {
     if (!r) return;
-    for (size_t i = 0; i < r->n; i++) ikv_free(r->records[i].keys);
+    for (size_t i = 0; i < r->n; i++)
+        ikv_free(r->records[i].keys);
     ikv_free(r->records);
     memset(r, 0, sizeof *r);
 }

@@ -30,11 +30,11 @@
 #include <string.h>
 
 struct ikv_sse {
-    char *buf;        /* [0, data_len) the event's data so far; [data_len, len) the current line */
+    char *buf; /* [0, data_len) the event's data so far; [data_len, len) the current line */
     size_t data_len, len, cap, max;
-    int has_data;     /* the current event has a data field */
-    int saw_data;     /* any data field so far */
-    int pending_cr;   /* the last byte fed was a CR (a following LF belongs to it) */
+    int has_data;   /* the current event has a data field */
+    int saw_data;   /* any data field so far */
+    int pending_cr; /* the last byte fed was a CR (a following LF belongs to it) */
     uint64_t bytes;
     ikv_sse_event_fn fn;
     void *ctx;
@@ -116,7 +116,8 @@ static int end_line(ikv_sse *s) {
         return 0;
     }
     size_t name = 0;
-    while (name < n && line[name] != ':') name++;
+    while (name < n && line[name] != ':')
+        name++;
     size_t v = name < n ? name + 1 : n;
     if (v < n && line[v] == ' ') v++;
     if (name == 4 && !memcmp(line, "data", 4)) {
@@ -163,15 +164,21 @@ int ikv_sse_finish(ikv_sse *s) {
     return dispatch(s);
 }
 
-/* ---- OpenAI chunks ---------------------------------------------------------------------------- */
+/* ---- OpenAI chunks ----------------------------------------------------------------------------
+ */
 
 const char *ikv_cached_src_name(ikv_cached_src s) {
     switch (s) {
-    case IKV_CACHED_OPENAI: return "usage.prompt_tokens_details.cached_tokens";
-    case IKV_CACHED_LLAMACPP: return "timings.cache_n";
-    case IKV_CACHED_VLLM_LEGACY: return "usage.num_cached_tokens";
-    case IKV_CACHED_LLAMACPP_PROMPT_N: return "usage.prompt_tokens-timings.prompt_n";
-    default: return "none";
+    case IKV_CACHED_OPENAI:
+        return "usage.prompt_tokens_details.cached_tokens";
+    case IKV_CACHED_LLAMACPP:
+        return "timings.cache_n";
+    case IKV_CACHED_VLLM_LEGACY:
+        return "usage.num_cached_tokens";
+    case IKV_CACHED_LLAMACPP_PROMPT_N:
+        return "usage.prompt_tokens-timings.prompt_n";
+    default:
+        return "none";
     }
 }
 
@@ -214,13 +221,14 @@ int ikv_load_reply_chunk(ikv_load_reply *r, const char *data, size_t len, double
     cJSON *j = cJSON_ParseWithLength(data, len);
     if (!j || !cJSON_IsObject(j)) {
         cJSON_Delete(j);
-        snprintf(r->error, sizeof r->error, "event %d is not a JSON object: %.40s%s",
-                 r->events + 1, data, len > 40 ? "..." : "");
+        snprintf(r->error, sizeof r->error, "event %d is not a JSON object: %.40s%s", r->events + 1,
+                 data, len > 40 ? "..." : "");
         return IKV_EFORMAT;
     }
     const cJSON *err = cJSON_GetObjectItemCaseSensitive(j, "error");
     if (err) {
-        const cJSON *m = cJSON_IsObject(err) ? cJSON_GetObjectItemCaseSensitive(err, "message") : err;
+        const cJSON *m =
+            cJSON_IsObject(err) ? cJSON_GetObjectItemCaseSensitive(err, "message") : err;
         snprintf(r->error, sizeof r->error, "server error in stream: %.100s",
                  cJSON_IsString(m) ? m->valuestring : "(no message)");
         cJSON_Delete(j);
@@ -251,7 +259,8 @@ int ikv_load_reply_chunk(ikv_load_reply *r, const char *data, size_t len, double
         if (cJSON_IsObject(d) && (v = count_of(d, "cached_tokens")) >= 0) {
             r->cached_tokens = v;
             r->cached_src = IKV_CACHED_OPENAI;
-        } else if (r->cached_src != IKV_CACHED_LLAMACPP && (v = count_of(usage, "num_cached_tokens")) >= 0) {
+        } else if (r->cached_src != IKV_CACHED_LLAMACPP &&
+                   (v = count_of(usage, "num_cached_tokens")) >= 0) {
             r->cached_tokens = v;
             r->cached_src = IKV_CACHED_VLLM_LEGACY;
         }
