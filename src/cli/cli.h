@@ -82,5 +82,6 @@ int ikv_cmd_bench(int argc, char **argv);
 int ikv_cmd_bench_chunks(int argc, char **argv); /* bench engine --chunks (cmd_bench_chunks.c) */
 int ikv_cmd_trace(int argc, char **argv);
 int ikv_cmd_serve(int argc, char **argv);
+int ikv_cmd_load(int argc, char **argv);
 
 #endif
