@@ -68,13 +68,14 @@ static size_t concat(const ikv_prompt_seg *g, size_t n, uint32_t *out) {
 /* Runs a structured request, checks the invariants, returns its last logits in out. */
 static ikv_blend_info run(ikv_engine *e, ikv_chunks *c, const ikv_prompt_seg *g, size_t n,
                           const char *tenant, float ratio, float max_dev, float *out) {
-    ikv_blend_request r = {.segs = g, .n_segs = n, .tenant = tenant, .ratio = ratio,
-                           .max_dev = max_dev};
+    ikv_blend_request r = {
+        .segs = g, .n_segs = n, .tenant = tenant, .ratio = ratio, .max_dev = max_dev};
     ikv_seq *s;
     ikv_blend_info inf;
     assert_int_equal(ikv_chunks_begin(c, &r, &s, &inf), 0);
     if (out)
-        memcpy(out, ikv_seq_logits(s), sizeof(float) * (size_t)ikv_model_cfg(ikv_engine_model(e))->vocab_size);
+        memcpy(out, ikv_seq_logits(s),
+               sizeof(float) * (size_t)ikv_model_cfg(ikv_engine_model(e))->vocab_size);
     assert_true(ikv_engine_check(e));
     /* decode works on a blended sequence */
     const float *lg;
@@ -142,9 +143,11 @@ static void test_reorder_ratio_guard(void **st) {
     assert_int_equal(ikv_chunks_create(e, &co, &c), 0);
     uint32_t sys[20], d[3][50], q[8], all[256];
     fill(sys, 20, 1), fill(d[0], 50, 2), fill(d[1], 50, 3), fill(d[2], 50, 4), fill(q, 8, 5);
-    ikv_prompt_seg g1[5] = {{IKV_PSEG_SYSTEM, sys, 20, 1, 0, 0}, {IKV_PSEG_DOC, d[0], 50, 1, 1, 1},
-                         {IKV_PSEG_DOC, d[1], 50, 1, 1, 1}, {IKV_PSEG_DOC, d[2], 50, 1, 1, 1},
-                         {IKV_PSEG_QUERY, q, 8, 0, 0, 0}};
+    ikv_prompt_seg g1[5] = {{IKV_PSEG_SYSTEM, sys, 20, 1, 0, 0},
+                            {IKV_PSEG_DOC, d[0], 50, 1, 1, 1},
+                            {IKV_PSEG_DOC, d[1], 50, 1, 1, 1},
+                            {IKV_PSEG_DOC, d[2], 50, 1, 1, 1},
+                            {IKV_PSEG_QUERY, q, 8, 0, 0, 0}};
     float *lg = malloc(V * 4), *ref = malloc(V * 4);
     /* nothing stored: the ordinary prefill, bit for bit; the docs get stored */
     ikv_blend_info inf = run(e, c, g1, 5, "u1", -1, -1, lg);
@@ -206,16 +209,18 @@ static void test_scopes(void **st) {
     assert_int_equal(ikv_chunks_create(e, NULL, &c), 0);
     uint32_t a[30], b[40], d[60], q[5];
     fill(a, 30, 21), fill(b, 40, 22), fill(d, 60, 23), fill(q, 5, 24);
-    ikv_prompt_seg pa[3] = {{IKV_PSEG_MEMORY, a, 30, 0, 0, 1}, {IKV_PSEG_DOC, d, 60, 0, 1, 1},
-                         {IKV_PSEG_QUERY, q, 5, 0, 0, 0}};
-    ikv_prompt_seg pb[3] = {{IKV_PSEG_MEMORY, b, 40, 0, 0, 1}, {IKV_PSEG_DOC, d, 60, 0, 1, 1},
-                         {IKV_PSEG_QUERY, q, 5, 0, 0, 0}};
+    ikv_prompt_seg pa[3] = {{IKV_PSEG_MEMORY, a, 30, 0, 0, 1},
+                            {IKV_PSEG_DOC, d, 60, 0, 1, 1},
+                            {IKV_PSEG_QUERY, q, 5, 0, 0, 0}};
+    ikv_prompt_seg pb[3] = {{IKV_PSEG_MEMORY, b, 40, 0, 0, 1},
+                            {IKV_PSEG_DOC, d, 60, 0, 1, 1},
+                            {IKV_PSEG_QUERY, q, 5, 0, 0, 0}};
     ikv_blend_info inf = run(e, c, pa, 3, "alice", -1, -1, NULL);
     assert_int_equal(inf.stored_segments, 1);
     inf = run(e, c, pb, 3, "bob", -1, -1, NULL); /* private doc: bob misses */
     assert_int_equal(inf.hit_segments, 0);
     assert_int_equal(inf.full, 1);
-    assert_int_equal(inf.stored_segments, 1); /* bob's own copy */
+    assert_int_equal(inf.stored_segments, 1);       /* bob's own copy */
     inf = run(e, c, pb, 3, "alice", 0.1f, 0, NULL); /* alice hits hers behind another context */
     assert_int_equal(inf.hit_segments, 1);
     assert_int_equal(inf.full, 0);
@@ -273,9 +278,11 @@ static void test_errors_and_last(void **st) {
 static void test_shared_first(void **st) {
     (void)st;
     uint32_t t[1] = {5};
-    ikv_prompt_seg in[5] = {{IKV_PSEG_SYSTEM, t, 1, 1, 0, 0}, {IKV_PSEG_MEMORY, t, 2, 0, 0, 1},
-                         {IKV_PSEG_DOC, t, 3, 1, 1, 1}, {IKV_PSEG_DOC, t, 4, 0, 1, 1},
-                         {IKV_PSEG_QUERY, t, 5, 0, 0, 0}};
+    ikv_prompt_seg in[5] = {{IKV_PSEG_SYSTEM, t, 1, 1, 0, 0},
+                            {IKV_PSEG_MEMORY, t, 2, 0, 0, 1},
+                            {IKV_PSEG_DOC, t, 3, 1, 1, 1},
+                            {IKV_PSEG_DOC, t, 4, 0, 1, 1},
+                            {IKV_PSEG_QUERY, t, 5, 0, 0, 0}};
     ikv_prompt_seg out[5];
     size_t moved = ikv_psegs_shared_first(in, 5, out);
     size_t want[5] = {1, 3, 4, 2, 5};
@@ -305,8 +312,10 @@ static void test_stories260k(void **st) {
     ikv_engine *e = mk_engine(m, 1);
     ikv_chunks *c;
     assert_int_equal(ikv_chunks_create(e, NULL, &c), 0);
-    ikv_prompt_seg g[4] = {{IKV_PSEG_DOC, d[0], nd[0], 1, 1, 1}, {IKV_PSEG_DOC, d[1], nd[1], 1, 1, 1},
-                        {IKV_PSEG_DOC, d[2], nd[2], 1, 1, 1}, {IKV_PSEG_QUERY, q, nq, 0, 0, 0}};
+    ikv_prompt_seg g[4] = {{IKV_PSEG_DOC, d[0], nd[0], 1, 1, 1},
+                           {IKV_PSEG_DOC, d[1], nd[1], 1, 1, 1},
+                           {IKV_PSEG_DOC, d[2], nd[2], 1, 1, 1},
+                           {IKV_PSEG_QUERY, q, nq, 0, 0, 0}};
     run(e, c, g, 4, NULL, -1, -1, NULL);
     ikv_prompt_seg g2[4] = {g[2], g[0], g[1], g[3]};
     ikv_blend_info inf = run(e, c, g2, 4, NULL, 0.3f, 0, NULL);
@@ -322,7 +331,6 @@ static void test_stories260k(void **st) {
     ikv_tokenizer_destroy(tk);
     ikv_model_destroy(m);
 }
-
 
 /* Runs $IKV_BIN with argv[1..] (stdout and stderr to files under dir); returns the exit code
  * and the stderr text in err. */
@@ -419,9 +427,10 @@ static void test_cli_bench(void **st) {
     (void)st;
     char dir[] = "/tmp/ikv_test_chunksb_XXXXXX", err[8192], path[600];
     assert_non_null(mkdtemp(dir));
-    char *a[] = {NULL, "bench", "engine", "--chunks", "--model", "tiny", "--prompts", "2",
-                 "--repeat", "1", "--next", "4", "--ratios", "0,1", "--doc-tokens", "40",
-                 "--context", "16", "--threads", "1", "--json", NULL};
+    char *a[] = {NULL,        "bench", "engine",       "--chunks", "--model",   "tiny",
+                 "--prompts", "2",     "--repeat",     "1",        "--next",    "4",
+                 "--ratios",  "0,1",   "--doc-tokens", "40",       "--context", "16",
+                 "--threads", "1",     "--json",       NULL};
     assert_int_equal(run_cli(dir, a, err, sizeof err), 0);
     snprintf(path, sizeof path, "%s/out", dir);
     FILE *f = fopen(path, "rb");
@@ -432,8 +441,8 @@ static void test_cli_bench(void **st) {
     fclose(f);
     assert_non_null(strstr(out, "{\"r\":1,\"agreement\":1.0000,\"mean_kl\":0.000000,"));
     assert_non_null(strstr(out, "{\"r\":0,"));
-    char *b[] = {NULL, "bench", "engine", "--chunks", "--model", "tiny", "--doc-tokens", "100",
-                 NULL};
+    char *b[] = {NULL,   "bench",        "engine", "--chunks", "--model",
+                 "tiny", "--doc-tokens", "100",    NULL};
     assert_int_equal(run_cli(dir, b, err, sizeof err), 2);
     assert_non_null(strstr(err, "exceed seq_len"));
     unlink(path);
@@ -479,10 +488,10 @@ static void test_alloc_failures(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_rerotation),          cmocka_unit_test(test_reorder_ratio_guard),
-        cmocka_unit_test(test_scopes),              cmocka_unit_test(test_errors_and_last),
-        cmocka_unit_test(test_shared_first),        cmocka_unit_test(test_stories260k),
-        cmocka_unit_test(test_cli_segments),        cmocka_unit_test(test_cli_bench),
+        cmocka_unit_test(test_rerotation),     cmocka_unit_test(test_reorder_ratio_guard),
+        cmocka_unit_test(test_scopes),         cmocka_unit_test(test_errors_and_last),
+        cmocka_unit_test(test_shared_first),   cmocka_unit_test(test_stories260k),
+        cmocka_unit_test(test_cli_segments),   cmocka_unit_test(test_cli_bench),
         cmocka_unit_test(test_alloc_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

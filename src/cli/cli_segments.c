@@ -9,8 +9,9 @@
  *
  * Each segment has `kind` (system, tool, memory, doc, history, query, as docs/segments.md) and
  * exactly one of `text` (encoded with the run's tokenizer; when the first segment is text, a
- * BOS segment of its own, public, goes before it) or `tokens` (an array of ids < vocab); flags `public`, `reusable`, `movable`
- * are optional booleans (false). Every error names the file and the field
+ * BOS segment of its own, public, goes before it) or `tokens` (an array of ids < vocab); flags
+ * `public`, `reusable`, `movable` are optional booleans (false). Every error names the file and the
+ * field
  * ("req.json: requests[1].segments[0].tokens[3]: 700 is not a token id < vocab 512").
  */
 #include "cli_segments.h"
@@ -104,7 +105,8 @@ static int one_request(const cJSON *r, const char *rw, const ikv_tokenizer *tok,
             return -1;
         const cJSON *tx = cJSON_GetObjectItemCaseSensitive(g, "text"),
                     *tk = cJSON_GetObjectItemCaseSensitive(g, "tokens");
-        if (!!tx == !!tk) return bad(err, errn, "%s: needs exactly one of \"text\" or \"tokens\"", w);
+        if (!!tx == !!tk)
+            return bad(err, errn, "%s: needs exactly one of \"text\" or \"tokens\"", w);
         uint32_t *ids = NULL;
         size_t n = 0;
         if (tx) {
@@ -124,8 +126,7 @@ static int one_request(const cJSON *r, const char *rw, const ikv_tokenizer *tok,
             for (const cJSON *x = tk->child; x; x = x->next, n++) {
                 double v = cJSON_IsNumber(x) ? x->valuedouble : -1;
                 if (!(v >= 0 && v < vocab) || v != (double)(uint32_t)v)
-                    return bad(err, errn, "%s.tokens[%zu]: not a token id < vocab %u", w, n,
-                               vocab);
+                    return bad(err, errn, "%s.tokens[%zu]: not a token id < vocab %u", w, n, vocab);
                 ids[n] = (uint32_t)v;
             }
         }
@@ -181,8 +182,10 @@ int cli_segfile_load(const char *path, const ikv_tokenizer *tok, uint32_t vocab,
     const cJSON *r = arr ? root->child : root;
     for (size_t i = 0; i < nr; i++, r = r->next) {
         char rw[64], e2[400];
-        if (arr) snprintf(rw, sizeof rw, "requests[%zu]", i);
-        else snprintf(rw, sizeof rw, "request");
+        if (arr)
+            snprintf(rw, sizeof rw, "requests[%zu]", i);
+        else
+            snprintf(rw, sizeof rw, "request");
         out->n_req = i + 1;
         if (one_request(r, rw, tok, vocab, &out->req[i], e2, sizeof e2)) {
             rc = bad(err, errn, "%s: %s", path, e2);

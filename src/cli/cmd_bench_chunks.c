@@ -98,8 +98,8 @@ typedef struct point {
 } point;
 
 /* One prompt: the reference, then every ratio. */
-static int one_prompt(bench *b, const ikv_prompt_seg *g, size_t ng, const double *ratios,
-                      size_t nr, float max_dev, point *pts) {
+static int one_prompt(bench *b, const ikv_prompt_seg *g, size_t ng, const double *ratios, size_t nr,
+                      float max_dev, point *pts) {
     uint32_t *all = malloc(sizeof(uint32_t) * 8192);
     size_t n = 0;
     for (size_t i = 0; i < ng; i++)
@@ -131,17 +131,24 @@ static int one_prompt(bench *b, const ikv_prompt_seg *g, size_t ng, const double
     }
     free(all);
     for (size_t j = 0; j < nr; j++) {
-        ikv_blend_request br = {.segs = g, .n_segs = ng, .tenant = "bench",
-                                .ratio = (float)ratios[j], .max_dev = max_dev,
-                                .max_new = b->next, .no_store = 1, .no_cache = 1};
+        ikv_blend_request br = {.segs = g,
+                                .n_segs = ng,
+                                .tenant = "bench",
+                                .ratio = (float)ratios[j],
+                                .max_dev = max_dev,
+                                .max_new = b->next,
+                                .no_store = 1,
+                                .no_cache = 1};
         double best = 1e30;
         ikv_blend_info bi;
         for (unsigned k = 0; k < b->repeat; k++) {
             ikv_seq *s;
             if ((rc = ikv_chunks_begin(b->c, &br, &s, &bi))) return rc;
             best = fmin(best, bi.seconds);
-            if (k + 1 < b->repeat) ikv_engine_end(b->e, s);
-            else if ((rc = follow(b, s, b->blend))) return rc;
+            if (k + 1 < b->repeat)
+                ikv_engine_end(b->e, s);
+            else if ((rc = follow(b, s, b->blend)))
+                return rc;
         }
         double ag = 0, kk = 0;
         for (size_t t = 0; t < b->next; t++) {
@@ -236,8 +243,10 @@ int ikv_cmd_bench_chunks(int argc, char **argv) {
             for (char *sv, *t = strtok_r(buf, ",", &sv); t; t = strtok_r(NULL, ",", &sv)) {
                 if (nr == 32 || cli_parse_double(t, &ratios[nr]) ||
                     !(ratios[nr] >= 0 && ratios[nr] <= 1))
-                    return cli_usage_error("bench", "--ratios: '%s' is not a list of up to 32 "
-                                           "numbers in [0, 1]", v);
+                    return cli_usage_error("bench",
+                                           "--ratios: '%s' is not a list of up to 32 "
+                                           "numbers in [0, 1]",
+                                           v);
                 nr++;
             }
             bad = nr == 0;
@@ -253,7 +262,8 @@ int ikv_cmd_bench_chunks(int argc, char **argv) {
     if (real) {
         const char *dd = getenv("IKV_DATA_DIR");
         char p1[4096], p2[4096];
-        snprintf(p1, sizeof p1, "%s/models/stories260K/stories260K.bin", dd && *dd ? dd : IKV_DATA_DIR);
+        snprintf(p1, sizeof p1, "%s/models/stories260K/stories260K.bin",
+                 dd && *dd ? dd : IKV_DATA_DIR);
         snprintf(p2, sizeof p2, "%s/models/stories260K/tok512.bin", dd && *dd ? dd : IKV_DATA_DIR);
         if (ikv_model_load(p1, &m) || ikv_tokenizer_load(p2, 512, &tk)) {
             ikv_model_destroy(m);
@@ -330,26 +340,29 @@ int ikv_cmd_bench_chunks(int argc, char **argv) {
         }
         g[ng++] = (ikv_prompt_seg){IKV_PSEG_QUERY, query, nq, 0, 0, 0};
         if (n + next > L) {
-            rc = ikv_error(IKV_ETOOLONG, "a prompt of %zu tokens and %zu next ones exceed "
-                           "seq_len %zu", n, (size_t)next, L);
+            rc = ikv_error(IKV_ETOOLONG,
+                           "a prompt of %zu tokens and %zu next ones exceed "
+                           "seq_len %zu",
+                           n, (size_t)next, L);
             goto fail;
         }
         total_docs += k;
         if ((rc = one_prompt(&b, g, ng, ratios, nr, (float)max_dev, pts))) goto fail;
     }
-    if (json) printf("{\"model\":\"%s\",\"threads\":%llu,\"prompts\":%llu,\"next\":%llu,"
-                     "\"docs_per_prompt\":%.2f,\"points\":[", model, (unsigned long long)threads,
-                     (unsigned long long)prompts, (unsigned long long)next,
-                     (double)total_docs / (double)prompts);
+    if (json)
+        printf("{\"model\":\"%s\",\"threads\":%llu,\"prompts\":%llu,\"next\":%llu,"
+               "\"docs_per_prompt\":%.2f,\"points\":[",
+               model, (unsigned long long)threads, (unsigned long long)prompts,
+               (unsigned long long)next, (double)total_docs / (double)prompts);
     else
         printf("chunk reuse on %s (%s weights), %llu prompts of %.1f documents behind a private "
                "context, %llu thread(s), TTFT best of %llu (measured, wall clock), agreement "
                "and KL over the next %llu tokens (teacher-forced), guard %s\n"
-               "%6s %8s %10s %9s %9s %7s %8s %8s %7s\n", model, real ? "trained" : "random",
-               (unsigned long long)prompts, (double)total_docs / (double)prompts,
-               (unsigned long long)threads, (unsigned long long)repeat, (unsigned long long)next,
-               max_dev > 0 ? "on" : "off", "r", "agree", "meanKL", "ttft_ms", "full_ms",
-               "speedup", "reused", "recomp", "dev");
+               "%6s %8s %10s %9s %9s %7s %8s %8s %7s\n",
+               model, real ? "trained" : "random", (unsigned long long)prompts,
+               (double)total_docs / (double)prompts, (unsigned long long)threads,
+               (unsigned long long)repeat, (unsigned long long)next, max_dev > 0 ? "on" : "off",
+               "r", "agree", "meanKL", "ttft_ms", "full_ms", "speedup", "reused", "recomp", "dev");
     for (size_t j = 0; j < nr; j++) {
         point *p = &pts[j];
         double k = (double)p->n;
@@ -357,9 +370,8 @@ int ikv_cmd_bench_chunks(int argc, char **argv) {
             printf("%s{\"r\":%g,\"agreement\":%.4f,\"mean_kl\":%.6f,\"ttft_s\":%.6f,"
                    "\"ttft_full_s\":%.6f,\"speedup\":%.3f,\"reused\":%.1f,\"recomputed\":%.1f,"
                    "\"deviation_mean\":%.5f,\"full\":%zu}",
-                   j ? "," : "", ratios[j], p->agree / k, p->kl / k, p->ttft / k,
-                   p->ttft_full / k, p->ttft_full / p->ttft, p->reused / k, p->recomputed / k,
-                   p->dev / k, p->full);
+                   j ? "," : "", ratios[j], p->agree / k, p->kl / k, p->ttft / k, p->ttft_full / k,
+                   p->ttft_full / p->ttft, p->reused / k, p->recomputed / k, p->dev / k, p->full);
         else
             printf("%6.3f %8.4f %10.6f %9.2f %9.2f %6.2fx %8.1f %8.1f %7.4f\n", ratios[j],
                    p->agree / k, p->kl / k, p->ttft / k * 1e3, p->ttft_full / k * 1e3,

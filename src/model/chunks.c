@@ -83,7 +83,7 @@ typedef struct bctx {
 } bctx;
 
 static const char *const kind_names[IKV_PSEG_KINDS] = {"system", "tool",    "memory",
-                                                      "doc",    "history", "query"};
+                                                       "doc",    "history", "query"};
 
 const char *ikv_pseg_kind_name(int kind) {
     return kind >= 0 && kind < IKV_PSEG_KINDS ? kind_names[kind] : "?";
@@ -130,9 +130,9 @@ void ikv_chunks_destroy(ikv_chunks *c) {
         ikv_free(c->ent[i].tok), ikv_free(c->ent[i].kv);
     ikv_free(c->ent);
     ikv_free(c->tok), ikv_free(c->pos), ikv_free(c->reused);
-    ikv_free(c->x), ikv_free(c->xb), ikv_free(c->q), ikv_free(c->k), ikv_free(c->v), ikv_free(c->att), ikv_free(c->hb),
-        ikv_free(c->hb2), ikv_free(c->Kc), ikv_free(c->Vc), ikv_free(c->S), ikv_free(c->kvtmp), ikv_free(c->dp),
-        ikv_free(c->rc), ikv_free(c->rs);
+    ikv_free(c->x), ikv_free(c->xb), ikv_free(c->q), ikv_free(c->k), ikv_free(c->v),
+        ikv_free(c->att), ikv_free(c->hb), ikv_free(c->hb2), ikv_free(c->Kc), ikv_free(c->Vc),
+        ikv_free(c->S), ikv_free(c->kvtmp), ikv_free(c->dp), ikv_free(c->rc), ikv_free(c->rs);
     ikv_free(c);
 }
 
@@ -160,9 +160,9 @@ int ikv_chunks_create(ikv_engine *e, const ikv_chunks_options *o, ikv_chunks **o
     c->S = ikv_malloc((size_t)e->nth * CH_ROWS * L * 4), c->kvtmp = ikv_malloc(2 * KD * 4);
     c->dp = ikv_malloc(L * sizeof *c->dp);
     c->rc = ikv_malloc(hd / 2 * sizeof(double)), c->rs = ikv_malloc(hd / 2 * sizeof(double));
-    if (!c->ent || !c->tok || !c->pos || !c->reused || !c->x || !c->xb || !c->q ||
-        !c->k || !c->v || !c->att || !c->hb || !c->hb2 || !c->Kc || !c->Vc || !c->S ||
-        !c->kvtmp || !c->dp || !c->rc || !c->rs) {
+    if (!c->ent || !c->tok || !c->pos || !c->reused || !c->x || !c->xb || !c->q || !c->k || !c->v ||
+        !c->att || !c->hb || !c->hb2 || !c->Kc || !c->Vc || !c->S || !c->kvtmp || !c->dp ||
+        !c->rc || !c->rs) {
         ikv_chunks_destroy(c);
         return ikv_error(IKV_ENOMEM, "chunks: out of memory for the blend scratch");
     }
@@ -196,7 +196,8 @@ void ikv_chunks_dump(const ikv_chunks *c, FILE *f) {
             (unsigned long long)c->bytes, (unsigned long long)c->o.mem);
     for (size_t i = 0; i < c->n_ent; i++) {
         const chunk *h = &c->ent[i];
-        fprintf(f, "  [%zu] hash %016llx salt %016llx tokens %u at offset %u, stamp %llu, first %u\n",
+        fprintf(f,
+                "  [%zu] hash %016llx salt %016llx tokens %u at offset %u, stamp %llu, first %u\n",
                 i, (unsigned long long)h->hash, (unsigned long long)h->salt, h->n, h->off,
                 (unsigned long long)h->stamp, h->tok[0]);
     }
@@ -238,8 +239,12 @@ static int store(ikv_chunks *c, ikv_seq *s, const uint32_t *t, size_t off, size_
             if (c->ent[i].stamp < c->ent[old].stamp) old = i;
         drop(c, old);
     }
-    chunk h = {.hash = seg_hash(c, t, n, salt), .salt = salt, .stamp = ++c->clock,
-               .n = (uint32_t)n, .off = (uint32_t)off, .bytes = bytes};
+    chunk h = {.hash = seg_hash(c, t, n, salt),
+               .salt = salt,
+               .stamp = ++c->clock,
+               .n = (uint32_t)n,
+               .off = (uint32_t)off,
+               .bytes = bytes};
     h.tok = ikv_malloc(n * 4), h.kv = ikv_malloc(NL * 2 * n * KD * 4);
     if (!h.tok || !h.kv) return ikv_free(h.tok), ikv_free(h.kv), 1;
     memcpy(h.tok, t, n * 4);
@@ -396,10 +401,8 @@ static void gather_task(void *vc, int t, int P) {
                  L = (size_t)e->m->cfg.seq_len, nb = (b->n + bt - 1) / bt;
     for (size_t it = (size_t)t; it < NKV * nb; it += (size_t)P) {
         size_t g = it / nb, j = it % nb, cnt = (j + 1) * bt <= b->n ? bt : b->n - j * bt;
-        memcpy(c->Kc + (g * L + j * bt) * hd, kvp(c, b->s, j * bt, b->l, 0, (int)g),
-               cnt * hd * 4);
-        memcpy(c->Vc + (g * L + j * bt) * hd, kvp(c, b->s, j * bt, b->l, 1, (int)g),
-               cnt * hd * 4);
+        memcpy(c->Kc + (g * L + j * bt) * hd, kvp(c, b->s, j * bt, b->l, 0, (int)g), cnt * hd * 4);
+        memcpy(c->Vc + (g * L + j * bt) * hd, kvp(c, b->s, j * bt, b->l, 1, (int)g), cnt * hd * 4);
     }
 }
 
@@ -417,9 +420,9 @@ static void attn_task(void *vc, int t, int P) {
         size_t h = it / nch, i0 = (it % nch) * CH_ROWS,
                i1 = i0 + CH_ROWS < b->na ? i0 + CH_ROWS : b->na, g = h / kvmul;
         size_t span = (size_t)c->pos[i1 - 1] + 1, rows = i1 - i0;
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)span, (int)hd,
-                    scale, c->q + i0 * QD + h * hd, (int)QD, c->Kc + g * L * hd, (int)hd, 0.0f,
-                    S, (int)span);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)span, (int)hd, scale,
+                    c->q + i0 * QD + h * hd, (int)QD, c->Kc + g * L * hd, (int)hd, 0.0f, S,
+                    (int)span);
         for (size_t r = 0; r < rows; r++) {
             float *row = S + r * span;
             size_t lim = (size_t)c->pos[i0 + r] + 1;
@@ -435,9 +438,9 @@ static void attn_task(void *vc, int t, int P) {
             for (size_t j = lim; j < span; j++)
                 row[j] = 0.0f;
         }
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)span,
-                    1.0f, S, (int)span, c->Vc + g * L * hd, (int)hd, 0.0f,
-                    c->att + i0 * QD + h * hd, (int)QD);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)hd, (int)span, 1.0f,
+                    S, (int)span, c->Vc + g * L * hd, (int)hd, 0.0f, c->att + i0 * QD + h * hd,
+                    (int)QD);
     }
 }
 
@@ -572,15 +575,19 @@ int ikv_chunks_begin(ikv_chunks *c, const ikv_blend_request *r, ikv_seq **seq,
             return ikv_error(IKV_EINVAL, "segments[%zu] (%s) has no tokens", i,
                              ikv_pseg_kind_name(g->kind));
         if (g->n > L - n)
-            return ikv_error(IKV_ETOOLONG, "the segments exceed the model's seq_len %zu at "
-                             "segments[%zu]", L, i);
+            return ikv_error(IKV_ETOOLONG,
+                             "the segments exceed the model's seq_len %zu at "
+                             "segments[%zu]",
+                             L, i);
         for (size_t j = 0; j < g->n; j++)
             if (g->tokens[j] >= (uint32_t)m->cfg.vocab_size)
                 return ikv_error(IKV_EINVAL, "segments[%zu] token %zu: id %u >= vocab %d", i, j,
                                  g->tokens[j], (int)m->cfg.vocab_size);
         memcpy(c->tok + n, g->tokens, g->n * 4);
-        if (lead_pub && g->is_public) pub += g->n;
-        else lead_pub = 0;
+        if (lead_pub && g->is_public)
+            pub += g->n;
+        else
+            lead_pub = 0;
         c->seg_off[i] = (long)n;
         n += g->n;
     }
@@ -596,15 +603,17 @@ int ikv_chunks_begin(ikv_chunks *c, const ikv_blend_request *r, ikv_seq **seq,
         inf.reusable_tokens += g->n;
         uint64_t salt = g->is_public ? IKV_SCOPE_PUBLIC : tsalt;
         long h = (size_t)c->seg_off[i] + g->n < n ? find(c, g->tokens, g->n, salt) : -1;
-        if (h >= 0) c->seg_hit[i] = (size_t)h + 1, hits++, c->ent[h].stamp = ++c->clock;
-        else inf.miss_segments++;
+        if (h >= 0)
+            c->seg_hit[i] = (size_t)h + 1, hits++, c->ent[h].stamp = ++c->clock;
+        else
+            inf.miss_segments++;
     }
     inf.hit_segments = hits;
     ikv_seq *s = NULL;
     int rc, full = hits == 0 || ratio >= 1.0f;
     if (!full) {
-        ikv_request rq = {.tokens = c->tok, .n = n, .tenant = r->tenant, .no_cache = 1,
-                          .max_new = r->max_new};
+        ikv_request rq = {
+            .tokens = c->tok, .n = n, .tenant = r->tenant, .no_cache = 1, .max_new = r->max_new};
         if ((rc = ikv_engine_admit(e, &rq, &s, &inf.prefill))) return rc;
         memset(c->reused, 0, n * sizeof *c->reused);
         for (size_t i = 0; i < r->n_segs; i++)
@@ -625,8 +634,12 @@ int ikv_chunks_begin(ikv_chunks *c, const ikv_blend_request *r, ikv_seq **seq,
     }
     if (full) {
         size_t g = inf.guard_tokens;
-        ikv_request rq = {.tokens = c->tok, .n = n, .tenant = r->tenant, .public_tokens = pub,
-                          .max_new = r->max_new, .no_cache = r->no_cache};
+        ikv_request rq = {.tokens = c->tok,
+                          .n = n,
+                          .tenant = r->tenant,
+                          .public_tokens = pub,
+                          .max_new = r->max_new,
+                          .no_cache = r->no_cache};
         if ((rc = ikv_engine_begin(e, &rq, &s, &inf.prefill))) return rc;
         inf.full = 1, inf.reused_tokens = 0, inf.recomputed_tokens = inf.reusable_tokens;
         inf.deviation_max = 0, inf.guard_tokens = g;
