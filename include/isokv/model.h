@@ -170,6 +170,20 @@ void ikv_sampler_destroy(ikv_sampler *s);
 /* Picks a token from logits[vocab]. Overwrites logits with probabilities when temperature > 0.
  * Does not allocate. */
 uint32_t ikv_sampler_sample(ikv_sampler *s, float *logits);
+float ikv_sampler_temperature(const ikv_sampler *s);
+
+/* The distribution ikv_sampler_sample draws from for these logits, into probs[vocab]: softmax
+ * at the temperature, restricted to the top-p nucleus and renormalised when top-p is in (0, 1);
+ * greedy: 1 on the argmax. Does not allocate. */
+void ikv_sampler_dist(ikv_sampler *s, const float *logits, float *probs);
+
+/* Draft acceptance at one position (the speculative-sampling rule for a deterministic draft:
+ * Leviathan et al. 2023, Chen et al. 2023). Greedy: *out = argmax, returns 1 iff it is `draft`.
+ * Otherwise, with p = ikv_sampler_dist(logits): returns 1 with probability p(draft) (*out =
+ * draft), else 0 with *out drawn from p with `draft` removed and renormalised, so *out is
+ * distributed exactly as ikv_sampler_sample(logits) would be. Uses one or two coins of the
+ * sampler's stream. Does not allocate. */
+int ikv_sampler_accept(ikv_sampler *s, const float *logits, uint32_t draft, uint32_t *out);
 
 /* ---- engine ------------------------------------------------------------------------------ */
 
@@ -210,6 +224,9 @@ typedef struct ikv_engine_options {
                                 sequence to reach seq_len. The cache gets the rest. */
     uint32_t parked;         /* ended sequences' partial last blocks kept for reuse (0 =
                                 max_seqs + 8); they take only blocks that are free */
+    uint32_t max_draft;      /* draft tokens one ikv_engine_verify takes at most (0 = 64;
+                                at most seq_len): sizes the decode scratch to max_draft + 1
+                                rows */
 } ikv_engine_options;
 
 void ikv_engine_options_default(ikv_engine_options *o);
@@ -308,6 +325,53 @@ size_t ikv_seq_pending(const ikv_seq *s);
  * seq_len, IKV_EINVAL (token >= vocab). Does not allocate. */
 int ikv_engine_decode(ikv_engine *e, ikv_seq *s, uint32_t token, const float **logits);
 
+/* Draft verification (ikv_engine_verify). The caller's fields: lead, draft, k, sampler,
+ * logits_all; the rest are set by the call. */
+typedef struct ikv_verify {
+    int has_lead;         /* 1: `lead` is the token already chosen for the next position (it
+                             is appended unconditionally, as ikv_engine_decode would) */
+    uint32_t lead;
+    const uint32_t *draft; /* k proposed tokens for the positions after it */
+    size_t k;              /* 0..max_draft */
+    ikv_sampler *sampler;  /* NULL or temperature 0: greedy acceptance; otherwise the
+                              speculative-sampling rule (ikv_sampler_accept) with its coins */
+    float *logits_all;     /* optional [has_lead + k][vocab]: each forward row's logits (rows
+                              run, below; the others untouched) */
+    size_t accepted;       /* out: leading draft tokens accepted, 0..k */
+    uint32_t next;         /* out: the token for the position after them: the sampler's choice
+                              at the first mismatch (greedy: the argmax; sampling: drawn with the
+                              rejected token removed), or after a fully accepted draft a plain
+                              sample; it is not in the sequence yet (decode it, or lead the next
+                              verify with it) */
+    size_t rows;           /* out: rows the forward ran: has_lead + k, or 0 when, without a
+                              lead, the first draft token was refused by the current logits */
+} ikv_verify;
+
+/* Verifies a draft in ONE batched forward: rows [lead,] draft[0..k) at the next positions,
+ * with decode arithmetic (every weight product through ikv__linear_rows, whose bits do not
+ * depend on the row count; each row's attention by the decode kernel over its own causal
+ * prefix, the earlier rows' K/V written first, layer by layer), so each row's logits are
+ * bit-identical to what ikv_engine_decode of the same tokens one by one would give. draft[i] is
+ * checked against the logits before it (the current ikv_seq_logits for draft[0] without a lead,
+ * else the previous row's); the first refused token ends the accepted prefix. Afterwards the
+ * sequence holds the lead and the accepted tokens, ikv_seq_logits() is the logits after the
+ * last of them (the mismatch position's), and positions past them are rolled back: their block
+ * token ids restored, blocks taken only for them returned to the pool (their K/V slots are
+ * overwritten by the next write). Returns 0, IKV_EINVAL (a sequence not in flight or with
+ * prompt pending, k > max_draft, a token >= vocab; nothing changes), IKV_ETOOLONG (has_lead + k
+ * positions do not fit the sequence's limit: ikv_seq_room; nothing changes). Does not
+ * allocate. */
+int ikv_engine_verify(ikv_engine *e, ikv_seq *s, ikv_verify *v);
+
+/* A prompt-lookup draft: the up to k tokens that followed the latest earlier occurrence of
+ * the last m tokens of hist[0..len), for the largest m in ngram..1 that has one; written to
+ * out, returns how many (0: no match). Does not allocate. */
+size_t ikv_lookup_draft(const uint32_t *hist, size_t len, uint32_t ngram, size_t k,
+                        uint32_t *out);
+
+/* Positions the sequence may still add (its limit minus its length). */
+size_t ikv_seq_room(const ikv_seq *s);
+
 /* Ends a request: unlocks its cached blocks and returns its private blocks to the pool. */
 void ikv_engine_end(ikv_engine *e, ikv_seq *s);
 
@@ -376,6 +440,108 @@ int ikv_engine_check(const ikv_engine *e);
 /* Writes the pool (blocks per state, capacity), the cached blocks (node, depth, parent, first
  * tokens) and the live sequences' block tables to f, for debugging. */
 void ikv_engine_dump(const ikv_engine *e, FILE *f);
+
+
+/* ---- structured requests and position-independent chunk reuse (chunks.c) --------------------
+ *
+ * A request as segments (system, tool, memory, doc, history, query). A `reusable` segment's KV
+ * is kept in a chunk store keyed by its own tokens (and the model fingerprint, and the tenant's
+ * scope unless the segment is public), not by the prefix before it, and is placed at any new
+ * offset by re-rotating its keys (RoPE at p + d is the rotation by d of RoPE at p). The reused
+ * tokens lack attention to what now precedes them, so a fraction r of them is recomputed in
+ * every layer (CacheBlend): those whose K/V deviate most on a selection layer (reused against
+ * freshly computed), plus each segment's first tokens; a deviation bound raises the count, up
+ * to a full prefill. r = 1 is the ordinary exact prefill. See docs/chunks.md. */
+
+enum { IKV_PSEG_SYSTEM = 0, IKV_PSEG_TOOL, IKV_PSEG_MEMORY, IKV_PSEG_DOC, IKV_PSEG_HISTORY,
+       IKV_PSEG_QUERY, IKV_PSEG_KINDS };
+
+/* "system", "tool", ... ("?" out of range); parse: 0 or IKV_EINVAL. */
+const char *ikv_pseg_kind_name(int kind);
+int ikv_pseg_kind_parse(const char *name, int *kind);
+
+typedef struct ikv_prompt_seg {
+    int kind;               /* IKV_PSEG_* */
+    const uint32_t *tokens; /* token ids (< vocab) */
+    size_t n;               /* >= 1 */
+    int is_public;          /* shared across tenants (its chunk key has no tenant scope) */
+    int reusable;           /* its KV may be reused at any position (chunk store) */
+    int movable;            /* --layout shared-first may move it */
+} ikv_prompt_seg;
+
+/* Layout "shared-first": writes the n segments to out (distinct from in) with the movable
+ * segments that are public or reusable moved, in their order, before the first movable
+ * personal one; segments that are not movable keep their index. Returns the number of segments
+ * whose index changed. */
+size_t ikv_psegs_shared_first(const ikv_prompt_seg *in, size_t n, ikv_prompt_seg *out);
+
+typedef struct ikv_chunks_options {
+    uint64_t mem;          /* bytes of chunk store (64 MiB) */
+    float ratio;           /* default fraction of reused tokens recomputed (IKV_BLEND_RATIO) */
+    float max_dev;         /* quality guard: every reused token's relative K/V deviation on the
+                              selection layer must be <= max_dev, else it is recomputed
+                              (IKV_BLEND_MAX_DEV; <= 0 or inf: off) */
+    uint32_t first_tokens; /* first tokens of each reused segment always recomputed (4) */
+} ikv_chunks_options;
+
+#define IKV_BLEND_RATIO   0.15f /* measured default: docs/chunks.md */
+#define IKV_BLEND_MAX_DEV 0.25f /* chosen from measurements: docs/chunks.md */
+
+void ikv_chunks_options_default(ikv_chunks_options *o);
+
+typedef struct ikv_chunks ikv_chunks;
+
+/* Creates the chunk store and the blend scratch (sized for seq_len rows) over an engine, which
+ * must outlive it. 0, IKV_EINVAL, IKV_ENOMEM. */
+int ikv_chunks_create(ikv_engine *e, const ikv_chunks_options *o, ikv_chunks **out);
+void ikv_chunks_destroy(ikv_chunks *c);
+
+typedef struct ikv_blend_request {
+    const ikv_prompt_seg *segs;
+    size_t n_segs;
+    const char *tenant; /* scope of private reusable segments (and of private blocks) */
+    float ratio;        /* < 0: the store's default; 1: full prefill */
+    float max_dev;      /* < 0: the store's default */
+    size_t max_new;     /* as ikv_request.max_new */
+    int no_store;       /* 1: do not put this request's missing reusable segments in the store */
+    int no_cache;       /* 1: the exact path neither uses nor fills the prefix cache (a cold
+                           reference; the blend path never uses it) */
+} ikv_blend_request;
+
+typedef struct ikv_blend_info {
+    size_t prompt_tokens;
+    size_t reusable_tokens;   /* tokens of reusable segments */
+    size_t reused_tokens;     /* of which K/V taken from the store (not recomputed) */
+    size_t recomputed_tokens; /* reusable tokens computed: misses, and selected hit tokens */
+    size_t hit_segments, miss_segments, stored_segments;
+    size_t guard_tokens;   /* tokens the deviation bound added beyond the ratio */
+    double deviation_max;  /* selection layer: largest deviation among tokens left reused */
+    double deviation_mean; /* mean over the hit segments' tokens */
+    int full;              /* 1: ran the ordinary exact prefill (no hit, r = 1, or the guard) */
+    ikv_prefill_info prefill; /* of the ordinary prefill when full; else cached/computed counts */
+    double seconds;           /* wall time (measured), time to the first token's logits */
+} ikv_blend_info;
+
+/* Starts a structured request: concatenates the segments, looks up each reusable one in the
+ * store; with no hit (or r >= 1) runs ikv_engine_begin (exact, prefix cache as usual); else
+ * admits the prompt without the prefix cache, places the hit segments' K/V re-rotated to their
+ * offsets and runs the blend forward pass. Then stores the missing reusable segments' K/V. On
+ * success *seq is in flight as after ikv_engine_begin (decode, ikv_engine_end). Returns 0,
+ * IKV_EINVAL (no segment, empty segment, token >= vocab, bad kind), IKV_ETOOLONG, or an engine
+ * error. Allocates only when storing a segment. */
+int ikv_chunks_begin(ikv_chunks *c, const ikv_blend_request *r, ikv_seq **seq,
+                     ikv_blend_info *info);
+
+/* The chunk store's entries and bytes. */
+void ikv_chunks_stats(const ikv_chunks *c, size_t *entries, uint64_t *bytes);
+/* Invariants of the store (bytes add up, entries well-formed). 1 or 0 with ikv_errdetail. */
+int ikv_chunks_check(const ikv_chunks *c);
+/* Writes the store's entries (hash, scope salt, length, offset, age) to f, for debugging. */
+void ikv_chunks_dump(const ikv_chunks *c, FILE *f);
+
+/* Tests: re-rotates keys k[n][kv_dim] (RoPE'd at positions a..a+n) in place to positions
+ * b..b+n, as placement does. */
+void ikv_chunks_rerotate(const ikv_chunks *c, float *k, size_t n, long delta);
 
 /* ---- benchmark ----------------------------------------------------------------------------- */
 

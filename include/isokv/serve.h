@@ -41,7 +41,10 @@ typedef struct ikv_serve_options {
     size_t max_body;           /* request body bytes before 413 (1 MiB) */
     /* --tier (lower storage tiers): reserved for the store module; not used yet */
     const char *tier;
-    FILE *log; /* one line per request (stderr) */
+    FILE *log;               /* one line per request (stderr) */
+    uint32_t semantic_cache; /* response-cache entries (--semantic-cache[=SIZE]; 0 = off): a
+                                finished response is kept and the most similar one of the same
+                                tenant (or public) is verified as a draft for a new request */
 } ikv_serve_options;
 
 void ikv_serve_options_default(ikv_serve_options *o);

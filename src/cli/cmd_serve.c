@@ -24,7 +24,8 @@ static void help(FILE *f) {
     fputs("usage: isokv serve [--model M.bin] [--tokenizer T.bin] [--host ADDR] [--port N]\n"
           "                   [--threads T] [--kv-mem BYTES] [--policy NAME] [--api-keys FILE]\n"
           "                   [--max-seqs N] [--max-batch-tokens N] [--max-queue N]\n"
-          "                   [--public-prefix FILE] [--public-system] [--drain-s S]\n\n"
+          "                   [--public-prefix FILE] [--public-system] [--drain-s S]\n"
+          "                   [--semantic-cache[=SIZE]]\n\n"
           "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions,\n"
           "GET /v1/models, GET /health, GET /metrics (Prometheus). Continuous batching: one\n"
           "forward step serves every running sequence; prompts are prefilled in chunks within\n"
@@ -37,7 +38,11 @@ static void help(FILE *f) {
           "every request is tenant 'default'. --public-prefix FILE: prompts starting with its\n"
           "text share those blocks across tenants; --public-system: chat system messages do.\n"
           "SIGTERM/SIGINT: stop accepting, finish running requests (at most --drain-s seconds,\n"
-          "10), exit 0. --tier is reserved for lower storage tiers (not available yet).\n",
+          "10), exit 0. --tier is reserved for lower storage tiers (not available yet).\n"
+          "--semantic-cache[=SIZE]: keep up to SIZE (1024) finished responses; a new request's\n"
+          "most similar one (same tenant, or public) is verified by the model as a draft and\n"
+          "only what the model itself would produce is served (docs/semantic.md); usage.isokv\n"
+          "and isokv_semcache_* metrics count it.\n",
           f);
 }
 
@@ -55,6 +60,14 @@ int ikv_cmd_serve(int argc, char **argv) {
         int flag = !strcmp(a, "--public-system");
         if (flag) {
             o.public_system = 1;
+            continue;
+        }
+        if (!strncmp(a, "--semantic-cache", 16) && (a[16] == 0 || a[16] == '=')) {
+            uint64_t sz = 1024;
+            if (a[16] == '=' && (cli_parse_count(a + 17, &sz) || sz == 0 || sz > 1000000))
+                return cli_usage_error(cmd, "--semantic-cache=%s is not a size in 1..1000000",
+                                       a + 17);
+            o.semantic_cache = (uint32_t)sz;
             continue;
         }
         if (i + 1 >= argc) return cli_usage_error(cmd, "%s needs a value (see --help)", a);
