@@ -142,6 +142,10 @@ int ikv_chunks_create(ikv_engine *e, const ikv_chunks_options *o, ikv_chunks **o
     if (!o) o = &d;
     if (!e || o->ratio < 0 || o->ratio > 1 || !(o->max_dev == o->max_dev))
         return ikv_error(IKV_EINVAL, "chunks: ratio must be in [0, 1] and max_dev a number");
+    if (e->m->gs) /* the blend pass multiplies the fp32 weights itself */
+        return ikv_error(IKV_EINVAL, "chunks: chunk reuse needs fp32 weights; this model is int8 "
+                                     "(group %d)",
+                         e->m->gs);
     const ikv_model *m = e->m;
     const size_t L = (size_t)m->cfg.seq_len, D = (size_t)m->cfg.dim, H = (size_t)m->cfg.hidden_dim,
                  QD = (size_t)m->q_dim, KD = (size_t)m->kv_dim, hd = (size_t)m->head_dim;
