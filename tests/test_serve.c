@@ -995,6 +995,221 @@ static void test_drain(void **st) {
     assert_int_equal(S2_exit, 0);
 }
 
+/* ---- lower tiers (--tier) ------------------------------------------------------------------ */
+
+static server TREF, TMEM, TF1, TF2; /* reference (no tier), mem tier, two sharing a file tier */
+static char tier_dir[64] = "", tier_file[128];
+
+static int setup_tiers(void **st) {
+    (void)st;
+    snprintf(tier_dir, sizeof tier_dir, "/tmp/ikv_serve_tiersXXXXXX");
+    if (!mkdtemp(tier_dir)) return -1;
+    char spec[192];
+    snprintf(tier_file, sizeof tier_file, "%s/kv.store", tier_dir);
+    snprintf(spec, sizeof spec, "file:%s:4M", tier_file);
+    /* 200k: 9 blocks of 16 tokens, 5 for the cache: too few for two of the prompts below */
+    const char *ref[] = {"--max-seqs", "4", NULL};
+    const char *mem[] = {"--kv-mem", "200k", "--max-seqs", "2", "--tier", "mem:1M", NULL};
+    const char *file[] = {"--kv-mem", "200k", "--max-seqs", "2", "--tier", spec, NULL};
+    if (server_start(&TREF, ref) || server_start(&TMEM, mem) || server_start(&TF1, file))
+        return -1;
+    return server_start(&TF2, file);
+}
+
+static int teardown_tiers(void **st) {
+    (void)st;
+    int bad = 0;
+    server *all[] = {&TREF, &TMEM, &TF1, &TF2};
+    for (int i = 0; i < 4; i++)
+        if (all[i]->pid && server_stop(all[i]) != 0) bad = 1;
+    unlink(tier_file);
+    if (tier_dir[0]) rmdir(tier_dir);
+    return bad ? -1 : 0;
+}
+
+/* Three prompts of 2-3 full blocks with distinct first blocks (33, 50, 42 tokens). */
+static const char *TIER_PROMPTS[3] = {
+    "Once upon a time there was a little girl named Lily who loved to play in the park with "
+    "her friends every day",
+    "The dog ran quickly across the big green field to find the ball that the boy had thrown "
+    "far away",
+    "A small bird sat on the tree and sang a happy song to the sun in the morning sky above"};
+
+/* POSTs n completion bodies at once (curl multi: several sequences in flight); fills r[]. */
+static void post_all(int port, char *const *bodies, int n, resp *r) {
+    CURLM *m = curl_multi_init();
+    CURL *h[8];
+    struct curl_slist *hs[8];
+    assert_true(n <= 8);
+    for (int i = 0; i < n; i++) {
+        memset(&r[i], 0, sizeof r[i]);
+        h[i] = prep(port, "POST", "/v1/completions", NULL, bodies[i], &r[i], &hs[i]);
+        curl_multi_add_handle(m, h[i]);
+    }
+    int running = 1;
+    while (running) {
+        curl_multi_perform(m, &running);
+        if (running) curl_multi_poll(m, NULL, 0, 50, NULL);
+    }
+    for (int i = 0; i < n; i++) {
+        curl_easy_getinfo(h[i], CURLINFO_RESPONSE_CODE, &r[i].status);
+        curl_multi_remove_handle(m, h[i]);
+        curl_easy_cleanup(h[i]);
+        curl_slist_free_all(hs[i]);
+    }
+    curl_multi_cleanup(m);
+}
+
+static char *tier_body(int i) {
+    char *b = malloc(512);
+    snprintf(b, 512, "{\"prompt\":\"%s\",\"max_tokens\":12,\"temperature\":0}", TIER_PROMPTS[i]);
+    return b;
+}
+
+/* One greedy completion of prompt i; returns its answer (JSON) and checks the usage adds up:
+ * cached_tokens == the sum over cached_tokens_by_tier. */
+static cJSON *tier_complete(int port, int i) {
+    char *b = tier_body(i);
+    resp r = http(port, "POST", "/v1/completions", NULL, b);
+    free(b);
+    if (r.status != 200) fail_msg("status %ld: %s", r.status, r.body);
+    cJSON *j = json_of(&r);
+    free(r.body);
+    double sum = 0;
+    cJSON *t;
+    cJSON_ArrayForEach(t, path_get(j, "usage", "isokv", "cached_tokens_by_tier", NULL))
+        sum += t->valuedouble;
+    assert_true(sum == num(j, "usage", "prompt_tokens_details", "cached_tokens", NULL));
+    return j;
+}
+
+/* The texts of the three prompts on the reference server, each its first request there (so
+ * nothing cached: the no-cache run). */
+static char *REF_TEXT[3];
+static void reference_texts(void) {
+    for (int i = 0; i < 3; i++) {
+        if (REF_TEXT[i]) continue;
+        cJSON *j = tier_complete(TREF.port, i);
+        assert_true(num(j, "usage", "prompt_tokens_details", "cached_tokens", NULL) == 0);
+        assert_true(num(j, "usage", "prompt_tokens", NULL) >= 32);
+        REF_TEXT[i] = strdup(str(j, "choices", "0", "text", NULL));
+        cJSON_Delete(j);
+    }
+}
+
+/* mem tier under a pool too small for two prompts: prompt 0, then 1 and 2 together (they push
+ * 0's blocks down), then 0 again: its prefix comes from the mem tier, its text is the
+ * no-cache text; then all three at once, twice, each equal to its reference; the metrics
+ * count the tier's demotions, loads and cached tokens by tier. */
+static void test_tier_mem(void **st) {
+    (void)st;
+    reference_texts();
+    cJSON *j = tier_complete(TMEM.port, 0);
+    assert_string_equal(str(j, "choices", "0", "text", NULL), REF_TEXT[0]);
+    assert_true(num(j, "usage", "isokv", "cached_tokens_by_tier", "mem", NULL) == 0);
+    cJSON_Delete(j);
+    char *bodies[3] = {tier_body(1), tier_body(2), tier_body(0)};
+    resp r[3];
+    post_all(TMEM.port, bodies, 2, r);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(r[i].status, 200);
+        cJSON *a = json_of(&r[i]);
+        assert_string_equal(str(a, "choices", "0", "text", NULL), REF_TEXT[i + 1]);
+        cJSON_Delete(a), free(r[i].body);
+    }
+    j = tier_complete(TMEM.port, 0);
+    assert_string_equal(str(j, "choices", "0", "text", NULL), REF_TEXT[0]);
+    double mem = num(j, "usage", "isokv", "cached_tokens_by_tier", "mem", NULL);
+    if (mem < 16) fail_msg("prompt 0 again took %g tokens from the mem tier", mem);
+    cJSON_Delete(j);
+    for (int round = 0; round < 2; round++) {
+        post_all(TMEM.port, bodies, 3, r);
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(r[i].status, 200);
+            cJSON *a = json_of(&r[i]);
+            assert_string_equal(str(a, "choices", "0", "text", NULL), REF_TEXT[(i + 1) % 3]);
+            cJSON_Delete(a), free(r[i].body);
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        free(bodies[i]);
+    assert_true(metric(TMEM.port, "isokv_blocks_demoted_total{tier=\"mem\"}") >= 1);
+    assert_true(metric(TMEM.port, "isokv_tier_loads_total{tier=\"mem\"}") >= 1);
+    assert_true(metric(TMEM.port, "isokv_blocks_promoted_total{tier=\"mem\"}") >= 1);
+    assert_true(metric(TMEM.port, "isokv_cached_prompt_tokens_total{tenant=\"default\","
+                                  "tier=\"mem\"}") >= mem);
+    assert_true(metric(TMEM.port, "isokv_tier_recomputes_total{tier=\"mem\",why=\"failed\"}") ==
+                0);
+    /* the reference server has no lower tier: no tier series, pool only */
+    assert_true(metric(TREF.port, "isokv_blocks_demoted_total{tier=\"mem\"}") == -1);
+    assert_true(metric(TREF.port, "isokv_cached_prompt_tokens_total{tenant=\"default\","
+                                  "tier=\"pool\"}") >= 0);
+}
+
+/* Two server processes on one file tier: what the first computed (written through), the
+ * second loads, with the no-cache text. */
+static void test_tier_file_shared(void **st) {
+    (void)st;
+    reference_texts();
+    cJSON *j = tier_complete(TF1.port, 1);
+    assert_string_equal(str(j, "choices", "0", "text", NULL), REF_TEXT[1]);
+    assert_true(num(j, "usage", "isokv", "cached_tokens_by_tier", "file", NULL) == 0);
+    cJSON_Delete(j);
+    j = tier_complete(TF2.port, 1);
+    assert_string_equal(str(j, "choices", "0", "text", NULL), REF_TEXT[1]);
+    double f = num(j, "usage", "isokv", "cached_tokens_by_tier", "file", NULL);
+    if (f < 32) fail_msg("the second server took %g tokens from the shared file tier", f);
+    assert_true(num(j, "usage", "isokv", "lossy_cached_tokens", NULL) == 0);
+    cJSON_Delete(j);
+    assert_true(metric(TF2.port, "isokv_tier_loads_total{tier=\"file\"}") >= 2);
+    assert_true(metric(TF1.port, "isokv_blocks_demoted_total{tier=\"file\"}") >= 2);
+}
+
+/* Bad --tier values: a malformed spec is a usage error (2), an unwritable file a failure (1),
+ * each naming the problem, before anything listens. */
+static void test_tier_errors(void **st) {
+    (void)st;
+    const char *bin = getenv("IKV_BIN");
+    assert_non_null(bin);
+    struct {
+        const char *spec, *dtype;
+        int code;
+    } cases[] = {{"file:noSize", NULL, 2},
+                 {"bogus:1M", NULL, 2},
+                 {"file:/nonexistent-dir/x/kv.store:1M", NULL, 1},
+                 {"mem:1M", "q4", 2}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            FILE *null = fopen("/dev/null", "w");
+            if (null) dup2(fileno(null), 1), dup2(fileno(null), 2);
+            const char *argv[] = {bin,    "serve", "--port",     "0",
+                                  "--tier", cases[i].spec, cases[i].dtype ? "--tier-dtype" : NULL,
+                                  cases[i].dtype, NULL};
+            execv(bin, (char *const *)argv);
+            _exit(127);
+        }
+        int status = 0;
+        for (int k = 0; k < 300; k++) {
+            if (waitpid(pid, &status, WNOHANG) == pid) {
+                pid = 0;
+                break;
+            }
+            usleep(100 * 1000);
+        }
+        if (pid) {
+            kill(pid, SIGKILL), waitpid(pid, NULL, 0);
+            fail_msg("serve --tier %s did not exit", cases[i].spec);
+        }
+        assert_true(WIFEXITED(status));
+        if (WEXITSTATUS(status) != cases[i].code)
+            fail_msg("serve --tier %s: exit %d, expected %d", cases[i].spec, WEXITSTATUS(status),
+                     cases[i].code);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest api[] = {
         cmocka_unit_test(test_health_models_metrics), cmocka_unit_test(test_completions),
@@ -1006,5 +1221,11 @@ int main(void) {
     const struct CMUnitTest load[] = {cmocka_unit_test(test_load), cmocka_unit_test(test_drain)};
     int rc = cmocka_run_group_tests_name("serve_api", api, setup, teardown);
     rc |= cmocka_run_group_tests_name("serve_load", load, setup_load, teardown_load);
+    const struct CMUnitTest tiers[] = {cmocka_unit_test(test_tier_mem),
+                                       cmocka_unit_test(test_tier_file_shared),
+                                       cmocka_unit_test(test_tier_errors)};
+    rc |= cmocka_run_group_tests_name("serve_tiers", tiers, setup_tiers, teardown_tiers);
+    for (int i = 0; i < 3; i++)
+        free(REF_TEXT[i]);
     return rc;
 }

@@ -498,7 +498,7 @@ out:
 /* ---- answers ----------------------------------------------------------------------------- */
 
 /* The usage of a request's prompts g[0..n) (summed; ttft_ms of the first prompt). */
-static void add_usage(cJSON *parent, srq *const *g, int n) {
+static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
     double pt = 0, ct = 0, ca = 0, pa = 0, pub = 0;
     for (int i = 0; i < n; i++)
         pt += (double)g[i]->n, ct += g[i]->ntok, ca += (double)g[i]->cached,
@@ -512,7 +512,19 @@ static void add_usage(cJSON *parent, srq *const *g, int n) {
     cJSON_AddNumberToObject(d, "cached_tokens", ca);
     cJSON *x = cJSON_AddObjectToObject(u, "isokv");
     cJSON *bt = cJSON_AddObjectToObject(x, "cached_tokens_by_tier");
-    cJSON_AddNumberToObject(bt, "pool", ca);
+    double rec = 0, lossy = 0;
+    for (size_t t = 0; t <= s->n_tiers; t++) {
+        double v = 0;
+        for (int i = 0; i < n; i++)
+            v += (double)g[i]->tier_tokens[t];
+        cJSON_AddNumberToObject(bt, s->tier_name[t], v);
+    }
+    for (int i = 0; i < n; i++)
+        rec += (double)g[i]->tier_recomputed, lossy += (double)g[i]->lossy;
+    if (s->n_tiers) {
+        cJSON_AddNumberToObject(x, "tier_recomputed_tokens", rec);
+        cJSON_AddNumberToObject(x, "lossy_cached_tokens", lossy);
+    }
     cJSON_AddNumberToObject(x, "partial_block_tokens", pa);
     cJSON_AddNumberToObject(x, "computed_prompt_tokens", pt - ca);
     cJSON_AddNumberToObject(x, "public_prompt_tokens", pub);
@@ -559,7 +571,7 @@ static cJSON *answer_full(ikv_serve *s, srq *const *g, int n) {
         cJSON_AddNullToObject(c0, "logprobs");
         cJSON_AddStringToObject(c0, "finish_reason", r->finish ? r->finish : "length");
     }
-    add_usage(j, g, n);
+    add_usage(s, j, g, n);
     return j;
 }
 
@@ -697,7 +709,7 @@ static int sse_fill(stream *st) {
                 cJSON *j = answer_head(
                     s, st->g[0], st->g[0]->chat ? "chat.completion.chunk" : "text_completion");
                 cJSON_AddArrayToObject(j, "choices");
-                add_usage(j, st->g, st->n);
+                add_usage(st->s, j, st->g, st->n);
                 rc = sse_json(st, j);
             }
             if (!rc) rc = sb_add(&st->out, "data: [DONE]\n\n", "", "");
@@ -1109,7 +1121,27 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
         eo.private_blocks = full < nb / 2 ? full : nb / 2;
         if (eo.private_blocks == 0) eo.private_blocks = 1;
     }
+    if (o.open_tiers && (rc = o.open_tiers(o.tiers_ctx, s->model, &eo))) goto fail;
     if ((rc = ikv_engine_create(s->model, &eo, &s->engine))) goto fail;
+    s->n_tiers = eo.n_tiers;
+    snprintf(s->tier_name[0], sizeof s->tier_name[0], "pool");
+    for (size_t t = 1; t <= s->n_tiers; t++) {
+        ikv_engine_tier_stats ts;
+        if (ikv_engine_tier_stats_get(s->engine, t, &ts)) {
+            rc = ikv_error(IKV_EINVAL, "tier %zu has no stats", t);
+            goto fail;
+        }
+        s->met.tiers[t - 1] = ts;
+        /* the label: the spec's kind (mem, file, redis, redis-cluster), numbered if repeated */
+        size_t k = strcspn(ts.spec, ":");
+        if (k > 16) k = 16;
+        snprintf(s->tier_name[t], sizeof s->tier_name[t], "%.*s", (int)k, ts.spec);
+        for (size_t u = 1; u < t; u++)
+            if (!strcmp(s->tier_name[u], s->tier_name[t])) {
+                snprintf(s->tier_name[t], sizeof s->tier_name[t], "%.*s%zu", (int)k, ts.spec, t);
+                break;
+            }
+    }
     s->running = ikv_calloc(o.max_seqs, sizeof *s->running);
     s->logit_scratch = ikv_calloc(s->vocab, sizeof(float));
     if (!s->running || !s->logit_scratch) {

@@ -49,6 +49,8 @@ typedef struct srq {
     uint32_t ntok;
     const char *finish; /* "stop" | "length" | NULL while running */
     size_t cached, partial;
+    size_t tier_tokens[IKV_MAX_TIERS]; /* cached prompt positions by tier (0 = the pool) */
+    size_t tier_recomputed, lossy;     /* found in a lower tier but recomputed; via q8 */
     double t_first, t_done;
     int status; /* 200, or an HTTP error decided by the scheduler */
     char err[256];
@@ -69,6 +71,7 @@ typedef struct srv_tenant_stats {
     char name[64];
     uint64_t req_by_status[8]; /* 200, 400, 401, 404, 413, 429, 503, other */
     uint64_t prompt_tokens, cached_tokens, completion_tokens;
+    uint64_t cached_by_tier[IKV_MAX_TIERS]; /* cached_tokens split by tier (0 = the pool) */
 } srv_tenant_stats;
 
 #define SRV_HIST_BUCKETS 14
@@ -87,6 +90,7 @@ typedef struct srv_metrics {
     /* snapshots the scheduler takes after each step (the engine is its alone) */
     ikv_engine_stats eng;
     ikv_cache_stats cache;
+    ikv_engine_tier_stats tiers[IKV_MAX_TIERS - 1]; /* lower tiers 1..n_tiers */
 } srv_metrics;
 
 typedef struct srv_key {
@@ -100,6 +104,8 @@ struct ikv_serve {
     ikv_tokenizer *tok;
     ikv_engine *engine;
     uint32_t vocab, seq_len;
+    size_t n_tiers;                      /* lower tiers (0: the pool alone) */
+    char tier_name[IKV_MAX_TIERS][24];   /* labels: "pool", then the store kinds (mem, file..) */
     struct MHD_Daemon *httpd;
     uint16_t port;
     pthread_t sched;

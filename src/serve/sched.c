@@ -83,13 +83,23 @@ static size_t find_stop(const srq *r, size_t from) {
     return best;
 }
 
+/* The per-request log line: cached=pool:N[,mem:N,file:N...] names where the prefix came
+ * from; with lower tiers, tier_recomputed= (found below but recomputed) and lossy= (via q8). */
 static void log_request(ikv_serve *s, const srq *r) {
     if (!s->opt.log) return;
     double ttft = r->t_first > 0 ? (r->t_first - r->t_arrive) * 1e3 : -1;
+    char by[160];
+    int k = snprintf(by, sizeof by, "pool:%zu", r->tier_tokens[0]);
+    for (size_t t = 1; t <= s->n_tiers && k > 0 && (size_t)k < sizeof by; t++)
+        k += snprintf(by + k, sizeof by - (size_t)k, ",%s:%zu", s->tier_name[t], r->tier_tokens[t]);
+    char extra[96] = "";
+    if (s->n_tiers)
+        snprintf(extra, sizeof extra, " tier_recomputed=%zu lossy=%zu", r->tier_recomputed,
+                 r->lossy);
     fprintf(s->opt.log,
-            "isokv serve: req=%llu tenant=%s status=%d prompt=%zu cached=pool:%zu partial=%zu "
+            "isokv serve: req=%llu tenant=%s status=%d prompt=%zu cached=%s partial=%zu%s "
             "ttft_ms=%.2f tokens=%u finish=%s e2e_ms=%.2f%s%s\n",
-            (unsigned long long)r->id, r->tenant, r->status, r->n, r->cached, r->partial, ttft,
+            (unsigned long long)r->id, r->tenant, r->status, r->n, by, r->partial, extra, ttft,
             r->ntok, r->finish ? r->finish : (r->cancelled ? "cancelled" : "-"),
             (r->t_done - r->t_arrive) * 1e3, r->err[0] ? " error=" : "", r->err);
     fflush(s->opt.log);
@@ -173,6 +183,12 @@ static void admit(ikv_serve *s) {
         r->seq = seq;
         r->cached = info.cached_tokens;
         r->partial = info.partial_tokens;
+        size_t lower = 0;
+        for (size_t t = 1; t <= s->n_tiers; t++)
+            lower += (r->tier_tokens[t] = info.tier_tokens[t]);
+        r->tier_tokens[0] = r->cached - lower; /* full pool blocks and a copied partial one */
+        r->tier_recomputed = info.recomputed_tier_tokens;
+        r->lossy = info.lossy_tokens;
         r->prev = r->tokens[r->n - 1];
         r->state = SRQ_RUNNING;
         s->running[s->nrunning++] = r;
@@ -275,9 +291,14 @@ void *ikv__serve_sched(void *arg) {
         ikv_cache_stats cs;
         ikv_engine_stats_get(s->engine, &es);
         ikv_cache_stats_get(ikv_engine_cache(s->engine), &cs);
+        ikv_engine_tier_stats ts[IKV_MAX_TIERS - 1];
+        for (size_t t = 0; t < s->n_tiers; t++)
+            (void)ikv_engine_tier_stats_get(s->engine, t + 1, &ts[t]);
         pthread_mutex_lock(&s->mu);
         s->met.eng = es;
         s->met.cache = cs;
+        for (size_t t = 0; t < s->n_tiers; t++)
+            s->met.tiers[t] = ts[t];
         s->met.steps++;
         s->met.step_rows += ni;
         s->met.step_prefill_tokens += prefill_tokens;
