@@ -1210,6 +1210,158 @@ static void test_tier_errors(void **st) {
     }
 }
 
+/* ---- routing by class ---------------------------------------------------------------------- */
+
+static server TR; /* --route-set route.simple=1, one sequence at a time */
+
+static int setup_route(void **st) {
+    (void)st;
+    const char *extra[] = {"--route-set", "route.simple=1", "--max-seqs", "1", "--max-queue",
+                           "64", NULL};
+    return server_start(&TR, extra);
+}
+
+static int teardown_route(void **st) {
+    (void)st;
+    return TR.pid && server_stop(&TR) != 0 ? -1 : 0;
+}
+
+/* A completion with optional X-Isokv-Class / X-Isokv-Slo-Ms headers; returns the answer. */
+static resp post_hdr(int port, const char *body, const char *cls, const char *slo) {
+    resp r = {0};
+    struct curl_slist *hs;
+    CURL *c = prep(port, "POST", "/v1/completions", NULL, body, &r, &hs);
+    char h1[64], h2[64];
+    if (cls) snprintf(h1, sizeof h1, "X-Isokv-Class: %s", cls), hs = curl_slist_append(hs, h1);
+    if (slo) snprintf(h2, sizeof h2, "X-Isokv-Slo-Ms: %s", slo), hs = curl_slist_append(hs, h2);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
+    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+    curl_slist_free_all(hs);
+    curl_easy_cleanup(c);
+    return r;
+}
+
+/* The route object of an answer: step, class; the hard cap (step <= class cap) checked. */
+static int route_step(resp *r, const char *want_class) {
+    if (r->status != 200) fail_msg("status %ld: %s", r->status, r->body);
+    cJSON *j = json_of(r);
+    assert_string_equal(str(j, "usage", "isokv", "route", "class", NULL), want_class);
+    int step = (int)num(j, "usage", "isokv", "route", "step", NULL);
+    assert_true(step <= (int)num(j, "usage", "isokv", "route", "class_cap", NULL));
+    assert_true(step <= (int)num(j, "usage", "isokv", "route", "max_step", NULL));
+    assert_true(num(j, "usage", "isokv", "route", "priority", NULL) == step);
+    assert_true(num(j, "usage", "isokv", "cpu_ms", NULL) > 0);
+    cJSON_Delete(j), free(r->body);
+    return step;
+}
+
+/* Classes from the field and the header, the default, the caps (route.simple=1 set on the
+ * command line), an SLO picking a cheaper step, an unmeetable SLO not lifting the cap, bad
+ * values, and the per-class metrics. */
+static void test_route_classes(void **st) {
+    (void)st;
+    const char *b = "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,\"temperature\":0%s}";
+    char body[256];
+    double before = metric(TR.port, "isokv_route_requests_total{class=\"simple\",step=\"1\"}");
+    if (before < 0) before = 0;
+    snprintf(body, sizeof body, b, ",\"isokv\":{\"class\":\"simple\"}");
+    resp r = post_hdr(TR.port, body, NULL, NULL);
+    assert_int_equal(route_step(&r, "simple"), 1); /* the cap set by --route-set */
+    snprintf(body, sizeof body, b, "");
+    r = post_hdr(TR.port, body, "simple", "1"); /* an SLO no step meets: still at most 1 */
+    assert_int_equal(route_step(&r, "simple"), 1);
+    r = post_hdr(TR.port, body, NULL, NULL); /* no class: medium */
+    int medium = route_step(&r, "medium");
+    assert_int_equal(medium, 4); /* the planner's default cap and the default walk's knee (5) */
+    r = post_hdr(TR.port, body, "complex", NULL);
+    assert_int_equal(route_step(&r, "complex"), 5); /* the knee, below complex's cap 6 */
+    r = post_hdr(TR.port, body, "medium", "100000"); /* a loose SLO: a cheaper step meets it */
+    assert_true(route_step(&r, "medium") < medium);
+    snprintf(body, sizeof body, b, ",\"isokv\":{\"class\":\"complex\"}");
+    r = post_hdr(TR.port, body, "simple", NULL); /* the field wins over the header */
+    assert_int_equal(route_step(&r, "complex"), 5);
+    snprintf(body, sizeof body, b, "");
+    expect_error(post_hdr(TR.port, body, "urgent", NULL), 400, "X-Isokv-Class", "urgent");
+    expect_error(post_hdr(TR.port, body, NULL, "-3"), 400, "X-Isokv-Slo-Ms", "positive");
+    snprintf(body, sizeof body, b, ",\"isokv\":{\"class\":7}");
+    expect_error(post_hdr(TR.port, body, NULL, NULL), 400, "isokv.class", "string");
+    snprintf(body, sizeof body, b, ",\"isokv\":{\"slo_ms\":0}");
+    expect_error(post_hdr(TR.port, body, NULL, NULL), 400, "isokv.slo_ms", "positive");
+    assert_true(metric(TR.port, "isokv_route_requests_total{class=\"simple\",step=\"1\"}") ==
+                before + 2);
+    assert_true(metric(TR.port, "isokv_route_requests_total{class=\"complex\",step=\"5\"}") >= 2);
+    assert_true(metric(TR.port, "isokv_route_cpu_seconds_total{class=\"medium\"}") > 0);
+    /* no simple request ever ran above its cap */
+    for (int k = 2; k < 8; k++) {
+        char series[96];
+        snprintf(series, sizeof series, "isokv_route_requests_total{class=\"simple\",step=\"%d\"}",
+                 k);
+        assert_true(metric(TR.port, series) == -1);
+    }
+}
+
+/* The lever: a higher step is admitted first. One sequence at a time; a blocker of 16 long
+ * medium prompts (step 4) holds the engine while three simple requests (step 1) and then one
+ * complex (step 5) queue: the complex one completes before the blocker's request, the simple
+ * ones after it. */
+static void test_route_priority(void **st) {
+    (void)st;
+    char blocker[4096];
+    int k = snprintf(blocker, sizeof blocker, "{\"prompt\":[");
+    for (int i = 0; i < 16; i++)
+        k += snprintf(blocker + k, sizeof blocker - (size_t)k, "%s\"Tom had a red ball %d\"",
+                      i ? "," : "", i);
+    snprintf(blocker + k, sizeof blocker - (size_t)k,
+             "],\"max_tokens\":480,\"ignore_eos\":true,\"temperature\":0}");
+    const char *simple = "{\"prompt\":\"Once\",\"max_tokens\":2,\"isokv\":{\"class\":\"simple\"}}";
+    const char *complex =
+        "{\"prompt\":\"Once\",\"max_tokens\":2,\"isokv\":{\"class\":\"complex\"}}";
+    CURLM *m = curl_multi_init();
+    CURL *h[5];
+    resp r[5];
+    struct curl_slist *hs[5];
+    memset(r, 0, sizeof r);
+    const char *bodies[5] = {blocker, simple, simple, simple, complex};
+    int running = 0, order[5], nord = 0;
+    for (int i = 0; i < 5; i++) {
+        h[i] = prep(TR.port, "POST", "/v1/completions", NULL, bodies[i], &r[i], &hs[i]);
+        curl_multi_add_handle(m, h[i]);
+        /* let the server queue it before the next: the blocker's prompts, then each simple */
+        for (int w = 0; w < 200; w++) {
+            curl_multi_perform(m, &running);
+            curl_multi_poll(m, NULL, 0, 5, NULL);
+            double q = metric(TR.port, "isokv_queued_requests");
+            if (i == 0 ? q >= 10 : (i < 4 ? q >= 10 + i : 1)) break;
+        }
+        if (i == 4) assert_true(metric(TR.port, "isokv_queued_requests") >= 4); /* still busy */
+    }
+    do {
+        curl_multi_perform(m, &running);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(m, &left)))
+            if (msg->msg == CURLMSG_DONE)
+                for (int i = 0; i < 5; i++)
+                    if (h[i] == msg->easy_handle) order[nord++] = i;
+        if (running) curl_multi_poll(m, NULL, 0, 20, NULL);
+    } while (running || nord < 5);
+    for (int i = 0; i < 5; i++) {
+        curl_easy_getinfo(h[i], CURLINFO_RESPONSE_CODE, &r[i].status);
+        assert_int_equal(r[i].status, 200);
+        curl_multi_remove_handle(m, h[i]);
+        curl_easy_cleanup(h[i]);
+        curl_slist_free_all(hs[i]);
+        free(r[i].body);
+    }
+    curl_multi_cleanup(m);
+    int pos[5];
+    for (int i = 0; i < 5; i++)
+        pos[order[i]] = i;
+    if (!(pos[4] < pos[0] && pos[0] < pos[1] && pos[0] < pos[2] && pos[0] < pos[3]))
+        fail_msg("completion order %d %d %d %d %d (0 blocker, 1-3 simple, 4 complex)", order[0],
+                 order[1], order[2], order[3], order[4]);
+}
+
 int main(void) {
     const struct CMUnitTest api[] = {
         cmocka_unit_test(test_health_models_metrics), cmocka_unit_test(test_completions),
@@ -1225,6 +1377,9 @@ int main(void) {
                                        cmocka_unit_test(test_tier_file_shared),
                                        cmocka_unit_test(test_tier_errors)};
     rc |= cmocka_run_group_tests_name("serve_tiers", tiers, setup_tiers, teardown_tiers);
+    const struct CMUnitTest route[] = {cmocka_unit_test(test_route_classes),
+                                       cmocka_unit_test(test_route_priority)};
+    rc |= cmocka_run_group_tests_name("serve_route", route, setup_route, teardown_route);
     for (int i = 0; i < 3; i++)
         free(REF_TEXT[i]);
     return rc;

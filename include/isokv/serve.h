@@ -47,6 +47,13 @@ typedef struct ikv_serve_options {
      * ikv_serve_destroy). NULL: no lower tier. `isokv serve --tier` passes cli_tiers_open. */
     int (*open_tiers)(void *ctx, const struct ikv_model *m, struct ikv_engine_options *eo);
     void *tiers_ctx;
+    /* Routing by request class (docs/serve.md, "Routing"): the planner's walk (docs/planner.md)
+     * for route_model on route_hw (catalog names; "llama3-70b", "h100"), with the parameters of
+     * route_config (a plan JSON file; NULL = defaults) and then route_set[] ("key=value", as
+     * `isokv plan --set`): route.simple/medium/complex are the class caps, price.* the prices. */
+    const char *route_config, *route_model, *route_hw;
+    const char *const *route_set;
+    size_t n_route_set;
     FILE *log; /* one line per request (stderr) */
 } ikv_serve_options;
 

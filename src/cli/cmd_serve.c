@@ -28,7 +28,8 @@ static void help(FILE *f) {
           "                   [--threads T] [--kv-mem BYTES] [--policy NAME] [--api-keys FILE]\n"
           "                   [--max-seqs N] [--max-batch-tokens N] [--max-queue N]\n"
           "                   [--public-prefix FILE] [--public-system] [--drain-s S]\n"
-          "                   [--tier SPEC]... [--tier-dtype f32|q8]\n\n"
+          "                   [--tier SPEC]... [--tier-dtype f32|q8] [--route-config FILE]\n"
+          "                   [--route-set KEY=VALUE]... [--route-model M] [--route-hw H]\n\n"
           "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions,\n"
           "GET /v1/models, GET /health, GET /metrics (Prometheus). Continuous batching: one\n"
           "forward step serves every running sequence; prompts are prefilled in chunks within\n"
@@ -42,7 +43,13 @@ static void help(FILE *f) {
           "text share those blocks across tenants; --public-system: chat system messages do.\n"
           "SIGTERM/SIGINT: stop accepting, finish running requests (at most --drain-s seconds,\n"
           "10), exit 0. Answers' usage.isokv.cached_tokens_by_tier says where each prompt's\n"
-          "prefix came from (pool, then each --tier); /metrics has them by tier too.\n",
+          "prefix came from (pool, then each --tier); /metrics has them by tier too.\n"
+          "Routing: a request's class (isokv.class or header X-Isokv-Class: simple, medium\n"
+          "(default), complex) and latency target (isokv.slo_ms, X-Isokv-Slo-Ms) go to the\n"
+          "planner's router (ikv_plan_route) on the walk of --route-model (llama3-70b) on\n"
+          "--route-hw (h100); class caps and prices are plan parameters (--route-config FILE\n"
+          "as `isokv plan --config`, --route-set route.simple=1 as `isokv plan --set`). The\n"
+          "step is the request's scheduling priority (docs/serve.md, \"Routing\").\n",
           f);
     fputs(cli_tiers_help, f);
 }
@@ -73,6 +80,7 @@ int ikv_cmd_serve(int argc, char **argv) {
     double drain = 10;
     serve_tiers tiers;
     memset(&tiers, 0, sizeof tiers);
+    const char *route_set[32];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int flag = !strcmp(a, "--public-system");
@@ -95,7 +103,18 @@ int ikv_cmd_serve(int argc, char **argv) {
             o.api_keys = v;
         else if (!strcmp(a, "--public-prefix"))
             o.public_prefix = v;
-        else if (!strcmp(a, "--tier")) {
+        else if (!strcmp(a, "--route-config"))
+            o.route_config = v;
+        else if (!strcmp(a, "--route-model"))
+            o.route_model = v;
+        else if (!strcmp(a, "--route-hw"))
+            o.route_hw = v;
+        else if (!strcmp(a, "--route-set")) {
+            if (o.n_route_set == sizeof route_set / sizeof route_set[0])
+                return cli_usage_error(cmd, "at most 32 --route-set options");
+            route_set[o.n_route_set++] = v;
+            o.route_set = route_set;
+        } else if (!strcmp(a, "--tier")) {
             if (cli_tiers_add(&tiers.t, cmd, v)) return IKV_EXIT_USAGE;
         } else if (!strcmp(a, "--tier-dtype")) {
             if (cli_tiers_dtype(&tiers.t, cmd, v)) return IKV_EXIT_USAGE;
@@ -150,6 +169,9 @@ int ikv_cmd_serve(int argc, char **argv) {
     if (rc) {
         cli_tiers_close(&tiers.t);
         if (tiers.exit_code) return tiers.exit_code; /* cli_tiers_open said why */
+        if (rc == IKV_EPARAM || rc == IKV_ERANGE || rc == IKV_EMODEL || rc == IKV_EHW ||
+            rc == IKV_EPOLICY) /* a flag's value: --policy, --route-set/-model/-hw */
+            return cli_usage_error(cmd, "%s", ikv_errdetail());
         return cli_fail(cmd, "%s", ikv_errdetail());
     }
     printf("isokv serve: listening on http://%s:%u\n%s\n", o.host, (unsigned)ikv_serve_port(s),

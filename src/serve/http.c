@@ -78,6 +78,7 @@ typedef struct conn {
     size_t n, cap;
     int too_large, responded;
     const char *tenant; /* points into s->keys, or "default" */
+    const char *hdr_class, *hdr_slo; /* X-Isokv-Class, X-Isokv-Slo-Ms (NULL: absent) */
 } conn;
 
 static const char *status_type(int status) {
@@ -354,6 +355,39 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
             declared_pub = (long)p->valuedouble;
         }
     }
+    /* the request class and latency target: the isokv fields, else the headers */
+    const char *cls = cx->hdr_class, *cls_param = "X-Isokv-Class";
+    r->slo_ms = 0;
+    if (cx->hdr_slo) {
+        char *end;
+        double v = strtod(cx->hdr_slo, &end);
+        if (end == cx->hdr_slo || *end || !(v > 0) || v > 1e9)
+            BAD("X-Isokv-Slo-Ms", "header X-Isokv-Slo-Ms '%.40s' is not a positive number of ms",
+                cx->hdr_slo);
+        r->slo_ms = v;
+    }
+    if (f && cJSON_IsObject(f)) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(f, "class");
+        if (c && !cJSON_IsNull(c)) {
+            if (!cJSON_IsString(c)) BAD("isokv.class", "isokv.class must be a string");
+            cls = c->valuestring, cls_param = "isokv.class";
+        }
+        const cJSON *l = cJSON_GetObjectItemCaseSensitive(f, "slo_ms");
+        if (l && !cJSON_IsNull(l)) {
+            if (!cJSON_IsNumber(l) || !(l->valuedouble > 0) || l->valuedouble > 1e9)
+                BAD("isokv.slo_ms", "isokv.slo_ms must be a positive number of milliseconds");
+            r->slo_ms = l->valuedouble;
+        }
+    }
+    ikv_req_class rc_cls = IKV_CLASS_MEDIUM; /* the default class */
+    r->has_class = cls != NULL;
+    if (cls && ikv_req_class_parse(cls, &rc_cls))
+        BAD(cls_param, "%s '%.40s' is not simple, medium or complex", cls_param, cls);
+    r->cls = (int)rc_cls;
+    ikv_route_req rq = {.cls = rc_cls, .slo_s = r->slo_ms / 1e3};
+    ikv_plan_route(&s->plan, &s->walk, &rq, &r->route);
+    IKV_ASSERT(r->route.step <= r->route.class_cap); /* the hard cap */
+    r->prio = r->route.step;
 
     /* the prompt */
     int rc = 0;
@@ -530,6 +564,22 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
     cJSON_AddNumberToObject(x, "public_prompt_tokens", pub);
     cJSON_AddNumberToObject(x, "ttft_ms", r->t_first > 0 ? (r->t_first - r->t_arrive) * 1e3 : 0);
     cJSON_AddStringToObject(x, "tenant", r->tenant);
+    double cpu = 0;
+    for (int i = 0; i < n; i++)
+        cpu += g[i]->cpu_s;
+    cJSON_AddNumberToObject(x, "cpu_ms", cpu * 1e3);
+    cJSON *ro = cJSON_AddObjectToObject(x, "route");
+    cJSON_AddStringToObject(ro, "class", ikv_req_class_name((ikv_req_class)r->cls));
+    cJSON_AddBoolToObject(ro, "class_given", r->has_class);
+    cJSON_AddNumberToObject(ro, "step", r->route.step);
+    cJSON_AddStringToObject(ro, "step_name", s->walk.steps[r->route.step].name);
+    cJSON_AddNumberToObject(ro, "max_step", r->route.max_step);
+    cJSON_AddNumberToObject(ro, "class_cap", r->route.class_cap);
+    if (r->slo_ms > 0) {
+        cJSON_AddNumberToObject(ro, "slo_ms", r->slo_ms);
+        cJSON_AddBoolToObject(ro, "slo_met_on_walk", r->route.slo_met);
+    }
+    cJSON_AddNumberToObject(ro, "priority", r->prio);
 }
 
 /* The skeleton every answer and chunk shares. */
@@ -777,6 +827,8 @@ static void unref_all(ikv_serve *s, srq *const *g, int n) {
 static enum MHD_Result completion(ikv_serve *s, struct MHD_Connection *c, conn *cx, int chat) {
     srq *g[SRV_MAX_PROMPTS];
     int n = 1;
+    cx->hdr_class = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Isokv-Class");
+    cx->hdr_slo = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Isokv-Slo-Ms");
     for (int i = 0; i < n; i++) {
         srq *r = ikv_calloc(1, sizeof *r);
         if (!r) {
@@ -1056,6 +1108,30 @@ static int load_keys(ikv_serve *s, const char *path) {
     return rc;
 }
 
+/* The router: plan parameters (defaults, the config file, the key=value overrides) and the
+ * walk of route_model on route_hw it decides on. Errors name the file or key. */
+static int route_setup(ikv_serve *s, const ikv_serve_options *o) {
+    ikv_plan_params_default(&s->plan);
+    int rc;
+    if (o->route_config && (rc = ikv_plan_params_load_json(&s->plan, o->route_config)))
+        return rc;
+    for (size_t i = 0; i < o->n_route_set; i++) {
+        const char *kv = o->route_set[i], *eq = strchr(kv, '=');
+        char key[64];
+        if (!eq || eq == kv || (size_t)(eq - kv) >= sizeof key)
+            return ikv_error(IKV_EPARAM, "--route-set '%s' is not key=value", kv);
+        memcpy(key, kv, (size_t)(eq - kv));
+        key[eq - kv] = 0;
+        if ((rc = ikv_plan_param_set(&s->plan, key, eq + 1))) return rc;
+    }
+    if ((rc = ikv_plan_params_check(&s->plan))) return rc;
+    const ikv_model_spec *m;
+    const ikv_hw_spec *hw;
+    if ((rc = ikv_model_lookup(o->route_model ? o->route_model : "llama3-70b", &m))) return rc;
+    if ((rc = ikv_hw_lookup(o->route_hw ? o->route_hw : "h100", &hw))) return rc;
+    return ikv_plan_walk(&s->plan, m, hw, &s->walk);
+}
+
 static char *model_name_of(const char *path) {
     const char *b = strrchr(path, '/');
     b = b ? b + 1 : path;
@@ -1108,6 +1184,7 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
     if (o.api_keys && (rc = load_keys(s, o.api_keys))) goto fail;
     if (o.public_prefix && (rc = read_file(o.public_prefix, &s->public_text, &s->public_len)))
         goto fail;
+    if ((rc = route_setup(s, &o))) goto fail;
     ikv_engine_options eo;
     ikv_engine_options_default(&eo);
     eo.max_seqs = o.max_seqs;

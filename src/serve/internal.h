@@ -16,6 +16,7 @@
 #define ISOKV_SERVE_INTERNAL_H
 
 #include "isokv/model.h"
+#include "isokv/plan.h"
 #include "isokv/serve.h"
 
 #include <pthread.h>
@@ -51,6 +52,13 @@ typedef struct srq {
     size_t cached, partial;
     size_t tier_tokens[IKV_MAX_TIERS]; /* cached prompt positions by tier (0 = the pool) */
     size_t tier_recomputed, lossy;     /* found in a lower tier but recomputed; via q8 */
+    /* routing (set at parse, read-only after): class, SLO, the router's decision; prio is the
+     * lever the step maps onto (the step itself: higher admits and prefills first) */
+    int cls, has_class;
+    double slo_ms;
+    ikv_route_decision route;
+    int prio;
+    double cpu_s; /* process CPU seconds of the steps it was in, by its share of positions */
     double t_first, t_done;
     int status; /* 200, or an HTTP error decided by the scheduler */
     char err[256];
@@ -91,6 +99,10 @@ typedef struct srv_metrics {
     ikv_engine_stats eng;
     ikv_cache_stats cache;
     ikv_engine_tier_stats tiers[IKV_MAX_TIERS - 1]; /* lower tiers 1..n_tiers */
+    /* routing: requests (completed, 200) per class and step, their e2e and CPU seconds */
+    uint64_t route_req[3][IKV_PLAN_STEPS];
+    double route_e2e_s[3], route_cpu_s[3];
+    uint64_t route_n[3];
 } srv_metrics;
 
 typedef struct srv_key {
@@ -105,6 +117,8 @@ struct ikv_serve {
     ikv_engine *engine;
     uint32_t vocab, seq_len;
     size_t n_tiers;                      /* lower tiers (0: the pool alone) */
+    ikv_plan_params plan;                /* the router's parameters (class caps, prices) */
+    ikv_plan_result walk;                /* the walk it routes on (computed at create) */
     char tier_name[IKV_MAX_TIERS][24];   /* labels: "pool", then the store kinds (mem, file..) */
     struct MHD_Daemon *httpd;
     uint16_t port;

@@ -65,6 +65,10 @@ void ikv__metrics_request(ikv_serve *s, const srq *r) {
     if (r->ntok > 1 && r->t_first > 0)
         hist_add(&m->tpot, (r->t_done - r->t_first) / (double)(r->ntok - 1));
     hist_add(&m->e2e, r->t_done - r->t_arrive);
+    m->route_req[r->cls][r->route.step]++;
+    m->route_n[r->cls]++;
+    m->route_e2e_s[r->cls] += r->t_done - r->t_arrive;
+    m->route_cpu_s[r->cls] += r->cpu_s;
 }
 
 typedef struct buf {
@@ -234,6 +238,28 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
     put(&b, "isokv_step_prefill_tokens_total %llu\n", (unsigned long long)m->step_prefill_tokens);
     head(&b, "isokv_cancelled_total", "counter", "requests cancelled by a client disconnect");
     put(&b, "isokv_cancelled_total %llu\n", (unsigned long long)m->cancelled);
+    head(&b, "isokv_route_requests_total", "counter",
+         "completed requests by class and the step the router gave them");
+    for (int c = 0; c < 3; c++)
+        for (int k = 0; k < IKV_PLAN_STEPS; k++)
+            if (m->route_req[c][k])
+                put(&b, "isokv_route_requests_total{class=\"%s\",step=\"%d\"} %llu\n",
+                    ikv_req_class_name((ikv_req_class)c), k,
+                    (unsigned long long)m->route_req[c][k]);
+    head(&b, "isokv_route_e2e_seconds_total", "counter",
+         "arrival-to-last-token seconds of completed requests, summed by class");
+    for (int c = 0; c < 3; c++)
+        put(&b, "isokv_route_e2e_seconds_total{class=\"%s\"} %.6f\n",
+            ikv_req_class_name((ikv_req_class)c), m->route_e2e_s[c]);
+    head(&b, "isokv_route_cpu_seconds_total", "counter",
+         "process CPU seconds of the forward steps, shared by positions, summed by class");
+    for (int c = 0; c < 3; c++)
+        put(&b, "isokv_route_cpu_seconds_total{class=\"%s\"} %.6f\n",
+            ikv_req_class_name((ikv_req_class)c), m->route_cpu_s[c]);
+    head(&b, "isokv_route_completed_total", "counter", "completed requests by class");
+    for (int c = 0; c < 3; c++)
+        put(&b, "isokv_route_completed_total{class=\"%s\"} %llu\n",
+            ikv_req_class_name((ikv_req_class)c), (unsigned long long)m->route_n[c]);
     head(&b, "isokv_preempted_total", "counter",
          "sequences preempted (always 0: admission reserves blocks, see docs/serve.md)");
     put(&b, "isokv_preempted_total %llu\n", (unsigned long long)m->preempted);

@@ -29,6 +29,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+/* Process CPU seconds (every thread: the engine's workers and the HTTP threads). */
+static double ikv_cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* Appends len bytes to r's text (mu held). Returns 0 or IKV_ENOMEM. */
 static int text_append(srq *r, const char *p, size_t len) {
@@ -98,10 +106,11 @@ static void log_request(ikv_serve *s, const srq *r) {
                  r->lossy);
     fprintf(s->opt.log,
             "isokv serve: req=%llu tenant=%s status=%d prompt=%zu cached=%s partial=%zu%s "
-            "ttft_ms=%.2f tokens=%u finish=%s e2e_ms=%.2f%s%s\n",
+            "ttft_ms=%.2f tokens=%u finish=%s e2e_ms=%.2f class=%s step=%d cpu_ms=%.2f%s%s\n",
             (unsigned long long)r->id, r->tenant, r->status, r->n, by, r->partial, extra, ttft,
             r->ntok, r->finish ? r->finish : (r->cancelled ? "cancelled" : "-"),
-            (r->t_done - r->t_arrive) * 1e3, r->err[0] ? " error=" : "", r->err);
+            (r->t_done - r->t_arrive) * 1e3, ikv_req_class_name((ikv_req_class)r->cls),
+            r->route.step, r->cpu_s * 1e3, r->err[0] ? " error=" : "", r->err);
     fflush(s->opt.log);
 }
 
@@ -150,16 +159,42 @@ static srq *queue_pop(ikv_serve *s) {
     return r;
 }
 
-/* Admits queued requests while their blocks fit (mu held). */
-static void admit(ikv_serve *s) {
-    while (s->qhead && s->nrunning < s->opt.max_seqs) {
-        srq *r = s->qhead;
+/* Takes r (after prev, NULL: the head) out of the queue. */
+static void queue_unlink(ikv_serve *s, srq *prev, srq *r) {
+    if (prev)
+        prev->qnext = r->qnext;
+    else
+        s->qhead = r->qnext;
+    if (s->qtail == r) s->qtail = prev;
+    r->qnext = NULL;
+    s->nqueue--;
+}
+
+/* The queued request to admit next: the highest routing priority (its step), the earliest
+ * arrival among equals; its predecessor in *prev. Cancelled ones are failed on the way. */
+static srq *queue_best(ikv_serve *s, srq **prev) {
+    srq *best = NULL, *bp = NULL, *p = NULL;
+    for (srq *r = s->qhead; r;) {
+        srq *nx = r->qnext;
         if (r->cancelled) {
-            queue_pop(s);
+            queue_unlink(s, p, r);
             s->met.cancelled++;
             fail_queued(s, r, 499, "client went away while queued");
+            r = nx;
             continue;
         }
+        if (!best || r->prio > best->prio) best = r, bp = p;
+        p = r, r = nx;
+    }
+    *prev = bp;
+    return best;
+}
+
+/* Admits queued requests while their blocks fit (mu held), highest priority first. */
+static void admit(ikv_serve *s) {
+    while (s->qhead && s->nrunning < s->opt.max_seqs) {
+        srq *prev, *r = queue_best(s, &prev);
+        if (!r) break;
         ikv_request rq = {.tokens = r->tokens,
                           .n = r->n,
                           .tenant = r->scope,
@@ -169,7 +204,7 @@ static void admit(ikv_serve *s) {
         ikv_seq *seq;
         int rc = ikv_engine_admit(s->engine, &rq, &seq, &info);
         if (rc == IKV_EFULL || rc == IKV_EBUSY) break; /* wait for a sequence to end */
-        queue_pop(s);
+        queue_unlink(s, prev, r);
         if (rc) {
             fail_queued(s, r, rc == IKV_ETOOLONG || rc == IKV_EINVAL ? 400 : 500, ikv_errdetail());
             continue;
@@ -265,9 +300,13 @@ void *ikv__serve_sched(void *arg) {
             map[ni++] = r;
             budget = budget ? budget - 1 : 0;
         }
-        int first_pending = 1;
-        for (size_t i = 0; i < s->nrunning; i++) {
-            srq *r = s->running[i];
+        /* prefill chunks by routing priority (highest first), admission order among equals */
+        int first_pending = 1, pmax = 0;
+        for (size_t i = 0; i < s->nrunning; i++)
+            if (s->running[i]->prio > pmax) pmax = s->running[i]->prio;
+        for (size_t k = 0; k < (size_t)(pmax + 1) * s->nrunning; k++) {
+            srq *r = s->running[k % s->nrunning];
+            if (r->prio != pmax - (int)(k / s->nrunning)) continue;
             size_t pend = ikv_seq_pending(r->seq);
             if (!pend) continue;
             size_t give = budget;
@@ -285,8 +324,10 @@ void *ikv__serve_sched(void *arg) {
             prefill_tokens += cnt;
         }
         pthread_mutex_unlock(&s->mu);
+        double cpu0 = ikv_cpu_now();
         int rc = ikv_engine_step(s->engine, items, ni);
         IKV_ASSERT(rc == 0); /* items are built from running sequences within their limits */
+        double cpu = ikv_cpu_now() - cpu0;
         ikv_engine_stats es;
         ikv_cache_stats cs;
         ikv_engine_stats_get(s->engine, &es);
@@ -302,6 +343,12 @@ void *ikv__serve_sched(void *arg) {
         s->met.steps++;
         s->met.step_rows += ni;
         s->met.step_prefill_tokens += prefill_tokens;
+        /* the step's CPU seconds, shared by positions: a decode row 1, a chunk its length */
+        size_t rows = 0;
+        for (size_t k = 0; k < ni; k++)
+            rows += items[k].done;
+        for (size_t k = 0; k < ni && rows; k++)
+            map[k]->cpu_s += cpu * (double)items[k].done / (double)rows;
         for (size_t k = 0; k < ni; k++) {
             srq *r = map[k];
             if (ikv_seq_pending(r->seq) || r->state != SRQ_RUNNING) continue;
