@@ -1362,6 +1362,81 @@ static void test_route_priority(void **st) {
                  order[1], order[2], order[3], order[4]);
 }
 
+/* ---- preemption ---------------------------------------------------------------------------- */
+
+static server TP, TPREF; /* a private budget of 10 blocks; a reference with room for all */
+
+static int setup_preempt(void **st) {
+    (void)st;
+    /* 20 blocks of 20480 bytes: 10 private (admission), 10 for the cache */
+    const char *small[] = {"--kv-mem", "409600", "--max-seqs", "4", NULL};
+    const char *ref[] = {"--max-seqs", "4", NULL};
+    if (server_start(&TP, small)) return -1;
+    return server_start(&TPREF, ref);
+}
+
+static int teardown_preempt(void **st) {
+    (void)st;
+    int bad = 0;
+    if (TP.pid && server_stop(&TP) != 0) bad = 1;
+    if (TPREF.pid && server_stop(&TPREF) != 0) bad = 1;
+    return bad ? -1 : 0;
+}
+
+/* Four requests of 100 tokens each (7 blocks each alone) on a budget of 10 private blocks:
+ * admission reserves the prompt and 16 positions, so all four start, and as they grow the
+ * newest are preempted and re-admitted with their tokens. Every request completes with the
+ * text it gets alone on a server with room (greedy, and seeded sampling: the sampler's state
+ * survives), and the preemptions are counted. */
+static void test_preempt_same_text(void **st) {
+    (void)st;
+    static const char *prompts[4] = {"Once upon a time", "The little dog", "Lily and Ben went",
+                                     "A big red ball"};
+    char *bodies[4];
+    for (int i = 0; i < 4; i++) {
+        bodies[i] = malloc(256);
+        snprintf(bodies[i], 256,
+                 "{\"prompt\":\"%s\",\"max_tokens\":100,\"ignore_eos\":true,%s}", prompts[i],
+                 i % 2 ? "\"temperature\":1,\"seed\":7" : "\"temperature\":0");
+    }
+    char *ref[4];
+    for (int i = 0; i < 4; i++) { /* alone, on the reference server */
+        resp r = http(TPREF.port, "POST", "/v1/completions", NULL, bodies[i]);
+        if (r.status != 200) fail_msg("reference: status %ld: %s", r.status, r.body);
+        cJSON *j = json_of(&r);
+        assert_int_equal((int)num(j, "usage", "isokv", "preemptions", NULL), 0);
+        ref[i] = strdup(str(j, "choices", "0", "text", NULL));
+        cJSON_Delete(j), free(r.body);
+    }
+    double before = metric(TP.port, "isokv_preempted_total");
+    int preemptions = 0;
+    for (int round = 0; round < 2; round++) {
+        resp r[4];
+        post_all(TP.port, bodies, 4, r);
+        for (int i = 0; i < 4; i++) {
+            if (r[i].status != 200) fail_msg("status %ld: %s", r[i].status, r[i].body);
+            cJSON *j = json_of(&r[i]);
+            assert_string_equal(str(j, "choices", "0", "text", NULL), ref[i]);
+            assert_int_equal((int)num(j, "usage", "completion_tokens", NULL), 100);
+            preemptions += (int)num(j, "usage", "isokv", "preemptions", NULL);
+            cJSON_Delete(j), free(r[i].body);
+        }
+    }
+    if (preemptions < 1) fail_msg("no request was preempted");
+    assert_true(metric(TP.port, "isokv_preempted_total") == before + preemptions);
+    double reserved = -1; /* the snapshot the scheduler takes once idle */
+    for (int k = 0; k < 100 && reserved != 0; k++)
+        if ((reserved = metric(TP.port, "isokv_kv_reserved_blocks")) != 0) usleep(20 * 1000);
+    assert_true(reserved == 0);
+    assert_true(metric(TP.port, "isokv_running_sequences") == 0);
+    /* a request whose whole limit cannot fit the budget alone is refused up front (400) */
+    expect_error(http(TP.port, "POST", "/v1/completions", NULL,
+                      "{\"prompt\":\"Once\",\"max_tokens\":400}"),
+                 400, NULL, "private blocks");
+    for (int i = 0; i < 4; i++)
+        free(bodies[i]), free(ref[i]);
+}
+
 int main(void) {
     const struct CMUnitTest api[] = {
         cmocka_unit_test(test_health_models_metrics), cmocka_unit_test(test_completions),
@@ -1380,6 +1455,8 @@ int main(void) {
     const struct CMUnitTest route[] = {cmocka_unit_test(test_route_classes),
                                        cmocka_unit_test(test_route_priority)};
     rc |= cmocka_run_group_tests_name("serve_route", route, setup_route, teardown_route);
+    const struct CMUnitTest preempt[] = {cmocka_unit_test(test_preempt_same_text)};
+    rc |= cmocka_run_group_tests_name("serve_preempt", preempt, setup_preempt, teardown_preempt);
     for (int i = 0; i < 3; i++)
         free(REF_TEXT[i]);
     return rc;

@@ -48,6 +48,7 @@ void ikv_serve_options_default(ikv_serve_options *o) {
 static void srq_free(srq *r) {
     if (!r) return;
     ikv_free(r->tenant), ikv_free(r->scope), ikv_free(r->tokens), ikv_free(r->user);
+    ikv_free(r->all);
     for (int i = 0; i < r->nstop; i++)
         ikv_free(r->stop[i]);
     ikv_free(r->text);
@@ -568,6 +569,11 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
     for (int i = 0; i < n; i++)
         cpu += g[i]->cpu_s;
     cJSON_AddNumberToObject(x, "cpu_ms", cpu * 1e3);
+    double pre = 0, recomp = 0;
+    for (int i = 0; i < n; i++)
+        pre += g[i]->preemptions, recomp += (double)g[i]->recomputed;
+    cJSON_AddNumberToObject(x, "preemptions", pre);
+    cJSON_AddNumberToObject(x, "preempted_recomputed_tokens", recomp);
     cJSON *ro = cJSON_AddObjectToObject(x, "route");
     cJSON_AddStringToObject(ro, "class", ikv_req_class_name((ikv_req_class)r->cls));
     cJSON_AddBoolToObject(ro, "class_given", r->has_class);

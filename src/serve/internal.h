@@ -25,6 +25,7 @@ enum { SRQ_QUEUED = 0, SRQ_RUNNING, SRQ_DONE };
 #define SRV_MAX_STOP    4
 #define SRV_MAX_PROMPTS 16 /* prompts of one completion request (a list of strings) */
 #define SRV_MAX_TENANTS 64 /* metric label sets kept per tenant; more share "other" */
+#define SRV_HEADROOM    16 /* decode positions admission reserves blocks for (then block by block) */
 
 typedef struct srq {
     uint64_t id;
@@ -59,6 +60,11 @@ typedef struct srq {
     ikv_route_decision route;
     int prio;
     double cpu_s; /* process CPU seconds of the steps it was in, by its share of positions */
+    /* preemption: the prompt and the tokens generated so far ([n + max_tokens], allocated at
+     * its first admission); a preempted request is re-admitted with all[0, n + ntok) */
+    uint32_t *all;
+    uint32_t preemptions;
+    size_t recomputed; /* positions recomputed after preemptions */
     double t_first, t_done;
     int status; /* 200, or an HTTP error decided by the scheduler */
     char err[256];

@@ -261,7 +261,7 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
         put(&b, "isokv_route_completed_total{class=\"%s\"} %llu\n",
             ikv_req_class_name((ikv_req_class)c), (unsigned long long)m->route_n[c]);
     head(&b, "isokv_preempted_total", "counter",
-         "sequences preempted (always 0: admission reserves blocks, see docs/serve.md)");
+         "sequences preempted (a decode block did not fit; re-admitted with their tokens)");
     put(&b, "isokv_preempted_total %llu\n", (unsigned long long)m->preempted);
     hist(&b, "isokv_ttft_seconds", "time to first token (arrival to first token)", &m->ttft);
     hist(&b, "isokv_time_per_output_token_seconds", "mean time between output tokens", &m->tpot);

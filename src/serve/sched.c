@@ -5,10 +5,15 @@
  *
  *   1. requests cancelled by their client (disconnect) end: their sequence is released, its
  *      cached blocks unlocked;
- *   2. admission, in arrival order: ikv_engine_admit reserves the request's KV blocks (prompt +
- *      max_tokens, minus its cached prefix); when they do not fit (IKV_EFULL) or every sequence
- *      slot is taken (IKV_EBUSY) the queue waits for a sequence to end. Reservation means a
- *      running sequence never runs out of blocks, so none is ever preempted;
+ *   2. decode blocks, then admission. Every decoding sequence, oldest first, reserves the
+ *      block its next position needs (ikv_seq_reserve_next); when the private budget is spent
+ *      the most recently admitted sequence is preempted: its sequence ends (prompt blocks stay
+ *      cached), and it goes back to the head of the queue with its sampler, text and tokens,
+ *      to be re-admitted with prompt + generated tokens as its prompt, so its output goes on
+ *      bit-identical. Then admission, highest routing priority first (arrival order among
+ *      equals): ikv_engine_admit reserves the prompt's blocks and SRV_HEADROOM decode
+ *      positions (minus its cached prefix); when they do not fit (IKV_EFULL) or every sequence
+ *      slot is taken (IKV_EBUSY) the queue waits for a sequence to end;
  *   3. one step: every running sequence that has finished its prompt decodes its next token
  *      (one row each), and the prompts still pending get prefill chunks from what is left of
  *      --max-batch-tokens (the first pending one always gets at least 16 positions, so a full
@@ -137,8 +142,10 @@ static void finish_running(ikv_serve *s, size_t idx, const char *reason) {
     ikv__srq_unref(s, r);
 }
 
-/* Fails a request before it ran (mu held). */
+/* Fails a request before it ran, or while it waited after a preemption (mu held). */
 static void fail_queued(ikv_serve *s, srq *r, int status, const char *msg) {
+    ikv_sampler_destroy(r->smp);
+    r->smp = NULL;
     r->status = status;
     snprintf(r->err, sizeof r->err, "%s", msg);
     r->state = SRQ_DONE;
@@ -195,11 +202,22 @@ static void admit(ikv_serve *s) {
     while (s->qhead && s->nrunning < s->opt.max_seqs) {
         srq *prev, *r = queue_best(s, &prev);
         if (!r) break;
-        ikv_request rq = {.tokens = r->tokens,
-                          .n = r->n,
+        if (!r->all) { /* first admission: room for the prompt and every generated token */
+            if (!(r->all = ikv_malloc(sizeof(uint32_t) * (r->n + r->max_tokens)))) {
+                queue_unlink(s, prev, r);
+                fail_queued(s, r, 500, "out of memory (token buffer)");
+                continue;
+            }
+            memcpy(r->all, r->tokens, sizeof(uint32_t) * r->n);
+        }
+        /* after a preemption the prompt is the prompt and what was generated (the last token
+         * sampled not yet decoded), and the budget what is left: the text goes on unchanged */
+        ikv_request rq = {.tokens = r->all,
+                          .n = r->n + r->ntok,
                           .tenant = r->scope,
                           .public_tokens = r->public_tokens,
-                          .max_new = r->max_tokens};
+                          .max_new = r->max_tokens - r->ntok,
+                          .reserve_new = SRV_HEADROOM};
         ikv_prefill_info info;
         ikv_seq *seq;
         int rc = ikv_engine_admit(s->engine, &rq, &seq, &info);
@@ -209,13 +227,21 @@ static void admit(ikv_serve *s) {
             fail_queued(s, r, rc == IKV_ETOOLONG || rc == IKV_EINVAL ? 400 : 500, ikv_errdetail());
             continue;
         }
+        r->seq = seq;
+        r->state = SRQ_RUNNING;
+        s->running[s->nrunning++] = r;
+        if (r->preemptions) { /* re-admitted: its usage keeps the first admission's figures */
+            r->recomputed += info.computed_tokens;
+            continue;
+        }
         rc = ikv_sampler_create(s->vocab, r->temperature, r->top_p, r->seed, &r->smp);
         if (rc) {
+            s->nrunning--;
             ikv_engine_end(s->engine, seq);
+            r->seq = NULL;
             fail_queued(s, r, 500, "out of memory (sampler)");
             continue;
         }
-        r->seq = seq;
         r->cached = info.cached_tokens;
         r->partial = info.partial_tokens;
         size_t lower = 0;
@@ -225,8 +251,42 @@ static void admit(ikv_serve *s) {
         r->tier_recomputed = info.recomputed_tier_tokens;
         r->lossy = info.lossy_tokens;
         r->prev = r->tokens[r->n - 1];
-        r->state = SRQ_RUNNING;
-        s->running[s->nrunning++] = r;
+    }
+}
+
+/* Preempts running request idx (mu held): its sequence ends (the full blocks of its prompt stay
+ * in the cache, its decode blocks go back to the pool), and it goes back to the head of the
+ * queue with its sampler, text and generated tokens, to be re-admitted with them as its
+ * prompt. */
+static void preempt(ikv_serve *s, size_t idx) {
+    srq *r = s->running[idx];
+    ikv_engine_end(s->engine, r->seq);
+    r->seq = NULL;
+    memmove(s->running + idx, s->running + idx + 1, sizeof(srq *) * (s->nrunning - idx - 1));
+    s->nrunning--;
+    r->state = SRQ_QUEUED;
+    r->preemptions++;
+    s->met.preempted++;
+    r->qnext = s->qhead;
+    s->qhead = r;
+    if (!s->qtail) s->qtail = r;
+    s->nqueue++;
+}
+
+/* Before a step: every decoding sequence, oldest first, gets the block its next position
+ * needs; while the private budget is spent, the most recently admitted running sequence is
+ * preempted (which may be the one asking). The oldest alone always fits: admission refused
+ * any request whose whole limit exceeds the budget. */
+static void reserve_decodes(ikv_serve *s) {
+    for (size_t i = 0; i < s->nrunning; i++) {
+        srq *r = s->running[i];
+        if (ikv_seq_pending(r->seq)) continue;
+        while (ikv_seq_reserve_next(s->engine, r->seq) == IKV_EFULL) {
+            IKV_ASSERT(s->nrunning > 1);
+            size_t v = s->nrunning - 1;
+            preempt(s, v);
+            if (v == i) break;
+        }
     }
 }
 
@@ -248,6 +308,7 @@ static int take_token(ikv_serve *s, size_t idx, uint32_t tok) {
     }
     size_t len, from = r->raw_len;
     const char *piece = ikv_tokenizer_decode(s->tok, r->prev, tok, &len);
+    r->all[r->n + r->ntok] = tok; /* < n + max_tokens: it finishes at max_tokens below */
     r->ntok++;
     r->prev = tok;
     if (text_append(r, piece, len)) {
@@ -286,8 +347,12 @@ void *ikv__serve_sched(void *arg) {
                 finish_running(s, i, NULL);
             else
                 i++;
+        reserve_decodes(s); /* first: running sequences' next blocks before new admissions */
         admit(s);
         if (s->nrunning == 0) {
+            /* idle: the metrics show the engine as the last requests left it */
+            ikv_engine_stats_get(s->engine, &s->met.eng);
+            ikv_cache_stats_get(ikv_engine_cache(s->engine), &s->met.cache);
             pthread_cond_wait(&s->sched_cv, &s->mu);
             continue;
         }
