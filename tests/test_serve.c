@@ -4,8 +4,9 @@
  * libcurl, and stops it with SIGTERM in the group teardown (which runs also when a test fails;
  * the child also dies with the test process through PR_SET_PDEATHSIG). Covered: every endpoint,
  * plain and streamed answers, usage, every error status, tenants and public prefixes (isolation),
- * a resent prompt computing one position, disconnect cancelling, the drain exit code, and a
- * bounded load test (64 concurrent streams, 2,000 requests).
+ * a resent prompt computing one position, disconnect cancelling, the drain exit code, a
+ * bounded load test (64 concurrent streams, 2,000 requests); lower tiers (--tier mem and a file
+ * tier shared by two servers), routing by class, and preemption (texts as alone).
  */
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
