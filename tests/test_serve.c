@@ -1419,11 +1419,29 @@ static void test_preempt_same_text(void **st) {
     }
     double before = metric(TP.port, "isokv_preempted_total");
     int preemptions = 0;
+    char *streamed[4]; /* the same requests as streams (round 1): the chunks add up the same */
+    for (int i = 0; i < 4; i++) {
+        streamed[i] = malloc(300);
+        size_t L = strlen(bodies[i]);
+        snprintf(streamed[i], 300, "%.*s,\"stream\":true,\"stream_options\":"
+                 "{\"include_usage\":true}}", (int)(L - 1), bodies[i]);
+    }
     for (int round = 0; round < 2; round++) {
         resp r[4];
-        post_all(TP.port, bodies, 4, r);
+        post_all(TP.port, round ? streamed : bodies, 4, r);
         for (int i = 0; i < 4; i++) {
             if (r[i].status != 200) fail_msg("status %ld: %s", r[i].status, r[i].body);
+            if (round) {
+                sse o;
+                parse_sse(r[i].body, &o);
+                assert_true(o.done);
+                assert_string_equal(o.text, ref[i]);
+                assert_non_null(o.usage);
+                assert_int_equal((int)num(o.usage, "completion_tokens", NULL), 100);
+                preemptions += (int)num(o.usage, "isokv", "preemptions", NULL);
+                cJSON_Delete(o.usage), free(r[i].body);
+                continue;
+            }
             cJSON *j = json_of(&r[i]);
             assert_string_equal(str(j, "choices", "0", "text", NULL), ref[i]);
             assert_int_equal((int)num(j, "usage", "completion_tokens", NULL), 100);
@@ -1431,6 +1449,8 @@ static void test_preempt_same_text(void **st) {
             cJSON_Delete(j), free(r[i].body);
         }
     }
+    for (int i = 0; i < 4; i++)
+        free(streamed[i]);
     if (preemptions < 1) fail_msg("no request was preempted");
     assert_true(metric(TP.port, "isokv_preempted_total") == before + preemptions);
     double reserved = -1; /* the snapshot the scheduler takes once idle */

@@ -80,6 +80,7 @@ typedef struct conn {
     int too_large, responded;
     const char *tenant; /* points into s->keys, or "default" */
     const char *hdr_class, *hdr_slo; /* X-Isokv-Class, X-Isokv-Slo-Ms (NULL: absent) */
+    int answering; /* counted in s->answering: queued, its answer not yet fully sent */
 } conn;
 
 static const char *status_type(int status) {
@@ -893,6 +894,7 @@ static enum MHD_Result completion(ikv_serve *s, struct MHD_Connection *c, conn *
         s->nqueue++;
     }
     pthread_cond_signal(&s->sched_cv);
+    cx->answering = 1, s->answering++; /* until on_done: the drain waits for the last bytes */
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     int fd = ci ? ci->connect_fd : -1;
@@ -1040,6 +1042,12 @@ static void on_done(void *cls, struct MHD_Connection *c, void **ctx,
     (void)cls, (void)c, (void)toe;
     conn *cx = *ctx;
     if (!cx) return;
+    if (cx->answering) {
+        pthread_mutex_lock(&cx->s->mu);
+        cx->s->answering--;
+        pthread_cond_broadcast(&cx->s->idle_cv);
+        pthread_mutex_unlock(&cx->s->mu);
+    }
     ikv_free(cx->body);
     ikv_free(cx);
     *ctx = NULL;
@@ -1293,14 +1301,16 @@ size_t ikv_serve_drain(ikv_serve *s, double seconds) {
     double end = ikv_now() + seconds;
     pthread_mutex_lock(&s->mu);
     s->draining = 1;
-    while ((s->nrunning || s->nqueue) && ikv_now() < end) {
+    /* finished requests whose answers are still being written count too: stopping the
+     * daemon under them would cut their streams short */
+    while ((s->nrunning || s->nqueue || s->answering) && ikv_now() < end) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 50 * 1000 * 1000;
         if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
         pthread_cond_timedwait(&s->idle_cv, &s->mu, &ts);
     }
-    size_t left = s->nrunning + s->nqueue;
+    size_t left = s->nrunning + s->nqueue + s->answering;
     pthread_mutex_unlock(&s->mu);
     return left;
 }

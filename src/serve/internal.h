@@ -135,6 +135,7 @@ struct ikv_serve {
     pthread_cond_t sched_cv, idle_cv;
     srq *qhead, *qtail;
     size_t nqueue;
+    size_t answering; /* completion requests queued whose answer is not fully sent (on_done) */
     srq **running; /* [max_seqs] */
     size_t nrunning;
     int ready, draining, stopping;
