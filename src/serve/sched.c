@@ -223,6 +223,16 @@ static void admit(ikv_serve *s) {
         int rc = ikv_engine_admit(s->engine, &rq, &seq, &info);
         if (rc == IKV_EFULL || rc == IKV_EBUSY) break; /* wait for a sequence to end */
         queue_unlink(s, prev, r);
+        if (rc && r->preemptions) {
+            /* a preempted request that no longer fits (its cached prefix was evicted meanwhile
+             * and the whole remains above the private budget): it ends with what it made */
+            char why[sizeof r->err];
+            r->finish = "length";
+            r->tlen = r->raw_len;
+            snprintf(why, sizeof why, "preempted and cannot be re-admitted: %s", ikv_errdetail());
+            fail_queued(s, r, 200, why);
+            continue;
+        }
         if (rc) {
             fail_queued(s, r, rc == IKV_ETOOLONG || rc == IKV_EINVAL ? 400 : 500, ikv_errdetail());
             continue;
@@ -282,7 +292,11 @@ static void reserve_decodes(ikv_serve *s) {
         srq *r = s->running[i];
         if (ikv_seq_pending(r->seq)) continue;
         while (ikv_seq_reserve_next(s->engine, r->seq) == IKV_EFULL) {
-            IKV_ASSERT(s->nrunning > 1);
+            if (s->nrunning == 1) { /* cannot happen (see above); end it rather than stall */
+                snprintf(r->err, sizeof r->err, "KV private budget exhausted");
+                finish_running(s, i, "length");
+                return;
+            }
             size_t v = s->nrunning - 1;
             preempt(s, v);
             if (v == i) break;
