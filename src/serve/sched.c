@@ -7,10 +7,11 @@
  *      cached blocks unlocked;
  *   2. decode blocks, then admission. Every decoding sequence, oldest first, reserves the
  *      block its next position needs (ikv_seq_reserve_next); when the private budget is spent
- *      the most recently admitted sequence is preempted: its sequence ends (prompt blocks stay
- *      cached), and it goes back to the head of the queue with its sampler, text and tokens,
- *      to be re-admitted with prompt + generated tokens as its prompt, so its output goes on
- *      bit-identical. Then admission, highest routing priority first (arrival order among
+ *      the most recently admitted sequence is preempted: its sequence ends (its full blocks,
+ *      decoded ones too, given to the cache), and it goes back to the head of the queue with
+ *      its sampler, text and tokens, to be re-admitted with prompt + generated tokens as its
+ *      prompt, so its output goes on (the recomputed positions round differently in the last
+ *      bits: docs/serve.md, "Preemption"). Then admission, highest routing priority first (arrival order among
  *      equals): ikv_engine_admit reserves the prompt's blocks and SRV_HEADROOM decode
  *      positions (minus its cached prefix); when they do not fit (IKV_EFULL) or every sequence
  *      slot is taken (IKV_EBUSY) the queue waits for a sequence to end;
@@ -264,13 +265,13 @@ static void admit(ikv_serve *s) {
     }
 }
 
-/* Preempts running request idx (mu held): its sequence ends (the full blocks of its prompt stay
- * in the cache, its decode blocks go back to the pool), and it goes back to the head of the
+/* Preempts running request idx (mu held): its sequence ends, its full blocks given to the
+ * prefix cache (ikv_engine_end_cached: the decoded ones too), and it goes back to the head of the
  * queue with its sampler, text and generated tokens, to be re-admitted with them as its
  * prompt. */
 static void preempt(ikv_serve *s, size_t idx) {
     srq *r = s->running[idx];
-    ikv_engine_end(s->engine, r->seq);
+    (void)ikv_engine_end_cached(s->engine, r->seq); /* its decoded blocks too */
     r->seq = NULL;
     memmove(s->running + idx, s->running + idx + 1, sizeof(srq *) * (s->nrunning - idx - 1));
     s->nrunning--;
