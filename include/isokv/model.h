@@ -143,6 +143,20 @@ void ikv_sampler_destroy(ikv_sampler *s);
 /* Picks a token from logits[vocab]. Overwrites logits with probabilities when temperature > 0.
  * Does not allocate. */
 uint32_t ikv_sampler_sample(ikv_sampler *s, float *logits);
+float ikv_sampler_temperature(const ikv_sampler *s);
+
+/* The distribution ikv_sampler_sample draws from for these logits, into probs[vocab]: softmax
+ * at the temperature, restricted to the top-p nucleus and renormalised when top-p is in (0, 1);
+ * greedy: 1 on the argmax. Does not allocate. */
+void ikv_sampler_dist(ikv_sampler *s, const float *logits, float *probs);
+
+/* Draft acceptance at one position (the speculative-sampling rule for a deterministic draft:
+ * Leviathan et al. 2023, Chen et al. 2023). Greedy: *out = argmax, returns 1 iff it is `draft`.
+ * Otherwise, with p = ikv_sampler_dist(logits): returns 1 with probability p(draft) (*out =
+ * draft), else 0 with *out drawn from p with `draft` removed and renormalised, so *out is
+ * distributed exactly as ikv_sampler_sample(logits) would be. Uses one or two coins of the
+ * sampler's stream. Does not allocate. */
+int ikv_sampler_accept(ikv_sampler *s, const float *logits, uint32_t draft, uint32_t *out);
 
 /* ---- engine ------------------------------------------------------------------------------ */
 
@@ -183,6 +197,9 @@ typedef struct ikv_engine_options {
                                 sequence to reach seq_len. The cache gets the rest. */
     uint32_t parked;         /* ended sequences' partial last blocks kept for reuse (0 =
                                 max_seqs + 8); they take only blocks that are free */
+    uint32_t max_draft;      /* draft tokens one ikv_engine_verify takes at most (0 = 64;
+                                at most seq_len): sizes the decode scratch to max_draft + 1
+                                rows */
 } ikv_engine_options;
 
 void ikv_engine_options_default(ikv_engine_options *o);
@@ -287,6 +304,10 @@ int ikv_engine_pin_public(ikv_engine *e, const uint32_t *tokens, size_t n_public
  * another sequence first; nothing changed). ikv_engine_step returns IKV_EFULL (nothing runs)
  * for a decode whose block is not reserved. Does not allocate. */
 int ikv_seq_reserve_next(ikv_engine *e, ikv_seq *s);
+/* The same for the next npos positions (a draft to verify): reserves every block they need
+ * beyond the reservation at once, or nothing (IKV_EFULL). ikv_engine_verify returns IKV_EFULL
+ * (nothing changes) when its rows need blocks not reserved. */
+int ikv_seq_reserve(ikv_engine *e, ikv_seq *s, size_t npos);
 
 /* Prompt positions of s not computed yet. */
 size_t ikv_seq_pending(const ikv_seq *s);
@@ -295,6 +316,53 @@ size_t ikv_seq_pending(const ikv_seq *s);
  * Sets *logits (valid until the next call on this sequence). Returns 0, IKV_ETOOLONG at
  * seq_len, IKV_EINVAL (token >= vocab). Does not allocate. */
 int ikv_engine_decode(ikv_engine *e, ikv_seq *s, uint32_t token, const float **logits);
+
+/* Draft verification (ikv_engine_verify). The caller's fields: lead, draft, k, sampler,
+ * logits_all; the rest are set by the call. */
+typedef struct ikv_verify {
+    int has_lead;         /* 1: `lead` is the token already chosen for the next position (it
+                             is appended unconditionally, as ikv_engine_decode would) */
+    uint32_t lead;
+    const uint32_t *draft; /* k proposed tokens for the positions after it */
+    size_t k;              /* 0..max_draft */
+    ikv_sampler *sampler;  /* NULL or temperature 0: greedy acceptance; otherwise the
+                              speculative-sampling rule (ikv_sampler_accept) with its coins */
+    float *logits_all;     /* optional [has_lead + k][vocab]: each forward row's logits (rows
+                              run, below; the others untouched) */
+    size_t accepted;       /* out: leading draft tokens accepted, 0..k */
+    uint32_t next;         /* out: the token for the position after them: the sampler's choice
+                              at the first mismatch (greedy: the argmax; sampling: drawn with the
+                              rejected token removed), or after a fully accepted draft a plain
+                              sample; it is not in the sequence yet (decode it, or lead the next
+                              verify with it) */
+    size_t rows;           /* out: rows the forward ran: has_lead + k, or 0 when, without a
+                              lead, the first draft token was refused by the current logits */
+} ikv_verify;
+
+/* Verifies a draft in ONE batched forward: rows [lead,] draft[0..k) at the next positions,
+ * with decode arithmetic (every weight product through ikv__linear_rows, whose bits do not
+ * depend on the row count; each row's attention by the decode kernel over its own causal
+ * prefix, the earlier rows' K/V written first, layer by layer), so each row's logits are
+ * bit-identical to what ikv_engine_decode of the same tokens one by one would give. draft[i] is
+ * checked against the logits before it (the current ikv_seq_logits for draft[0] without a lead,
+ * else the previous row's); the first refused token ends the accepted prefix. Afterwards the
+ * sequence holds the lead and the accepted tokens, ikv_seq_logits() is the logits after the
+ * last of them (the mismatch position's), and positions past them are rolled back: their block
+ * token ids restored, blocks taken only for them returned to the pool (their K/V slots are
+ * overwritten by the next write). Returns 0, IKV_EINVAL (a sequence not in flight or with
+ * prompt pending, k > max_draft, a token >= vocab; nothing changes), IKV_ETOOLONG (has_lead + k
+ * positions do not fit the sequence's limit: ikv_seq_room; nothing changes). Does not
+ * allocate. */
+int ikv_engine_verify(ikv_engine *e, ikv_seq *s, ikv_verify *v);
+
+/* A prompt-lookup draft: the up to k tokens that followed the latest earlier occurrence of
+ * the last m tokens of hist[0..len), for the largest m in ngram..1 that has one; written to
+ * out, returns how many (0: no match). Does not allocate. */
+size_t ikv_lookup_draft(const uint32_t *hist, size_t len, uint32_t ngram, size_t k,
+                        uint32_t *out);
+
+/* Positions the sequence may still add (its limit minus its length). */
+size_t ikv_seq_room(const ikv_seq *s);
 
 /* Ends a request: unlocks its cached blocks and returns its private blocks to the pool. */
 void ikv_engine_end(ikv_engine *e, ikv_seq *s);

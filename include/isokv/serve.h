@@ -54,7 +54,10 @@ typedef struct ikv_serve_options {
     const char *route_config, *route_model, *route_hw;
     const char *const *route_set;
     size_t n_route_set;
-    FILE *log; /* one line per request (stderr) */
+    FILE *log;               /* one line per request (stderr) */
+    uint32_t semantic_cache; /* response-cache entries (--semantic-cache[=SIZE]; 0 = off): a
+                                finished response is kept and the most similar one of the same
+                                tenant (or public) is verified as a draft for a new request */
 } ikv_serve_options;
 
 void ikv_serve_options_default(ikv_serve_options *o);

@@ -81,5 +81,6 @@ int ikv_cmd_run(int argc, char **argv);
 int ikv_cmd_bench(int argc, char **argv);
 int ikv_cmd_trace(int argc, char **argv);
 int ikv_cmd_serve(int argc, char **argv);
+int ikv_cmd_load(int argc, char **argv);
 
 #endif

@@ -5,6 +5,13 @@
  *     isokv run [--model m.bin] [--tokenizer t.bin] [--prompt TEXT] [-n 64] [--temp 0] [--topp 0.9]
  *               [--seed S] [--threads T] [--kv-mem BYTES] [--policy lru] [--tenant NAME]
  *               [--public N] [--repeat R] [--stop-eos] [--raw-bytes] [--tier SPEC]...
+ *               [--spec lookup[:n=3,k=8]] [--semantic-cache[=SIZE]] [--prompts FILE]
+ *               [--max-draft N]
+ *
+ * --spec lookup decodes with prompt-lookup drafts verified by ikv_engine_verify (greedy output
+ * identical to plain decoding). --semantic-cache keeps finished responses in a response cache
+ * (respcache.h) and verifies the most similar one as a draft for each later request (with
+ * --repeat, or --prompts FILE: one prompt per line, every line a request).
  *
  * --repeat R sends the same request R times through one engine, so runs after the first show
  * the cache at work (cached tokens, warm TTFT). Text goes to stdout; figures to stderr.
@@ -23,6 +30,7 @@
  */
 #include "cli.h"
 #include "isokv/model.h"
+#include "isokv/respcache.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -48,7 +56,9 @@ static void help(FILE *f) {
         "usage: isokv run [--model M.bin] [--tokenizer T.bin] [--prompt TEXT] [-n 64] [--temp 0]\n"
         "                 [--topp 0.9] [--seed S] [--threads T] [--kv-mem BYTES]\n"
         "                 [--policy NAME] [--tenant NAME] [--public N] [--repeat R]\n"
-        "                 [--stop-eos] [--raw-bytes] [--tier SPEC]... [--tier-dtype q8]\n\n"
+        "                 [--stop-eos] [--raw-bytes] [--tier SPEC]... [--tier-dtype q8]\n"
+        "                 [--spec lookup[:n=3,k=8]] [--semantic-cache[=SIZE]]\n"
+        "                 [--prompts FILE] [--max-draft N]\n\n"
         "Encodes the prompt (BOS first; byte-level when --model is given without a tokenizer),\n"
         "prefills it through the prefix cache, then decodes up to -n tokens (stopping at BOS,\n"
         "also at EOS with --stop-eos, or at seq_len) and prints the text as llama2.c's run.c\n"
@@ -64,7 +74,15 @@ static void help(FILE *f) {
         "--public N declares the first N prompt tokens shared across tenants; the rest is\n"
         "scoped to --tenant. --repeat R runs the request R times on one engine (the later runs\n"
         "hit the cache). --kv-mem sizes the KV pool (k/M/G suffixes; default: 5 full-length\n"
-        "sequences). Figures printed on stderr are measured wall-clock times.\n",
+        "sequences). Figures printed on stderr are measured wall-clock times.\n"
+        "--spec lookup[:n=N,k=K] drafts K tokens from the latest match of the last N (..1)\n"
+        "tokens in prompt + output and verifies them in one batched forward (greedy output is\n"
+        "identical to plain decoding; defaults n=3, k=8). --semantic-cache[=SIZE] keeps up to\n"
+        "SIZE (1024) finished responses and verifies the most similar one (MinHash/Jaccard over\n"
+        "prompt 3-grams, same tenant or public) as a draft: only what the model itself would\n"
+        "produce is served. Give it something to hit: --repeat R or --prompts FILE (one prompt\n"
+        "per line, each a request). --max-draft N: draft tokens per verify (64; 256 with\n"
+        "--semantic-cache).\n",
         data_dir(), DEFAULT_MODEL, data_dir());
     fputs(cli_tiers_help, f);
 }
@@ -83,6 +101,42 @@ static void put_token(const ikv_tokenizer *tok, uint32_t prev, uint32_t token, i
     fwrite(p, 1, len, stdout);
 }
 
+typedef struct emit_ctx {
+    const ikv_tokenizer *tok;
+    uint32_t prev;
+    int raw;
+} emit_ctx;
+
+/* Writes a burst of generated tokens (an accepted draft comes as one). */
+static void emit(void *vc, const uint32_t *t, size_t n) {
+    emit_ctx *c = vc;
+    for (size_t i = 0; i < n; i++) {
+        put_token(c->tok, c->prev, t[i], c->raw);
+        c->prev = t[i];
+    }
+    fflush(stdout);
+}
+
+/* Parses "lookup[:n=N,k=K]". Returns 0 or -1. */
+static int parse_spec(const char *v, uint64_t *ng, uint64_t *k) {
+    if (strncmp(v, "lookup", 6) || (v[6] && v[6] != ':')) return -1;
+    const char *p = v[6] ? v + 7 : v + 6;
+    while (*p) {
+        char key = *p;
+        if ((key != 'n' && key != 'k') || p[1] != '=') return -1;
+        char buf[32];
+        size_t L = strcspn(p + 2, ",");
+        if (L == 0 || L >= sizeof buf) return -1;
+        memcpy(buf, p + 2, L), buf[L] = 0;
+        uint64_t x;
+        if (cli_parse_u64(buf, &x) || x == 0 || x > 256) return -1;
+        *(key == 'n' ? ng : k) = x;
+        p += 2 + L;
+        if (*p == ',') p++;
+    }
+    return 0;
+}
+
 int ikv_cmd_run(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         help(stdout);
@@ -95,17 +149,26 @@ int ikv_cmd_run(int argc, char **argv) {
     ikv_engine_options_default(&eo);
     int stop_eos = 0, raw = 0;
     cli_tiers tiers = {0};
+    uint64_t spec_n = 0, spec_k = 8, semcache = 0, max_draft = 0;
+    const char *prompts_path = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
+        if (!strncmp(a, "--semantic-cache", 16) && (a[16] == 0 || a[16] == '=')) {
+            semcache = 1024;
+            if (a[16] == '=' &&
+                (cli_parse_count(a + 17, &semcache) || semcache == 0 || semcache > 1000000))
+                return cli_usage_error("run", "bad value '%s' for --semantic-cache", a + 17);
+            continue;
+        }
         if (!strcmp(a, "--stop-eos") || !strcmp(a, "--raw-bytes")) {
             *(a[2] == 's' ? &stop_eos : &raw) = 1;
             continue;
         }
         static const char *const valued[] = {
-            "--model",   "--tokenizer", "--prompt", "--tenant", "--policy", "-n",    "--seed",
-            "--threads", "--kv-mem",    "--public", "--repeat", "--temp",   "--topp",
-            "--tier",    "--tier-dtype"};
+            "--model", "--tokenizer", "--prompt",     "--tenant", "--policy",  "-n",
+            "--seed",  "--threads",   "--kv-mem",     "--public", "--repeat",  "--temp",
+            "--topp",  "--tier",      "--tier-dtype", "--spec",   "--prompts", "--max-draft"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(a, valued[k]);
@@ -137,6 +200,13 @@ int ikv_cmd_run(int argc, char **argv) {
             bad = cli_parse_u64(v, &pub);
         else if (!strcmp(a, "--repeat"))
             bad = cli_parse_u64(v, &repeat) || repeat == 0 || repeat > 1000;
+        else if (!strcmp(a, "--spec")) {
+            spec_n = 3;
+            bad = parse_spec(v, &spec_n, &spec_k);
+        } else if (!strcmp(a, "--prompts"))
+            prompts_path = v;
+        else if (!strcmp(a, "--max-draft"))
+            bad = cli_parse_u64(v, &max_draft) || max_draft == 0 || max_draft > 4096;
         else if (!strcmp(a, "--temp"))
             bad = cli_parse_double(v, &temp) || temp < 0;
         else if (!strcmp(a, "--topp"))
@@ -166,13 +236,64 @@ int ikv_cmd_run(int argc, char **argv) {
     }
     eo.threads = (int)threads;
     eo.kv_mem = kvmem;
+    eo.max_draft = (uint32_t)(max_draft ? max_draft : semcache ? 256 : 64);
 
     int rc = IKV_EXIT_FAIL;
     ikv_model *m = NULL;
     ikv_tokenizer *tok = NULL;
     ikv_engine *e = NULL;
     ikv_sampler *smp = NULL;
-    uint32_t *ids = NULL;
+    ikv_respcache *rcache = NULL;
+    uint32_t *ids = NULL, *hist = NULL;
+    char *ptext = NULL;
+    size_t nprompts = 1;
+    char **plines = NULL;
+    if (prompts_path) { /* one prompt per line */
+        FILE *f = fopen(prompts_path, "rb");
+        if (!f) {
+            cli_fail("run", "cannot open --prompts file %s: %s", prompts_path, strerror(errno));
+            goto out;
+        }
+        size_t cap = 0, len = 0;
+        int ch;
+        while ((ch = fgetc(f)) != EOF) {
+            if (len + 2 > cap) {
+                char *t = realloc(ptext, cap = cap ? cap * 2 : 4096);
+                if (!t) {
+                    fclose(f);
+                    cli_fail("run", "out of memory reading %s", prompts_path);
+                    goto out;
+                }
+                ptext = t;
+            }
+            ptext[len++] = (char)ch;
+        }
+        int err = ferror(f);
+        fclose(f);
+        if (err || len == 0) {
+            cli_fail("run", "--prompts file %s: %s", prompts_path, err ? "read error" : "empty");
+            goto out;
+        }
+        ptext[len] = 0;
+        nprompts = 0;
+        for (size_t j = 0; j < len; j++)
+            nprompts += ptext[j] == '\n';
+        nprompts += ptext[len - 1] != '\n';
+        plines = calloc(nprompts, sizeof *plines);
+        if (!plines) {
+            cli_fail("run", "out of memory");
+            goto out;
+        }
+        size_t k = 0;
+        for (char *q = ptext; k < nprompts; k++) {
+            plines[k] = q;
+            char *nl = strchr(q, '\n');
+            if (!nl) break;
+            *nl = 0;
+            if (nl > q && nl[-1] == '\r') nl[-1] = 0;
+            q = nl + 1;
+        }
+    }
     if (ikv_model_load(model, &m)) {
         cli_fail("run", "%s", ikv_errdetail());
         goto out;
@@ -181,17 +302,6 @@ int ikv_cmd_run(int argc, char **argv) {
     if ((tokp ? ikv_tokenizer_load(tokp, (uint32_t)c->vocab_size, &tok)
               : ikv_tokenizer_bytes((uint32_t)c->vocab_size, &tok))) {
         cli_fail("run", "%s", ikv_errdetail());
-        goto out;
-    }
-    size_t cap = strlen(text) + 3, n;
-    ids = malloc(sizeof *ids * cap);
-    if (!ids || ikv_tokenizer_encode(tok, text, 1, 0, ids, cap, &n)) {
-        cli_fail("run", "cannot encode the prompt: %s", ikv_errdetail());
-        goto out;
-    }
-    if (n > (size_t)c->seq_len) {
-        cli_fail("run", "the prompt is %zu tokens, longer than the model's seq_len %d", n,
-                 (int)c->seq_len);
         goto out;
     }
     if ((rc = cli_tiers_open(&tiers, "run", m, tokp, &eo))) goto out;
@@ -205,70 +315,141 @@ int ikv_cmd_run(int argc, char **argv) {
             cli_fail("run", "%s", ikv_errdetail_for(erc));
         goto out;
     }
-    for (uint64_t r = 0; r < repeat; r++) {
-        ikv_sampler_destroy(smp);
-        smp = NULL;
-        if (ikv_sampler_create((uint32_t)c->vocab_size, (float)temp, (float)topp, seed, &smp)) {
+    if (semcache) {
+        ikv_respcache_options ro;
+        ikv_respcache_options_default(&ro);
+        ro.capacity = (uint32_t)semcache;
+        ro.max_tokens = (uint32_t)c->seq_len;
+        if (ikv_respcache_create(&ro, &rcache)) {
             cli_fail("run", "%s", ikv_errdetail());
             goto out;
         }
-        ikv_request rq = {.tokens = ids, .n = n, .tenant = tenant, .public_tokens = (size_t)pub};
-        ikv_seq *s;
-        ikv_prefill_info info;
-        if (ikv_engine_begin(e, &rq, &s, &info)) {
-            cli_fail("run", "%s", ikv_errdetail());
-            goto out;
-        }
-        float *lg = (float *)ikv_seq_logits(s);
-        for (size_t i = 1; i < n; i++)
-            put_token(tok, ids[i - 1], ids[i], raw);
-        uint32_t prev = ids[n - 1];
-        size_t gen = 0;
-        double t0 = ikv_now();
-        while (gen < steps) {
-            uint32_t next = ikv_sampler_sample(smp, lg);
-            if (next == IKV_TOK_BOS || (stop_eos && next == IKV_TOK_EOS)) break;
-            put_token(tok, prev, next, raw);
-            fflush(stdout);
-            prev = next;
-            gen++;
-            if (ikv_seq_len(s) >= (size_t)c->seq_len) break;
-            const float *l2;
-            if (ikv_engine_decode(e, s, next, &l2)) {
+    }
+    size_t maxlen = prompts_path ? 0 : strlen(text);
+    for (size_t j = 0; j < nprompts && prompts_path; j++)
+        if (strlen(plines[j]) > maxlen) maxlen = strlen(plines[j]);
+    size_t cap = maxlen + 3, n;
+    ids = malloc(sizeof *ids * cap);
+    hist = malloc(sizeof *hist * ((size_t)c->seq_len + steps + 2));
+    if (!ids || !hist) {
+        cli_fail("run", "out of memory");
+        goto out;
+    }
+    uint64_t tot_req = 0, tot_hits = 0, tot_acc = 0, tot_gen = 0, tot_fwd = 0, tot_lk = 0,
+             tot_lka = 0;
+    double tot_dec_s = 0;
+    for (uint64_t r = 0; r < repeat; r++)
+        for (size_t pi = 0; pi < nprompts; pi++) {
+            const char *ptxt = prompts_path ? plines[pi] : text;
+            if (ikv_tokenizer_encode(tok, ptxt, 1, 0, ids, cap, &n)) {
+                cli_fail("run", "cannot encode prompt %zu: %s", pi + 1, ikv_errdetail());
+                goto out;
+            }
+            if (n > (size_t)c->seq_len) {
+                cli_fail("run", "prompt %zu is %zu tokens, longer than the model's seq_len %d",
+                         pi + 1, n, (int)c->seq_len);
+                goto out;
+            }
+            ikv_sampler_destroy(smp);
+            smp = NULL;
+            if (ikv_sampler_create((uint32_t)c->vocab_size, (float)temp, (float)topp, seed, &smp)) {
+                cli_fail("run", "%s", ikv_errdetail());
+                goto out;
+            }
+            ikv_request rq = {
+                .tokens = ids, .n = n, .tenant = tenant, .public_tokens = (size_t)pub};
+            ikv_seq *s;
+            ikv_prefill_info info;
+            if (ikv_engine_begin(e, &rq, &s, &info)) {
+                cli_fail("run", "%s", ikv_errdetail());
+                goto out;
+            }
+            for (size_t i = 1; i < n; i++)
+                put_token(tok, ids[i - 1], ids[i], raw);
+            ikv_respcache_hit hits[3];
+            size_t nh = rcache ? ikv_respcache_lookup(rcache, tenant, ids, n, hits, 3) : 0;
+            emit_ctx ec = {.tok = tok, .prev = ids[n - 1], .raw = raw};
+            ikv_gen_options go = {.max_tokens = steps,
+                                  .stop_eos = stop_eos,
+                                  .cands = hits,
+                                  .n_cands = nh,
+                                  .lookup_ngram = (uint32_t)spec_n,
+                                  .lookup_k = (uint32_t)spec_k,
+                                  .max_draft = eo.max_draft,
+                                  .emit = emit,
+                                  .emit_ctx = &ec};
+            memcpy(hist, ids, sizeof *ids * n);
+            ikv_gen_result gr;
+            if (ikv_respcache_generate(e, s, smp, &go, hist, n, &gr)) {
                 cli_fail("run", "%s", ikv_errdetail());
                 ikv_engine_end(e, s);
                 goto out;
             }
-            lg = (float *)l2;
-        }
-        double dt = ikv_now() - t0;
-        printf("\n");
-        fflush(stdout); /* the text, then the figures on stderr */
-        ikv_engine_end(e, s);
-        fprintf(stderr,
-                "[run %llu] measured on %llu thread(s): prompt %zu tokens (%zu from the "
-                "cache, %zu computed), "
-                "TTFT %.2f ms, prefill %.0f tok/s; decode %zu tokens at %.1f tok/s\n",
-                (unsigned long long)r + 1, (unsigned long long)threads, n, info.cached_tokens,
-                info.computed_tokens, info.seconds * 1e3,
-                info.seconds > 0 ? (double)info.computed_tokens / info.seconds : 0.0, gen,
-                gen > 1 && dt > 0 ? (double)(gen - 1) / dt : 0.0);
-        if (tiers.n) {
-            fprintf(stderr, "[run %llu] cached tokens by tier: pool %zu", (unsigned long long)r + 1,
-                    info.tier_tokens[0]);
-            for (size_t t = 1; t <= tiers.n; t++)
-                fprintf(stderr, ", %s %zu", tiers.specs[t - 1], info.tier_tokens[t]);
-            fprintf(stderr, "; %zu tier tokens recomputed (cheaper or failed)",
-                    info.recomputed_tier_tokens);
-            if (info.lossy_tokens)
-                fprintf(stderr, "; %zu cached tokens LOSSY (q8 tier)", info.lossy_tokens);
+            printf("\n");
+            fflush(stdout); /* the text, then the figures on stderr */
+            ikv_engine_end(e, s);
+            if (gr.cand_used >= 0)
+                ikv_respcache_used(rcache, hits[gr.cand_used].id, gr.cache_accepted);
+            if (rcache && gr.n_out) {
+                ikv_respcache_params pa = {
+                    .temperature = (float)temp, .top_p = (float)topp, .seed = seed};
+                if (ikv_respcache_put(rcache, tenant, pub >= n, ids, n, hist + n, gr.n_out, &pa)) {
+                    cli_fail("run", "%s", ikv_errdetail());
+                    goto out;
+                }
+            }
+            tot_req++, tot_gen += gr.n_out, tot_fwd += gr.forwards, tot_dec_s += gr.seconds;
+            tot_hits += gr.cache_accepted > 0, tot_acc += gr.cache_accepted;
+            tot_lk += gr.lookup_drafted, tot_lka += gr.lookup_accepted;
+            fprintf(stderr,
+                    "[run %llu] measured on %llu thread(s): prompt %zu tokens (%zu from the "
+                    "cache, %zu computed), "
+                    "TTFT %.2f ms, prefill %.0f tok/s; decode %zu tokens in %zu forward passes, "
+                    "%.3f ms (%.1f tok/s)",
+                    (unsigned long long)tot_req, (unsigned long long)threads, n, info.cached_tokens,
+                    info.computed_tokens, info.seconds * 1e3,
+                    info.seconds > 0 ? (double)info.computed_tokens / info.seconds : 0.0, gr.n_out,
+                    gr.forwards, gr.seconds * 1e3,
+                    gr.n_out > 1 && gr.seconds > 0 ? (double)(gr.n_out - 1) / gr.seconds : 0.0);
+            if (spec_n)
+                fprintf(stderr, "; lookup drafts %zu, accepted %zu", gr.lookup_drafted,
+                        gr.lookup_accepted);
+            if (rcache)
+                fprintf(stderr,
+                        "; semantic cache: %zu candidate(s), %s, %zu draft tokens "
+                        "accepted, %zu rejected",
+                        nh, gr.cand_verified ? "verified" : "none verified", gr.cache_accepted,
+                        gr.cache_rejected);
             fprintf(stderr, "\n");
+            if (tiers.n) {
+                fprintf(stderr, "[run %llu] cached tokens by tier: pool %zu",
+                        (unsigned long long)tot_req, info.tier_tokens[0]);
+                for (size_t t = 1; t <= tiers.n; t++)
+                    fprintf(stderr, ", %s %zu", tiers.specs[t - 1], info.tier_tokens[t]);
+                fprintf(stderr, "; %zu tier tokens recomputed (cheaper or failed)",
+                        info.recomputed_tier_tokens);
+                if (info.lossy_tokens)
+                    fprintf(stderr, "; %zu cached tokens LOSSY (q8 tier)", info.lossy_tokens);
+                fprintf(stderr, "\n");
+            }
         }
-    }
     cli_tiers_report(&tiers, e, "run");
+    if (tot_req > 1)
+        fprintf(stderr,
+                "[total] %llu requests, %llu tokens in %llu forward passes (%.1f ms of decode); "
+                "semantic-cache hits %llu (%llu tokens accepted); lookup drafts %llu, accepted "
+                "%llu\n",
+                (unsigned long long)tot_req, (unsigned long long)tot_gen,
+                (unsigned long long)tot_fwd, tot_dec_s * 1e3, (unsigned long long)tot_hits,
+                (unsigned long long)tot_acc, (unsigned long long)tot_lk,
+                (unsigned long long)tot_lka);
     rc = IKV_EXIT_OK;
 out:
     free(ids);
+    free(hist);
+    free(plines);
+    free(ptext);
+    ikv_respcache_destroy(rcache);
     ikv_sampler_destroy(smp);
     ikv_engine_destroy(e);
     cli_tiers_close(&tiers);

@@ -29,7 +29,8 @@ static void help(FILE *f) {
           "                   [--max-seqs N] [--max-batch-tokens N] [--max-queue N]\n"
           "                   [--public-prefix FILE] [--public-system] [--drain-s S]\n"
           "                   [--tier SPEC]... [--tier-dtype f32|q8] [--route-config FILE]\n"
-          "                   [--route-set KEY=VALUE]... [--route-model M] [--route-hw H]\n\n"
+          "                   [--route-set KEY=VALUE]... [--route-model M] [--route-hw H]\n"
+          "                   [--semantic-cache[=SIZE]]\n\n"
           "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions,\n"
           "GET /v1/models, GET /health, GET /metrics (Prometheus). Continuous batching: one\n"
           "forward step serves every running sequence; prompts are prefilled in chunks within\n"
@@ -49,7 +50,11 @@ static void help(FILE *f) {
           "planner's router (ikv_plan_route) on the walk of --route-model (llama3-70b) on\n"
           "--route-hw (h100); class caps and prices are plan parameters (--route-config FILE\n"
           "as `isokv plan --config`, --route-set route.simple=1 as `isokv plan --set`). The\n"
-          "step is the request's scheduling priority (docs/serve.md, \"Routing\").\n",
+          "step is the request's scheduling priority (docs/serve.md, \"Routing\").\n"
+          "--semantic-cache[=SIZE]: keep up to SIZE (1024) finished responses; a new request's\n"
+          "most similar one (same tenant, or public) is verified by the model as a draft and\n"
+          "only what the model itself would produce is served (docs/semantic.md); usage.isokv\n"
+          "and isokv_semcache_* metrics count it.\n",
           f);
     fputs(cli_tiers_help, f);
 }
@@ -86,6 +91,14 @@ int ikv_cmd_serve(int argc, char **argv) {
         int flag = !strcmp(a, "--public-system");
         if (flag) {
             o.public_system = 1;
+            continue;
+        }
+        if (!strncmp(a, "--semantic-cache", 16) && (a[16] == 0 || a[16] == '=')) {
+            uint64_t sz = 1024;
+            if (a[16] == '=' && (cli_parse_count(a + 17, &sz) || sz == 0 || sz > 1000000))
+                return cli_usage_error(cmd, "--semantic-cache=%s is not a size in 1..1000000",
+                                       a + 17);
+            o.semantic_cache = (uint32_t)sz;
             continue;
         }
         if (i + 1 >= argc) return cli_usage_error(cmd, "%s needs a value (see --help)", a);

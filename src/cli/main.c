@@ -33,6 +33,8 @@ static const command commands[] = {
     {"run", ikv_cmd_run, "generate text with the paged-KV engine through the prefix cache"},
     {"serve", ikv_cmd_serve,
      "OpenAI-compatible HTTP server: continuous batching, SSE, tenants, metrics"},
+    {"load", ikv_cmd_load,
+     "replay a trace against an OpenAI-compatible server (measured hit ratio, TTFT)"},
     {"bench", ikv_cmd_bench,
      "built-in benchmarks (engine: TTFT cold/warm, prefill, decode; measured)"},
 };

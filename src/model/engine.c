@@ -147,7 +147,7 @@ void ikv_engine_destroy(ikv_engine *e) {
                     e->rope_cos, e->rope_sin,   e->xn,       e->rinv,   e->dpart,   e->parked,
                     e->dseq,     e->dpos,       e->dtok,     e->dcoff,  e->dx,      e->dxn,
                     e->dxb,      e->dq,         e->dk,       e->dv,     e->datt,    e->dhb,
-                    e->dhb2,     e->dlog};
+                    e->dhb2,     e->dlog,       e->vsave};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         ikv_free(bufs[i]);
     ikv_free(e);
@@ -241,7 +241,9 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     e->nth = o.threads > 0 ? o.threads : 1;
     e->private_budget = reserve;
     e->n_parked_max = o.parked ? o.parked : o.max_seqs + 8;
-    e->dmax = o.max_seqs;
+    e->max_draft = o.max_draft ? o.max_draft : 64;
+    if (e->max_draft > (uint32_t)c->seq_len) e->max_draft = (uint32_t)c->seq_len;
+    e->dmax = o.max_seqs > e->max_draft + 1 ? o.max_seqs : e->max_draft + 1;
 
     ikv_cache_config cc;
     ikv_cache_config_default(&cc, e->capacity, o.policy);
@@ -263,31 +265,32 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     /* room for the widest tile pitch a prefill scheme may use (below) */
     const size_t TPmax = (T + 11) / 12 * 12, GT = (size_t)e->G * TPmax, ntiles = e->Lmax / T;
     size_t kvd = (size_t)m->kv_dim, hd = (size_t)m->head_dim, V = (size_t)c->vocab_size;
-    int ok =
-        ALLOC(e->kv, (size_t)nblocks * e->block_floats) && ALLOC(e->state, nblocks) &&
-        ALLOC(e->bnode, nblocks) && ALLOC(e->bdepth, nblocks) && ALLOC(e->bparent, nblocks) &&
-        ALLOC(e->btokens, (size_t)nblocks * bt) && ALLOC(e->bkey, nblocks) &&
-        ALLOC(e->free_stack, nblocks) && ALLOC(e->node2blk, e->node_limit) &&
-        ALLOC(e->seqs, o.max_seqs) && ALLOC(e->keys, max_blocks) && ALLOC(e->nodes, max_blocks) &&
-        ALLOC(e->x, ntiles * TPmax * D) && ALLOC(e->xb, GT * D) && ALLOC(e->q, GT * q) &&
-        ALLOC(e->k, GT * kvd) && ALLOC(e->v, GT * kvd) && ALLOC(e->att, GT * q) &&
-        ALLOC(e->hb, GT * hid) && ALLOC(e->hb2, GT * hid) && ALLOC(e->S, P * e->S_rows * e->Lmax) &&
-        ALLOC(e->rinv, P * e->S_rows) &&
-        ALLOC(e->qg, P * T * (size_t)(c->n_heads / c->n_kv_heads) * hd) &&
-        ALLOC(e->Kc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
-        ALLOC(e->Vc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
-        ALLOC(e->rope_cos, (size_t)c->seq_len * hd / 2) &&
-        ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) && ALLOC(e->xn, P * D) &&
-        ALLOC(e->dpart, (size_t)e->dmax *
-                            (((size_t)max_blocks + IKV__DC_CHUNK - 1) / IKV__DC_CHUNK) *
-                            (size_t)c->n_heads * (hd + 2)) &&
-        ALLOC(e->parked, e->n_parked_max) && ALLOC(e->dseq, e->dmax) && ALLOC(e->dpos, e->dmax) &&
-        ALLOC(e->dtok, e->dmax) && ALLOC(e->dcoff, (size_t)e->dmax + 1) &&
-        ALLOC(e->dx, (size_t)e->dmax * D) && ALLOC(e->dxn, (size_t)e->dmax * D) &&
-        ALLOC(e->dxb, (size_t)e->dmax * D) && ALLOC(e->dq, (size_t)e->dmax * q) &&
-        ALLOC(e->datt, (size_t)e->dmax * q) && ALLOC(e->dk, (size_t)e->dmax * kvd) &&
-        ALLOC(e->dv, (size_t)e->dmax * kvd) && ALLOC(e->dhb, (size_t)e->dmax * hid) &&
-        ALLOC(e->dhb2, (size_t)e->dmax * hid) && ALLOC(e->dlog, (size_t)e->dmax * V);
+    int ok = ALLOC(e->kv, (size_t)nblocks * e->block_floats) && ALLOC(e->state, nblocks) &&
+             ALLOC(e->bnode, nblocks) && ALLOC(e->bdepth, nblocks) && ALLOC(e->bparent, nblocks) &&
+             ALLOC(e->btokens, (size_t)nblocks * bt) && ALLOC(e->bkey, nblocks) &&
+             ALLOC(e->free_stack, nblocks) && ALLOC(e->node2blk, e->node_limit) &&
+             ALLOC(e->seqs, o.max_seqs) && ALLOC(e->keys, max_blocks) &&
+             ALLOC(e->nodes, max_blocks) && ALLOC(e->x, ntiles * TPmax * D) &&
+             ALLOC(e->xb, GT * D) && ALLOC(e->q, GT * q) && ALLOC(e->k, GT * kvd) &&
+             ALLOC(e->v, GT * kvd) && ALLOC(e->att, GT * q) && ALLOC(e->hb, GT * hid) &&
+             ALLOC(e->hb2, GT * hid) && ALLOC(e->S, P * e->S_rows * e->Lmax) &&
+             ALLOC(e->rinv, P * e->S_rows) &&
+             ALLOC(e->qg, P * T * (size_t)(c->n_heads / c->n_kv_heads) * hd) &&
+             ALLOC(e->Kc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
+             ALLOC(e->Vc, (size_t)c->n_kv_heads * e->Lmax * hd) &&
+             ALLOC(e->rope_cos, (size_t)c->seq_len * hd / 2) &&
+             ALLOC(e->rope_sin, (size_t)c->seq_len * hd / 2) && ALLOC(e->xn, P * D) &&
+             ALLOC(e->dpart, (size_t)e->dmax *
+                                 (((size_t)max_blocks + IKV__DC_CHUNK - 1) / IKV__DC_CHUNK) *
+                                 (size_t)c->n_heads * (hd + 2)) &&
+             ALLOC(e->parked, e->n_parked_max) && ALLOC(e->dseq, e->dmax) &&
+             ALLOC(e->dpos, e->dmax) && ALLOC(e->dtok, e->dmax) &&
+             ALLOC(e->dcoff, (size_t)e->dmax + 1) && ALLOC(e->dx, (size_t)e->dmax * D) &&
+             ALLOC(e->dxn, (size_t)e->dmax * D) && ALLOC(e->dxb, (size_t)e->dmax * D) &&
+             ALLOC(e->dq, (size_t)e->dmax * q) && ALLOC(e->datt, (size_t)e->dmax * q) &&
+             ALLOC(e->dk, (size_t)e->dmax * kvd) && ALLOC(e->dv, (size_t)e->dmax * kvd) &&
+             ALLOC(e->dhb, (size_t)e->dmax * hid) && ALLOC(e->dhb2, (size_t)e->dmax * hid) &&
+             ALLOC(e->dlog, (size_t)e->dmax * V) && ALLOC(e->vsave, e->dmax);
     for (uint32_t i = 0; ok && i < o.max_seqs; i++)
         ok = ALLOC(e->seqs[i].table, max_blocks) && ALLOC(e->seqs[i].locked, max_blocks) &&
              ALLOC(e->seqs[i].logits, V) && ALLOC(e->seqs[i].tok, (size_t)c->seq_len);
@@ -658,12 +661,12 @@ int ikv_engine_pin_public(ikv_engine *e, const uint32_t *tokens, size_t n_public
     const uint32_t bt = e->bt;
     size_t nb = n_public / bt;
     if (nb > e->max_blocks) nb = e->max_blocks;
-    if (nb == 0) return ikv_error(IKV_EINVAL, "a public prefix of %zu tokens has no full block",
-                                  n_public);
+    if (nb == 0)
+        return ikv_error(IKV_EINVAL, "a public prefix of %zu tokens has no full block", n_public);
     const uint64_t pub = ikv_scope_salt(e->opt.key_seed, NULL);
     for (size_t j = 0; j < nb; j++)
-        e->keys[j] = ikv_key_chain(e->opt.key_seed, j ? &e->keys[j - 1] : NULL,
-                                   tokens + j * bt, bt, pub);
+        e->keys[j] =
+            ikv_key_chain(e->opt.key_seed, j ? &e->keys[j - 1] : NULL, tokens + j * bt, bt, pub);
     size_t got = 0;
     ikv_cache_match(e->cache, e->keys, nb, e->nodes, NULL, &got);
     for (size_t j = 0; j < got; j++) {
@@ -683,19 +686,34 @@ static uint32_t seq_private(const ikv_engine *e, const ikv_seq *s) {
     return k;
 }
 
+/* Blocks the next npos positions of s take beyond what its reservation covers. */
+static uint32_t blocks_short(const ikv_engine *e, const ikv_seq *s, size_t npos) {
+    size_t end = s->n + npos < s->limit ? s->n + npos : s->limit;
+    uint32_t upto = (uint32_t)((end + e->bt - 1) / e->bt);
+    uint32_t more = upto > s->n_blocks ? upto - s->n_blocks : 0;
+    uint32_t have = seq_private(e, s);
+    return have + more > s->reserve ? have + more - s->reserve : 0;
+}
+
 /* Whether the next decode of s takes a new block its reservation does not cover. */
 static int needs_block(const ikv_engine *e, const ikv_seq *s) {
-    return s->n < s->limit && s->n / e->bt >= s->n_blocks && seq_private(e, s) >= s->reserve;
+    return s->n < s->limit && blocks_short(e, s, 1) > 0;
+}
+
+int ikv_seq_reserve(ikv_engine *e, ikv_seq *s, size_t npos) {
+    IKV_ASSERT(s && s->active);
+    uint32_t k = ikv_seq_pending(s) ? 0 : blocks_short(e, s, npos);
+    if (!k) return 0;
+    if (e->reserved + k > e->private_budget)
+        return ikv_error(IKV_EFULL, "%u more blocks: the private budget's %llu are reserved but "
+                         "%llu", k, (unsigned long long)e->private_budget,
+                         (unsigned long long)(e->private_budget - e->reserved));
+    s->reserve += k, e->reserved += k;
+    return 0;
 }
 
 int ikv_seq_reserve_next(ikv_engine *e, ikv_seq *s) {
-    IKV_ASSERT(s && s->active);
-    if (ikv_seq_pending(s) || !needs_block(e, s)) return 0;
-    if (e->reserved + 1 > e->private_budget)
-        return ikv_error(IKV_EFULL, "the private budget's %llu blocks are all reserved",
-                         (unsigned long long)e->private_budget);
-    s->reserve++, e->reserved++;
-    return 0;
+    return ikv_seq_reserve(e, s, 1);
 }
 
 size_t ikv_seq_pending(const ikv_seq *s) {
@@ -803,6 +821,133 @@ int ikv_engine_decode(ikv_engine *e, ikv_seq *s, uint32_t token, const float **l
     if (rc) return rc;
     if (logits) *logits = s->logits;
     return 0;
+}
+
+/* The greedy token: argmax, the lowest index on ties (as ikv_sampler_sample). */
+static uint32_t argmax_row(const float *x, size_t n) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < (uint32_t)n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* Draft verification.
+ *
+ * Rows: r = 0 .. R-1 (R = has_lead + k) are the tokens [lead,] draft[0..k) at positions
+ * n .. n + R - 1, n = s->n. Their blocks are taken and token ids written as decode would
+ * (the ids they overwrite saved in e->vsave), then ikv__decode_batch runs all R rows of the one
+ * sequence as one batch: layer by layer it writes every row's K/V before any row's attention,
+ * and row r's attention covers positions [0, n + r], so it sees exactly the K/V sequential
+ * decode would have written before it, and every weight product is per-row exact
+ * (ikv__linear_rows). Row r's logits are therefore those of decoding rows 0..r one by one.
+ *
+ * Acceptance: draft[i] is checked against row i - 1 + has_lead (row -1: the current logits)
+ * by ikv_sampler_accept (greedy: argmax equality). Without a lead, draft[0] is checked first,
+ * before any forward, so a wrong first token costs no compute. With `a` accepted, positions
+ * n .. n + has_lead + a - 1 stay; the others are rolled back: token ids restored, blocks that
+ * hold no kept position returned to the pool (their K/V is stale but never read: attention
+ * reads positions below the length only, and the next decode overwrites the slot first). */
+int ikv_engine_verify(ikv_engine *e, ikv_seq *s, ikv_verify *v) {
+    const ikv_model_config *c = &e->m->cfg;
+    const size_t V = (size_t)c->vocab_size, bt = e->bt;
+    if (!v || !s || s < e->seqs || s >= e->seqs + e->opt.max_seqs || !s->active ||
+        ikv_seq_pending(s))
+        return ikv_error(IKV_EINVAL, "verify: not a sequence in flight with its prompt computed");
+    if (v->k > e->max_draft)
+        return ikv_error(IKV_EINVAL, "verify: draft of %zu tokens, more than max_draft %u", v->k,
+                         e->max_draft);
+    if (v->k && !v->draft) return ikv_error(IKV_EINVAL, "verify: no draft tokens");
+    if (v->has_lead && v->lead >= (uint32_t)c->vocab_size)
+        return ikv_error(IKV_EINVAL, "verify: lead token %u outside the vocabulary of %d", v->lead,
+                         (int)c->vocab_size);
+    for (size_t i = 0; i < v->k; i++)
+        if (v->draft[i] >= (uint32_t)c->vocab_size)
+            return ikv_error(IKV_EINVAL,
+                             "verify: draft token %zu is %u, outside the vocabulary "
+                             "of %d",
+                             i, v->draft[i], (int)c->vocab_size);
+    const size_t lead = v->has_lead ? 1 : 0, R = lead + v->k, n = s->n;
+    if (R > ikv_seq_room(s))
+        return ikv_error(IKV_ETOOLONG,
+                         "verify: %zu positions after %zu do not fit the sequence's limit of %u", R,
+                         n, s->limit);
+    if (blocks_short(e, s, R))
+        return ikv_error(IKV_EFULL, "verify: %zu positions need blocks the sequence has not "
+                         "reserved (ikv_seq_reserve)", R);
+    ikv_sampler *sp = v->sampler && ikv_sampler_temperature(v->sampler) > 0.0f ? v->sampler : NULL;
+    uint32_t tok;
+    v->accepted = 0, v->rows = 0;
+    if (R == 0) { /* nothing to check: the next token from the current logits */
+        float *tmp = e->dlog;
+        memcpy(tmp, s->logits, sizeof(float) * V);
+        v->next = sp ? ikv_sampler_sample(sp, tmp) : argmax_row(tmp, V);
+        return 0;
+    }
+    if (!lead) {
+        int ok = sp ? ikv_sampler_accept(sp, s->logits, v->draft[0], &tok)
+                    : (tok = argmax_row(s->logits, V)) == v->draft[0];
+        if (!ok) {
+            v->next = tok;
+            return 0;
+        }
+    }
+    /* rows: blocks, token ids (saved), the batch */
+    const uint32_t nb0 = s->n_blocks;
+    for (size_t r = 0; r < R; r++) {
+        const size_t pos = n + r;
+        const uint32_t j = (uint32_t)(pos / bt);
+        const uint32_t t = r < lead ? v->lead : v->draft[r - lead];
+        if (j >= s->n_blocks) {
+            int rc = add_private(e, s, j);
+            IKV_ASSERT(rc == 0); /* the reservation guarantees a block */
+        }
+        IKV_ASSERT(e->state[s->table[j]] == IKV__BLK_PRIVATE);
+        uint32_t *bt_slot = &e->btokens[(size_t)s->table[j] * bt + pos % bt];
+        e->vsave[r] = *bt_slot;
+        *bt_slot = t;
+        s->tok[pos] = t;
+        e->dseq[r] = s, e->dpos[r] = pos, e->dtok[r] = t;
+    }
+    ikv__decode_batch(e, R);
+    v->rows = R;
+    if (v->logits_all) memcpy(v->logits_all, e->dlog, sizeof(float) * V * R);
+    /* acceptance, in order; row -1 (draft[0] without a lead) was checked above */
+    size_t a = lead ? 0 : 1;
+    int mismatch = 0;
+    for (; a < v->k; a++) {
+        const float *row = e->dlog + (a - 1 + lead) * V;
+        int ok = sp ? ikv_sampler_accept(sp, row, v->draft[a], &tok)
+                    : (tok = argmax_row(row, V)) == v->draft[a];
+        if (!ok) {
+            mismatch = 1;
+            break;
+        }
+    }
+    v->accepted = a;
+    const size_t keep = lead + a; /* >= 1 */
+    float *last = e->dlog + (keep - 1) * V;
+    memcpy(s->logits, last, sizeof(float) * V);
+    if (mismatch)
+        v->next = tok;
+    else
+        v->next = sp ? ikv_sampler_sample(sp, last) : argmax_row(last, V);
+    /* roll back rows [keep, R): token ids, then blocks holding no kept position */
+    for (size_t r = R; r-- > keep;) {
+        const size_t pos = n + r;
+        e->btokens[(size_t)s->table[pos / bt] * bt + pos % bt] = e->vsave[r];
+    }
+    const uint32_t need = (uint32_t)((n + keep + bt - 1) / bt);
+    while (s->n_blocks > nb0 && s->n_blocks > need) {
+        uint32_t j = --s->n_blocks;
+        pool_push(e, s->table[j]);
+        s->table[j] = IKV_NIL;
+    }
+    s->n = (uint32_t)(n + keep);
+    return 0;
+}
+
+size_t ikv_seq_room(const ikv_seq *s) {
+    return s->n < s->limit ? s->limit - s->n : 0;
 }
 
 void ikv_engine_end(ikv_engine *e, ikv_seq *s) {

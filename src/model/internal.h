@@ -175,6 +175,8 @@ struct ikv_engine {
     float *dq, *dk, *dv, *datt; /* [dmax][q_dim | kv_dim | kv_dim | q_dim] */
     float *dhb, *dhb2;          /* [dmax][hidden] */
     float *dlog;                /* [dmax][vocab] */
+    uint32_t max_draft; /* ikv_engine_verify: draft tokens at most (dmax >= max_draft + 1) */
+    uint32_t *vsave;    /* [dmax] block token ids a verify overwrote (restored on roll-back) */
 
     uint64_t n_requests, n_cached_tokens, n_computed_tokens, n_rejected, n_partial_hits;
     struct ikv__tiers *tiers; /* lower tiers (tiers.c); NULL without any */
@@ -255,6 +257,11 @@ void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, s
  * sequence's logits. The weight products go through ikv__linear_rows with all nb rows, so
  * every weight row is read once per step; each row's bits do not depend on nb. (forward.c) */
 void ikv__decode_batch(struct ikv_engine *e, size_t nb);
+/* The acceptance rule of ikv_sampler_accept with its two uniforms given (u1 decides
+ * acceptance: u1 < probs[draft]; u2 picks from the rest): the arithmetic, for tests. Returns 1
+ * (accepted, *out = draft) or 0 (*out drawn from probs without draft, renormalised). */
+int ikv__sampler_accept_coins(const float *probs, uint32_t n, uint32_t draft, float u1, float u2,
+                              uint32_t *out);
 /* Y[b * ldy + r] = W[r] . X[b * ldx] for r in [r0, r1), b in [0, nx); W is [N][K] row-major.
  * Each element's bits depend only on K, W[r] and X[b] (linear.c). Does not allocate. */
 void ikv__linear_rows(const float *W, size_t K, size_t r0, size_t r1, const float *X, size_t ldx,

@@ -52,6 +52,7 @@ static void srq_free(srq *r) {
     for (int i = 0; i < r->nstop; i++)
         ikv_free(r->stop[i]);
     ikv_free(r->text);
+    ikv_free(r->otok);
     pthread_cond_destroy(&r->cv);
     srq *l = r->leader;
     ikv_free(r);
@@ -587,6 +588,13 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
         cJSON_AddBoolToObject(ro, "slo_met_on_walk", r->route.slo_met);
     }
     cJSON_AddNumberToObject(ro, "priority", r->prio);
+    if (r->sem_done) {
+        cJSON *sc = cJSON_AddObjectToObject(x, "semantic_cache");
+        cJSON_AddNumberToObject(sc, "candidates", (double)r->sem_cands);
+        cJSON_AddNumberToObject(sc, "accepted_tokens", (double)r->sem_accepted);
+        cJSON_AddNumberToObject(sc, "rejected_tokens", (double)r->sem_rejected);
+        cJSON_AddNumberToObject(sc, "decode_steps_saved", (double)r->sem_saved);
+    }
 }
 
 /* The skeleton every answer and chunk shares. */
@@ -1205,6 +1213,7 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
     eo.threads = o.threads;
     eo.kv_mem = o.kv_mem;
     eo.policy = o.policy;
+    if (o.semantic_cache) eo.max_draft = 256; /* a cached answer verified in one pass */
     if (o.kv_mem) {
         /* private blocks: what max_seqs full sequences need, at most half the pool */
         uint64_t bb = ikv_model_kv_bytes_per_token(mc) * eo.block_tokens;
@@ -1238,6 +1247,13 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
     if (!s->running || !s->logit_scratch) {
         rc = ikv_error(IKV_ENOMEM, "server");
         goto fail;
+    }
+    if (o.semantic_cache) {
+        ikv_respcache_options ro;
+        ikv_respcache_options_default(&ro);
+        ro.capacity = o.semantic_cache;
+        ro.max_tokens = s->seq_len;
+        if ((rc = ikv_respcache_create(&ro, &s->rcache))) goto fail;
     }
     ikv_engine_stats_get(s->engine, &s->met.eng);
     ikv_cache_stats_get(ikv_engine_cache(s->engine), &s->met.cache);
@@ -1334,6 +1350,7 @@ void ikv_serve_destroy(ikv_serve *s) {
     ikv_free(s->public_text);
     ikv_free(s->running);
     ikv_free(s->logit_scratch);
+    ikv_respcache_destroy(s->rcache);
     ikv_free(s->model_name), ikv_free(s->model_path), ikv_free(s->describe);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->sched_cv);

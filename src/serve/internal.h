@@ -17,6 +17,7 @@
 
 #include "isokv/model.h"
 #include "isokv/plan.h"
+#include "isokv/respcache.h"
 #include "isokv/serve.h"
 
 #include <pthread.h>
@@ -75,8 +76,12 @@ typedef struct srq {
     /* scheduler only */
     ikv_seq *seq;
     ikv_sampler *smp;
-    uint32_t next; /* token to decode next */
-    uint32_t prev; /* previous token (detokenizing) */
+    uint32_t next;  /* token to decode next */
+    uint32_t prev;  /* previous token (detokenizing) */
+    uint32_t *otok; /* [max_tokens] output token ids (kept for the response cache) */
+    int sem_done;   /* the response cache was consulted */
+    size_t sem_cands, sem_accepted, sem_rejected, sem_saved; /* candidates, draft tokens
+                       accepted / rejected, decode steps saved (accepted - 1 per verify) */
     struct srq *qnext;
 } srq;
 
@@ -101,6 +106,9 @@ typedef struct srv_metrics {
     uint64_t http_by_status[8]; /* every response, tenant or not */
     srv_hist ttft, tpot, e2e;
     uint64_t steps, step_rows, step_prefill_tokens, cancelled, preempted;
+    /* response cache */
+    uint64_t sem_lookups, sem_verified, sem_accepted, sem_rejected, sem_saved, sem_hits;
+    ikv_respcache_stats sem;
     /* snapshots the scheduler takes after each step (the engine is its alone) */
     ikv_engine_stats eng;
     ikv_cache_stats cache;
@@ -145,8 +153,9 @@ struct ikv_serve {
     size_t nkeys;
     char *public_text; /* --public-prefix file contents */
     size_t public_len;
-    int pinned_public;    /* 1 once the public prefix's blocks are pinned */
-    float *logit_scratch; /* [vocab] scheduler's copy for the sampler */
+    int pinned_public;     /* 1 once the public prefix's blocks are pinned */
+    float *logit_scratch;  /* [vocab] scheduler's copy for the sampler */
+    ikv_respcache *rcache; /* response cache (NULL when off); the scheduler's alone */
     srv_metrics met;
 };
 

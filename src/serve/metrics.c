@@ -163,6 +163,29 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
     put(&b, "isokv_engine_computed_tokens_total %llu\n", (unsigned long long)e->computed_tokens);
     head(&b, "isokv_engine_requests_total", "counter", "sequences admitted by the engine");
     put(&b, "isokv_engine_requests_total %llu\n", (unsigned long long)e->requests);
+    if (s->rcache) {
+        static const struct {
+            const char *name, *help;
+        } sm[6] = {
+            {"isokv_semcache_lookups_total", "requests that looked up the response cache"},
+            {"isokv_semcache_candidates_verified_total", "cached responses verified as a draft"},
+            {"isokv_semcache_accepted_tokens_total", "draft tokens the model accepted (served)"},
+            {"isokv_semcache_rejected_tokens_total", "draft tokens the model refused"},
+            {"isokv_semcache_decode_steps_saved_total",
+             "decode steps replaced (accepted tokens minus one verify pass each)"},
+            {"isokv_semcache_hits_total", "requests with at least one accepted cached token"},
+        };
+        const uint64_t v[6] = {m->sem_lookups,  m->sem_verified, m->sem_accepted,
+                               m->sem_rejected, m->sem_saved,    m->sem_hits};
+        for (int i = 0; i < 6; i++) {
+            head(&b, sm[i].name, "counter", sm[i].help);
+            put(&b, "%s %llu\n", sm[i].name, (unsigned long long)v[i]);
+        }
+        head(&b, "isokv_semcache_entries", "gauge", "responses held by the response cache");
+        put(&b, "isokv_semcache_entries %llu\n", (unsigned long long)m->sem.entries);
+        head(&b, "isokv_semcache_evictions_total", "counter", "responses evicted (policy)");
+        put(&b, "isokv_semcache_evictions_total %llu\n", (unsigned long long)m->sem.evictions);
+    }
     head(&b, "isokv_partial_block_hits_total", "counter",
          "admissions that copied a cached or parked partial block (copy-on-write)");
     put(&b, "isokv_partial_block_hits_total %llu\n", (unsigned long long)e->partial_hits);

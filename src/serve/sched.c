@@ -27,6 +27,14 @@
  *      unfinished UTF-8 character, is held back until decided), finish at EOS/BOS ("stop"), a
  *      stop string ("stop") or max_tokens ("length"); wake the request's HTTP thread.
  *
+ * Response cache (--semantic-cache): when a request's prompt is done, before its first token
+ * is sampled, the most similar finished response of its scope (or a public one) is looked up;
+ * greedy requests take the best candidate whose first token is the argmax (free to check),
+ * sampled ones the best candidate. Its output is verified as a draft in one forward
+ * (ikv_engine_verify, mu released): the accepted tokens are taken at once (a streaming client
+ * gets them as one burst), and the token at the first mismatch continues normal decoding. A
+ * request that finishes (stop or length, status 200) stores its output.
+ *
  * Allocation: the sampler and text buffers of a request are allocated per request, never per
  * token in steady state (the text buffer grows geometrically).
  */
@@ -123,6 +131,14 @@ static void log_request(ikv_serve *s, const srq *r) {
 /* Ends a running request (mu held): releases its sequence, records it, wakes its thread. */
 static void finish_running(ikv_serve *s, size_t idx, const char *reason) {
     srq *r = s->running[idx];
+    if (s->rcache && reason && r->status == 200 && r->ntok > 0 && r->otok) {
+        ikv_respcache_params pa = {
+            .temperature = r->temperature, .top_p = r->top_p, .seed = r->seed};
+        /* public only when the whole prompt was declared public */
+        (void)ikv_respcache_put(s->rcache, r->scope, r->public_tokens >= r->n, r->tokens, r->n,
+                                r->otok, r->ntok, &pa); /* ENOMEM: just not cached */
+        ikv_respcache_stats_get(s->rcache, &s->met.sem);
+    }
     ikv_engine_end(s->engine, r->seq);
     r->seq = NULL;
     ikv_sampler_destroy(r->smp);
@@ -246,8 +262,12 @@ static void admit(ikv_serve *s) {
             continue;
         }
         rc = ikv_sampler_create(s->vocab, r->temperature, r->top_p, r->seed, &r->smp);
+        if (!rc && s->rcache && !(r->otok = ikv_malloc(sizeof *r->otok * r->max_tokens)))
+            rc = IKV_ENOMEM;
         if (rc) {
             s->nrunning--;
+            ikv_sampler_destroy(r->smp);
+            r->smp = NULL;
             ikv_engine_end(s->engine, seq);
             r->seq = NULL;
             fail_queued(s, r, 500, "out of memory (sampler)");
@@ -324,6 +344,7 @@ static int take_token(ikv_serve *s, size_t idx, uint32_t tok) {
     size_t len, from = r->raw_len;
     const char *piece = ikv_tokenizer_decode(s->tok, r->prev, tok, &len);
     r->all[r->n + r->ntok] = tok; /* < n + max_tokens: it finishes at max_tokens below */
+    if (r->otok && r->ntok < r->max_tokens) r->otok[r->ntok] = tok;
     r->ntok++;
     r->prev = tok;
     if (text_append(r, piece, len)) {
@@ -347,6 +368,62 @@ static int take_token(ikv_serve *s, size_t idx, uint32_t tok) {
     r->next = tok;
     pthread_cond_broadcast(r->wake);
     return 0;
+}
+
+static uint32_t argmax(const float *x, uint32_t n) {
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* The response cache for a request whose prompt is done (mu held; released during the
+ * verify). Returns 1 if it took the request's tokens (its first token included), 0 if the
+ * caller samples as usual. */
+static int semantic_first(ikv_serve *s, srq *r) {
+    r->sem_done = 1;
+    ikv_respcache_hit h[3];
+    size_t nh = ikv_respcache_lookup(s->rcache, r->scope, r->tokens, r->n, h, 3);
+    s->met.sem_lookups++;
+    r->sem_cands = nh;
+    const ikv_respcache_hit *c = NULL;
+    const float *lg = ikv_seq_logits(r->seq);
+    const uint32_t want = r->temperature == 0.0f ? argmax(lg, s->vocab) : 0;
+    for (size_t i = 0; i < nh && !c; i++)
+        if (r->temperature != 0.0f || h[i].output[0] == want) c = &h[i];
+    if (!c) return 0;
+    size_t k = c->n_output < 256 ? c->n_output : 256;
+    if (k > r->max_tokens) k = r->max_tokens;
+    if (k > ikv_seq_room(r->seq)) k = ikv_seq_room(r->seq);
+    /* the draft's blocks come from the private budget (admission reserved only a headroom):
+     * a shorter draft when they do not all fit, never a preemption for a draft */
+    while (k > 0 && ikv_seq_reserve(s->engine, r->seq, k) == IKV_EFULL)
+        k = k > 16 ? k - 16 : 0;
+    if (k == 0) return 0;
+    /* the candidate's tokens stay valid: only this thread puts */
+    ikv_verify v = {.draft = c->output, .k = k, .sampler = r->smp};
+    const uint32_t id = c->id;
+    pthread_mutex_unlock(&s->mu);
+    int rc = ikv_engine_verify(s->engine, r->seq, &v);
+    pthread_mutex_lock(&s->mu);
+    IKV_ASSERT(rc == 0); /* k fits the sequence's room and max_draft */
+    s->met.sem_verified++;
+    s->met.sem_accepted += v.accepted;
+    s->met.sem_rejected += k - v.accepted;
+    s->met.sem_hits += v.accepted > 0;
+    r->sem_accepted = v.accepted, r->sem_rejected = k - v.accepted;
+    r->sem_saved = v.accepted ? v.accepted - 1 : 0;
+    s->met.sem_saved += r->sem_saved;
+    ikv_respcache_used(s->rcache, id, v.accepted);
+    for (size_t i = 0; i <= v.accepted; i++) {
+        size_t idx = 0;
+        while (idx < s->nrunning && s->running[idx] != r)
+            idx++;
+        IKV_ASSERT(idx < s->nrunning);
+        const uint32_t tok = i < v.accepted ? v.draft[i] : v.next;
+        if (take_token(s, idx, tok)) break; /* finished (r may be gone) */
+    }
+    return 1;
 }
 
 void *ikv__serve_sched(void *arg) {
@@ -436,6 +513,7 @@ void *ikv__serve_sched(void *arg) {
             while (idx < s->nrunning && s->running[idx] != r)
                 idx++;
             IKV_ASSERT(idx < s->nrunning);
+            if (s->rcache && r->ntok == 0 && !r->sem_done && semantic_first(s, r)) continue;
             memcpy(s->logit_scratch, ikv_seq_logits(r->seq), sizeof(float) * s->vocab);
             uint32_t tok = ikv_sampler_sample(r->smp, s->logit_scratch);
             take_token(s, idx, tok);

@@ -1,0 +1,445 @@
+/*
+ * Tests for draft verification (ikv_engine_verify) and the speculative-sampling rule
+ * (ikv_sampler_accept):
+ *   - exactness: every row a verify computes has logits bit-identical to decoding the same
+ *     tokens one by one with ikv_engine_decode, on the bundled real model (stories260K) and on
+ *     a generated `tiny` model, at 1 and 2 threads, with and without a lead token, for drafts
+ *     that are right, wrong at every index, and wrong at the first token; after a verify,
+ *     decoding continues with the reference's tokens and logits; rolled-back positions leave
+ *     the pool as plain decoding to the same length would (ikv_engine_check, block counts);
+ *   - errors: bad tokens, a draft longer than max_draft, one past the sequence's limit change
+ *     nothing;
+ *   - the rule's arithmetic with its coins given (acceptance exactly below p(x); the rejection
+ *     branch never gives x and gives every other token in proportion to p), and statistically
+ *     with a fixed seed: accepting a draft token gives tokens distributed as p (chi-square),
+ *     including through the engine at temperature 4 and top-p 0.9 for two positions (the
+ *     generated model's logits span about 40, so 4 gives a top token of p 0.45).
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "isokv/model.h"
+#include "model/internal.h"
+
+static uint32_t argmax(const float *l, int n) {
+    uint32_t b = 0;
+    for (int i = 1; i < n; i++)
+        if (l[i] > l[b]) b = (uint32_t)i;
+    return b;
+}
+
+/* Greedy reference: the logits after the prompt and after each of dec decode steps
+ * ([dec + 1][V]) and the tokens, on a fresh engine. */
+static void greedy_ref(const ikv_model *m, const ikv_engine_options *o, const uint32_t *p, size_t n,
+                       int dec, float *logits, uint32_t *gen) {
+    const int V = m->cfg.vocab_size;
+    ikv_engine *e;
+    assert_int_equal(ikv_engine_create(m, o, &e), 0);
+    ikv_request rq = {.tokens = p, .n = n, .tenant = "T"};
+    ikv_seq *s;
+    assert_int_equal(ikv_engine_begin(e, &rq, &s, NULL), 0);
+    memcpy(logits, ikv_seq_logits(s), sizeof(float) * (size_t)V);
+    for (int d = 0; d < dec; d++) {
+        const float *lg;
+        gen[d] = argmax(logits + (size_t)d * V, V);
+        assert_int_equal(ikv_engine_decode(e, s, gen[d], &lg), 0);
+        memcpy(logits + (size_t)(d + 1) * V, lg, sizeof(float) * (size_t)V);
+    }
+    ikv_engine_end(e, s);
+    ikv_engine_destroy(e);
+}
+
+/* Free blocks of an engine (the pool's state after a roll-back is compared with this). */
+static uint64_t free_blocks(const ikv_engine *e) {
+    ikv_engine_stats st;
+    ikv_engine_stats_get(e, &st);
+    return st.free_blocks;
+}
+
+/* The exactness checks on one model and prompt at one thread count. */
+static void exact_on(const ikv_model *m, const uint32_t *P, size_t np, int threads) {
+    const int V = m->cfg.vocab_size;
+    enum { DEC = 48, K = 12 };
+    ikv_engine_options o;
+    ikv_engine_options_default(&o);
+    o.threads = threads;
+    o.max_seqs = 2;
+    o.tile = 16;
+    o.max_draft = K + 4;
+    float *ref = malloc(sizeof(float) * (size_t)V * (DEC + 1));
+    float *all = malloc(sizeof(float) * (size_t)V * (K + 1));
+    uint32_t gen[DEC];
+    greedy_ref(m, &o, P, np, DEC, ref, gen);
+    ikv_engine *e;
+    assert_int_equal(ikv_engine_create(m, &o, &e), 0);
+    ikv_request rq = {.tokens = P, .n = np, .tenant = "T", .max_new = DEC + K + 2};
+
+    /* (a) no lead, a draft wrong at index j (j = K: all right), from several starting points
+     * d0; then plain decoding continues as the reference */
+    static const int d0s[] = {0, 7, 19}, js[] = {0, 1, 2, 5, 9, K};
+    for (size_t a0 = 0; a0 < sizeof d0s / sizeof d0s[0]; a0++)
+        for (size_t a1 = 0; a1 < sizeof js / sizeof js[0]; a1++) {
+            const int d0 = d0s[a0], j = js[a1];
+            ikv_seq *s;
+            assert_int_equal(ikv_engine_begin(e, &rq, &s, NULL), 0);
+            const float *lg;
+            for (int d = 0; d < d0; d++)
+                assert_int_equal(ikv_engine_decode(e, s, gen[d], &lg), 0);
+            uint32_t draft[K];
+            for (int i = 0; i < K; i++)
+                draft[i] = gen[d0 + i];
+            if (j < K) draft[j] = (draft[j] + 1 + (uint32_t)j) % (uint32_t)V;
+            ikv_verify v = {.draft = draft, .k = K, .logits_all = all};
+            assert_int_equal(ikv_engine_verify(e, s, &v), 0);
+            assert_int_equal(v.accepted, j);
+            assert_int_equal(v.next, gen[d0 + j]);
+            assert_int_equal(v.rows, j == 0 ? 0 : K);
+            assert_int_equal(ikv_seq_len(s), np + (size_t)d0 + (size_t)j);
+            /* the mismatch position's logits, and every row up to it, bit for bit */
+            assert_memory_equal(ikv_seq_logits(s), ref + (size_t)(d0 + j) * V,
+                                sizeof(float) * (size_t)V);
+            for (int r = 0; j > 0 && r < j; r++)
+                assert_memory_equal(all + (size_t)r * V, ref + (size_t)(d0 + r + 1) * V,
+                                    sizeof(float) * (size_t)V);
+            assert_true(ikv_engine_check(e));
+            /* continue: the reference's logits at every later step */
+            for (int d = d0 + j; d < d0 + j + 6; d++) {
+                assert_int_equal(ikv_engine_decode(e, s, gen[d], &lg), 0);
+                assert_memory_equal(lg, ref + (size_t)(d + 1) * V, sizeof(float) * (size_t)V);
+            }
+            /* the pool holds what plain decoding to this length holds */
+            uint64_t fb = free_blocks(e);
+            ikv_engine_end(e, s);
+            ikv_seq *s2;
+            assert_int_equal(ikv_engine_begin(e, &rq, &s2, NULL), 0);
+            for (int d = 0; d < d0 + j + 6; d++)
+                assert_int_equal(ikv_engine_decode(e, s2, gen[d], &lg), 0);
+            assert_int_equal(free_blocks(e), fb);
+            ikv_engine_end(e, s2);
+            assert_true(ikv_engine_check(e));
+        }
+
+    /* (b) rounds with a lead (the prompt-lookup loop): every round's draft is right up to a
+     * varying index; the emitted tokens and each round's logits follow the reference */
+    {
+        ikv_seq *s;
+        assert_int_equal(ikv_engine_begin(e, &rq, &s, NULL), 0);
+        size_t out = 0;
+        uint32_t pending = argmax(ikv_seq_logits(s), V);
+        assert_int_equal(pending, gen[0]);
+        out = 1; /* gen[0] emitted, not yet in the sequence */
+        for (int round = 0; out + K + 1 < DEC; round++) {
+            const size_t k = (size_t)(round % 5) * 3;     /* 0, 3, 6, 9, 12 */
+            const size_t wrong = (size_t)round % (k + 1); /* k: all right */
+            uint32_t draft[K];
+            for (size_t i = 0; i < k; i++)
+                draft[i] = gen[out + i];
+            if (wrong < k) draft[wrong] = (draft[wrong] + 7) % (uint32_t)V;
+            ikv_verify v = {
+                .has_lead = 1, .lead = pending, .draft = draft, .k = k, .logits_all = all};
+            assert_int_equal(ikv_engine_verify(e, s, &v), 0);
+            assert_int_equal(v.rows, k + 1);
+            assert_int_equal(v.accepted, wrong);
+            for (size_t r = 0; r <= wrong; r++)
+                assert_memory_equal(all + r * V, ref + (out + r) * V, sizeof(float) * (size_t)V);
+            out += wrong;
+            assert_int_equal(ikv_seq_len(s), np + out);
+            assert_memory_equal(ikv_seq_logits(s), ref + out * V, sizeof(float) * (size_t)V);
+            assert_int_equal(v.next, gen[out]);
+            pending = v.next;
+            out++;
+            assert_true(ikv_engine_check(e));
+        }
+        /* errors change nothing */
+        const size_t len = ikv_seq_len(s);
+        uint32_t big[K + 8];
+        for (int i = 0; i < K + 8; i++)
+            big[i] = gen[0];
+        ikv_verify bad = {.draft = big, .k = K + 8};
+        assert_int_equal(ikv_engine_verify(e, s, &bad), IKV_EINVAL);
+        big[2] = (uint32_t)V;
+        bad.k = 4;
+        assert_int_equal(ikv_engine_verify(e, s, &bad), IKV_EINVAL);
+        bad = (ikv_verify){.has_lead = 1, .lead = (uint32_t)V + 3};
+        assert_int_equal(ikv_engine_verify(e, s, &bad), IKV_EINVAL);
+        bad = (ikv_verify){.draft = gen, .k = ikv_seq_room(s) + 1};
+        if (bad.k <= K + 4) assert_int_equal(ikv_engine_verify(e, s, &bad), IKV_ETOOLONG);
+        assert_int_equal(ikv_seq_len(s), len);
+        assert_true(ikv_engine_check(e));
+        ikv_engine_end(e, s);
+    }
+    /* (c) a draft up to the sequence's limit: accepted fully, nothing past the limit */
+    {
+        ikv_request r2 = rq;
+        r2.max_new = 10;
+        ikv_seq *s;
+        assert_int_equal(ikv_engine_begin(e, &r2, &s, NULL), 0);
+        assert_int_equal(ikv_seq_room(s), 10);
+        ikv_verify v = {.draft = gen, .k = 11};
+        assert_int_equal(ikv_engine_verify(e, s, &v), IKV_ETOOLONG);
+        v.k = 10;
+        assert_int_equal(ikv_engine_verify(e, s, &v), 0);
+        assert_int_equal(v.accepted, 10);
+        assert_int_equal(ikv_seq_room(s), 0);
+        assert_memory_equal(ikv_seq_logits(s), ref + 10 * (size_t)V, sizeof(float) * (size_t)V);
+        ikv_engine_end(e, s);
+    }
+    assert_true(ikv_engine_check(e));
+    ikv_engine_destroy(e);
+    free(ref);
+    free(all);
+}
+
+static void test_verify_exact_real(void **st) {
+    (void)st;
+    ikv_model *m;
+    ikv_tokenizer *tk;
+    if (ikv_model_load("data/models/stories260K/stories260K.bin", &m))
+        fail_msg("bundled model: %s", ikv_errdetail());
+    assert_int_equal(ikv_tokenizer_load("data/models/stories260K/tok512.bin", 512, &tk), 0);
+    uint32_t P[128];
+    size_t np;
+    assert_int_equal(ikv_tokenizer_encode(tk,
+                                          "Once upon a time, there was a little girl named "
+                                          "Lily. She loved to play",
+                                          1, 0, P, 128, &np),
+                     0);
+    for (int th = 1; th <= 2; th++)
+        exact_on(m, P, np, th);
+    ikv_tokenizer_destroy(tk);
+    ikv_model_destroy(m);
+}
+
+static void test_verify_exact_generated(void **st) {
+    (void)st;
+    ikv_model_config c;
+    assert_int_equal(ikv_model_config_named("tiny", &c), 0);
+    ikv_model *m;
+    assert_int_equal(ikv_model_random(&c, 7, &m), 0);
+    uint32_t P[40];
+    for (int i = 0; i < 40; i++)
+        P[i] = (uint32_t)(3 + (i * 37) % 400);
+    for (int th = 1; th <= 2; th++)
+        exact_on(m, P, 29, th); /* 29: the draft crosses block boundaries at 32, 48, ... */
+    ikv_model_destroy(m);
+}
+
+/* The rule's arithmetic with the coins given. */
+static void test_accept_rule_arithmetic(void **st) {
+    (void)st;
+    const float p[6] = {0.1f, 0.0f, 0.45f, 0.25f, 0.2f, 0.0f};
+    uint32_t out;
+    /* acceptance exactly when u1 < p(x) */
+    assert_int_equal(ikv__sampler_accept_coins(p, 6, 2, 0.44f, 0.5f, &out), 1);
+    assert_int_equal(out, 2);
+    assert_int_equal(ikv__sampler_accept_coins(p, 6, 2, 0.45f, 0.5f, &out), 0);
+    assert_int_not_equal(out, 2);
+    /* a zero-probability draft is never accepted */
+    assert_int_equal(ikv__sampler_accept_coins(p, 6, 1, 0.0f, 0.0f, &out), 0);
+    assert_int_equal(out, 0);
+    /* rejection: u2 over a fine grid lands on y != x with frequency p(y) / (1 - p(x)) */
+    enum { G = 100000 };
+    for (uint32_t x = 0; x < 6; x++) {
+        int cnt[6] = {0};
+        for (int i = 0; i < G; i++) {
+            assert_int_equal(ikv__sampler_accept_coins(p, 6, x, 1.0f, ((float)i + 0.5f) / G, &out),
+                             0);
+            cnt[out]++;
+        }
+        assert_int_equal(cnt[x], 0);
+        for (uint32_t y = 0; y < 6; y++) {
+            if (y == x) continue;
+            double want = p[y] / (1.0 - p[x]);
+            assert_true(fabs((double)cnt[y] / G - want) < 1e-4);
+            if (p[y] == 0.0f) assert_int_equal(cnt[y], 0);
+        }
+    }
+    /* all mass on the draft: accepted whatever the coins */
+    const float one[3] = {0.0f, 1.0f, 0.0f};
+    assert_int_equal(ikv__sampler_accept_coins(one, 3, 1, 0.9999f, 0.3f, &out), 1);
+    assert_int_equal(out, 1);
+    /* greedy: accepted iff argmax (lowest index on ties) */
+    ikv_sampler *g;
+    assert_int_equal(ikv_sampler_create(4, 0.0f, 0.0f, 1, &g), 0);
+    const float lg[4] = {1.0f, 3.0f, 3.0f, -1.0f};
+    assert_int_equal(ikv_sampler_accept(g, lg, 1, &out), 1);
+    assert_int_equal(ikv_sampler_accept(g, lg, 2, &out), 0);
+    assert_int_equal(out, 1);
+    ikv_sampler_destroy(g);
+}
+
+/* Pearson chi-square of counts against probabilities over nb bins (expected >= 5 each). */
+static double chi2(const int *cnt, const double *p, int nb, int total) {
+    double x = 0.0;
+    for (int i = 0; i < nb; i++) {
+        double ex = p[i] * total;
+        assert_true(ex >= 5.0);
+        x += (cnt[i] - ex) * (cnt[i] - ex) / ex;
+    }
+    return x;
+}
+
+/* Statistically: out of ikv_sampler_accept with any draft token is distributed as p. The
+ * critical values are the chi-square 0.999 quantiles; the seed is fixed, so the test is
+ * deterministic, and the wrong rules (resampling from p with x kept, or never rejecting) fail
+ * it by far (checked: a drawn x would get p(x) + (1 - p(x)) p(x)). */
+static void test_accept_rule_statistics(void **st) {
+    (void)st;
+    enum { NV = 8, N = 20000 };
+    const float logits[NV] = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, 1.5f, -1.0f, 0.7f};
+    for (int topp10 = 0; topp10 <= 9; topp10 += 9) {
+        ikv_sampler *s;
+        assert_int_equal(ikv_sampler_create(NV, 0.9f, (float)topp10 / 10.0f, 12345, &s), 0);
+        float pf[NV];
+        ikv_sampler_dist(s, logits, pf);
+        double p[NV], sum = 0.0;
+        int nb = 0, map[NV];
+        for (int i = 0; i < NV; i++) {
+            sum += pf[i];
+            map[i] = pf[i] > 0.0f ? nb++ : -1;
+        }
+        assert_true(fabs(sum - 1.0) < 1e-5);
+        for (int i = 0; i < NV; i++)
+            if (map[i] >= 0) p[map[i]] = pf[i];
+        for (uint32_t x = 0; x < NV; x += 3) {
+            int cnt[NV] = {0}, acc = 0;
+            for (int i = 0; i < N; i++) {
+                uint32_t out;
+                acc += ikv_sampler_accept(s, logits, x, &out);
+                assert_true(map[out] >= 0); /* never outside the nucleus */
+                cnt[map[out]]++;
+            }
+            /* chi-square 0.999 quantiles for 1..7 degrees of freedom */
+            static const double crit[8] = {0, 10.83, 13.82, 16.27, 18.47, 20.52, 22.46, 24.32};
+            assert_true(chi2(cnt, p, nb, N) < crit[nb - 1]);
+            /* and it accepted about p(x) of the time */
+            assert_true(fabs((double)acc / N - pf[x]) < 4.0 * sqrt(pf[x] * (1 - pf[x]) / N) + 1e-9);
+        }
+        ikv_sampler_destroy(s);
+    }
+}
+
+/* Through the engine, temperature 4 and top-p 0.9: over many verifies of a two-token draft
+ * (the two most likely tokens), the first emitted token is distributed as the model's p0, and
+ * given that it is the draft's, the second as p1 (the logits after it). */
+static void test_verify_sampling_distribution(void **st) {
+    (void)st;
+    ikv_model_config c;
+    assert_int_equal(ikv_model_config_named("tiny", &c), 0);
+    ikv_model *m;
+    assert_int_equal(ikv_model_random(&c, 11, &m), 0);
+    const int V = c.vocab_size;
+    ikv_engine_options o;
+    ikv_engine_options_default(&o);
+    ikv_engine *e;
+    assert_int_equal(ikv_engine_create(m, &o, &e), 0);
+    uint32_t P[20];
+    for (int i = 0; i < 20; i++)
+        P[i] = (uint32_t)(5 + i * 11);
+    ikv_request rq = {.tokens = P, .n = 20, .tenant = "T", .max_new = 8};
+    ikv_sampler *sp;
+    assert_int_equal(ikv_sampler_create((uint32_t)V, 4.0f, 0.9f, 99, &sp), 0);
+    float *p0 = malloc(sizeof(float) * (size_t)V), *p1 = malloc(sizeof(float) * (size_t)V);
+    ikv_seq *s;
+    const float *lg;
+    assert_int_equal(ikv_engine_begin(e, &rq, &s, NULL), 0);
+    ikv_sampler_dist(sp, ikv_seq_logits(s), p0);
+    const uint32_t d0 = argmax(p0, V);
+    assert_int_equal(ikv_engine_decode(e, s, d0, &lg), 0);
+    ikv_sampler_dist(sp, lg, p1);
+    const uint32_t d1 = argmax(p1, V);
+    ikv_engine_end(e, s);
+    /* bins: the 4 most likely tokens of each distribution and the rest */
+    enum { N = 3000, NB = 5 };
+    uint32_t top0[4], top1[4];
+    for (int t = 0; t < 2; t++) {
+        const float *p = t ? p1 : p0;
+        uint32_t *top = t ? top1 : top0;
+        for (int b = 0; b < 4; b++) {
+            uint32_t best = UINT32_MAX;
+            for (uint32_t i = 0; i < (uint32_t)V; i++) {
+                int used = 0;
+                for (int q = 0; q < b; q++)
+                    used |= top[q] == i;
+                if (!used && (best == UINT32_MAX || p[i] > p[best])) best = i;
+            }
+            top[b] = best;
+        }
+    }
+    int c0[NB] = {0}, c1[NB] = {0}, n1 = 0;
+    for (int trial = 0; trial < N; trial++) {
+        assert_int_equal(ikv_engine_begin(e, &rq, &s, NULL), 0);
+        const uint32_t draft[2] = {d0, d1};
+        ikv_verify v = {.draft = draft, .k = 2, .sampler = sp};
+        assert_int_equal(ikv_engine_verify(e, s, &v), 0);
+        uint32_t e0 = v.accepted >= 1 ? d0 : v.next;
+        int b = 4;
+        for (int q = 0; q < 4; q++)
+            if (top0[q] == e0) b = q;
+        c0[b]++;
+        if (v.accepted >= 1) {
+            uint32_t e1 = v.accepted >= 2 ? d1 : v.next;
+            b = 4;
+            for (int q = 0; q < 4; q++)
+                if (top1[q] == e1) b = q;
+            c1[b]++;
+            n1++;
+        }
+        ikv_engine_end(e, s);
+    }
+    double q0[NB], q1[NB];
+    q0[4] = q1[4] = 1.0;
+    for (int b = 0; b < 4; b++) {
+        q0[b] = p0[top0[b]], q1[b] = p1[top1[b]];
+        q0[4] -= q0[b], q1[4] -= q1[b];
+    }
+    /* merge bins with too little mass into "rest" (expected counts >= 5) */
+    int m0[NB] = {0}, m1[NB] = {0}, k0 = 0, k1 = 0;
+    double r0[NB], r1[NB], rest0 = 0, rest1 = 0;
+    int rc0 = 0, rc1 = 0;
+    for (int b = 0; b < NB; b++) {
+        if (q0[b] * N >= 5 && b < 4)
+            r0[k0] = q0[b], m0[k0++] = c0[b];
+        else
+            rest0 += q0[b], rc0 += c0[b];
+        if (q1[b] * n1 >= 5 && b < 4)
+            r1[k1] = q1[b], m1[k1++] = c1[b];
+        else
+            rest1 += q1[b], rc1 += c1[b];
+    }
+    if (rest0 * N >= 5)
+        r0[k0] = rest0, m0[k0++] = rc0;
+    else
+        assert_true(rc0 <= 10);
+    if (rest1 * n1 >= 5)
+        r1[k1] = rest1, m1[k1++] = rc1;
+    else
+        assert_true(rc1 <= 10);
+    static const double crit[6] = {0, 10.83, 13.82, 16.27, 18.47, 20.52};
+    assert_true(k0 >= 2 && k1 >= 2);
+    assert_true(n1 > 200);
+    assert_true(chi2(m0, r0, k0, N) < crit[k0 - 1]);
+    assert_true(chi2(m1, r1, k1, n1) < crit[k1 - 1]);
+    assert_true(ikv_engine_check(e));
+    free(p0), free(p1);
+    ikv_sampler_destroy(sp);
+    ikv_engine_destroy(e);
+    ikv_model_destroy(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_accept_rule_arithmetic),
+        cmocka_unit_test(test_accept_rule_statistics),
+        cmocka_unit_test(test_verify_exact_generated),
+        cmocka_unit_test(test_verify_exact_real),
+        cmocka_unit_test(test_verify_sampling_distribution),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
