@@ -1226,7 +1226,7 @@ static server TR; /* --route-set route.simple=1, one sequence at a time */
 static int setup_route(void **st) {
     (void)st;
     const char *extra[] = {"--route-set", "route.simple=1", "--max-seqs", "1", "--max-queue",
-                           "64", NULL};
+                           "64", "--semantic-cache", NULL};
     return server_start(&TR, extra);
 }
 
@@ -1307,6 +1307,36 @@ static void test_route_classes(void **st) {
                  k);
         assert_true(metric(TR.port, series) == -1);
     }
+}
+
+/* The response cache is the step-3 lever: the same greedy prompt again, as a complex request
+ * (step 5) takes the cached answer as a verified draft; as a simple one (step 1) it does not
+ * look (no semantic_cache object), and its text is the same. */
+static void test_route_response_cache(void **st) {
+    (void)st;
+    const char *b = "{\"prompt\":\"Ben had a small boat on the lake\",\"max_tokens\":24,"
+                    "\"temperature\":0,\"isokv\":{\"class\":\"%s\"}}";
+    char body[256];
+    char *texts[3];
+    const char *cls[3] = {"complex", "complex", "simple"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(body, sizeof body, b, cls[i]);
+        resp r = post_hdr(TR.port, body, NULL, NULL);
+        if (r.status != 200) fail_msg("status %ld: %s", r.status, r.body);
+        cJSON *j = json_of(&r);
+        cJSON *sc = path_get(j, "usage", "isokv", "semantic_cache", NULL);
+        if (i == 1) {
+            assert_non_null(sc);
+            assert_true(num(sc, "accepted_tokens", NULL) >= 1);
+        }
+        if (i == 2) assert_null(sc); /* step 1: below the lever */
+        texts[i] = strdup(str(j, "choices", "0", "text", NULL));
+        cJSON_Delete(j), free(r.body);
+    }
+    assert_string_equal(texts[0], texts[1]);
+    assert_string_equal(texts[0], texts[2]);
+    for (int i = 0; i < 3; i++)
+        free(texts[i]);
 }
 
 /* The lever: a higher step is admitted first. One sequence at a time; a blocker of 16 long
@@ -1482,6 +1512,7 @@ int main(void) {
                                        cmocka_unit_test(test_tier_errors)};
     rc |= cmocka_run_group_tests_name("serve_tiers", tiers, setup_tiers, teardown_tiers);
     const struct CMUnitTest route[] = {cmocka_unit_test(test_route_classes),
+                                       cmocka_unit_test(test_route_response_cache),
                                        cmocka_unit_test(test_route_priority)};
     rc |= cmocka_run_group_tests_name("serve_route", route, setup_route, teardown_route);
     const struct CMUnitTest preempt[] = {cmocka_unit_test(test_preempt_same_text)};

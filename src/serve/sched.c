@@ -513,7 +513,11 @@ void *ikv__serve_sched(void *arg) {
             while (idx < s->nrunning && s->running[idx] != r)
                 idx++;
             IKV_ASSERT(idx < s->nrunning);
-            if (s->rcache && r->ntok == 0 && !r->sem_done && semantic_first(s, r)) continue;
+            /* the response cache is the routing step 3 lever (a draft the model verifies is
+             * speculative decoding): requests routed below it do not use it */
+            if (s->rcache && r->ntok == 0 && !r->sem_done && r->route.step >= 3 &&
+                semantic_first(s, r))
+                continue;
             memcpy(s->logit_scratch, ikv_seq_logits(r->seq), sizeof(float) * s->vocab);
             uint32_t tok = ikv_sampler_sample(r->smp, s->logit_scratch);
             take_token(s, idx, tok);
