@@ -1174,50 +1174,48 @@ static void test_tier_file_shared(void **st) {
     assert_true(metric(TF1.port, "isokv_blocks_demoted_total{tier=\"file\"}") >= 2);
 }
 
-/* Bad --tier values: a malformed spec is a usage error (2), an unwritable file a failure (1),
- * each naming the problem, before anything listens. */
-static void test_tier_errors(void **st) {
-    (void)st;
+/* Runs `isokv serve --port 0 ARGS...` to its exit (it must fail before listening, within
+ * 30 s); returns the exit status. */
+static int serve_exit_code(const char *const *args) {
     const char *bin = getenv("IKV_BIN");
     assert_non_null(bin);
-    struct {
-        const char *spec, *dtype;
-        int code;
-    } cases[] = {{"file:noSize", NULL, 2},
-                 {"bogus:1M", NULL, 2},
-                 {"file:/nonexistent-dir/x/kv.store:1M", NULL, 1},
-                 {"mem:1M", "q4", 2}};
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        pid_t pid = fork();
-        assert_true(pid >= 0);
-        if (pid == 0) {
-            prctl(PR_SET_PDEATHSIG, SIGKILL);
-            FILE *null = fopen("/dev/null", "w");
-            if (null) dup2(fileno(null), 1), dup2(fileno(null), 2);
-            const char *argv[] = {bin,    "serve", "--port",     "0",
-                                  "--tier", cases[i].spec, cases[i].dtype ? "--tier-dtype" : NULL,
-                                  cases[i].dtype, NULL};
-            execv(bin, (char *const *)argv);
-            _exit(127);
-        }
-        int status = 0;
-        for (int k = 0; k < 300; k++) {
-            if (waitpid(pid, &status, WNOHANG) == pid) {
-                pid = 0;
-                break;
-            }
-            usleep(100 * 1000);
-        }
-        if (pid) {
-            kill(pid, SIGKILL), waitpid(pid, NULL, 0);
-            fail_msg("serve --tier %s did not exit", cases[i].spec);
-        }
-        assert_true(WIFEXITED(status));
-        if (WEXITSTATUS(status) != cases[i].code)
-            fail_msg("serve --tier %s: exit %d, expected %d", cases[i].spec, WEXITSTATUS(status),
-                     cases[i].code);
+    const char *argv[16] = {bin, "serve", "--port", "0"};
+    int n = 4;
+    for (int i = 0; args[i] && n < 15; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        FILE *null = fopen("/dev/null", "w");
+        if (null) dup2(fileno(null), 1), dup2(fileno(null), 2);
+        execv(bin, (char *const *)argv);
+        _exit(127);
     }
+    int status = 0;
+    for (int k = 0; k < 300; k++) {
+        if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        usleep(100 * 1000);
+    }
+    kill(pid, SIGKILL), waitpid(pid, NULL, 0);
+    fail_msg("serve %s did not exit", args[0]);
+    return -1;
 }
+
+/* Bad --tier values: a malformed spec is a usage error (2), an unwritable file a failure (1),
+ * each before anything listens. */
+static void test_tier_errors(void **st) {
+    (void)st;
+    const char *c1[] = {"--tier", "file:noSize", NULL}, *c2[] = {"--tier", "bogus:1M", NULL},
+               *c3[] = {"--tier", "file:/nonexistent-dir/x/kv.store:1M", NULL},
+               *c4[] = {"--tier", "mem:1M", "--tier-dtype", "q4", NULL};
+    assert_int_equal(serve_exit_code(c1), 2);
+    assert_int_equal(serve_exit_code(c2), 2);
+    assert_int_equal(serve_exit_code(c3), 1);
+    assert_int_equal(serve_exit_code(c4), 2);
+}
+
 
 /* ---- routing by class ---------------------------------------------------------------------- */
 
@@ -1496,6 +1494,40 @@ static void test_preempt_same_text(void **st) {
         free(bodies[i]), free(ref[i]);
 }
 
+/* Bad routing flags: an unknown or out-of-range plan key, an unknown model or GPU are usage
+ * errors (2); a missing config file a failure (1). */
+static void test_route_flags(void **st) {
+    (void)st;
+    const char *c1[] = {"--route-set", "route.simple=9", NULL},
+               *c2[] = {"--route-set", "no.such=1", NULL}, *c3[] = {"--route-set", "x", NULL},
+               *c4[] = {"--route-model", "no-such-model", NULL},
+               *c5[] = {"--route-hw", "no-such-gpu", NULL},
+               *c6[] = {"--route-config", "/nonexistent-dir/route.json", NULL};
+    assert_int_equal(serve_exit_code(c1), 2);
+    assert_int_equal(serve_exit_code(c2), 2);
+    assert_int_equal(serve_exit_code(c3), 2);
+    assert_int_equal(serve_exit_code(c4), 2);
+    assert_int_equal(serve_exit_code(c5), 2);
+    assert_int_equal(serve_exit_code(c6), 1);
+    /* a config file (nested keys, as `isokv plan --config`) sets the caps */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/ikv_route_%d.json", (int)getpid());
+    write_file(path, "{\"route\": {\"simple\": 0, \"medium\": 3}, \"price.gpu_hour\": 4}");
+    server sv = {0};
+    const char *extra[] = {"--route-config", path, NULL};
+    int started = server_start(&sv, extra);
+    unlink(path);
+    assert_int_equal(started, 0);
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2}";
+    resp r = post_hdr(sv.port, body, "simple", NULL);
+    int simple = r.status == 200 ? route_step(&r, "simple") : -1;
+    r = post_hdr(sv.port, body, NULL, NULL);
+    int medium = r.status == 200 ? route_step(&r, "medium") : -1;
+    assert_int_equal(server_stop(&sv), 0);
+    assert_int_equal(simple, 0);
+    assert_int_equal(medium, 3);
+}
+
 int main(void) {
     const struct CMUnitTest api[] = {
         cmocka_unit_test(test_health_models_metrics), cmocka_unit_test(test_completions),
@@ -1513,7 +1545,8 @@ int main(void) {
     rc |= cmocka_run_group_tests_name("serve_tiers", tiers, setup_tiers, teardown_tiers);
     const struct CMUnitTest route[] = {cmocka_unit_test(test_route_classes),
                                        cmocka_unit_test(test_route_response_cache),
-                                       cmocka_unit_test(test_route_priority)};
+                                       cmocka_unit_test(test_route_priority),
+                                       cmocka_unit_test(test_route_flags)};
     rc |= cmocka_run_group_tests_name("serve_route", route, setup_route, teardown_route);
     const struct CMUnitTest preempt[] = {cmocka_unit_test(test_preempt_same_text)};
     rc |= cmocka_run_group_tests_name("serve_preempt", preempt, setup_preempt, teardown_preempt);
