@@ -1452,44 +1452,6 @@ static void test_batch_invariance(void **st) {
             ikv_engine_end(e, many[k]);
         assert_true(refused);
         assert_true(ikv_engine_check(e));
-        /* ikv_engine_end_cached: a sequence decoded past its prompt gives its full private
-         * blocks to the cache; its prompt + generated tokens, admitted again, find them and
-         * go on bit-identical */
-        rq.reserve_new = 0, rq.tenant = "T";
-        assert_int_equal(ikv_engine_admit(e, &rq, &s1, NULL), 0);
-        it = (ikv_step_item){.seq = s1};
-        assert_int_equal(ikv_engine_step(e, &it, 1), 0);
-        for (int d = 0; d < DEC; d++) {
-            it = (ikv_step_item){.seq = s1, .token = gen[d]};
-            assert_int_equal(ikv_engine_step(e, &it, 1), 0);
-        }
-        size_t nfull = (np + DEC) / 16, ncached = np / 16; /* full blocks; those of the prompt */
-        assert_true(nfull > ncached);
-        assert_int_equal(ikv_engine_end_cached(e, s1), nfull - ncached);
-        assert_true(ikv_engine_check(e));
-        uint32_t again[256 + DEC];
-        memcpy(again, P, sizeof(uint32_t) * np);
-        memcpy(again + np, gen, sizeof(uint32_t) * (DEC - 1));
-        ikv_request rq3 = {.tokens = again, .n = np + DEC - 1, .tenant = "T", .max_new = 1};
-        ikv_prefill_info inf3;
-        assert_int_equal(ikv_engine_admit(e, &rq3, &s1, &inf3), 0);
-        assert_true(inf3.cached_tokens >= nfull * 16 - (nfull * 16 == np + DEC - 1 ? 16 : 0));
-        it = (ikv_step_item){.seq = s1};
-        assert_int_equal(ikv_engine_step(e, &it, 1), 0);
-        /* not bit-identical: the positions recomputed (the last partial block) go through the
-         * prefill's products, whose sums round differently from the decode's; the same argmax
-         * and a tiny difference */
-        const float *l3 = ikv_seq_logits(s1), *lr = ref + (size_t)(DEC - 1) * V;
-        float maxd = 0, maxa = 0;
-        for (int v = 0; v < V; v++) {
-            float dd = l3[v] > lr[v] ? l3[v] - lr[v] : lr[v] - l3[v];
-            maxd = dd > maxd ? dd : maxd;
-            maxa = (lr[v] > 0 ? lr[v] : -lr[v]) > maxa ? (lr[v] > 0 ? lr[v] : -lr[v]) : maxa;
-        }
-        assert_true(maxd <= 1e-4f * maxa);
-        assert_int_equal(argmax(l3, V), argmax(lr, V));
-        ikv_engine_end(e, s1);
-        assert_true(ikv_engine_check(e));
         ikv_engine_destroy(e);
         for (int i = 1; i < NT; i++)
             free(oref[i]);

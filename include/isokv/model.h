@@ -367,13 +367,6 @@ size_t ikv_seq_room(const ikv_seq *s);
 /* Ends a request: unlocks its cached blocks and returns its private blocks to the pool. */
 void ikv_engine_end(ikv_engine *e, ikv_seq *s);
 
-/* Ends a request after giving its full computed blocks that are private (decoded positions,
- * or prompt blocks the cache had no room for) to the prefix cache, so a later request with
- * the same tokens (a preempted one re-admitted with prompt + generated tokens) finds them;
- * the cache evicts others to make room, or takes fewer. Returns the blocks given. Does not
- * allocate. */
-size_t ikv_engine_end_cached(ikv_engine *e, ikv_seq *s);
-
 const float *ikv_seq_logits(const ikv_seq *s); /* [vocab] of the last position */
 size_t ikv_seq_len(const ikv_seq *s);          /* positions so far */
 

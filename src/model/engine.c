@@ -956,54 +956,6 @@ void ikv_engine_end(ikv_engine *e, ikv_seq *s) {
     seq_release(e, s);
 }
 
-size_t ikv_engine_end_cached(ikv_engine *e, ikv_seq *s) {
-    if (!s || !s->active) return 0;
-    const uint32_t bt = e->bt, nfull = s->n / bt;
-    size_t given = 0;
-    uint32_t j0 = 0;
-    /* the chain: cached READY blocks first, then the private full blocks to give */
-    while (j0 < nfull && e->state[s->table[j0]] == IKV__BLK_READY)
-        j0++;
-    int ok = !s->no_cache && j0 < nfull && ikv_seq_pending(s) == 0;
-    for (uint32_t j = j0; ok && j < nfull; j++)
-        ok = e->state[s->table[j]] == IKV__BLK_PRIVATE;
-    if (ok) {
-        const uint64_t pub = ikv_scope_salt(e->opt.key_seed, NULL);
-        for (uint32_t j = 0; j < nfull; j++) {
-            uint64_t salt = (uint64_t)(j + 1) * bt <= s->public_tokens ? pub : s->salt;
-            e->keys[j] = ikv_key_chain(e->opt.key_seed, j ? &e->keys[j - 1] : NULL,
-                                       s->tok + (size_t)j * bt, bt, salt);
-        }
-        /* only when none of them is resident yet (another sequence may have cached the same
-         * tokens: its blocks, not these, are then the chain) */
-        size_t got = 0;
-        ikv_cache_match(e->cache, e->keys, nfull, e->nodes, NULL, &got);
-        e->clock++;
-        ikv_access acc = {.now = e->clock, .scope = 0, .next_use = NULL, .ntokens = NULL};
-        size_t ins = 0;
-        int rc = got == j0 ? ikv_cache_insert(e->cache, e->keys, nfull, j0, &acc, 1,
-                                              e->nodes + j0, &ins)
-                           : IKV_EEXIST;
-        if (rc && rc != IKV_EFULL) ins = 0;
-        for (uint32_t i = 0; i < (uint32_t)ins; i++) {
-            uint32_t j = j0 + i, node = e->nodes[j], b = s->table[j];
-            IKV_ASSERT(e->node2blk[node] == IKV_NIL);
-            s->locked[s->n_locked++] = node; /* locked by the insert: unlocked below */
-            e->state[b] = IKV__BLK_READY;
-            e->bnode[b] = node;
-            e->bkey[b] = e->keys[j];
-            e->node2blk[node] = b;
-            if (e->tiers)
-                ikv__tiers_set_scope(e, node, (uint64_t)(j + 1) * bt <= s->public_tokens
-                                                  ? pub
-                                                  : s->salt);
-            given++;
-        }
-    }
-    ikv_engine_end(e, s);
-    return given;
-}
-
 const float *ikv_seq_logits(const ikv_seq *s) {
     return s->logits;
 }

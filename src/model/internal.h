@@ -206,8 +206,6 @@ uint32_t ikv__tiers_match(struct ikv_engine *e, const ikv_request *r, struct ikv
  * measured prefill time, flushes queued demotions, and writes the request's computed full
  * blocks through to the shared stores. Recomputes the prompt's block keys from s->tok (other
  * admissions have reused the engine's key scratch since). */
-/* Records the scope salt of a node inserted outside admission (ikv_engine_end_cached). */
-void ikv__tiers_set_scope(struct ikv_engine *e, uint32_t node, uint64_t salt);
 void ikv__tiers_done(struct ikv_engine *e, struct ikv_seq *s, uint32_t m, uint32_t inserted,
                      double prefill_s);
 

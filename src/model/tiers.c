@@ -641,10 +641,6 @@ void ikv__tiers_done(ikv_engine *e, struct ikv_seq *s, uint32_t m, uint32_t inse
     if (n > first && prefill_s > 0) ema(&T->s_per_flop, prefill_s / prefill_flops(e, first, n));
 }
 
-void ikv__tiers_set_scope(ikv_engine *e, uint32_t node, uint64_t salt) {
-    e->tiers->nscope[node] = salt;
-}
-
 void ikv__tiers_pin_load_s(ikv_engine *e, size_t t, double s) {
     IKV_ASSERT(e->tiers && t >= 1 && t <= e->tiers->n);
     e->tiers->pinned[t - 1] = s >= 0;

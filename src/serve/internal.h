@@ -62,10 +62,13 @@ typedef struct srq {
     int prio;
     double cpu_s; /* process CPU seconds of the steps it was in, by its share of positions */
     /* preemption: the prompt and the tokens generated so far ([n + max_tokens], allocated at
-     * its first admission); a preempted request is re-admitted with all[0, n + ntok) */
+     * its first admission). A preempted request is re-admitted with its prompt, then its
+     * generated tokens all[n + replay] are fed back through decode steps (replay < ntok) before
+     * it samples again, so every position is computed by the path that computed it first */
     uint32_t *all;
-    uint32_t preemptions;
-    size_t recomputed; /* positions recomputed after preemptions */
+    uint32_t preemptions, replay;
+    int replaying; /* 1 from a preemption until all[n + replay] reaches ntok */
+    size_t recomputed; /* positions recomputed after preemptions (prefill and replayed) */
     double t_first, t_done;
     int status; /* 200, or an HTTP error decided by the scheduler */
     char err[256];

@@ -7,11 +7,12 @@
  *      cached blocks unlocked;
  *   2. decode blocks, then admission. Every decoding sequence, oldest first, reserves the
  *      block its next position needs (ikv_seq_reserve_next); when the private budget is spent
- *      the most recently admitted sequence is preempted: its sequence ends (its full blocks,
- *      decoded ones too, given to the cache), and it goes back to the head of the queue with
- *      its sampler, text and tokens, to be re-admitted with prompt + generated tokens as its
- *      prompt, so its output goes on (the recomputed positions round differently in the last
- *      bits: docs/serve.md, "Preemption"). Then admission, highest routing priority first (arrival order among
+ *      the most recently admitted sequence is preempted: its sequence ends (its prompt's
+ *      blocks stay cached), and it goes back to the head of the queue with its sampler, text
+ *      and tokens; re-admitted, its prompt is prefilled (cached or not, bit-identical) and its
+ *      generated tokens are fed back through decode steps before it samples again, so every
+ *      position is computed by the same path as the first time and the output goes on
+ *      bit-identical. Then admission, highest routing priority first (arrival order among
  *      equals): ikv_engine_admit reserves the prompt's blocks and SRV_HEADROOM decode
  *      positions (minus its cached prefix); when they do not fit (IKV_EFULL) or every sequence
  *      slot is taken (IKV_EBUSY) the queue waits for a sequence to end;
@@ -227,13 +228,13 @@ static void admit(ikv_serve *s) {
             }
             memcpy(r->all, r->tokens, sizeof(uint32_t) * r->n);
         }
-        /* after a preemption the prompt is the prompt and what was generated (the last token
-         * sampled not yet decoded), and the budget what is left: the text goes on unchanged */
-        ikv_request rq = {.tokens = r->all,
-                          .n = r->n + r->ntok,
+        /* after a preemption too, the prompt alone (prefilled as the first time: prefill is
+         * chunk- and cache-invariant); the generated tokens are replayed as decodes */
+        ikv_request rq = {.tokens = r->tokens,
+                          .n = r->n,
                           .tenant = r->scope,
                           .public_tokens = r->public_tokens,
-                          .max_new = r->max_tokens - r->ntok,
+                          .max_new = r->max_tokens,
                           .reserve_new = SRV_HEADROOM};
         ikv_prefill_info info;
         ikv_seq *seq;
@@ -258,7 +259,7 @@ static void admit(ikv_serve *s) {
         r->state = SRQ_RUNNING;
         s->running[s->nrunning++] = r;
         if (r->preemptions) { /* re-admitted: its usage keeps the first admission's figures */
-            r->recomputed += info.computed_tokens;
+            r->recomputed += info.computed_tokens + r->ntok;
             continue;
         }
         rc = ikv_sampler_create(s->vocab, r->temperature, r->top_p, r->seed, &r->smp);
@@ -285,14 +286,16 @@ static void admit(ikv_serve *s) {
     }
 }
 
-/* Preempts running request idx (mu held): its sequence ends, its full blocks given to the
- * prefix cache (ikv_engine_end_cached: the decoded ones too), and it goes back to the head of the
- * queue with its sampler, text and generated tokens, to be re-admitted with them as its
- * prompt. */
+/* Preempts running request idx (mu held): its sequence ends (its prompt's full blocks stay in
+ * the cache, its decode blocks go back to the pool), and it goes back to the head of the queue
+ * with its sampler, text and generated tokens, to be re-admitted with its prompt and replay
+ * them. */
 static void preempt(ikv_serve *s, size_t idx) {
     srq *r = s->running[idx];
-    (void)ikv_engine_end_cached(s->engine, r->seq); /* its decoded blocks too */
+    ikv_engine_end(s->engine, r->seq);
     r->seq = NULL;
+    r->replay = 0; /* generated tokens all[n..n+ntok) are fed again after re-admission */
+    r->replaying = r->ntok > 0;
     memmove(s->running + idx, s->running + idx + 1, sizeof(srq *) * (s->nrunning - idx - 1));
     s->nrunning--;
     r->state = SRQ_QUEUED;
@@ -509,6 +512,11 @@ void *ikv__serve_sched(void *arg) {
         for (size_t k = 0; k < ni; k++) {
             srq *r = map[k];
             if (ikv_seq_pending(r->seq) || r->state != SRQ_RUNNING) continue;
+            if (r->replaying) { /* after a preemption: feed what it generated, as before */
+                r->next = r->all[r->n + r->replay++];
+                r->replaying = r->replay < r->ntok;
+                continue;
+            }
             size_t idx = 0;
             while (idx < s->nrunning && s->running[idx] != r)
                 idx++;
