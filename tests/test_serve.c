@@ -717,6 +717,53 @@ static void test_tenant_isolation(void **st) {
                 pubblocks + n - 1);
 }
 
+
+/* "isokv": {"segments": [...]}: reusable documents stored on a miss, reused in another order
+ * (usage.isokv reports it), private ones only within their tenant; bad segments are 400s. */
+static void test_segments(void **st) {
+    (void)st;
+    const char *d1 = "{\"kind\":\"doc\",\"text\":\"Lily went to the park with her mom. She saw a "
+                     "big red ball under a tree.\",\"reusable\":true}",
+               *d2 = "{\"kind\":\"doc\",\"text\":\"Tom had a little dog. The dog liked to run "
+                     "and jump in the garden.\",\"reusable\":true}",
+               *q = "{\"kind\":\"query\",\"text\":\"Once upon a time\"}";
+    char b1[1024], b2[1024];
+    snprintf(b1, sizeof b1, "{\"max_tokens\":4,\"temperature\":0,\"isokv\":{\"blend_ratio\":0.2,"
+             "\"segments\":[%s,%s,%s]}}", d1, d2, q);
+    snprintf(b2, sizeof b2, "{\"max_tokens\":4,\"temperature\":0,\"isokv\":{\"blend_ratio\":0.2,"
+             "\"segments\":[%s,%s,%s]}}", d2, d1, q);
+    const char *who[4] = {"key-a", "key-b", "key-a", "key-a"};
+    const char *body[4] = {b1, b2, b2, b1};
+    double hits[4] = {0, 0, 2, 2};
+    for (int i = 0; i < 4; i++) {
+        resp r = http(S1.port, "POST", "/v1/completions", who[i], body[i]);
+        if (r.status != 200) fail_msg("request %d: status %ld: %s", i, r.status, r.body);
+        cJSON *j = json_of(&r);
+        if (num(j, "usage", "isokv", "chunk_hits", NULL) != hits[i])
+            fail_msg("request %d: %s", i, r.body);
+        double reused = num(j, "usage", "isokv", "reused_tokens", NULL),
+               rec = num(j, "usage", "isokv", "recomputed_tokens", NULL),
+               reus = num(j, "usage", "isokv", "reusable_tokens", NULL);
+        assert_true(reus > 20 && reused + rec == reus);
+        assert_true(hits[i] ? reused > 0 : reused == 0);
+        assert_true(cJSON_IsTrue(path_get(j, "usage", "isokv", "blended", NULL)) == (hits[i] > 0));
+        assert_true(strlen(str(j, "choices", "0", "text", NULL)) > 0);
+        cJSON_Delete(j), free(r.body);
+    }
+    expect_error(http(S1.port, "POST", "/v1/completions", "key-a",
+                      "{\"prompt\":\"x\",\"isokv\":{\"segments\":[{\"kind\":\"doc\",\"text\":\"a\"}]}}"),
+                 400, "isokv.segments", "replaces prompt");
+    expect_error(http(S1.port, "POST", "/v1/completions", "key-a",
+                      "{\"isokv\":{\"segments\":[{\"kind\":\"dox\",\"text\":\"a\"}]}}"),
+                 400, "isokv.segments", "segments[0].kind");
+    expect_error(http(S1.port, "POST", "/v1/completions", "key-a",
+                      "{\"isokv\":{\"segments\":[{\"kind\":\"doc\",\"tokens\":[1,99999]}]}}"),
+                 400, "isokv.segments", "segments[0].tokens[1]");
+    expect_error(http(S1.port, "POST", "/v1/completions", "key-a",
+                      "{\"isokv\":{\"blend_ratio\":3,\"segments\":[{\"kind\":\"doc\",\"text\":\"a\"}]}}"),
+                 400, "isokv.blend_ratio", NULL);
+}
+
 /* A client that goes away mid-stream cancels its request and releases its sequence. */
 static void test_disconnect_cancels(void **st) {
     (void)st;
@@ -1534,7 +1581,7 @@ int main(void) {
         cmocka_unit_test(test_multi_prompt),          cmocka_unit_test(test_chat),
         cmocka_unit_test(test_stream_completions),    cmocka_unit_test(test_errors),
         cmocka_unit_test(test_tenant_isolation),      cmocka_unit_test(test_disconnect_cancels),
-        cmocka_unit_test(test_queue_full_429),
+        cmocka_unit_test(test_queue_full_429),        cmocka_unit_test(test_segments),
     };
     const struct CMUnitTest load[] = {cmocka_unit_test(test_load), cmocka_unit_test(test_drain)};
     int rc = cmocka_run_group_tests_name("serve_api", api, setup, teardown);

@@ -433,6 +433,108 @@ int ikv_engine_check(const ikv_engine *e);
  * tokens) and the live sequences' block tables to f, for debugging. */
 void ikv_engine_dump(const ikv_engine *e, FILE *f);
 
+
+/* ---- structured requests and position-independent chunk reuse (chunks.c) --------------------
+ *
+ * A request as segments (system, tool, memory, doc, history, query). A `reusable` segment's KV
+ * is kept in a chunk store keyed by its own tokens (and the model fingerprint, and the tenant's
+ * scope unless the segment is public), not by the prefix before it, and is placed at any new
+ * offset by re-rotating its keys (RoPE at p + d is the rotation by d of RoPE at p). The reused
+ * tokens lack attention to what now precedes them, so a fraction r of them is recomputed in
+ * every layer (CacheBlend): those whose K/V deviate most on a selection layer (reused against
+ * freshly computed), plus each segment's first tokens; a deviation bound raises the count, up
+ * to a full prefill. r = 1 is the ordinary exact prefill. See docs/chunks.md. */
+
+enum { IKV_PSEG_SYSTEM = 0, IKV_PSEG_TOOL, IKV_PSEG_MEMORY, IKV_PSEG_DOC, IKV_PSEG_HISTORY,
+       IKV_PSEG_QUERY, IKV_PSEG_KINDS };
+
+/* "system", "tool", ... ("?" out of range); parse: 0 or IKV_EINVAL. */
+const char *ikv_pseg_kind_name(int kind);
+int ikv_pseg_kind_parse(const char *name, int *kind);
+
+typedef struct ikv_prompt_seg {
+    int kind;               /* IKV_PSEG_* */
+    const uint32_t *tokens; /* token ids (< vocab) */
+    size_t n;               /* >= 1 */
+    int is_public;          /* shared across tenants (its chunk key has no tenant scope) */
+    int reusable;           /* its KV may be reused at any position (chunk store) */
+    int movable;            /* --layout shared-first may move it */
+} ikv_prompt_seg;
+
+/* Layout "shared-first": writes the n segments to out (distinct from in) with the movable
+ * segments that are public or reusable moved, in their order, before the first movable
+ * personal one; segments that are not movable keep their index. Returns the number of segments
+ * whose index changed. */
+size_t ikv_psegs_shared_first(const ikv_prompt_seg *in, size_t n, ikv_prompt_seg *out);
+
+typedef struct ikv_chunks_options {
+    uint64_t mem;          /* bytes of chunk store (64 MiB) */
+    float ratio;           /* default fraction of reused tokens recomputed (IKV_BLEND_RATIO) */
+    float max_dev;         /* quality guard: every reused token's relative K/V deviation on the
+                              selection layer must be <= max_dev, else it is recomputed
+                              (IKV_BLEND_MAX_DEV; <= 0 or inf: off) */
+    uint32_t first_tokens; /* first tokens of each reused segment always recomputed (4) */
+} ikv_chunks_options;
+
+#define IKV_BLEND_RATIO   0.15f /* measured default: docs/chunks.md */
+#define IKV_BLEND_MAX_DEV 0.25f /* chosen from measurements: docs/chunks.md */
+
+void ikv_chunks_options_default(ikv_chunks_options *o);
+
+typedef struct ikv_chunks ikv_chunks;
+
+/* Creates the chunk store and the blend scratch (sized for seq_len rows) over an engine, which
+ * must outlive it. 0, IKV_EINVAL, IKV_ENOMEM. */
+int ikv_chunks_create(ikv_engine *e, const ikv_chunks_options *o, ikv_chunks **out);
+void ikv_chunks_destroy(ikv_chunks *c);
+
+typedef struct ikv_blend_request {
+    const ikv_prompt_seg *segs;
+    size_t n_segs;
+    const char *tenant; /* scope of private reusable segments (and of private blocks) */
+    float ratio;        /* < 0: the store's default; 1: full prefill */
+    float max_dev;      /* < 0: the store's default */
+    size_t max_new;     /* as ikv_request.max_new */
+    int no_store;       /* 1: do not put this request's missing reusable segments in the store */
+    int no_cache;       /* 1: the exact path neither uses nor fills the prefix cache (a cold
+                           reference; the blend path never uses it) */
+} ikv_blend_request;
+
+typedef struct ikv_blend_info {
+    size_t prompt_tokens;
+    size_t reusable_tokens;   /* tokens of reusable segments */
+    size_t reused_tokens;     /* of which K/V taken from the store (not recomputed) */
+    size_t recomputed_tokens; /* reusable tokens computed: misses, and selected hit tokens */
+    size_t hit_segments, miss_segments, stored_segments;
+    size_t guard_tokens;   /* tokens the deviation bound added beyond the ratio */
+    double deviation_max;  /* selection layer: largest deviation among tokens left reused */
+    double deviation_mean; /* mean over the hit segments' tokens */
+    int full;              /* 1: ran the ordinary exact prefill (no hit, r = 1, or the guard) */
+    ikv_prefill_info prefill; /* of the ordinary prefill when full; else cached/computed counts */
+    double seconds;           /* wall time (measured), time to the first token's logits */
+} ikv_blend_info;
+
+/* Starts a structured request: concatenates the segments, looks up each reusable one in the
+ * store; with no hit (or r >= 1) runs ikv_engine_begin (exact, prefix cache as usual); else
+ * admits the prompt without the prefix cache, places the hit segments' K/V re-rotated to their
+ * offsets and runs the blend forward pass. Then stores the missing reusable segments' K/V. On
+ * success *seq is in flight as after ikv_engine_begin (decode, ikv_engine_end). Returns 0,
+ * IKV_EINVAL (no segment, empty segment, token >= vocab, bad kind), IKV_ETOOLONG, or an engine
+ * error. Allocates only when storing a segment. */
+int ikv_chunks_begin(ikv_chunks *c, const ikv_blend_request *r, ikv_seq **seq,
+                     ikv_blend_info *info);
+
+/* The chunk store's entries and bytes. */
+void ikv_chunks_stats(const ikv_chunks *c, size_t *entries, uint64_t *bytes);
+/* Invariants of the store (bytes add up, entries well-formed). 1 or 0 with ikv_errdetail. */
+int ikv_chunks_check(const ikv_chunks *c);
+/* Writes the store's entries (hash, scope salt, length, offset, age) to f, for debugging. */
+void ikv_chunks_dump(const ikv_chunks *c, FILE *f);
+
+/* Tests: re-rotates keys k[n][kv_dim] (RoPE'd at positions a..a+n) in place to positions
+ * b..b+n, as placement does. */
+void ikv_chunks_rerotate(const ikv_chunks *c, float *k, size_t n, long delta);
+
 /* ---- benchmark ----------------------------------------------------------------------------- */
 
 typedef struct ikv_engine_bench_options {

@@ -79,6 +79,7 @@ int ikv_cmd_plan(int argc, char **argv);
 int ikv_cmd_model(int argc, char **argv);
 int ikv_cmd_run(int argc, char **argv);
 int ikv_cmd_bench(int argc, char **argv);
+int ikv_cmd_bench_chunks(int argc, char **argv); /* bench engine --chunks (cmd_bench_chunks.c) */
 int ikv_cmd_trace(int argc, char **argv);
 int ikv_cmd_serve(int argc, char **argv);
 int ikv_cmd_load(int argc, char **argv);

@@ -18,7 +18,8 @@ static void help(FILE *f) {
     fputs("usage: isokv bench engine [--config small] [--prefix 2048] [--suffix 32] [--decode 32]\n"
           "                          [--threads 1,2] [--repeat 3] [--tile 64] [--group 8]\n"
           "                          [--seed S] [--json] [--tier SPEC]...\n"
-          "                          [--tier-dtype q8]\n\n"
+          "                          [--tier-dtype q8]\n"
+          "       isokv bench engine --chunks [...]   (chunk reuse vs exact prefill; --chunks --help)\n\n"
           "engine: builds a random-weight model of the config in memory and measures, at each\n"
           "thread count, TTFT cold vs warm for a P-token shared public prefix + Q-token private\n"
           "suffix (the warm request is another tenant's, reusing the prefix from the cache),\n"
@@ -36,6 +37,8 @@ static void help(FILE *f) {
 }
 
 static int engine(int argc, char **argv) {
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "--chunks")) return ikv_cmd_bench_chunks(argc, argv);
     ikv_engine_bench_options o = {.config = "small",
                                   .prefix = 2048,
                                   .suffix = 32,
@@ -121,6 +124,8 @@ static int engine(int argc, char **argv) {
 }
 
 int ikv_cmd_bench(int argc, char **argv) {
+    for (int i = 2; argc > 1 && !strcmp(argv[1], "engine") && i < argc; i++)
+        if (!strcmp(argv[i], "--chunks")) return ikv_cmd_bench_chunks(argc, argv); /* own help */
     if (cli_wants_help(argc, argv)) {
         help(stdout);
         return IKV_EXIT_OK;

@@ -208,29 +208,8 @@ static cJSON *to_json(const ikv_plan_params *p, const ikv_plan_result *r, const 
     cJSON_AddNumberToObject(sc, "utility_points", (double)p->n_util);
     cJSON_AddNumberToObject(o, "base_tp", r->base_tp);
     cJSON *steps = cJSON_AddArrayToObject(o, "steps");
-    for (int k = 0; k < IKV_PLAN_STEPS; k++) {
-        const ikv_plan_step *s = &r->steps[k];
-        cJSON *j = cJSON_CreateObject();
-        cJSON_AddNumberToObject(j, "step", s->step);
-        cJSON_AddStringToObject(j, "name", s->name);
-        cJSON_AddStringToObject(j, "config", s->config);
-        cJSON_AddNumberToObject(j, "gpus", s->gpus);
-        cJSON_AddBoolToObject(j, "fits", s->fits);
-        cJSON_AddNumberToObject(j, "compute_gpu_s", s->compute_gpu_s);
-        cJSON_AddNumberToObject(j, "flops", s->flops);
-        cJSON_AddNumberToObject(j, "ttft_ms", s->ttft_s * 1e3);
-        cJSON_AddNumberToObject(j, "tpot_ms", s->tpot_s * 1e3);
-        cJSON_AddNumberToObject(j, "rounds", s->rounds);
-        cJSON_AddNumberToObject(j, "latency_ms", s->latency_s * 1e3);
-        cJSON_AddNumberToObject(j, "delta_compute_gpu_s", s->d_compute);
-        cJSON_AddNumberToObject(j, "delta_latency_ms", s->d_latency * 1e3);
-        if (k == 0 || isnan(s->mrts))
-            cJSON_AddNullToObject(j, "mrts");
-        else
-            cJSON_AddNumberToObject(j, "mrts", s->mrts);
-        cJSON_AddNumberToObject(j, "marginal_utility", s->d_utility);
-        cJSON_AddItemToArray(steps, j);
-    }
+    for (int k = 0; k < IKV_PLAN_STEPS; k++)
+        cJSON_AddItemToArray(steps, plan_step_json(&r->steps[k], k == 0));
     cJSON_AddNumberToObject(o, "knee", r->knee);
     cJSON_AddNumberToObject(o, "hard_cap", r->hard_cap);
     cJSON *cv = cJSON_AddArrayToObject(o, "curve");

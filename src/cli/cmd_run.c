@@ -29,6 +29,7 @@
  * sequence is then BOS alone, as in run.c.
  */
 #include "cli.h"
+#include "cli_segments.h"
 #include "isokv/model.h"
 #include "isokv/respcache.h"
 
@@ -58,7 +59,9 @@ static void help(FILE *f) {
         "                 [--policy NAME] [--tenant NAME] [--public N] [--repeat R]\n"
         "                 [--stop-eos] [--raw-bytes] [--tier SPEC]... [--tier-dtype q8]\n"
         "                 [--spec lookup[:n=3,k=8]] [--semantic-cache[=SIZE]]\n"
-        "                 [--prompts FILE] [--max-draft N]\n\n"
+        "                 [--prompts FILE] [--max-draft N]\n"
+        "                 [--segments REQ.json [--layout as-given|shared-first]\n"
+        "                  [--blend-ratio R] [--blend-max-dev D] [--chunk-mem BYTES]]\n\n"
         "Encodes the prompt (BOS first; byte-level when --model is given without a tokenizer),\n"
         "prefills it through the prefix cache, then decodes up to -n tokens (stopping at BOS,\n"
         "also at EOS with --stop-eos, or at seq_len) and prints the text as llama2.c's run.c\n"
@@ -82,8 +85,15 @@ static void help(FILE *f) {
         "prompt 3-grams, same tenant or public) as a draft: only what the model itself would\n"
         "produce is served. Give it something to hit: --repeat R or --prompts FILE (one prompt\n"
         "per line, each a request). --max-draft N: draft tokens per verify (64; 256 with\n"
-        "--semantic-cache).\n",
-        data_dir(), DEFAULT_MODEL, data_dir());
+        "--semantic-cache).\n"
+        "--segments REQ.json: structured requests (one object or an array, run in order on one\n"
+        "engine; docs/chunks.md): segments with kind, text or tokens, public, reusable, movable.\n"
+        "Reusable segments' KV is kept by content and reused at any offset, recomputing a\n"
+        "fraction R of their tokens (--blend-ratio, default %.2f; 1 = exact prefill) and any\n"
+        "whose deviation exceeds D (--blend-max-dev, default %.2f; 0 = off). --layout\n"
+        "shared-first moves movable public/reusable segments before movable personal ones.\n"
+        "--chunk-mem sizes the chunk store (default 64M).\n",
+        data_dir(), DEFAULT_MODEL, data_dir(), (double)IKV_BLEND_RATIO, (double)IKV_BLEND_MAX_DEV);
     fputs(cli_tiers_help, f);
 }
 
@@ -137,6 +147,100 @@ static int parse_spec(const char *v, uint64_t *ng, uint64_t *k) {
     return 0;
 }
 
+typedef struct run_seg_opts {
+    const char *path, *tenant;
+    int shared_first, stop_eos, raw;
+    float ratio, max_dev;
+    uint64_t mem, steps, repeat, seed, threads;
+    double temp, topp;
+} run_seg_opts;
+
+/* --segments: each request of the file (repeat times) through the chunk store; the text on
+ * stdout, per request the reuse figures on stderr. Returns an exit code. */
+static int run_segments(const run_seg_opts *o, const ikv_model *m, const ikv_tokenizer *tok,
+                        ikv_engine *e) {
+    const ikv_model_config *c = ikv_model_cfg(m);
+    cli_segfile sf;
+    char err[512];
+    if (cli_segfile_load(o->path, tok, (uint32_t)c->vocab_size, &sf, err, sizeof err))
+        return cli_fail("run", "%s", err);
+    int rc = IKV_EXIT_FAIL;
+    ikv_chunks *ch = NULL;
+    ikv_sampler *smp = NULL;
+    ikv_prompt_seg lay[256];
+    ikv_chunks_options co;
+    ikv_chunks_options_default(&co);
+    co.mem = o->mem, co.ratio = o->ratio, co.max_dev = o->max_dev;
+    if (ikv_chunks_create(e, &co, &ch)) {
+        cli_fail("run", "%s", ikv_errdetail());
+        goto out;
+    }
+    for (uint64_t rep = 0; rep < o->repeat; rep++)
+        for (size_t q = 0; q < sf.n_req; q++) {
+            const cli_segreq *sr = &sf.req[q];
+            size_t moved = 0;
+            const ikv_prompt_seg *segs = sr->segs;
+            if (o->shared_first) {
+                moved = ikv_psegs_shared_first(sr->segs, sr->n_segs, lay);
+                segs = lay;
+            }
+            ikv_blend_request br = {.segs = segs, .n_segs = sr->n_segs,
+                                    .tenant = sr->tenant ? sr->tenant : o->tenant,
+                                    .ratio = sr->ratio, .max_dev = -1, .max_new = o->steps};
+            ikv_seq *s;
+            ikv_blend_info bi;
+            if (ikv_chunks_begin(ch, &br, &s, &bi)) {
+                cli_fail("run", "%s: request %zu: %s", o->path, q, ikv_errdetail());
+                goto out;
+            }
+            ikv_sampler_destroy(smp);
+            smp = NULL;
+            if (ikv_sampler_create((uint32_t)c->vocab_size, (float)o->temp, (float)o->topp, o->seed,
+                                   &smp)) {
+                cli_fail("run", "%s", ikv_errdetail());
+                ikv_engine_end(e, s);
+                goto out;
+            }
+            float *lg = (float *)ikv_seq_logits(s);
+            uint32_t prev = segs[sr->n_segs - 1].tokens[segs[sr->n_segs - 1].n - 1];
+            size_t gen = 0;
+            while (gen < o->steps) {
+                uint32_t next = ikv_sampler_sample(smp, lg);
+                if (next == IKV_TOK_BOS || (o->stop_eos && next == IKV_TOK_EOS)) break;
+                put_token(tok, prev, next, o->raw);
+                prev = next;
+                gen++;
+                if (ikv_seq_len(s) >= (size_t)c->seq_len) break;
+                const float *l2;
+                if (ikv_engine_decode(e, s, next, &l2)) {
+                    cli_fail("run", "%s", ikv_errdetail());
+                    ikv_engine_end(e, s);
+                    goto out;
+                }
+                lg = (float *)l2;
+            }
+            printf("\n");
+            fflush(stdout);
+            ikv_engine_end(e, s);
+            fprintf(stderr,
+                    "[run %llu request %zu] measured on %llu thread(s): prompt %zu tokens, "
+                    "%zu segments (%zu moved by the layout); reusable %zu tokens: %zu reused, "
+                    "%zu recomputed (%zu hit, %zu missed, %zu stored); deviation max %.4f mean "
+                    "%.4f; guard +%zu; %s; TTFT %.2f ms\n",
+                    (unsigned long long)rep + 1, q, (unsigned long long)o->threads,
+                    bi.prompt_tokens, sr->n_segs, moved, bi.reusable_tokens, bi.reused_tokens,
+                    bi.recomputed_tokens, bi.hit_segments, bi.miss_segments, bi.stored_segments,
+                    bi.deviation_max, bi.deviation_mean, bi.guard_tokens,
+                    bi.full ? "exact prefill" : "blended", bi.seconds * 1e3);
+        }
+    rc = IKV_EXIT_OK;
+out:
+    ikv_sampler_destroy(smp);
+    ikv_chunks_destroy(ch);
+    cli_segfile_free(&sf);
+    return rc;
+}
+
 int ikv_cmd_run(int argc, char **argv) {
     if (cli_wants_help(argc, argv)) {
         help(stdout);
@@ -149,6 +253,10 @@ int ikv_cmd_run(int argc, char **argv) {
     ikv_engine_options_default(&eo);
     int stop_eos = 0, raw = 0;
     cli_tiers tiers = {0};
+    const char *segpath = NULL;
+    int shared_first = 0;
+    double bratio = IKV_BLEND_RATIO, bmaxdev = IKV_BLEND_MAX_DEV;
+    uint64_t chunkmem = 64ull << 20;
     uint64_t spec_n = 0, spec_k = 8, semcache = 0, max_draft = 0;
     const char *prompts_path = NULL;
     for (int i = 1; i < argc; i++) {
@@ -168,7 +276,8 @@ int ikv_cmd_run(int argc, char **argv) {
         static const char *const valued[] = {
             "--model", "--tokenizer", "--prompt",     "--tenant", "--policy",  "-n",
             "--seed",  "--threads",   "--kv-mem",     "--public", "--repeat",  "--temp",
-            "--topp",  "--tier",      "--tier-dtype", "--spec",   "--prompts", "--max-draft"};
+            "--topp",  "--tier",      "--tier-dtype", "--spec",   "--prompts", "--max-draft",
+            "--segments", "--layout", "--blend-ratio", "--blend-max-dev", "--chunk-mem"};
         int known = 0;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++)
             known |= !strcmp(a, valued[k]);
@@ -184,6 +293,18 @@ int ikv_cmd_run(int argc, char **argv) {
             tenant = v;
         else if (!strcmp(a, "--policy"))
             eo.policy = v;
+        else if (!strcmp(a, "--segments"))
+            segpath = v;
+        else if (!strcmp(a, "--layout")) {
+            if (strcmp(v, "as-given") && strcmp(v, "shared-first"))
+                return cli_usage_error("run", "--layout: '%s' is not as-given or shared-first", v);
+            shared_first = !strcmp(v, "shared-first");
+        } else if (!strcmp(a, "--blend-ratio"))
+            bad = cli_parse_double(v, &bratio) || !(bratio >= 0 && bratio <= 1);
+        else if (!strcmp(a, "--blend-max-dev"))
+            bad = cli_parse_double(v, &bmaxdev) || !(bmaxdev >= 0);
+        else if (!strcmp(a, "--chunk-mem"))
+            bad = cli_parse_count(v, &chunkmem) || chunkmem == 0;
         else if (!strcmp(a, "--tier")) {
             if (cli_tiers_add(&tiers, "run", v)) return IKV_EXIT_USAGE;
         } else if (!strcmp(a, "--tier-dtype")) {
@@ -217,6 +338,9 @@ int ikv_cmd_run(int argc, char **argv) {
         i++;
     }
     static char dmodel[4096], dtok[4096];
+    if (segpath && (text || prompts_path || spec_n || semcache))
+        return cli_usage_error("run", "--segments excludes --prompt, --prompts, --spec and "
+                                      "--semantic-cache");
     if (!text) text = "";
     if (!model) {
         /* the bundled model, with its tokenizer unless one was given */
@@ -313,6 +437,14 @@ int ikv_cmd_run(int argc, char **argv) {
             rc = cli_usage_error("run", "--policy: %s", ikv_errdetail_for(erc));
         else
             cli_fail("run", "%s", ikv_errdetail_for(erc));
+        goto out;
+    }
+    if (segpath) {
+        run_seg_opts so = {.path = segpath, .tenant = tenant, .shared_first = shared_first,
+                           .ratio = (float)bratio, .max_dev = (float)bmaxdev, .mem = chunkmem,
+                           .steps = steps, .repeat = repeat, .temp = temp, .topp = topp,
+                           .seed = seed, .stop_eos = stop_eos, .raw = raw, .threads = threads};
+        rc = run_segments(&so, m, tok, e);
         goto out;
     }
     if (semcache) {

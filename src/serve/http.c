@@ -49,6 +49,7 @@ static void srq_free(srq *r) {
     if (!r) return;
     ikv_free(r->tenant), ikv_free(r->scope), ikv_free(r->tokens), ikv_free(r->user);
     ikv_free(r->all);
+    ikv_free(r->segs);
     for (int i = 0; i < r->nstop; i++)
         ikv_free(r->stop[i]);
     ikv_free(r->text);
@@ -243,6 +244,105 @@ static int sb_add(sbuf *b, const char *a, const char *m, const char *z) {
     return 0;
 }
 
+/* "isokv": {"segments": [{"kind", "text" or "tokens", "public", "reusable", "movable"}]}:
+ * the segments' tokens concatenated into r->tokens (a BOS segment first when the first has text),
+ * r->segs pointing into them, the leading public segments as r->public_tokens. Returns 0,
+ * IKV_ENOMEM, or IKV_EINVAL with msg naming the segment and field. */
+static int parse_segments(ikv_serve *s, const cJSON *a, srq *r, char *msg, size_t msz) {
+    if (!cJSON_IsArray(a) || cJSON_GetArraySize(a) == 0)
+        return snprintf(msg, msz, "isokv.segments must be a non-empty list"), IKV_EINVAL;
+    size_t ns = (size_t)cJSON_GetArraySize(a), n = 0, cap = 0;
+    if (ns > 256) return snprintf(msg, msz, "isokv.segments: at most 256 segments"), IKV_EINVAL;
+    /* text first: BOS as a segment of its own (public), so that no reusable segment's tokens
+     * depend on whether it comes first */
+    const size_t bos = cJSON_GetObjectItemCaseSensitive(a->child, "text") != NULL;
+    if (!(r->segs = ikv_calloc(ns + bos, sizeof *r->segs))) return IKV_ENOMEM;
+    size_t *off = ikv_calloc(ns + bos, sizeof *off);
+    if (!off) return IKV_ENOMEM;
+    if (bos) {
+        if (!(r->tokens = ikv_malloc(sizeof *r->tokens * 16))) return ikv_free(off), IKV_ENOMEM;
+        r->tokens[0] = IKV_TOK_BOS, cap = 16, n = 1, off[0] = 0;
+        r->segs[0] = (ikv_prompt_seg){IKV_PSEG_SYSTEM, NULL, 1, 1, 0, 0};
+        r->public_tokens = 1;
+    }
+    int rc = 0, lead = 1;
+    size_t i = 0;
+    const cJSON *g;
+    cJSON_ArrayForEach(g, a) {
+        ikv_prompt_seg *o = &r->segs[i + bos];
+        const cJSON *k = cJSON_GetObjectItemCaseSensitive(g, "kind"),
+                    *tx = cJSON_GetObjectItemCaseSensitive(g, "text"),
+                    *tk = cJSON_GetObjectItemCaseSensitive(g, "tokens");
+        const char *fl[3] = {"public", "reusable", "movable"};
+        int *fv[3] = {&o->is_public, &o->reusable, &o->movable};
+        if (!cJSON_IsObject(g) || !cJSON_IsString(k) || ikv_pseg_kind_parse(k->valuestring, &o->kind)) {
+            snprintf(msg, msz, "isokv.segments[%zu].kind must be one of system, tool, memory, "
+                     "doc, history, query", i);
+            rc = IKV_EINVAL;
+            break;
+        }
+        for (int q = 0; q < 3 && !rc; q++) {
+            const cJSON *b = cJSON_GetObjectItemCaseSensitive(g, fl[q]);
+            if (b && !cJSON_IsBool(b)) {
+                snprintf(msg, msz, "isokv.segments[%zu].%s must be a boolean", i, fl[q]);
+                rc = IKV_EINVAL;
+            }
+            *fv[q] = b && cJSON_IsTrue(b);
+        }
+        if (rc) break;
+        if (!!tx == !!tk || (tx && (!cJSON_IsString(tx) || !tx->valuestring[0])) ||
+            (tk && (!cJSON_IsArray(tk) || cJSON_GetArraySize(tk) == 0))) {
+            snprintf(msg, msz, "isokv.segments[%zu] needs exactly one of a non-empty \"text\" or "
+                     "\"tokens\" list", i);
+            rc = IKV_EINVAL;
+            break;
+        }
+        size_t need = tx ? strlen(tx->valuestring) + 3 : (size_t)cJSON_GetArraySize(tk);
+        if (n + need > cap) {
+            size_t nc = (n + need) * 2;
+            uint32_t *t2 = ikv_realloc(r->tokens, nc * sizeof *t2);
+            if (!t2) {
+                rc = IKV_ENOMEM;
+                break;
+            }
+            r->tokens = t2, cap = nc;
+        }
+        size_t got = 0;
+        if (tx) {
+            if (ikv_tokenizer_encode(s->tok, tx->valuestring, 0, 0, r->tokens + n, need,
+                                     &got)) {
+                snprintf(msg, msz, "isokv.segments[%zu].text: %s", i, ikv_errdetail());
+                rc = IKV_EINVAL;
+                break;
+            }
+        } else {
+            const cJSON *x;
+            cJSON_ArrayForEach(x, tk) {
+                if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble >= s->vocab ||
+                    x->valuedouble != (double)(long)x->valuedouble) {
+                    snprintf(msg, msz, "isokv.segments[%zu].tokens[%zu] is not a token id below "
+                             "%u", i, got, s->vocab);
+                    rc = IKV_EINVAL;
+                    break;
+                }
+                r->tokens[n + got++] = (uint32_t)x->valuedouble;
+            }
+            if (rc) break;
+        }
+        off[i + bos] = n, o->n = got, n += got;
+        if (lead && o->is_public) r->public_tokens += got;
+        else lead = 0;
+        i++;
+    }
+    if (!rc) {
+        for (size_t q = 0; q < ns + bos; q++)
+            r->segs[q].tokens = r->tokens + off[q];
+        r->nsegs = ns + bos, r->n = n;
+    }
+    ikv_free(off);
+    return rc;
+}
+
 /* Parses the request body into r, with prompt number `which` of a list of prompts; *nprompts
  * gets how many the request has. Returns 0, or an HTTP status with msg/param filled. */
 static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, int *nprompts,
@@ -346,6 +446,7 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
         salt = f->valuestring;
     }
     long declared_pub = -1;
+    const cJSON *segs = NULL;
     f = cJSON_GetObjectItemCaseSensitive(j, "isokv");
     if (f && !cJSON_IsNull(f)) {
         if (!cJSON_IsObject(f)) BAD("isokv", "isokv must be an object");
@@ -357,6 +458,26 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
                     "isokv.public_prefix_tokens must be a non-negative integer");
             declared_pub = (long)p->valuedouble;
         }
+        segs = cJSON_GetObjectItemCaseSensitive(f, "segments");
+        if (segs && cJSON_IsNull(segs)) segs = NULL;
+        const cJSON *br = cJSON_GetObjectItemCaseSensitive(f, "blend_ratio");
+        r->blend_ratio = -1;
+        if (br && !cJSON_IsNull(br)) {
+            if (!cJSON_IsNumber(br) || !(br->valuedouble >= 0 && br->valuedouble <= 1))
+                BAD("isokv.blend_ratio", "isokv.blend_ratio must be a number in [0, 1]");
+            r->blend_ratio = (float)br->valuedouble;
+        }
+    }
+    if (segs) {
+        if (chat) BAD("isokv.segments", "isokv.segments is for /v1/completions only");
+        if (cJSON_GetObjectItemCaseSensitive(j, "prompt"))
+            BAD("isokv.segments", "isokv.segments replaces prompt: give one of them");
+        char sm[256];
+        int sr = parse_segments(s, segs, r, sm, sizeof sm);
+        if (sr == IKV_ENOMEM) goto oom;
+        if (sr) BAD("isokv.segments", "%s", sm);
+        *nprompts = 1;
+        goto prompt_done;
     }
     /* the request class and latency target: the isokv fields, else the headers */
     const char *cls = cx->hdr_class, *cls_param = "X-Isokv-Class";
@@ -488,6 +609,7 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
     }
     if (rc == IKV_ENOMEM) goto oom;
     if (rc) BAD("prompt", "cannot tokenize the prompt: %s", ikv_errdetail());
+prompt_done:
     if (declared_pub >= 0) {
         if ((size_t)declared_pub > r->n)
             BAD("isokv.public_prefix_tokens",
@@ -588,6 +710,15 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
         cJSON_AddBoolToObject(ro, "slo_met_on_walk", r->route.slo_met);
     }
     cJSON_AddNumberToObject(ro, "priority", r->prio);
+    if (r->segs) {
+        const ikv_blend_info *b = &r->blend;
+        cJSON_AddNumberToObject(x, "reusable_tokens", (double)b->reusable_tokens);
+        cJSON_AddNumberToObject(x, "reused_tokens", (double)b->reused_tokens);
+        cJSON_AddNumberToObject(x, "recomputed_tokens", (double)b->recomputed_tokens);
+        cJSON_AddNumberToObject(x, "chunk_hits", (double)b->hit_segments);
+        cJSON_AddNumberToObject(x, "blend_deviation_max", b->deviation_max);
+        cJSON_AddBoolToObject(x, "blended", !b->full);
+    }
     if (r->sem_done) {
         cJSON *sc = cJSON_AddObjectToObject(x, "semantic_cache");
         cJSON_AddNumberToObject(sc, "candidates", (double)r->sem_cands);
@@ -1242,6 +1373,7 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
                 break;
             }
     }
+    if ((rc = ikv_chunks_create(s->engine, NULL, &s->chunks))) goto fail;
     s->running = ikv_calloc(o.max_seqs, sizeof *s->running);
     s->logit_scratch = ikv_calloc(s->vocab, sizeof(float));
     if (!s->running || !s->logit_scratch) {
@@ -1341,6 +1473,7 @@ void ikv_serve_destroy(ikv_serve *s) {
         pthread_join(s->sched, NULL); /* cancels what runs, wakes every waiting connection */
     }
     if (s->httpd) MHD_stop_daemon(s->httpd); /* joins the connection threads */
+    ikv_chunks_destroy(s->chunks);
     ikv_engine_destroy(s->engine);
     ikv_tokenizer_destroy(s->tok);
     ikv_model_destroy(s->model);

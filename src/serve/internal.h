@@ -35,6 +35,11 @@ typedef struct srq {
     char *scope;  /* engine scope: tenant, or tenant + 0x1f + cache_salt */
     uint32_t *tokens;
     size_t n, public_tokens;
+    /* "isokv": {"segments": [...]}: segs[i].tokens point into tokens; NULL for a plain prompt */
+    ikv_prompt_seg *segs;
+    size_t nsegs;
+    float blend_ratio; /* -1: the store's default */
+    ikv_blend_info blend; /* scheduler: what ikv_chunks_begin reported */
     int public_from_file; /* the public part is the --public-prefix text */
     uint32_t max_tokens;
     float temperature, top_p;
@@ -132,6 +137,7 @@ struct ikv_serve {
     ikv_model *model;
     ikv_tokenizer *tok;
     ikv_engine *engine;
+    ikv_chunks *chunks; /* chunk store for "isokv": {"segments": ...} requests */
     uint32_t vocab, seq_len;
     size_t n_tiers;                      /* lower tiers (0: the pool alone) */
     ikv_plan_params plan;                /* the router's parameters (class caps, prices) */

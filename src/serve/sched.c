@@ -215,6 +215,8 @@ static srq *queue_best(ikv_serve *s, srq **prev) {
     return best;
 }
 
+static int take_token(ikv_serve *s, size_t idx, uint32_t tok);
+
 /* Admits queued requests while their blocks fit (mu held), highest priority first. */
 static void admit(ikv_serve *s) {
     while (s->qhead && s->nrunning < s->opt.max_seqs) {
@@ -238,7 +240,17 @@ static void admit(ikv_serve *s) {
                           .reserve_new = SRV_HEADROOM};
         ikv_prefill_info info;
         ikv_seq *seq;
-        int rc = ikv_engine_admit(s->engine, &rq, &seq, &info);
+        int rc;
+        if (r->segs) {
+            /* a structured request: the chunk store's whole prefill now (the blend pass or the
+             * exact one), under the lock, so the step loop finds it decoding */
+            ikv_blend_request br = {.segs = r->segs, .n_segs = r->nsegs, .tenant = r->scope,
+                                    .ratio = r->blend_ratio, .max_dev = -1,
+                                    .max_new = r->max_tokens};
+            rc = ikv_chunks_begin(s->chunks, &br, &seq, &r->blend);
+            info = r->blend.prefill;
+        } else
+            rc = ikv_engine_admit(s->engine, &rq, &seq, &info);
         if (rc == IKV_EFULL || rc == IKV_EBUSY) break; /* wait for a sequence to end */
         queue_unlink(s, prev, r);
         if (rc && r->preemptions) {
@@ -283,6 +295,10 @@ static void admit(ikv_serve *s) {
         r->tier_recomputed = info.recomputed_tier_tokens;
         r->lossy = info.lossy_tokens;
         r->prev = r->tokens[r->n - 1];
+        if (r->segs) { /* prefilled: its first token now */
+            memcpy(s->logit_scratch, ikv_seq_logits(seq), sizeof(float) * s->vocab);
+            take_token(s, s->nrunning - 1, ikv_sampler_sample(r->smp, s->logit_scratch));
+        }
     }
 }
 
@@ -321,7 +337,11 @@ static void reserve_decodes(ikv_serve *s) {
                 finish_running(s, i, "length");
                 return;
             }
+            /* the newest that is not a structured (segments) request: those hold their whole
+             * reservation and are not re-admitted; r itself qualifies */
             size_t v = s->nrunning - 1;
+            while (v > i && s->running[v]->segs)
+                v--;
             preempt(s, v);
             if (v == i) break;
         }
