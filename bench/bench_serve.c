@@ -4,6 +4,7 @@
  *     bench_serve --bin build/isokv [--config small | --model M.bin --tokenizer T.bin]
  *                 [--streams 1,4,16,64] [--requests 4] [--prompt 64] [--prefix 0]
  *                 [--max-tokens 64] [--threads 2] [--url http://127.0.0.1:PORT]
+ *                 [--classes 1] [--max-seqs N]
  *
  * Starts the server (on a free loopback port, stopped at the end; or uses --url), then for each
  * stream count N runs N client threads, each sending --requests streaming completions one after
@@ -14,6 +15,11 @@
  * (request sent to first byte of the stream), and the cached prompt tokens the server reported.
  * --config NAME writes a random-weight model of that shape (and a synthetic tokenizer) under /tmp
  * first. All figures are wall-clock measurements on this machine (core count printed).
+ * --classes 1: request r of client k has class (k + r) % 3 (simple, medium, complex, as
+ * isokv.class) and a table per class follows each round: the router's step, requests, mean and
+ * p99 end-to-end latency (client side) and mean CPU ms (usage.isokv.cpu_ms: the process CPU of
+ * the forward steps, shared by positions). --max-seqs caps the server's running sequences
+ * (default max(4, streams)), so the routing priority decides who is admitted.
  */
 #include <curl/curl.h>
 #include <pthread.h>
@@ -33,7 +39,21 @@ typedef struct job {
     double *ttft; /* [requests] */
     long tokens, cached;
     int failed;
+    int classes;
+    double *e2e;          /* [requests] */
+    int *cls, *step;      /* [requests] */
+    double *cpu_ms;       /* [requests] */
 } job;
+
+static const char *const class_names[3] = {"simple", "medium", "complex"};
+
+/* The last number after `key` in s as a double, or -1. */
+static double last_dbl(const char *s, const char *key) {
+    double v = -1;
+    for (const char *p = s; (p = strstr(p, key)); p += strlen(key))
+        v = atof(p + strlen(key));
+    return v;
+}
 
 typedef struct rbuf {
     char *p;
@@ -80,11 +100,14 @@ static void *client(void *arg) {
             }
             n += (size_t)sprintf(body + n, ",%u", t);
         }
+        int cls = (j->id + r) % 3;
+        char extra[64] = "";
+        if (j->classes) snprintf(extra, sizeof extra, ",\"class\":\"%s\"", class_names[cls]);
         sprintf(body + n,
                 "],\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true,\"stream\":true,"
                 "\"stream_options\":"
-                "{\"include_usage\":true},\"isokv\":{\"public_prefix_tokens\":%d}}",
-                j->max_tokens, j->prefix);
+                "{\"include_usage\":true},\"isokv\":{\"public_prefix_tokens\":%d%s}}",
+                j->max_tokens, j->prefix, extra);
         rbuf b = {0};
         curl_easy_setopt(c, CURLOPT_URL, url);
         curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
@@ -102,6 +125,10 @@ static void *client(void *arg) {
             j->ttft[r] = b.tfirst - b.t0;
             j->tokens += last_num(b.p, "\"completion_tokens\":");
             j->cached += last_num(b.p, "\"cached_tokens\":");
+            j->e2e[r] = ikv_now() - b.t0;
+            j->cls[r] = cls;
+            j->step[r] = (int)last_num(b.p, "\"step\":");
+            j->cpu_ms[r] = last_dbl(b.p, "\"cpu_ms\":");
         }
         free(b.p);
     }
@@ -114,6 +141,30 @@ static void *client(void *arg) {
 static int cmp_d(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+/* The per-class table of a round (--classes). */
+static void class_table(const job *jobs, int N, int requests) {
+    printf("  %-8s %5s %8s %12s %12s %12s\n", "class", "step", "requests", "e2e mean", "e2e p99",
+           "cpu/request");
+    for (int c = 0; c < 3; c++) {
+        double *e = calloc((size_t)N * (size_t)requests, sizeof *e), cpu = 0, sum = 0;
+        size_t n = 0;
+        int step = -1;
+        for (int k = 0; k < N; k++)
+            for (int r = 0; r < requests; r++)
+                if (jobs[k].cls[r] == c && jobs[k].e2e[r] > 0) {
+                    e[n++] = jobs[k].e2e[r], sum += jobs[k].e2e[r], cpu += jobs[k].cpu_ms[r];
+                    step = jobs[k].step[r];
+                }
+        if (n) {
+            qsort(e, n, sizeof *e, cmp_d);
+            printf("  %-8s %5d %8zu %10.2fms %10.2fms %10.3fms\n", class_names[c], step, n,
+                   sum / (double)n * 1e3, e[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1] * 1e3,
+                   cpu / (double)n);
+        }
+        free(e);
+    }
 }
 
 static pid_t start_server(const char *bin, const char *model, const char *tok, int threads,
@@ -155,6 +206,7 @@ int main(int argc, char **argv) {
     const char *bin = "build/isokv", *model = NULL, *tok = NULL, *config = NULL,
                *streams = "1,4,16,64";
     int requests = 4, prompt = 64, prefix = 0, max_tokens = 64, threads = 2, port = 0;
+    int classes = 0, max_seqs = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         const char *a = argv[i], *v = argv[i + 1];
         if (!strcmp(a, "--bin"))
@@ -177,6 +229,10 @@ int main(int argc, char **argv) {
             max_tokens = atoi(v);
         else if (!strcmp(a, "--threads"))
             threads = atoi(v);
+        else if (!strcmp(a, "--classes"))
+            classes = atoi(v);
+        else if (!strcmp(a, "--max-seqs"))
+            max_seqs = atoi(v);
         else {
             fprintf(stderr, "bench_serve: unknown option %s (see the comment at the top)\n", a);
             return 2;
@@ -222,14 +278,18 @@ int main(int argc, char **argv) {
     for (char *sv = strtok(list, ","); sv; sv = strtok(NULL, ",")) {
         int N = atoi(sv);
         if (N < 1) continue;
-        pid_t pid = start_server(bin, model, tok, threads, N < 4 ? 4 : N, &port);
+        pid_t pid =
+            start_server(bin, model, tok, threads, max_seqs > 0 ? max_seqs : (N < 4 ? 4 : N), &port);
         if (pid < 0) {
             fprintf(stderr, "bench_serve: cannot start %s\n", bin);
             return 1;
         }
         job *jobs = calloc((size_t)N, sizeof *jobs);
         pthread_t *th = calloc((size_t)N, sizeof *th);
-        double *ttft = calloc((size_t)N * (size_t)requests, sizeof *ttft);
+        size_t nreq = (size_t)N * (size_t)requests;
+        double *ttft = calloc(nreq, sizeof *ttft), *e2e = calloc(nreq, sizeof *e2e),
+               *cpu = calloc(nreq, sizeof *cpu);
+        int *cls = calloc(nreq, sizeof *cls), *step = calloc(nreq, sizeof *step);
         double t0 = ikv_now();
         for (int k = 0; k < N; k++) {
             jobs[k] = (job){.port = port,
@@ -239,7 +299,12 @@ int main(int argc, char **argv) {
                             .max_tokens = max_tokens,
                             .id = k,
                             .vocab = vocab,
-                            .ttft = ttft + (size_t)k * requests};
+                            .ttft = ttft + (size_t)k * requests,
+                            .classes = classes,
+                            .e2e = e2e + (size_t)k * requests,
+                            .cls = cls + (size_t)k * requests,
+                            .step = step + (size_t)k * requests,
+                            .cpu_ms = cpu + (size_t)k * requests};
             pthread_create(&th[k], NULL, client, &jobs[k]);
         }
         long tokens = 0, cached = 0, failed = 0;
@@ -254,10 +319,11 @@ int main(int argc, char **argv) {
                (double)tokens / wall, ttft[nt / 2] * 1e3,
                ttft[(nt * 99) / 100 < nt ? (nt * 99) / 100 : nt - 1] * 1e3, cached,
                failed ? "  (some requests failed)" : "");
+        if (classes) class_table(jobs, N, requests);
         fflush(stdout);
         kill(pid, SIGTERM);
         waitpid(pid, NULL, 0);
-        free(jobs), free(th), free(ttft);
+        free(jobs), free(th), free(ttft), free(e2e), free(cpu), free(cls), free(step);
     }
     curl_global_cleanup();
     return 0;

@@ -1403,6 +1403,56 @@ static void test_batch_invariance(void **st) {
         ikv_engine_end(e, s2);
         assert_true(ikv_engine_check(e));
         ikv_engine_destroy(e);
+        /* reserve_new: the prompt and one position now, later blocks one at a time (only the
+         * private ones: the cache holds the full prompt blocks). With a budget of one full
+         * request and one block, requests are admitted until it is spent; they decode in
+         * lockstep, and when one's next block does not fit (reserve_next EFULL; the step EFULL,
+         * running nothing) the newest other sequence ends; logits stay bit-identical */
+        ob.private_blocks = (np + DEC + 15) / 16 + 1;
+        assert_int_equal(ikv_engine_create(m, &ob, &e), 0);
+        rq.reserve_new = 1, rq.max_new = DEC;
+        static const char *tn[] = {"T", "U", "V", "W", "X", "Y", "Z", "A", "B", "C"};
+        ikv_seq *many[10];
+        int nm = 0, arc = 0;
+        while (nm < 10) {
+            rq2 = rq, rq2.tenant = tn[nm];
+            if ((arc = ikv_engine_admit(e, &rq2, &many[nm], NULL))) break;
+            nm++;
+        }
+        assert_int_equal(arc, IKV_EFULL);
+        assert_true(nm >= 2); /* more than one full request's reservation would allow */
+        ikv_step_item pre[10];
+        for (int k = 0; k < nm; k++)
+            pre[k] = (ikv_step_item){.seq = many[k]};
+        assert_int_equal(ikv_engine_step(e, pre, (size_t)nm), 0);
+        int refused = 0;
+        for (int d = 0; d < DEC; d++) {
+            for (int k = 0; k < nm; k++) {
+                int rc;
+                while ((rc = ikv_seq_reserve_next(e, many[k]))) {
+                    assert_int_equal(rc, IKV_EFULL);
+                    it = (ikv_step_item){.seq = many[k], .token = gen[d]};
+                    assert_int_equal(ikv_engine_step(e, &it, 1), IKV_EFULL);
+                    assert_int_equal(ikv_seq_len(many[k]), np + (size_t)d); /* nothing ran */
+                    assert_true(nm > 1); /* the oldest alone always fits */
+                    ikv_engine_end(e, many[--nm]); /* "preempt" the newest: maybe itself */
+                    refused = 1;
+                    if (k == nm) break;
+                }
+            }
+            for (int k = 0; k < nm; k++)
+                pre[k] = (ikv_step_item){.seq = many[k], .token = gen[d]};
+            assert_int_equal(ikv_engine_step(e, pre, (size_t)nm), 0);
+            for (int k = 0; k < nm; k++)
+                assert_memory_equal(ikv_seq_logits(many[k]), ref + (size_t)(d + 1) * V,
+                                    sizeof(float) * (size_t)V);
+            assert_true(ikv_engine_check(e));
+        }
+        for (int k = 0; k < nm; k++)
+            ikv_engine_end(e, many[k]);
+        assert_true(refused);
+        assert_true(ikv_engine_check(e));
+        ikv_engine_destroy(e);
         for (int i = 1; i < NT; i++)
             free(oref[i]);
     }

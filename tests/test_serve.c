@@ -4,8 +4,9 @@
  * libcurl, and stops it with SIGTERM in the group teardown (which runs also when a test fails;
  * the child also dies with the test process through PR_SET_PDEATHSIG). Covered: every endpoint,
  * plain and streamed answers, usage, every error status, tenants and public prefixes (isolation),
- * a resent prompt computing one position, disconnect cancelling, the drain exit code, and a
- * bounded load test (64 concurrent streams, 2,000 requests).
+ * a resent prompt computing one position, disconnect cancelling, the drain exit code, a
+ * bounded load test (64 concurrent streams, 2,000 requests); lower tiers (--tier mem and a file
+ * tier shared by two servers), routing by class, and preemption (texts as alone).
  */
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
@@ -1050,6 +1051,530 @@ static void test_drain(void **st) {
     assert_int_equal(S2_exit, 0);
 }
 
+/* ---- lower tiers (--tier) ------------------------------------------------------------------ */
+
+static server TREF, TMEM, TF1, TF2; /* reference (no tier), mem tier, two sharing a file tier */
+static char tier_dir[64] = "", tier_file[128];
+
+static int setup_tiers(void **st) {
+    (void)st;
+    snprintf(tier_dir, sizeof tier_dir, "/tmp/ikv_serve_tiersXXXXXX");
+    if (!mkdtemp(tier_dir)) return -1;
+    char spec[192];
+    snprintf(tier_file, sizeof tier_file, "%s/kv.store", tier_dir);
+    snprintf(spec, sizeof spec, "file:%s:4M", tier_file);
+    /* 200k: 9 blocks of 16 tokens, 5 for the cache: too few for two of the prompts below */
+    const char *ref[] = {"--max-seqs", "4", NULL};
+    const char *mem[] = {"--kv-mem", "200k", "--max-seqs", "2", "--tier", "mem:1M", NULL};
+    const char *file[] = {"--kv-mem", "200k", "--max-seqs", "2", "--tier", spec, NULL};
+    if (server_start(&TREF, ref) || server_start(&TMEM, mem) || server_start(&TF1, file))
+        return -1;
+    return server_start(&TF2, file);
+}
+
+static int teardown_tiers(void **st) {
+    (void)st;
+    int bad = 0;
+    server *all[] = {&TREF, &TMEM, &TF1, &TF2};
+    for (int i = 0; i < 4; i++)
+        if (all[i]->pid && server_stop(all[i]) != 0) bad = 1;
+    unlink(tier_file);
+    if (tier_dir[0]) rmdir(tier_dir);
+    return bad ? -1 : 0;
+}
+
+/* Three prompts of 2-3 full blocks with distinct first blocks (33, 50, 42 tokens). */
+static const char *TIER_PROMPTS[3] = {
+    "Once upon a time there was a little girl named Lily who loved to play in the park with "
+    "her friends every day",
+    "The dog ran quickly across the big green field to find the ball that the boy had thrown "
+    "far away",
+    "A small bird sat on the tree and sang a happy song to the sun in the morning sky above"};
+
+/* POSTs n completion bodies at once (curl multi: several sequences in flight); fills r[]. */
+static void post_all(int port, char *const *bodies, int n, resp *r) {
+    CURLM *m = curl_multi_init();
+    CURL *h[8];
+    struct curl_slist *hs[8];
+    assert_true(n <= 8);
+    for (int i = 0; i < n; i++) {
+        memset(&r[i], 0, sizeof r[i]);
+        h[i] = prep(port, "POST", "/v1/completions", NULL, bodies[i], &r[i], &hs[i]);
+        curl_multi_add_handle(m, h[i]);
+    }
+    int running = 1;
+    while (running) {
+        curl_multi_perform(m, &running);
+        if (running) curl_multi_poll(m, NULL, 0, 50, NULL);
+    }
+    for (int i = 0; i < n; i++) {
+        curl_easy_getinfo(h[i], CURLINFO_RESPONSE_CODE, &r[i].status);
+        curl_multi_remove_handle(m, h[i]);
+        curl_easy_cleanup(h[i]);
+        curl_slist_free_all(hs[i]);
+    }
+    curl_multi_cleanup(m);
+}
+
+static char *tier_body(int i) {
+    char *b = malloc(512);
+    snprintf(b, 512, "{\"prompt\":\"%s\",\"max_tokens\":12,\"temperature\":0}", TIER_PROMPTS[i]);
+    return b;
+}
+
+/* One greedy completion of prompt i; returns its answer (JSON) and checks the usage adds up:
+ * cached_tokens == the sum over cached_tokens_by_tier. */
+static cJSON *tier_complete(int port, int i) {
+    char *b = tier_body(i);
+    resp r = http(port, "POST", "/v1/completions", NULL, b);
+    free(b);
+    if (r.status != 200) fail_msg("status %ld: %s", r.status, r.body);
+    cJSON *j = json_of(&r);
+    free(r.body);
+    double sum = 0;
+    cJSON *t;
+    cJSON_ArrayForEach(t, path_get(j, "usage", "isokv", "cached_tokens_by_tier", NULL))
+        sum += t->valuedouble;
+    assert_true(sum == num(j, "usage", "prompt_tokens_details", "cached_tokens", NULL));
+    return j;
+}
+
+/* The texts of the three prompts on the reference server, each its first request there (so
+ * nothing cached: the no-cache run). */
+static char *REF_TEXT[3];
+static void reference_texts(void) {
+    for (int i = 0; i < 3; i++) {
+        if (REF_TEXT[i]) continue;
+        cJSON *j = tier_complete(TREF.port, i);
+        assert_true(num(j, "usage", "prompt_tokens_details", "cached_tokens", NULL) == 0);
+        assert_true(num(j, "usage", "prompt_tokens", NULL) >= 32);
+        REF_TEXT[i] = strdup(str(j, "choices", "0", "text", NULL));
+        cJSON_Delete(j);
+    }
+}
+
+/* mem tier under a pool too small for two prompts: prompt 0, then 1 and 2 together (they push
+ * 0's blocks down), then 0 again: its prefix comes from the mem tier, its text is the
+ * no-cache text; then all three at once, twice, each equal to its reference; the metrics
+ * count the tier's demotions, loads and cached tokens by tier. */
+static void test_tier_mem(void **st) {
+    (void)st;
+    reference_texts();
+    cJSON *j = tier_complete(TMEM.port, 0);
+    assert_string_equal(str(j, "choices", "0", "text", NULL), REF_TEXT[0]);
+    assert_true(num(j, "usage", "isokv", "cached_tokens_by_tier", "mem", NULL) == 0);
+    cJSON_Delete(j);
+    char *bodies[3] = {tier_body(1), tier_body(2), tier_body(0)};
+    resp r[3];
+    post_all(TMEM.port, bodies, 2, r);
+    for (int i = 0; i < 2; i++) {
+        assert_int_equal(r[i].status, 200);
+        cJSON *a = json_of(&r[i]);
+        assert_string_equal(str(a, "choices", "0", "text", NULL), REF_TEXT[i + 1]);
+        cJSON_Delete(a), free(r[i].body);
+    }
+    j = tier_complete(TMEM.port, 0);
+    assert_string_equal(str(j, "choices", "0", "text", NULL), REF_TEXT[0]);
+    double mem = num(j, "usage", "isokv", "cached_tokens_by_tier", "mem", NULL);
+    if (mem < 16) fail_msg("prompt 0 again took %g tokens from the mem tier", mem);
+    cJSON_Delete(j);
+    for (int round = 0; round < 2; round++) {
+        post_all(TMEM.port, bodies, 3, r);
+        for (int i = 0; i < 3; i++) {
+            assert_int_equal(r[i].status, 200);
+            cJSON *a = json_of(&r[i]);
+            assert_string_equal(str(a, "choices", "0", "text", NULL), REF_TEXT[(i + 1) % 3]);
+            cJSON_Delete(a), free(r[i].body);
+        }
+    }
+    for (int i = 0; i < 3; i++)
+        free(bodies[i]);
+    assert_true(metric(TMEM.port, "isokv_blocks_demoted_total{tier=\"mem\"}") >= 1);
+    assert_true(metric(TMEM.port, "isokv_tier_loads_total{tier=\"mem\"}") >= 1);
+    assert_true(metric(TMEM.port, "isokv_blocks_promoted_total{tier=\"mem\"}") >= 1);
+    assert_true(metric(TMEM.port, "isokv_cached_prompt_tokens_total{tenant=\"default\","
+                                  "tier=\"mem\"}") >= mem);
+    assert_true(metric(TMEM.port, "isokv_tier_recomputes_total{tier=\"mem\",why=\"failed\"}") ==
+                0);
+    /* the reference server has no lower tier: no tier series, pool only */
+    assert_true(metric(TREF.port, "isokv_blocks_demoted_total{tier=\"mem\"}") == -1);
+    assert_true(metric(TREF.port, "isokv_cached_prompt_tokens_total{tenant=\"default\","
+                                  "tier=\"pool\"}") >= 0);
+}
+
+/* Two server processes on one file tier: what the first computed (written through), the
+ * second loads, with the no-cache text. */
+static void test_tier_file_shared(void **st) {
+    (void)st;
+    reference_texts();
+    cJSON *j = tier_complete(TF1.port, 1);
+    assert_string_equal(str(j, "choices", "0", "text", NULL), REF_TEXT[1]);
+    assert_true(num(j, "usage", "isokv", "cached_tokens_by_tier", "file", NULL) == 0);
+    cJSON_Delete(j);
+    j = tier_complete(TF2.port, 1);
+    assert_string_equal(str(j, "choices", "0", "text", NULL), REF_TEXT[1]);
+    double f = num(j, "usage", "isokv", "cached_tokens_by_tier", "file", NULL);
+    if (f < 32) fail_msg("the second server took %g tokens from the shared file tier", f);
+    assert_true(num(j, "usage", "isokv", "lossy_cached_tokens", NULL) == 0);
+    cJSON_Delete(j);
+    assert_true(metric(TF2.port, "isokv_tier_loads_total{tier=\"file\"}") >= 2);
+    assert_true(metric(TF1.port, "isokv_blocks_demoted_total{tier=\"file\"}") >= 2);
+}
+
+/* Runs `isokv serve --port 0 ARGS...` to its exit (it must fail before listening, within
+ * 30 s); returns the exit status. */
+static int serve_exit_code(const char *const *args) {
+    const char *bin = getenv("IKV_BIN");
+    assert_non_null(bin);
+    const char *argv[16] = {bin, "serve", "--port", "0"};
+    int n = 4;
+    for (int i = 0; args[i] && n < 15; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    pid_t pid = fork();
+    assert_true(pid >= 0);
+    if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        FILE *null = fopen("/dev/null", "w");
+        if (null) dup2(fileno(null), 1), dup2(fileno(null), 2);
+        execv(bin, (char *const *)argv);
+        _exit(127);
+    }
+    int status = 0;
+    for (int k = 0; k < 300; k++) {
+        if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+        usleep(100 * 1000);
+    }
+    kill(pid, SIGKILL), waitpid(pid, NULL, 0);
+    fail_msg("serve %s did not exit", args[0]);
+    return -1;
+}
+
+/* Bad --tier values: a malformed spec is a usage error (2), an unwritable file a failure (1),
+ * each before anything listens. */
+static void test_tier_errors(void **st) {
+    (void)st;
+    const char *c1[] = {"--tier", "file:noSize", NULL}, *c2[] = {"--tier", "bogus:1M", NULL},
+               *c3[] = {"--tier", "file:/nonexistent-dir/x/kv.store:1M", NULL},
+               *c4[] = {"--tier", "mem:1M", "--tier-dtype", "q4", NULL};
+    assert_int_equal(serve_exit_code(c1), 2);
+    assert_int_equal(serve_exit_code(c2), 2);
+    assert_int_equal(serve_exit_code(c3), 1);
+    assert_int_equal(serve_exit_code(c4), 2);
+}
+
+
+/* ---- routing by class ---------------------------------------------------------------------- */
+
+static server TR; /* --route-set route.simple=1, one sequence at a time */
+
+static int setup_route(void **st) {
+    (void)st;
+    const char *extra[] = {"--route-set", "route.simple=1", "--max-seqs", "1", "--max-queue",
+                           "64", "--semantic-cache", NULL};
+    return server_start(&TR, extra);
+}
+
+static int teardown_route(void **st) {
+    (void)st;
+    return TR.pid && server_stop(&TR) != 0 ? -1 : 0;
+}
+
+/* A completion with optional X-Isokv-Class / X-Isokv-Slo-Ms headers; returns the answer. */
+static resp post_hdr(int port, const char *body, const char *cls, const char *slo) {
+    resp r = {0};
+    struct curl_slist *hs;
+    CURL *c = prep(port, "POST", "/v1/completions", NULL, body, &r, &hs);
+    char h1[64], h2[64];
+    if (cls) snprintf(h1, sizeof h1, "X-Isokv-Class: %s", cls), hs = curl_slist_append(hs, h1);
+    if (slo) snprintf(h2, sizeof h2, "X-Isokv-Slo-Ms: %s", slo), hs = curl_slist_append(hs, h2);
+    curl_easy_setopt(c, CURLOPT_HTTPHEADER, hs);
+    if (curl_easy_perform(c) == CURLE_OK) curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &r.status);
+    curl_slist_free_all(hs);
+    curl_easy_cleanup(c);
+    return r;
+}
+
+/* The route object of an answer: step, class; the hard cap (step <= class cap) checked. */
+static int route_step(resp *r, const char *want_class) {
+    if (r->status != 200) fail_msg("status %ld: %s", r->status, r->body);
+    cJSON *j = json_of(r);
+    assert_string_equal(str(j, "usage", "isokv", "route", "class", NULL), want_class);
+    int step = (int)num(j, "usage", "isokv", "route", "step", NULL);
+    assert_true(step <= (int)num(j, "usage", "isokv", "route", "class_cap", NULL));
+    assert_true(step <= (int)num(j, "usage", "isokv", "route", "max_step", NULL));
+    assert_true(num(j, "usage", "isokv", "route", "priority", NULL) == step);
+    assert_true(num(j, "usage", "isokv", "cpu_ms", NULL) > 0);
+    cJSON_Delete(j), free(r->body);
+    return step;
+}
+
+/* Classes from the field and the header, the default, the caps (route.simple=1 set on the
+ * command line), an SLO picking a cheaper step, an unmeetable SLO not lifting the cap, bad
+ * values, and the per-class metrics. */
+static void test_route_classes(void **st) {
+    (void)st;
+    const char *b = "{\"prompt\":\"Once upon a time\",\"max_tokens\":4,\"temperature\":0%s}";
+    char body[256];
+    double before = metric(TR.port, "isokv_route_requests_total{class=\"simple\",step=\"1\"}");
+    if (before < 0) before = 0;
+    snprintf(body, sizeof body, b, ",\"isokv\":{\"class\":\"simple\"}");
+    resp r = post_hdr(TR.port, body, NULL, NULL);
+    assert_int_equal(route_step(&r, "simple"), 1); /* the cap set by --route-set */
+    snprintf(body, sizeof body, b, "");
+    r = post_hdr(TR.port, body, "simple", "1"); /* an SLO no step meets: still at most 1 */
+    assert_int_equal(route_step(&r, "simple"), 1);
+    r = post_hdr(TR.port, body, NULL, NULL); /* no class: medium */
+    int medium = route_step(&r, "medium");
+    assert_int_equal(medium, 4); /* the planner's default cap and the default walk's knee (5) */
+    r = post_hdr(TR.port, body, "complex", NULL);
+    assert_int_equal(route_step(&r, "complex"), 5); /* the knee, below complex's cap 6 */
+    r = post_hdr(TR.port, body, "medium", "100000"); /* a loose SLO: a cheaper step meets it */
+    assert_true(route_step(&r, "medium") < medium);
+    snprintf(body, sizeof body, b, ",\"isokv\":{\"class\":\"complex\"}");
+    r = post_hdr(TR.port, body, "simple", NULL); /* the field wins over the header */
+    assert_int_equal(route_step(&r, "complex"), 5);
+    snprintf(body, sizeof body, b, "");
+    expect_error(post_hdr(TR.port, body, "urgent", NULL), 400, "X-Isokv-Class", "urgent");
+    expect_error(post_hdr(TR.port, body, NULL, "-3"), 400, "X-Isokv-Slo-Ms", "positive");
+    snprintf(body, sizeof body, b, ",\"isokv\":{\"class\":7}");
+    expect_error(post_hdr(TR.port, body, NULL, NULL), 400, "isokv.class", "string");
+    snprintf(body, sizeof body, b, ",\"isokv\":{\"slo_ms\":0}");
+    expect_error(post_hdr(TR.port, body, NULL, NULL), 400, "isokv.slo_ms", "positive");
+    assert_true(metric(TR.port, "isokv_route_requests_total{class=\"simple\",step=\"1\"}") ==
+                before + 2);
+    assert_true(metric(TR.port, "isokv_route_requests_total{class=\"complex\",step=\"5\"}") >= 2);
+    assert_true(metric(TR.port, "isokv_route_cpu_seconds_total{class=\"medium\"}") > 0);
+    /* no simple request ever ran above its cap */
+    for (int k = 2; k < 8; k++) {
+        char series[96];
+        snprintf(series, sizeof series, "isokv_route_requests_total{class=\"simple\",step=\"%d\"}",
+                 k);
+        assert_true(metric(TR.port, series) == -1);
+    }
+}
+
+/* The response cache is the step-3 lever: the same greedy prompt again, as a complex request
+ * (step 5) takes the cached answer as a verified draft; as a simple one (step 1) it does not
+ * look (no semantic_cache object), and its text is the same. */
+static void test_route_response_cache(void **st) {
+    (void)st;
+    const char *b = "{\"prompt\":\"Ben had a small boat on the lake\",\"max_tokens\":24,"
+                    "\"temperature\":0,\"isokv\":{\"class\":\"%s\"}}";
+    char body[256];
+    char *texts[3];
+    const char *cls[3] = {"complex", "complex", "simple"};
+    for (int i = 0; i < 3; i++) {
+        snprintf(body, sizeof body, b, cls[i]);
+        resp r = post_hdr(TR.port, body, NULL, NULL);
+        if (r.status != 200) fail_msg("status %ld: %s", r.status, r.body);
+        cJSON *j = json_of(&r);
+        cJSON *sc = path_get(j, "usage", "isokv", "semantic_cache", NULL);
+        if (i == 1) {
+            assert_non_null(sc);
+            assert_true(num(sc, "accepted_tokens", NULL) >= 1);
+        }
+        if (i == 2) assert_null(sc); /* step 1: below the lever */
+        texts[i] = strdup(str(j, "choices", "0", "text", NULL));
+        cJSON_Delete(j), free(r.body);
+    }
+    assert_string_equal(texts[0], texts[1]);
+    assert_string_equal(texts[0], texts[2]);
+    for (int i = 0; i < 3; i++)
+        free(texts[i]);
+}
+
+/* The lever: a higher step is admitted first. One sequence at a time; a blocker of 16 long
+ * medium prompts (step 4) holds the engine while three simple requests (step 1) and then one
+ * complex (step 5) queue: the complex one completes before the blocker's request, the simple
+ * ones after it. */
+static void test_route_priority(void **st) {
+    (void)st;
+    char blocker[4096];
+    int k = snprintf(blocker, sizeof blocker, "{\"prompt\":[");
+    for (int i = 0; i < 16; i++)
+        k += snprintf(blocker + k, sizeof blocker - (size_t)k, "%s\"Tom had a red ball %d\"",
+                      i ? "," : "", i);
+    snprintf(blocker + k, sizeof blocker - (size_t)k,
+             "],\"max_tokens\":480,\"ignore_eos\":true,\"temperature\":0}");
+    const char *simple = "{\"prompt\":\"Once\",\"max_tokens\":2,\"isokv\":{\"class\":\"simple\"}}";
+    const char *complex =
+        "{\"prompt\":\"Once\",\"max_tokens\":2,\"isokv\":{\"class\":\"complex\"}}";
+    CURLM *m = curl_multi_init();
+    CURL *h[5];
+    resp r[5];
+    struct curl_slist *hs[5];
+    memset(r, 0, sizeof r);
+    const char *bodies[5] = {blocker, simple, simple, simple, complex};
+    int running = 0, order[5], nord = 0;
+    for (int i = 0; i < 5; i++) {
+        h[i] = prep(TR.port, "POST", "/v1/completions", NULL, bodies[i], &r[i], &hs[i]);
+        curl_multi_add_handle(m, h[i]);
+        /* let the server queue it before the next: the blocker's prompts, then each simple */
+        for (int w = 0; w < 200; w++) {
+            curl_multi_perform(m, &running);
+            curl_multi_poll(m, NULL, 0, 5, NULL);
+            double q = metric(TR.port, "isokv_queued_requests");
+            if (i == 0 ? q >= 10 : (i < 4 ? q >= 10 + i : 1)) break;
+        }
+        if (i == 4) assert_true(metric(TR.port, "isokv_queued_requests") >= 4); /* still busy */
+    }
+    do {
+        curl_multi_perform(m, &running);
+        CURLMsg *msg;
+        int left;
+        while ((msg = curl_multi_info_read(m, &left)))
+            if (msg->msg == CURLMSG_DONE)
+                for (int i = 0; i < 5; i++)
+                    if (h[i] == msg->easy_handle) order[nord++] = i;
+        if (running) curl_multi_poll(m, NULL, 0, 20, NULL);
+    } while (running || nord < 5);
+    for (int i = 0; i < 5; i++) {
+        curl_easy_getinfo(h[i], CURLINFO_RESPONSE_CODE, &r[i].status);
+        assert_int_equal(r[i].status, 200);
+        curl_multi_remove_handle(m, h[i]);
+        curl_easy_cleanup(h[i]);
+        curl_slist_free_all(hs[i]);
+        free(r[i].body);
+    }
+    curl_multi_cleanup(m);
+    int pos[5];
+    for (int i = 0; i < 5; i++)
+        pos[order[i]] = i;
+    if (!(pos[4] < pos[0] && pos[0] < pos[1] && pos[0] < pos[2] && pos[0] < pos[3]))
+        fail_msg("completion order %d %d %d %d %d (0 blocker, 1-3 simple, 4 complex)", order[0],
+                 order[1], order[2], order[3], order[4]);
+}
+
+/* ---- preemption ---------------------------------------------------------------------------- */
+
+static server TP, TPREF; /* a private budget of 10 blocks; a reference with room for all */
+
+static int setup_preempt(void **st) {
+    (void)st;
+    /* 20 blocks of 20480 bytes: 10 private (admission), 10 for the cache */
+    const char *small[] = {"--kv-mem", "409600", "--max-seqs", "4", NULL};
+    const char *ref[] = {"--max-seqs", "4", NULL};
+    if (server_start(&TP, small)) return -1;
+    return server_start(&TPREF, ref);
+}
+
+static int teardown_preempt(void **st) {
+    (void)st;
+    int bad = 0;
+    if (TP.pid && server_stop(&TP) != 0) bad = 1;
+    if (TPREF.pid && server_stop(&TPREF) != 0) bad = 1;
+    return bad ? -1 : 0;
+}
+
+/* Four requests of 100 tokens each (7 blocks each alone) on a budget of 10 private blocks:
+ * admission reserves the prompt and 16 positions, so all four start, and as they grow the
+ * newest are preempted and re-admitted with their tokens. Every request completes with the
+ * text it gets alone on a server with room (greedy, and seeded sampling: the sampler's state
+ * survives), and the preemptions are counted. */
+static void test_preempt_same_text(void **st) {
+    (void)st;
+    static const char *prompts[4] = {"Once upon a time", "The little dog", "Lily and Ben went",
+                                     "A big red ball"};
+    char *bodies[4];
+    for (int i = 0; i < 4; i++) {
+        bodies[i] = malloc(256);
+        snprintf(bodies[i], 256,
+                 "{\"prompt\":\"%s\",\"max_tokens\":100,\"ignore_eos\":true,%s}", prompts[i],
+                 i % 2 ? "\"temperature\":1,\"seed\":7" : "\"temperature\":0");
+    }
+    char *ref[4];
+    for (int i = 0; i < 4; i++) { /* alone, on the reference server */
+        resp r = http(TPREF.port, "POST", "/v1/completions", NULL, bodies[i]);
+        if (r.status != 200) fail_msg("reference: status %ld: %s", r.status, r.body);
+        cJSON *j = json_of(&r);
+        assert_int_equal((int)num(j, "usage", "isokv", "preemptions", NULL), 0);
+        ref[i] = strdup(str(j, "choices", "0", "text", NULL));
+        cJSON_Delete(j), free(r.body);
+    }
+    double before = metric(TP.port, "isokv_preempted_total");
+    int preemptions = 0;
+    char *streamed[4]; /* the same requests as streams (round 1): the chunks add up the same */
+    for (int i = 0; i < 4; i++) {
+        streamed[i] = malloc(300);
+        size_t L = strlen(bodies[i]);
+        snprintf(streamed[i], 300, "%.*s,\"stream\":true,\"stream_options\":"
+                 "{\"include_usage\":true}}", (int)(L - 1), bodies[i]);
+    }
+    for (int round = 0; round < 2; round++) {
+        resp r[4];
+        post_all(TP.port, round ? streamed : bodies, 4, r);
+        for (int i = 0; i < 4; i++) {
+            if (r[i].status != 200) fail_msg("status %ld: %s", r[i].status, r[i].body);
+            if (round) {
+                sse o;
+                parse_sse(r[i].body, &o);
+                assert_true(o.done);
+                assert_string_equal(o.text, ref[i]);
+                assert_non_null(o.usage);
+                assert_int_equal((int)num(o.usage, "completion_tokens", NULL), 100);
+                preemptions += (int)num(o.usage, "isokv", "preemptions", NULL);
+                cJSON_Delete(o.usage), free(r[i].body);
+                continue;
+            }
+            cJSON *j = json_of(&r[i]);
+            assert_string_equal(str(j, "choices", "0", "text", NULL), ref[i]);
+            assert_int_equal((int)num(j, "usage", "completion_tokens", NULL), 100);
+            preemptions += (int)num(j, "usage", "isokv", "preemptions", NULL);
+            cJSON_Delete(j), free(r[i].body);
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        free(streamed[i]);
+    if (preemptions < 1) fail_msg("no request was preempted");
+    assert_true(metric(TP.port, "isokv_preempted_total") == before + preemptions);
+    double reserved = -1; /* the snapshot the scheduler takes once idle */
+    for (int k = 0; k < 100 && reserved != 0; k++)
+        if ((reserved = metric(TP.port, "isokv_kv_reserved_blocks")) != 0) usleep(20 * 1000);
+    assert_true(reserved == 0);
+    assert_true(metric(TP.port, "isokv_running_sequences") == 0);
+    /* a request whose whole limit cannot fit the budget alone is refused up front (400) */
+    expect_error(http(TP.port, "POST", "/v1/completions", NULL,
+                      "{\"prompt\":\"Once\",\"max_tokens\":400}"),
+                 400, NULL, "private blocks");
+    for (int i = 0; i < 4; i++)
+        free(bodies[i]), free(ref[i]);
+}
+
+/* Bad routing flags: an unknown or out-of-range plan key, an unknown model or GPU are usage
+ * errors (2); a missing config file a failure (1). */
+static void test_route_flags(void **st) {
+    (void)st;
+    const char *c1[] = {"--route-set", "route.simple=9", NULL},
+               *c2[] = {"--route-set", "no.such=1", NULL}, *c3[] = {"--route-set", "x", NULL},
+               *c4[] = {"--route-model", "no-such-model", NULL},
+               *c5[] = {"--route-hw", "no-such-gpu", NULL},
+               *c6[] = {"--route-config", "/nonexistent-dir/route.json", NULL};
+    assert_int_equal(serve_exit_code(c1), 2);
+    assert_int_equal(serve_exit_code(c2), 2);
+    assert_int_equal(serve_exit_code(c3), 2);
+    assert_int_equal(serve_exit_code(c4), 2);
+    assert_int_equal(serve_exit_code(c5), 2);
+    assert_int_equal(serve_exit_code(c6), 1);
+    /* a config file (nested keys, as `isokv plan --config`) sets the caps */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/ikv_route_%d.json", (int)getpid());
+    write_file(path, "{\"route\": {\"simple\": 0, \"medium\": 3}, \"price.gpu_hour\": 4}");
+    server sv = {0};
+    const char *extra[] = {"--route-config", path, NULL};
+    int started = server_start(&sv, extra);
+    unlink(path);
+    assert_int_equal(started, 0);
+    const char *body = "{\"prompt\":\"Once\",\"max_tokens\":2}";
+    resp r = post_hdr(sv.port, body, "simple", NULL);
+    int simple = r.status == 200 ? route_step(&r, "simple") : -1;
+    r = post_hdr(sv.port, body, NULL, NULL);
+    int medium = r.status == 200 ? route_step(&r, "medium") : -1;
+    assert_int_equal(server_stop(&sv), 0);
+    assert_int_equal(simple, 0);
+    assert_int_equal(medium, 3);
+}
+
 int main(void) {
     const struct CMUnitTest api[] = {
         cmocka_unit_test(test_health_models_metrics), cmocka_unit_test(test_completions),
@@ -1061,5 +1586,18 @@ int main(void) {
     const struct CMUnitTest load[] = {cmocka_unit_test(test_load), cmocka_unit_test(test_drain)};
     int rc = cmocka_run_group_tests_name("serve_api", api, setup, teardown);
     rc |= cmocka_run_group_tests_name("serve_load", load, setup_load, teardown_load);
+    const struct CMUnitTest tiers[] = {cmocka_unit_test(test_tier_mem),
+                                       cmocka_unit_test(test_tier_file_shared),
+                                       cmocka_unit_test(test_tier_errors)};
+    rc |= cmocka_run_group_tests_name("serve_tiers", tiers, setup_tiers, teardown_tiers);
+    const struct CMUnitTest route[] = {cmocka_unit_test(test_route_classes),
+                                       cmocka_unit_test(test_route_response_cache),
+                                       cmocka_unit_test(test_route_priority),
+                                       cmocka_unit_test(test_route_flags)};
+    rc |= cmocka_run_group_tests_name("serve_route", route, setup_route, teardown_route);
+    const struct CMUnitTest preempt[] = {cmocka_unit_test(test_preempt_same_text)};
+    rc |= cmocka_run_group_tests_name("serve_preempt", preempt, setup_preempt, teardown_preempt);
+    for (int i = 0; i < 3; i++)
+        free(REF_TEXT[i]);
     return rc;
 }

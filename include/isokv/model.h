@@ -250,6 +250,13 @@ typedef struct ikv_request {
                                ikv_engine_begin only */
     size_t max_new;         /* positions the sequence may add after the prompt (0 = up to
                                seq_len): admission reserves private blocks for them */
+    size_t reserve_new;     /* 0: reserve blocks for all max_new positions at admission (a
+                               sequence then never needs more). N > 0: reserve only the prompt's
+                               blocks and N positions after it; each later block is reserved
+                               by ikv_seq_reserve_next before the decode that needs it (so a
+                               server can preempt when the budget is spent). Admission still
+                               refuses (IKV_ETOOLONG) a request whose full limit could never
+                               fit in the private budget alone. */
 } ikv_request;
 
 typedef struct ikv_prefill_info {
@@ -306,7 +313,8 @@ typedef struct ikv_step_item {
  * batched product (ikv__linear_rows). Afterwards ikv_seq_logits() of a sequence with nothing
  * pending is its last position's logits. A sequence's tokens, K/V and logits are bit-identical
  * whatever else is in the step and however its prompt was chunked or cached
- * (docs/engine.md, "Batches"). Returns 0, IKV_EINVAL (a sequence not in flight or twice, a
+ * (docs/engine.md, "Batches"). Returns 0, IKV_EFULL (a decode whose new block is not reserved:
+ * see ikv_seq_reserve_next; nothing runs), IKV_EINVAL (a sequence not in flight or twice, a
  * token >= vocab; nothing runs), IKV_ETOOLONG (a decode past the sequence's limit; nothing
  * runs). Does not allocate. */
 int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n);
@@ -316,6 +324,17 @@ int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n);
  * leaves them. Returns 0, IKV_ENOENT (not all of them are cached and ready), IKV_EBUDGET (the
  * cache's pin budget is spent; nothing pinned), IKV_EINVAL (fewer than one block). */
 int ikv_engine_pin_public(ikv_engine *e, const uint32_t *tokens, size_t n_public, uint64_t ttl);
+
+/* Reserves, from the private budget, the block the next decode of s needs when that decode
+ * starts a block beyond the sequence's reservation (requests admitted with reserve_new).
+ * Returns 0 (nothing needed, or reserved), IKV_EFULL (the budget is spent: end or preempt
+ * another sequence first; nothing changed). ikv_engine_step returns IKV_EFULL (nothing runs)
+ * for a decode whose block is not reserved. Does not allocate. */
+int ikv_seq_reserve_next(ikv_engine *e, ikv_seq *s);
+/* The same for the next npos positions (a draft to verify): reserves every block they need
+ * beyond the reservation at once, or nothing (IKV_EFULL). ikv_engine_verify returns IKV_EFULL
+ * (nothing changes) when its rows need blocks not reserved. */
+int ikv_seq_reserve(ikv_engine *e, ikv_seq *s, size_t npos);
 
 /* Prompt positions of s not computed yet. */
 size_t ikv_seq_pending(const ikv_seq *s);

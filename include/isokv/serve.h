@@ -23,6 +23,8 @@ extern "C" {
 #endif
 
 typedef struct ikv_serve ikv_serve;
+struct ikv_model;
+struct ikv_engine_options;
 
 typedef struct ikv_serve_options {
     const char *model;         /* llama2.c checkpoint (data/models/stories260K/stories260K.bin) */
@@ -39,8 +41,19 @@ typedef struct ikv_serve_options {
     const char *public_prefix; /* file whose text, when a prompt starts with it, is public */
     int public_system;         /* 1: a chat request's system messages are public */
     size_t max_body;           /* request body bytes before 413 (1 MiB) */
-    /* --tier (lower storage tiers): reserved for the store module; not used yet */
-    const char *tier;
+    /* Lower storage tiers (docs/store.md): called once, after the model is loaded and before
+     * the engine is created, to open the stores and fill eo->tiers[], n_tiers, tier_dtype and
+     * tokenizer_fp. Returns 0 or an IKV_E* code (the stores stay the caller's: close them after
+     * ikv_serve_destroy). NULL: no lower tier. `isokv serve --tier` passes cli_tiers_open. */
+    int (*open_tiers)(void *ctx, const struct ikv_model *m, struct ikv_engine_options *eo);
+    void *tiers_ctx;
+    /* Routing by request class (docs/serve.md, "Routing"): the planner's walk (docs/planner.md)
+     * for route_model on route_hw (catalog names; "llama3-70b", "h100"), with the parameters of
+     * route_config (a plan JSON file; NULL = defaults) and then route_set[] ("key=value", as
+     * `isokv plan --set`): route.simple/medium/complex are the class caps, price.* the prices. */
+    const char *route_config, *route_model, *route_hw;
+    const char *const *route_set;
+    size_t n_route_set;
     FILE *log;               /* one line per request (stderr) */
     uint32_t semantic_cache; /* response-cache entries (--semantic-cache[=SIZE]; 0 = off): a
                                 finished response is kept and the most similar one of the same

@@ -4,15 +4,18 @@
  *     isokv serve [--model M.bin] [--tokenizer T.bin] [--host 127.0.0.1] [--port 8000]
  *                 [--threads 1] [--kv-mem BYTES] [--policy lru] [--api-keys FILE]
  *                 [--max-seqs 32] [--max-batch-tokens 256] [--max-queue N]
- *                 [--public-prefix FILE] [--public-system] [--drain-s 10] [--tier SPEC]
+ *                 [--public-prefix FILE] [--public-system] [--drain-s 10]
+ *                 [--tier SPEC]... [--tier-dtype f32|q8]
  *
  * Prints the address (the bound port when --port 0), the model, the cache configuration and
  * the measured startup time on stdout, one line per request on stderr. SIGTERM or SIGINT stops
  * accepting (503), lets running requests finish for at most --drain-s seconds, and exits 0.
  * The signals are blocked in every thread and taken by sigwait() here, so no handler runs
- * inside the server's threads.
+ * inside the server's threads. --tier opens the stores through cli_tiers_open (as `run`
+ * does), called by ikv_serve_create once the model is loaded (serve options' open_tiers).
  */
 #include "cli.h"
+#include "isokv/model.h"
 #include "isokv/serve.h"
 
 #include <signal.h>
@@ -25,6 +28,8 @@ static void help(FILE *f) {
           "                   [--threads T] [--kv-mem BYTES] [--policy NAME] [--api-keys FILE]\n"
           "                   [--max-seqs N] [--max-batch-tokens N] [--max-queue N]\n"
           "                   [--public-prefix FILE] [--public-system] [--drain-s S]\n"
+          "                   [--tier SPEC]... [--tier-dtype f32|q8] [--route-config FILE]\n"
+          "                   [--route-set KEY=VALUE]... [--route-model M] [--route-hw H]\n"
           "                   [--semantic-cache[=SIZE]]\n\n"
           "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions,\n"
           "GET /v1/models, GET /health, GET /metrics (Prometheus). Continuous batching: one\n"
@@ -38,12 +43,35 @@ static void help(FILE *f) {
           "every request is tenant 'default'. --public-prefix FILE: prompts starting with its\n"
           "text share those blocks across tenants; --public-system: chat system messages do.\n"
           "SIGTERM/SIGINT: stop accepting, finish running requests (at most --drain-s seconds,\n"
-          "10), exit 0. --tier is reserved for lower storage tiers (not available yet).\n"
+          "10), exit 0. Answers' usage.isokv.cached_tokens_by_tier says where each prompt's\n"
+          "prefix came from (pool, then each --tier); /metrics has them by tier too.\n"
+          "Routing: a request's class (isokv.class or header X-Isokv-Class: simple, medium\n"
+          "(default), complex) and latency target (isokv.slo_ms, X-Isokv-Slo-Ms) go to the\n"
+          "planner's router (ikv_plan_route) on the walk of --route-model (llama3-70b) on\n"
+          "--route-hw (h100); class caps and prices are plan parameters (--route-config FILE\n"
+          "as `isokv plan --config`, --route-set route.simple=1 as `isokv plan --set`). The\n"
+          "step is the request's scheduling priority (docs/serve.md, \"Routing\").\n"
           "--semantic-cache[=SIZE]: keep up to SIZE (1024) finished responses; a new request's\n"
           "most similar one (same tenant, or public) is verified by the model as a draft and\n"
           "only what the model itself would produce is served (docs/semantic.md); usage.isokv\n"
           "and isokv_semcache_* metrics count it.\n",
           f);
+    fputs(cli_tiers_help, f);
+}
+
+/* ikv_serve_options.open_tiers: cli_tiers_open, remembering its exit code (2 for a malformed
+ * spec) for the process's status. */
+typedef struct serve_tiers {
+    cli_tiers t;
+    const char *tokenizer;
+    int exit_code;
+} serve_tiers;
+
+static int open_tiers(void *ctx, const ikv_model *m, ikv_engine_options *eo) {
+    serve_tiers *st = ctx;
+    st->exit_code = cli_tiers_open(&st->t, "serve", m, st->tokenizer, eo);
+    return st->exit_code ? ikv_error(IKV_EIO, "--tier: the stores could not be opened")
+                         : 0;
 }
 
 int ikv_cmd_serve(int argc, char **argv) {
@@ -55,6 +83,9 @@ int ikv_cmd_serve(int argc, char **argv) {
     ikv_serve_options o;
     ikv_serve_options_default(&o);
     double drain = 10;
+    serve_tiers tiers;
+    memset(&tiers, 0, sizeof tiers);
+    const char *route_set[32];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         int flag = !strcmp(a, "--public-system");
@@ -85,9 +116,22 @@ int ikv_cmd_serve(int argc, char **argv) {
             o.api_keys = v;
         else if (!strcmp(a, "--public-prefix"))
             o.public_prefix = v;
-        else if (!strcmp(a, "--tier"))
-            return cli_usage_error(cmd, "--tier: lower storage tiers are not available in this "
-                                        "build yet");
+        else if (!strcmp(a, "--route-config"))
+            o.route_config = v;
+        else if (!strcmp(a, "--route-model"))
+            o.route_model = v;
+        else if (!strcmp(a, "--route-hw"))
+            o.route_hw = v;
+        else if (!strcmp(a, "--route-set")) {
+            if (o.n_route_set == sizeof route_set / sizeof route_set[0])
+                return cli_usage_error(cmd, "at most 32 --route-set options");
+            route_set[o.n_route_set++] = v;
+            o.route_set = route_set;
+        } else if (!strcmp(a, "--tier")) {
+            if (cli_tiers_add(&tiers.t, cmd, v)) return IKV_EXIT_USAGE;
+        } else if (!strcmp(a, "--tier-dtype")) {
+            if (cli_tiers_dtype(&tiers.t, cmd, v)) return IKV_EXIT_USAGE;
+        }
         else if (!strcmp(a, "--kv-mem")) {
             if (cli_parse_count(v, &u) || u == 0)
                 return cli_usage_error(cmd, "--kv-mem '%s' is not a positive size", v);
@@ -129,9 +173,20 @@ int ikv_cmd_serve(int argc, char **argv) {
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN); /* a client that goes away is a failed write, not a death */
+    if (tiers.t.n) {
+        tiers.tokenizer = o.tokenizer;
+        o.open_tiers = open_tiers, o.tiers_ctx = &tiers;
+    }
     ikv_serve *s;
     int rc = ikv_serve_create(&o, &s);
-    if (rc) return cli_fail(cmd, "%s", ikv_errdetail());
+    if (rc) {
+        cli_tiers_close(&tiers.t);
+        if (tiers.exit_code) return tiers.exit_code; /* cli_tiers_open said why */
+        if (rc == IKV_EPARAM || rc == IKV_ERANGE || rc == IKV_EMODEL || rc == IKV_EHW ||
+            rc == IKV_EPOLICY) /* a flag's value: --policy, --route-set/-model/-hw */
+            return cli_usage_error(cmd, "%s", ikv_errdetail());
+        return cli_fail(cmd, "%s", ikv_errdetail());
+    }
     printf("isokv serve: listening on http://%s:%u\n%s\n", o.host, (unsigned)ikv_serve_port(s),
            ikv_serve_describe(s));
     fflush(stdout);
@@ -143,6 +198,7 @@ int ikv_cmd_serve(int argc, char **argv) {
     if (left)
         fprintf(stderr, "isokv serve: %zu requests unfinished after the drain: cancelled\n", left);
     ikv_serve_destroy(s);
+    cli_tiers_close(&tiers.t); /* after the engine: it writes to the stores until destroyed */
     fprintf(stderr, "isokv serve: stopped\n");
     return IKV_EXIT_OK;
 }

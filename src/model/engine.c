@@ -21,7 +21,10 @@
  * a budget of private_blocks (default max_seqs * max_blocks, max_blocks = ceil(seq_len / bt));
  * nblocks = capacity + private_blocks. Admission reserves, per sequence, the blocks it may
  * still need privately (its blocks up to prompt + max_new, minus the cached prefix it locks),
- * and refuses (IKV_EFULL) when the budget has no room. So a sequence always finds free blocks
+ * and refuses (IKV_EFULL) when the budget has no room (with ikv_request.reserve_new, only the
+ * prompt and that many positions now; each later decode block is reserved one at a time by
+ * ikv_seq_reserve_next, which fails when the budget is spent: the caller preempts). So a
+ * sequence always finds free blocks for what it has reserved
  * once the core has made room: a block the core drops (on_evict, to_tier = -1) goes back to
  * the free stack at once, and parked blocks (below) are taken back when the stack is empty.
  *
@@ -395,6 +398,8 @@ static void seq_release(ikv_engine *e, ikv_seq *s) {
     s->active = 0;
 }
 
+static uint32_t seq_private(const ikv_engine *e, const ikv_seq *s);
+
 /* Takes a private block for block index j of s. */
 static int add_private(ikv_engine *e, ikv_seq *s, uint32_t j) {
     uint32_t b = pool_pop(e);
@@ -551,13 +556,16 @@ int ikv_engine_admit(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
 
     mv = m;                                 /* verified blocks */
     if (m > (n - 1) / bt) m = (n - 1) / bt; /* keep >= 1 position to compute */
-    /* reservation: every block up to the limit that is not a locked cached one */
-    const uint32_t total = (uint32_t)((lim + bt - 1) / bt), need = total - m;
-    if (need > e->private_budget)
+    /* reservation: every block up to the limit that is not a locked cached one (with
+     * reserve_new: up to the prompt + reserve_new now, the rest block by block later) */
+    const uint32_t total = (uint32_t)((lim + bt - 1) / bt), full_need = total - m;
+    uint64_t now_lim = r->reserve_new && n + r->reserve_new < lim ? n + r->reserve_new : lim;
+    const uint32_t need = (uint32_t)((now_lim + bt - 1) / bt) - m;
+    if (full_need > e->private_budget)
         return ikv_error(IKV_ETOOLONG,
                          "request needs %u private blocks (%u tokens and %llu more), more than "
                          "the engine's %llu",
-                         need, n, (unsigned long long)(lim - n),
+                         full_need, n, (unsigned long long)(lim - n),
                          (unsigned long long)e->private_budget);
     if (e->reserved + need > e->private_budget)
         return ikv_error(IKV_EFULL, "request needs %u private blocks, %llu of %llu are free", need,
@@ -644,6 +652,13 @@ int ikv_engine_admit(ikv_engine *e, const ikv_request *r, ikv_seq **out, ikv_pre
         inf.partial_tokens = cow;
         e->n_partial_hits++;
     }
+    if (r->reserve_new && now_lim < lim) {
+        /* the blocks are in place: keep reserved only the private ones and those still to come
+         * up to the prompt + reserve_new (full blocks the cache took are not private) */
+        uint32_t keep = seq_private(e, s), upto = (uint32_t)((now_lim + bt - 1) / bt);
+        keep += upto > s->n_blocks ? upto - s->n_blocks : 0;
+        if (keep < s->reserve) e->reserved -= s->reserve - keep, s->reserve = keep;
+    }
     memcpy(s->tok, r->tokens, sizeof(uint32_t) * n);
     s->n = m * bt + (src != IKV_NIL ? cow : 0);
     s->n_prompt = n;
@@ -685,6 +700,44 @@ int ikv_engine_pin_public(ikv_engine *e, const uint32_t *tokens, size_t n_public
     if (got < nb)
         return ikv_error(IKV_ENOENT, "%zu of the %zu public blocks are cached and ready", got, nb);
     return ikv_cache_pin(e->cache, e->keys, nb, ttl ? e->clock + ttl : 0);
+}
+
+/* Private blocks in s's table. */
+static uint32_t seq_private(const ikv_engine *e, const ikv_seq *s) {
+    uint32_t k = 0;
+    for (uint32_t j = 0; j < s->n_blocks; j++)
+        k += e->state[s->table[j]] == IKV__BLK_PRIVATE;
+    return k;
+}
+
+/* Blocks the next npos positions of s take beyond what its reservation covers. */
+static uint32_t blocks_short(const ikv_engine *e, const ikv_seq *s, size_t npos) {
+    size_t end = s->n + npos < s->limit ? s->n + npos : s->limit;
+    uint32_t upto = (uint32_t)((end + e->bt - 1) / e->bt);
+    uint32_t more = upto > s->n_blocks ? upto - s->n_blocks : 0;
+    uint32_t have = seq_private(e, s);
+    return have + more > s->reserve ? have + more - s->reserve : 0;
+}
+
+/* Whether the next decode of s takes a new block its reservation does not cover. */
+static int needs_block(const ikv_engine *e, const ikv_seq *s) {
+    return s->n < s->limit && blocks_short(e, s, 1) > 0;
+}
+
+int ikv_seq_reserve(ikv_engine *e, ikv_seq *s, size_t npos) {
+    IKV_ASSERT(s && s->active);
+    uint32_t k = ikv_seq_pending(s) ? 0 : blocks_short(e, s, npos);
+    if (!k) return 0;
+    if (e->reserved + k > e->private_budget)
+        return ikv_error(IKV_EFULL, "%u more blocks: the private budget's %llu are reserved but "
+                         "%llu", k, (unsigned long long)e->private_budget,
+                         (unsigned long long)(e->private_budget - e->reserved));
+    s->reserve += k, e->reserved += k;
+    return 0;
+}
+
+int ikv_seq_reserve_next(ikv_engine *e, ikv_seq *s) {
+    return ikv_seq_reserve(e, s, 1);
 }
 
 size_t ikv_seq_pending(const ikv_seq *s) {
@@ -733,6 +786,11 @@ int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n) {
             return ikv_error(
                 IKV_ETOOLONG, "step item %zu: sequence reached its limit of %u positions%s", i,
                 s->limit, s->limit == (uint32_t)c->seq_len ? " (the model's seq_len)" : "");
+        if (needs_block(e, s))
+            return ikv_error(IKV_EFULL,
+                             "step item %zu: its next decode needs a block it has not reserved "
+                             "(ikv_seq_reserve_next)",
+                             i);
     }
     size_t nd = 0;
     for (size_t i = 0; i < n; i++) {
@@ -837,6 +895,9 @@ int ikv_engine_verify(ikv_engine *e, ikv_seq *s, ikv_verify *v) {
         return ikv_error(IKV_ETOOLONG,
                          "verify: %zu positions after %zu do not fit the sequence's limit of %u", R,
                          n, s->limit);
+    if (blocks_short(e, s, R))
+        return ikv_error(IKV_EFULL, "verify: %zu positions need blocks the sequence has not "
+                         "reserved (ikv_seq_reserve)", R);
     ikv_sampler *sp = v->sampler && ikv_sampler_temperature(v->sampler) > 0.0f ? v->sampler : NULL;
     uint32_t tok;
     v->accepted = 0, v->rows = 0;

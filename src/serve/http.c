@@ -48,6 +48,7 @@ void ikv_serve_options_default(ikv_serve_options *o) {
 static void srq_free(srq *r) {
     if (!r) return;
     ikv_free(r->tenant), ikv_free(r->scope), ikv_free(r->tokens), ikv_free(r->user);
+    ikv_free(r->all);
     ikv_free(r->segs);
     for (int i = 0; i < r->nstop; i++)
         ikv_free(r->stop[i]);
@@ -80,6 +81,8 @@ typedef struct conn {
     size_t n, cap;
     int too_large, responded;
     const char *tenant; /* points into s->keys, or "default" */
+    const char *hdr_class, *hdr_slo; /* X-Isokv-Class, X-Isokv-Slo-Ms (NULL: absent) */
+    int answering; /* counted in s->answering: queued, its answer not yet fully sent */
 } conn;
 
 static const char *status_type(int status) {
@@ -476,6 +479,39 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
         *nprompts = 1;
         goto prompt_done;
     }
+    /* the request class and latency target: the isokv fields, else the headers */
+    const char *cls = cx->hdr_class, *cls_param = "X-Isokv-Class";
+    r->slo_ms = 0;
+    if (cx->hdr_slo) {
+        char *end;
+        double v = strtod(cx->hdr_slo, &end);
+        if (end == cx->hdr_slo || *end || !(v > 0) || v > 1e9)
+            BAD("X-Isokv-Slo-Ms", "header X-Isokv-Slo-Ms '%.40s' is not a positive number of ms",
+                cx->hdr_slo);
+        r->slo_ms = v;
+    }
+    if (f && cJSON_IsObject(f)) {
+        const cJSON *c = cJSON_GetObjectItemCaseSensitive(f, "class");
+        if (c && !cJSON_IsNull(c)) {
+            if (!cJSON_IsString(c)) BAD("isokv.class", "isokv.class must be a string");
+            cls = c->valuestring, cls_param = "isokv.class";
+        }
+        const cJSON *l = cJSON_GetObjectItemCaseSensitive(f, "slo_ms");
+        if (l && !cJSON_IsNull(l)) {
+            if (!cJSON_IsNumber(l) || !(l->valuedouble > 0) || l->valuedouble > 1e9)
+                BAD("isokv.slo_ms", "isokv.slo_ms must be a positive number of milliseconds");
+            r->slo_ms = l->valuedouble;
+        }
+    }
+    ikv_req_class rc_cls = IKV_CLASS_MEDIUM; /* the default class */
+    r->has_class = cls != NULL;
+    if (cls && ikv_req_class_parse(cls, &rc_cls))
+        BAD(cls_param, "%s '%.40s' is not simple, medium or complex", cls_param, cls);
+    r->cls = (int)rc_cls;
+    ikv_route_req rq = {.cls = rc_cls, .slo_s = r->slo_ms / 1e3};
+    ikv_plan_route(&s->plan, &s->walk, &rq, &r->route);
+    IKV_ASSERT(r->route.step <= r->route.class_cap); /* the hard cap */
+    r->prio = r->route.step;
 
     /* the prompt */
     int rc = 0;
@@ -621,7 +657,7 @@ out:
 /* ---- answers ----------------------------------------------------------------------------- */
 
 /* The usage of a request's prompts g[0..n) (summed; ttft_ms of the first prompt). */
-static void add_usage(cJSON *parent, srq *const *g, int n) {
+static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
     double pt = 0, ct = 0, ca = 0, pa = 0, pub = 0;
     for (int i = 0; i < n; i++)
         pt += (double)g[i]->n, ct += g[i]->ntok, ca += (double)g[i]->cached,
@@ -635,12 +671,45 @@ static void add_usage(cJSON *parent, srq *const *g, int n) {
     cJSON_AddNumberToObject(d, "cached_tokens", ca);
     cJSON *x = cJSON_AddObjectToObject(u, "isokv");
     cJSON *bt = cJSON_AddObjectToObject(x, "cached_tokens_by_tier");
-    cJSON_AddNumberToObject(bt, "pool", ca);
+    double rec = 0, lossy = 0;
+    for (size_t t = 0; t <= s->n_tiers; t++) {
+        double v = 0;
+        for (int i = 0; i < n; i++)
+            v += (double)g[i]->tier_tokens[t];
+        cJSON_AddNumberToObject(bt, s->tier_name[t], v);
+    }
+    for (int i = 0; i < n; i++)
+        rec += (double)g[i]->tier_recomputed, lossy += (double)g[i]->lossy;
+    if (s->n_tiers) {
+        cJSON_AddNumberToObject(x, "tier_recomputed_tokens", rec);
+        cJSON_AddNumberToObject(x, "lossy_cached_tokens", lossy);
+    }
     cJSON_AddNumberToObject(x, "partial_block_tokens", pa);
     cJSON_AddNumberToObject(x, "computed_prompt_tokens", pt - ca);
     cJSON_AddNumberToObject(x, "public_prompt_tokens", pub);
     cJSON_AddNumberToObject(x, "ttft_ms", r->t_first > 0 ? (r->t_first - r->t_arrive) * 1e3 : 0);
     cJSON_AddStringToObject(x, "tenant", r->tenant);
+    double cpu = 0;
+    for (int i = 0; i < n; i++)
+        cpu += g[i]->cpu_s;
+    cJSON_AddNumberToObject(x, "cpu_ms", cpu * 1e3);
+    double pre = 0, recomp = 0;
+    for (int i = 0; i < n; i++)
+        pre += g[i]->preemptions, recomp += (double)g[i]->recomputed;
+    cJSON_AddNumberToObject(x, "preemptions", pre);
+    cJSON_AddNumberToObject(x, "preempted_recomputed_tokens", recomp);
+    cJSON *ro = cJSON_AddObjectToObject(x, "route");
+    cJSON_AddStringToObject(ro, "class", ikv_req_class_name((ikv_req_class)r->cls));
+    cJSON_AddBoolToObject(ro, "class_given", r->has_class);
+    cJSON_AddNumberToObject(ro, "step", r->route.step);
+    cJSON_AddStringToObject(ro, "step_name", s->walk.steps[r->route.step].name);
+    cJSON_AddNumberToObject(ro, "max_step", r->route.max_step);
+    cJSON_AddNumberToObject(ro, "class_cap", r->route.class_cap);
+    if (r->slo_ms > 0) {
+        cJSON_AddNumberToObject(ro, "slo_ms", r->slo_ms);
+        cJSON_AddBoolToObject(ro, "slo_met_on_walk", r->route.slo_met);
+    }
+    cJSON_AddNumberToObject(ro, "priority", r->prio);
     if (r->segs) {
         const ikv_blend_info *b = &r->blend;
         cJSON_AddNumberToObject(x, "reusable_tokens", (double)b->reusable_tokens);
@@ -698,7 +767,7 @@ static cJSON *answer_full(ikv_serve *s, srq *const *g, int n) {
         cJSON_AddNullToObject(c0, "logprobs");
         cJSON_AddStringToObject(c0, "finish_reason", r->finish ? r->finish : "length");
     }
-    add_usage(j, g, n);
+    add_usage(s, j, g, n);
     return j;
 }
 
@@ -836,7 +905,7 @@ static int sse_fill(stream *st) {
                 cJSON *j = answer_head(
                     s, st->g[0], st->g[0]->chat ? "chat.completion.chunk" : "text_completion");
                 cJSON_AddArrayToObject(j, "choices");
-                add_usage(j, st->g, st->n);
+                add_usage(st->s, j, st->g, st->n);
                 rc = sse_json(st, j);
             }
             if (!rc) rc = sb_add(&st->out, "data: [DONE]\n\n", "", "");
@@ -904,6 +973,8 @@ static void unref_all(ikv_serve *s, srq *const *g, int n) {
 static enum MHD_Result completion(ikv_serve *s, struct MHD_Connection *c, conn *cx, int chat) {
     srq *g[SRV_MAX_PROMPTS];
     int n = 1;
+    cx->hdr_class = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Isokv-Class");
+    cx->hdr_slo = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "X-Isokv-Slo-Ms");
     for (int i = 0; i < n; i++) {
         srq *r = ikv_calloc(1, sizeof *r);
         if (!r) {
@@ -962,6 +1033,7 @@ static enum MHD_Result completion(ikv_serve *s, struct MHD_Connection *c, conn *
         s->nqueue++;
     }
     pthread_cond_signal(&s->sched_cv);
+    cx->answering = 1, s->answering++; /* until on_done: the drain waits for the last bytes */
     const union MHD_ConnectionInfo *ci =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     int fd = ci ? ci->connect_fd : -1;
@@ -1109,6 +1181,12 @@ static void on_done(void *cls, struct MHD_Connection *c, void **ctx,
     (void)cls, (void)c, (void)toe;
     conn *cx = *ctx;
     if (!cx) return;
+    if (cx->answering) {
+        pthread_mutex_lock(&cx->s->mu);
+        cx->s->answering--;
+        pthread_cond_broadcast(&cx->s->idle_cv);
+        pthread_mutex_unlock(&cx->s->mu);
+    }
     ikv_free(cx->body);
     ikv_free(cx);
     *ctx = NULL;
@@ -1183,6 +1261,30 @@ static int load_keys(ikv_serve *s, const char *path) {
     return rc;
 }
 
+/* The router: plan parameters (defaults, the config file, the key=value overrides) and the
+ * walk of route_model on route_hw it decides on. Errors name the file or key. */
+static int route_setup(ikv_serve *s, const ikv_serve_options *o) {
+    ikv_plan_params_default(&s->plan);
+    int rc;
+    if (o->route_config && (rc = ikv_plan_params_load_json(&s->plan, o->route_config)))
+        return rc;
+    for (size_t i = 0; i < o->n_route_set; i++) {
+        const char *kv = o->route_set[i], *eq = strchr(kv, '=');
+        char key[64];
+        if (!eq || eq == kv || (size_t)(eq - kv) >= sizeof key)
+            return ikv_error(IKV_EPARAM, "--route-set '%s' is not key=value", kv);
+        memcpy(key, kv, (size_t)(eq - kv));
+        key[eq - kv] = 0;
+        if ((rc = ikv_plan_param_set(&s->plan, key, eq + 1))) return rc;
+    }
+    if ((rc = ikv_plan_params_check(&s->plan))) return rc;
+    const ikv_model_spec *m;
+    const ikv_hw_spec *hw;
+    if ((rc = ikv_model_lookup(o->route_model ? o->route_model : "llama3-70b", &m))) return rc;
+    if ((rc = ikv_hw_lookup(o->route_hw ? o->route_hw : "h100", &hw))) return rc;
+    return ikv_plan_walk(&s->plan, m, hw, &s->walk);
+}
+
 static char *model_name_of(const char *path) {
     const char *b = strrchr(path, '/');
     b = b ? b + 1 : path;
@@ -1235,6 +1337,7 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
     if (o.api_keys && (rc = load_keys(s, o.api_keys))) goto fail;
     if (o.public_prefix && (rc = read_file(o.public_prefix, &s->public_text, &s->public_len)))
         goto fail;
+    if ((rc = route_setup(s, &o))) goto fail;
     ikv_engine_options eo;
     ikv_engine_options_default(&eo);
     eo.max_seqs = o.max_seqs;
@@ -1249,7 +1352,27 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
         eo.private_blocks = full < nb / 2 ? full : nb / 2;
         if (eo.private_blocks == 0) eo.private_blocks = 1;
     }
+    if (o.open_tiers && (rc = o.open_tiers(o.tiers_ctx, s->model, &eo))) goto fail;
     if ((rc = ikv_engine_create(s->model, &eo, &s->engine))) goto fail;
+    s->n_tiers = eo.n_tiers;
+    snprintf(s->tier_name[0], sizeof s->tier_name[0], "pool");
+    for (size_t t = 1; t <= s->n_tiers; t++) {
+        ikv_engine_tier_stats ts;
+        if (ikv_engine_tier_stats_get(s->engine, t, &ts)) {
+            rc = ikv_error(IKV_EINVAL, "tier %zu has no stats", t);
+            goto fail;
+        }
+        s->met.tiers[t - 1] = ts;
+        /* the label: the spec's kind (mem, file, redis, redis-cluster), numbered if repeated */
+        size_t k = strcspn(ts.spec, ":");
+        if (k > 16) k = 16;
+        snprintf(s->tier_name[t], sizeof s->tier_name[t], "%.*s", (int)k, ts.spec);
+        for (size_t u = 1; u < t; u++)
+            if (!strcmp(s->tier_name[u], s->tier_name[t])) {
+                snprintf(s->tier_name[t], sizeof s->tier_name[t], "%.*s%zu", (int)k, ts.spec, t);
+                break;
+            }
+    }
     if ((rc = ikv_chunks_create(s->engine, NULL, &s->chunks))) goto fail;
     s->running = ikv_calloc(o.max_seqs, sizeof *s->running);
     s->logit_scratch = ikv_calloc(s->vocab, sizeof(float));
@@ -1326,14 +1449,16 @@ size_t ikv_serve_drain(ikv_serve *s, double seconds) {
     double end = ikv_now() + seconds;
     pthread_mutex_lock(&s->mu);
     s->draining = 1;
-    while ((s->nrunning || s->nqueue) && ikv_now() < end) {
+    /* finished requests whose answers are still being written count too: stopping the
+     * daemon under them would cut their streams short */
+    while ((s->nrunning || s->nqueue || s->answering) && ikv_now() < end) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 50 * 1000 * 1000;
         if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
         pthread_cond_timedwait(&s->idle_cv, &s->mu, &ts);
     }
-    size_t left = s->nrunning + s->nqueue;
+    size_t left = s->nrunning + s->nqueue + s->answering;
     pthread_mutex_unlock(&s->mu);
     return left;
 }

@@ -16,6 +16,7 @@
 #define ISOKV_SERVE_INTERNAL_H
 
 #include "isokv/model.h"
+#include "isokv/plan.h"
 #include "isokv/respcache.h"
 #include "isokv/serve.h"
 
@@ -25,6 +26,7 @@ enum { SRQ_QUEUED = 0, SRQ_RUNNING, SRQ_DONE };
 #define SRV_MAX_STOP    4
 #define SRV_MAX_PROMPTS 16 /* prompts of one completion request (a list of strings) */
 #define SRV_MAX_TENANTS 64 /* metric label sets kept per tenant; more share "other" */
+#define SRV_HEADROOM    16 /* decode positions admission reserves blocks for (then block by block) */
 
 typedef struct srq {
     uint64_t id;
@@ -55,6 +57,23 @@ typedef struct srq {
     uint32_t ntok;
     const char *finish; /* "stop" | "length" | NULL while running */
     size_t cached, partial;
+    size_t tier_tokens[IKV_MAX_TIERS]; /* cached prompt positions by tier (0 = the pool) */
+    size_t tier_recomputed, lossy;     /* found in a lower tier but recomputed; via q8 */
+    /* routing (set at parse, read-only after): class, SLO, the router's decision; prio is the
+     * lever the step maps onto (the step itself: higher admits and prefills first) */
+    int cls, has_class;
+    double slo_ms;
+    ikv_route_decision route;
+    int prio;
+    double cpu_s; /* process CPU seconds of the steps it was in, by its share of positions */
+    /* preemption: the prompt and the tokens generated so far ([n + max_tokens], allocated at
+     * its first admission). A preempted request is re-admitted with its prompt, then its
+     * generated tokens all[n + replay] are fed back through decode steps (replay < ntok) before
+     * it samples again, so every position is computed by the path that computed it first */
+    uint32_t *all;
+    uint32_t preemptions, replay;
+    int replaying; /* 1 from a preemption until all[n + replay] reaches ntok */
+    size_t recomputed; /* positions recomputed after preemptions (prefill and replayed) */
     double t_first, t_done;
     int status; /* 200, or an HTTP error decided by the scheduler */
     char err[256];
@@ -79,6 +98,7 @@ typedef struct srv_tenant_stats {
     char name[64];
     uint64_t req_by_status[8]; /* 200, 400, 401, 404, 413, 429, 503, other */
     uint64_t prompt_tokens, cached_tokens, completion_tokens;
+    uint64_t cached_by_tier[IKV_MAX_TIERS]; /* cached_tokens split by tier (0 = the pool) */
 } srv_tenant_stats;
 
 #define SRV_HIST_BUCKETS 14
@@ -100,6 +120,11 @@ typedef struct srv_metrics {
     /* snapshots the scheduler takes after each step (the engine is its alone) */
     ikv_engine_stats eng;
     ikv_cache_stats cache;
+    ikv_engine_tier_stats tiers[IKV_MAX_TIERS - 1]; /* lower tiers 1..n_tiers */
+    /* routing: requests (completed, 200) per class and step, their e2e and CPU seconds */
+    uint64_t route_req[3][IKV_PLAN_STEPS];
+    double route_e2e_s[3], route_cpu_s[3];
+    uint64_t route_n[3];
 } srv_metrics;
 
 typedef struct srv_key {
@@ -114,6 +139,10 @@ struct ikv_serve {
     ikv_engine *engine;
     ikv_chunks *chunks; /* chunk store for "isokv": {"segments": ...} requests */
     uint32_t vocab, seq_len;
+    size_t n_tiers;                      /* lower tiers (0: the pool alone) */
+    ikv_plan_params plan;                /* the router's parameters (class caps, prices) */
+    ikv_plan_result walk;                /* the walk it routes on (computed at create) */
+    char tier_name[IKV_MAX_TIERS][24];   /* labels: "pool", then the store kinds (mem, file..) */
     struct MHD_Daemon *httpd;
     uint16_t port;
     pthread_t sched;
@@ -123,6 +152,7 @@ struct ikv_serve {
     pthread_cond_t sched_cv, idle_cv;
     srq *qhead, *qtail;
     size_t nqueue;
+    size_t answering; /* completion requests queued whose answer is not fully sent (on_done) */
     srq **running; /* [max_seqs] */
     size_t nrunning;
     int ready, draining, stopping;

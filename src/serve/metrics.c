@@ -58,11 +58,17 @@ void ikv__metrics_request(ikv_serve *s, const srq *r) {
     srv_tenant_stats *t = tenant_stats(m, r->tenant);
     t->prompt_tokens += r->n;
     t->cached_tokens += r->cached;
+    for (size_t k = 0; k <= s->n_tiers; k++)
+        t->cached_by_tier[k] += r->tier_tokens[k];
     t->completion_tokens += r->ntok;
     if (r->t_first > 0) hist_add(&m->ttft, r->t_first - r->t_arrive);
     if (r->ntok > 1 && r->t_first > 0)
         hist_add(&m->tpot, (r->t_done - r->t_first) / (double)(r->ntok - 1));
     hist_add(&m->e2e, r->t_done - r->t_arrive);
+    m->route_req[r->cls][r->route.step]++;
+    m->route_n[r->cls]++;
+    m->route_e2e_s[r->cls] += r->t_done - r->t_arrive;
+    m->route_cpu_s[r->cls] += r->cpu_s;
 }
 
 typedef struct buf {
@@ -134,8 +140,10 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
     head(&b, "isokv_cached_prompt_tokens_total", "counter",
          "prompt tokens taken from the KV cache, by tenant and tier");
     for (size_t i = 0; i < nt; i++)
-        put(&b, "isokv_cached_prompt_tokens_total{tenant=\"%s\",tier=\"pool\"} %llu\n",
-            TENANT(i)->name, (unsigned long long)TENANT(i)->cached_tokens);
+        for (size_t t = 0; t <= s->n_tiers; t++)
+            put(&b, "isokv_cached_prompt_tokens_total{tenant=\"%s\",tier=\"%s\"} %llu\n",
+                TENANT(i)->name, s->tier_name[t],
+                (unsigned long long)TENANT(i)->cached_by_tier[t]);
     head(&b, "isokv_completion_tokens_total", "counter", "generated tokens of completed requests");
     for (size_t i = 0; i < nt; i++)
         put(&b, "isokv_completion_tokens_total{tenant=\"%s\"} %llu\n", TENANT(i)->name,
@@ -185,16 +193,40 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
     put(&b, "isokv_pinned_blocks %llu\n", (unsigned long long)c->pinned[0]);
     head(&b, "isokv_blocks_inserted_total", "counter", "blocks inserted into the cache core");
     put(&b, "isokv_blocks_inserted_total %llu\n", (unsigned long long)c->inserts);
-    head(&b, "isokv_blocks_evicted_total", "counter", "blocks evicted, by tier");
-    put(&b, "isokv_blocks_evicted_total{tier=\"pool\"} %llu\n",
-        (unsigned long long)c->evictions[0]);
-    head(&b, "isokv_blocks_demoted_total", "counter", "blocks demoted to a lower tier");
-    put(&b, "isokv_blocks_demoted_total %llu\n", (unsigned long long)c->demotions);
-    head(&b, "isokv_blocks_promoted_total", "counter", "blocks promoted to the pool on a hit");
-    put(&b, "isokv_blocks_promoted_total %llu\n", (unsigned long long)c->promotions);
+    head(&b, "isokv_blocks_evicted_total", "counter",
+         "blocks evicted, by tier (from the pool: demoted or dropped; from the last: dropped)");
+    for (size_t t = 0; t <= s->n_tiers; t++)
+        put(&b, "isokv_blocks_evicted_total{tier=\"%s\"} %llu\n", s->tier_name[t],
+            (unsigned long long)c->evictions[t]);
+    /* lower tiers: one series per tier (none without --tier) */
+    head(&b, "isokv_blocks_demoted_total", "counter",
+         "blocks written into a lower tier (demotions and write-through), by tier");
+    for (size_t t = 0; t < s->n_tiers; t++)
+        put(&b, "isokv_blocks_demoted_total{tier=\"%s\"} %llu\n", s->tier_name[t + 1],
+            (unsigned long long)m->tiers[t].demoted_blocks);
+    head(&b, "isokv_blocks_promoted_total", "counter",
+         "blocks loaded from a lower tier into the pool on a hit, by tier");
+    for (size_t t = 0; t < s->n_tiers; t++)
+        put(&b, "isokv_blocks_promoted_total{tier=\"%s\"} %llu\n", s->tier_name[t + 1],
+            (unsigned long long)m->tiers[t].loaded_blocks);
     head(&b, "isokv_tier_loads_total", "counter",
-         "blocks loaded from a lower tier instead of recomputed, by tier (no lower tier yet)");
-    put(&b, "isokv_tier_loads_total{tier=\"pool\"} 0\n");
+         "lower-tier hits loaded instead of recomputed, by tier (blocks)");
+    for (size_t t = 0; t < s->n_tiers; t++)
+        put(&b, "isokv_tier_loads_total{tier=\"%s\"} %llu\n", s->tier_name[t + 1],
+            (unsigned long long)m->tiers[t].loaded_blocks);
+    head(&b, "isokv_tier_recomputes_total", "counter",
+         "lower-tier hits recomputed, by tier and why (cheaper: the measured choice; failed: "
+         "miss, corrupt, mismatch or down)");
+    for (size_t t = 0; t < s->n_tiers; t++)
+        put(&b,
+            "isokv_tier_recomputes_total{tier=\"%s\",why=\"cheaper\"} %llu\n"
+            "isokv_tier_recomputes_total{tier=\"%s\",why=\"failed\"} %llu\n",
+            s->tier_name[t + 1], (unsigned long long)m->tiers[t].recomputed_blocks,
+            s->tier_name[t + 1], (unsigned long long)m->tiers[t].failed_blocks);
+    head(&b, "isokv_tier_resident_blocks", "gauge", "blocks the cache core holds in a lower tier");
+    for (size_t t = 0; t < s->n_tiers; t++)
+        put(&b, "isokv_tier_resident_blocks{tier=\"%s\"} %llu\n", s->tier_name[t + 1],
+            (unsigned long long)m->tiers[t].resident);
     head(&b, "isokv_recomputed_blocks_total", "counter",
          "matched blocks refused (token ids, depth or parent differ) and recomputed");
     put(&b, "isokv_recomputed_blocks_total %llu\n", (unsigned long long)e->rejected_blocks);
@@ -229,8 +261,30 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
     put(&b, "isokv_step_prefill_tokens_total %llu\n", (unsigned long long)m->step_prefill_tokens);
     head(&b, "isokv_cancelled_total", "counter", "requests cancelled by a client disconnect");
     put(&b, "isokv_cancelled_total %llu\n", (unsigned long long)m->cancelled);
+    head(&b, "isokv_route_requests_total", "counter",
+         "completed requests by class and the step the router gave them");
+    for (int c = 0; c < 3; c++)
+        for (int k = 0; k < IKV_PLAN_STEPS; k++)
+            if (m->route_req[c][k])
+                put(&b, "isokv_route_requests_total{class=\"%s\",step=\"%d\"} %llu\n",
+                    ikv_req_class_name((ikv_req_class)c), k,
+                    (unsigned long long)m->route_req[c][k]);
+    head(&b, "isokv_route_e2e_seconds_total", "counter",
+         "arrival-to-last-token seconds of completed requests, summed by class");
+    for (int c = 0; c < 3; c++)
+        put(&b, "isokv_route_e2e_seconds_total{class=\"%s\"} %.6f\n",
+            ikv_req_class_name((ikv_req_class)c), m->route_e2e_s[c]);
+    head(&b, "isokv_route_cpu_seconds_total", "counter",
+         "process CPU seconds of the forward steps, shared by positions, summed by class");
+    for (int c = 0; c < 3; c++)
+        put(&b, "isokv_route_cpu_seconds_total{class=\"%s\"} %.6f\n",
+            ikv_req_class_name((ikv_req_class)c), m->route_cpu_s[c]);
+    head(&b, "isokv_route_completed_total", "counter", "completed requests by class");
+    for (int c = 0; c < 3; c++)
+        put(&b, "isokv_route_completed_total{class=\"%s\"} %llu\n",
+            ikv_req_class_name((ikv_req_class)c), (unsigned long long)m->route_n[c]);
     head(&b, "isokv_preempted_total", "counter",
-         "sequences preempted (always 0: admission reserves blocks, see docs/serve.md)");
+         "sequences preempted (a decode block did not fit; re-admitted with their tokens)");
     put(&b, "isokv_preempted_total %llu\n", (unsigned long long)m->preempted);
     hist(&b, "isokv_ttft_seconds", "time to first token (arrival to first token)", &m->ttft);
     hist(&b, "isokv_time_per_output_token_seconds", "mean time between output tokens", &m->tpot);

@@ -5,10 +5,17 @@
  *
  *   1. requests cancelled by their client (disconnect) end: their sequence is released, its
  *      cached blocks unlocked;
- *   2. admission, in arrival order: ikv_engine_admit reserves the request's KV blocks (prompt +
- *      max_tokens, minus its cached prefix); when they do not fit (IKV_EFULL) or every sequence
- *      slot is taken (IKV_EBUSY) the queue waits for a sequence to end. Reservation means a
- *      running sequence never runs out of blocks, so none is ever preempted;
+ *   2. decode blocks, then admission. Every decoding sequence, oldest first, reserves the
+ *      block its next position needs (ikv_seq_reserve_next); when the private budget is spent
+ *      the most recently admitted sequence is preempted: its sequence ends (its prompt's
+ *      blocks stay cached), and it goes back to the head of the queue with its sampler, text
+ *      and tokens; re-admitted, its prompt is prefilled (cached or not, bit-identical) and its
+ *      generated tokens are fed back through decode steps before it samples again, so every
+ *      position is computed by the same path as the first time and the output goes on
+ *      bit-identical. Then admission, highest routing priority first (arrival order among
+ *      equals): ikv_engine_admit reserves the prompt's blocks and SRV_HEADROOM decode
+ *      positions (minus its cached prefix); when they do not fit (IKV_EFULL) or every sequence
+ *      slot is taken (IKV_EBUSY) the queue waits for a sequence to end;
  *   3. one step: every running sequence that has finished its prompt decodes its next token
  *      (one row each), and the prompts still pending get prefill chunks from what is left of
  *      --max-batch-tokens (the first pending one always gets at least 16 positions, so a full
@@ -37,6 +44,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+
+/* Process CPU seconds (every thread: the engine's workers and the HTTP threads). */
+static double ikv_cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 /* Appends len bytes to r's text (mu held). Returns 0 or IKV_ENOMEM. */
 static int text_append(srq *r, const char *p, size_t len) {
@@ -91,15 +106,26 @@ static size_t find_stop(const srq *r, size_t from) {
     return best;
 }
 
+/* The per-request log line: cached=pool:N[,mem:N,file:N...] names where the prefix came
+ * from; with lower tiers, tier_recomputed= (found below but recomputed) and lossy= (via q8). */
 static void log_request(ikv_serve *s, const srq *r) {
     if (!s->opt.log) return;
     double ttft = r->t_first > 0 ? (r->t_first - r->t_arrive) * 1e3 : -1;
+    char by[160];
+    int k = snprintf(by, sizeof by, "pool:%zu", r->tier_tokens[0]);
+    for (size_t t = 1; t <= s->n_tiers && k > 0 && (size_t)k < sizeof by; t++)
+        k += snprintf(by + k, sizeof by - (size_t)k, ",%s:%zu", s->tier_name[t], r->tier_tokens[t]);
+    char extra[96] = "";
+    if (s->n_tiers)
+        snprintf(extra, sizeof extra, " tier_recomputed=%zu lossy=%zu", r->tier_recomputed,
+                 r->lossy);
     fprintf(s->opt.log,
-            "isokv serve: req=%llu tenant=%s status=%d prompt=%zu cached=pool:%zu partial=%zu "
-            "ttft_ms=%.2f tokens=%u finish=%s e2e_ms=%.2f%s%s\n",
-            (unsigned long long)r->id, r->tenant, r->status, r->n, r->cached, r->partial, ttft,
+            "isokv serve: req=%llu tenant=%s status=%d prompt=%zu cached=%s partial=%zu%s "
+            "ttft_ms=%.2f tokens=%u finish=%s e2e_ms=%.2f class=%s step=%d cpu_ms=%.2f%s%s\n",
+            (unsigned long long)r->id, r->tenant, r->status, r->n, by, r->partial, extra, ttft,
             r->ntok, r->finish ? r->finish : (r->cancelled ? "cancelled" : "-"),
-            (r->t_done - r->t_arrive) * 1e3, r->err[0] ? " error=" : "", r->err);
+            (r->t_done - r->t_arrive) * 1e3, ikv_req_class_name((ikv_req_class)r->cls),
+            r->route.step, r->cpu_s * 1e3, r->err[0] ? " error=" : "", r->err);
     fflush(s->opt.log);
 }
 
@@ -134,8 +160,10 @@ static void finish_running(ikv_serve *s, size_t idx, const char *reason) {
     ikv__srq_unref(s, r);
 }
 
-/* Fails a request before it ran (mu held). */
+/* Fails a request before it ran, or while it waited after a preemption (mu held). */
 static void fail_queued(ikv_serve *s, srq *r, int status, const char *msg) {
+    ikv_sampler_destroy(r->smp);
+    r->smp = NULL;
     r->status = status;
     snprintf(r->err, sizeof r->err, "%s", msg);
     r->state = SRQ_DONE;
@@ -156,23 +184,60 @@ static srq *queue_pop(ikv_serve *s) {
     return r;
 }
 
-/* Admits queued requests while their blocks fit (mu held). */
-static int take_token(ikv_serve *s, size_t idx, uint32_t tok);
+/* Takes r (after prev, NULL: the head) out of the queue. */
+static void queue_unlink(ikv_serve *s, srq *prev, srq *r) {
+    if (prev)
+        prev->qnext = r->qnext;
+    else
+        s->qhead = r->qnext;
+    if (s->qtail == r) s->qtail = prev;
+    r->qnext = NULL;
+    s->nqueue--;
+}
 
-static void admit(ikv_serve *s) {
-    while (s->qhead && s->nrunning < s->opt.max_seqs) {
-        srq *r = s->qhead;
+/* The queued request to admit next: the highest routing priority (its step), the earliest
+ * arrival among equals; its predecessor in *prev. Cancelled ones are failed on the way. */
+static srq *queue_best(ikv_serve *s, srq **prev) {
+    srq *best = NULL, *bp = NULL, *p = NULL;
+    for (srq *r = s->qhead; r;) {
+        srq *nx = r->qnext;
         if (r->cancelled) {
-            queue_pop(s);
+            queue_unlink(s, p, r);
             s->met.cancelled++;
             fail_queued(s, r, 499, "client went away while queued");
+            r = nx;
             continue;
         }
+        if (!best || r->prio > best->prio) best = r, bp = p;
+        p = r, r = nx;
+    }
+    *prev = bp;
+    return best;
+}
+
+static int take_token(ikv_serve *s, size_t idx, uint32_t tok);
+
+/* Admits queued requests while their blocks fit (mu held), highest priority first. */
+static void admit(ikv_serve *s) {
+    while (s->qhead && s->nrunning < s->opt.max_seqs) {
+        srq *prev, *r = queue_best(s, &prev);
+        if (!r) break;
+        if (!r->all) { /* first admission: room for the prompt and every generated token */
+            if (!(r->all = ikv_malloc(sizeof(uint32_t) * (r->n + r->max_tokens)))) {
+                queue_unlink(s, prev, r);
+                fail_queued(s, r, 500, "out of memory (token buffer)");
+                continue;
+            }
+            memcpy(r->all, r->tokens, sizeof(uint32_t) * r->n);
+        }
+        /* after a preemption too, the prompt alone (prefilled as the first time: prefill is
+         * chunk- and cache-invariant); the generated tokens are replayed as decodes */
         ikv_request rq = {.tokens = r->tokens,
                           .n = r->n,
                           .tenant = r->scope,
                           .public_tokens = r->public_tokens,
-                          .max_new = r->max_tokens};
+                          .max_new = r->max_tokens,
+                          .reserve_new = SRV_HEADROOM};
         ikv_prefill_info info;
         ikv_seq *seq;
         int rc;
@@ -187,30 +252,98 @@ static void admit(ikv_serve *s) {
         } else
             rc = ikv_engine_admit(s->engine, &rq, &seq, &info);
         if (rc == IKV_EFULL || rc == IKV_EBUSY) break; /* wait for a sequence to end */
-        queue_pop(s);
+        queue_unlink(s, prev, r);
+        if (rc && r->preemptions) {
+            /* a preempted request that no longer fits (its cached prefix was evicted meanwhile
+             * and the whole remains above the private budget): it ends with what it made */
+            char why[sizeof r->err];
+            r->finish = "length";
+            r->tlen = r->raw_len;
+            snprintf(why, sizeof why, "preempted and cannot be re-admitted: %s", ikv_errdetail());
+            fail_queued(s, r, 200, why);
+            continue;
+        }
         if (rc) {
             fail_queued(s, r, rc == IKV_ETOOLONG || rc == IKV_EINVAL ? 400 : 500, ikv_errdetail());
+            continue;
+        }
+        r->seq = seq;
+        r->state = SRQ_RUNNING;
+        s->running[s->nrunning++] = r;
+        if (r->preemptions) { /* re-admitted: its usage keeps the first admission's figures */
+            r->recomputed += info.computed_tokens + r->ntok;
             continue;
         }
         rc = ikv_sampler_create(s->vocab, r->temperature, r->top_p, r->seed, &r->smp);
         if (!rc && s->rcache && !(r->otok = ikv_malloc(sizeof *r->otok * r->max_tokens)))
             rc = IKV_ENOMEM;
         if (rc) {
+            s->nrunning--;
             ikv_sampler_destroy(r->smp);
             r->smp = NULL;
             ikv_engine_end(s->engine, seq);
+            r->seq = NULL;
             fail_queued(s, r, 500, "out of memory (sampler)");
             continue;
         }
-        r->seq = seq;
         r->cached = info.cached_tokens;
         r->partial = info.partial_tokens;
+        size_t lower = 0;
+        for (size_t t = 1; t <= s->n_tiers; t++)
+            lower += (r->tier_tokens[t] = info.tier_tokens[t]);
+        r->tier_tokens[0] = r->cached - lower; /* full pool blocks and a copied partial one */
+        r->tier_recomputed = info.recomputed_tier_tokens;
+        r->lossy = info.lossy_tokens;
         r->prev = r->tokens[r->n - 1];
-        r->state = SRQ_RUNNING;
-        s->running[s->nrunning++] = r;
         if (r->segs) { /* prefilled: its first token now */
             memcpy(s->logit_scratch, ikv_seq_logits(seq), sizeof(float) * s->vocab);
             take_token(s, s->nrunning - 1, ikv_sampler_sample(r->smp, s->logit_scratch));
+        }
+    }
+}
+
+/* Preempts running request idx (mu held): its sequence ends (its prompt's full blocks stay in
+ * the cache, its decode blocks go back to the pool), and it goes back to the head of the queue
+ * with its sampler, text and generated tokens, to be re-admitted with its prompt and replay
+ * them. */
+static void preempt(ikv_serve *s, size_t idx) {
+    srq *r = s->running[idx];
+    ikv_engine_end(s->engine, r->seq);
+    r->seq = NULL;
+    r->replay = 0; /* generated tokens all[n..n+ntok) are fed again after re-admission */
+    r->replaying = r->ntok > 0;
+    memmove(s->running + idx, s->running + idx + 1, sizeof(srq *) * (s->nrunning - idx - 1));
+    s->nrunning--;
+    r->state = SRQ_QUEUED;
+    r->preemptions++;
+    s->met.preempted++;
+    r->qnext = s->qhead;
+    s->qhead = r;
+    if (!s->qtail) s->qtail = r;
+    s->nqueue++;
+}
+
+/* Before a step: every decoding sequence, oldest first, gets the block its next position
+ * needs; while the private budget is spent, the most recently admitted running sequence is
+ * preempted (which may be the one asking). The oldest alone always fits: admission refused
+ * any request whose whole limit exceeds the budget. */
+static void reserve_decodes(ikv_serve *s) {
+    for (size_t i = 0; i < s->nrunning; i++) {
+        srq *r = s->running[i];
+        if (ikv_seq_pending(r->seq)) continue;
+        while (ikv_seq_reserve_next(s->engine, r->seq) == IKV_EFULL) {
+            if (s->nrunning == 1) { /* cannot happen (see above); end it rather than stall */
+                snprintf(r->err, sizeof r->err, "KV private budget exhausted");
+                finish_running(s, i, "length");
+                return;
+            }
+            /* the newest that is not a structured (segments) request: those hold their whole
+             * reservation and are not re-admitted; r itself qualifies */
+            size_t v = s->nrunning - 1;
+            while (v > i && s->running[v]->segs)
+                v--;
+            preempt(s, v);
+            if (v == i) break;
         }
     }
 }
@@ -233,6 +366,7 @@ static int take_token(ikv_serve *s, size_t idx, uint32_t tok) {
     }
     size_t len, from = r->raw_len;
     const char *piece = ikv_tokenizer_decode(s->tok, r->prev, tok, &len);
+    r->all[r->n + r->ntok] = tok; /* < n + max_tokens: it finishes at max_tokens below */
     if (r->otok && r->ntok < r->max_tokens) r->otok[r->ntok] = tok;
     r->ntok++;
     r->prev = tok;
@@ -284,6 +418,11 @@ static int semantic_first(ikv_serve *s, srq *r) {
     size_t k = c->n_output < 256 ? c->n_output : 256;
     if (k > r->max_tokens) k = r->max_tokens;
     if (k > ikv_seq_room(r->seq)) k = ikv_seq_room(r->seq);
+    /* the draft's blocks come from the private budget (admission reserved only a headroom):
+     * a shorter draft when they do not all fit, never a preemption for a draft */
+    while (k > 0 && ikv_seq_reserve(s->engine, r->seq, k) == IKV_EFULL)
+        k = k > 16 ? k - 16 : 0;
+    if (k == 0) return 0;
     /* the candidate's tokens stay valid: only this thread puts */
     ikv_verify v = {.draft = c->output, .k = k, .sampler = r->smp};
     const uint32_t id = c->id;
@@ -323,8 +462,12 @@ void *ikv__serve_sched(void *arg) {
                 finish_running(s, i, NULL);
             else
                 i++;
+        reserve_decodes(s); /* first: running sequences' next blocks before new admissions */
         admit(s);
         if (s->nrunning == 0) {
+            /* idle: the metrics show the engine as the last requests left it */
+            ikv_engine_stats_get(s->engine, &s->met.eng);
+            ikv_cache_stats_get(ikv_engine_cache(s->engine), &s->met.cache);
             pthread_cond_wait(&s->sched_cv, &s->mu);
             continue;
         }
@@ -337,9 +480,13 @@ void *ikv__serve_sched(void *arg) {
             map[ni++] = r;
             budget = budget ? budget - 1 : 0;
         }
-        int first_pending = 1;
-        for (size_t i = 0; i < s->nrunning; i++) {
-            srq *r = s->running[i];
+        /* prefill chunks by routing priority (highest first), admission order among equals */
+        int first_pending = 1, pmax = 0;
+        for (size_t i = 0; i < s->nrunning; i++)
+            if (s->running[i]->prio > pmax) pmax = s->running[i]->prio;
+        for (size_t k = 0; k < (size_t)(pmax + 1) * s->nrunning; k++) {
+            srq *r = s->running[k % s->nrunning];
+            if (r->prio != pmax - (int)(k / s->nrunning)) continue;
             size_t pend = ikv_seq_pending(r->seq);
             if (!pend) continue;
             size_t give = budget;
@@ -357,26 +504,48 @@ void *ikv__serve_sched(void *arg) {
             prefill_tokens += cnt;
         }
         pthread_mutex_unlock(&s->mu);
+        double cpu0 = ikv_cpu_now();
         int rc = ikv_engine_step(s->engine, items, ni);
         IKV_ASSERT(rc == 0); /* items are built from running sequences within their limits */
+        double cpu = ikv_cpu_now() - cpu0;
         ikv_engine_stats es;
         ikv_cache_stats cs;
         ikv_engine_stats_get(s->engine, &es);
         ikv_cache_stats_get(ikv_engine_cache(s->engine), &cs);
+        ikv_engine_tier_stats ts[IKV_MAX_TIERS - 1];
+        for (size_t t = 0; t < s->n_tiers; t++)
+            (void)ikv_engine_tier_stats_get(s->engine, t + 1, &ts[t]);
         pthread_mutex_lock(&s->mu);
         s->met.eng = es;
         s->met.cache = cs;
+        for (size_t t = 0; t < s->n_tiers; t++)
+            s->met.tiers[t] = ts[t];
         s->met.steps++;
         s->met.step_rows += ni;
         s->met.step_prefill_tokens += prefill_tokens;
+        /* the step's CPU seconds, shared by positions: a decode row 1, a chunk its length */
+        size_t rows = 0;
+        for (size_t k = 0; k < ni; k++)
+            rows += items[k].done;
+        for (size_t k = 0; k < ni && rows; k++)
+            map[k]->cpu_s += cpu * (double)items[k].done / (double)rows;
         for (size_t k = 0; k < ni; k++) {
             srq *r = map[k];
             if (ikv_seq_pending(r->seq) || r->state != SRQ_RUNNING) continue;
+            if (r->replaying) { /* after a preemption: feed what it generated, as before */
+                r->next = r->all[r->n + r->replay++];
+                r->replaying = r->replay < r->ntok;
+                continue;
+            }
             size_t idx = 0;
             while (idx < s->nrunning && s->running[idx] != r)
                 idx++;
             IKV_ASSERT(idx < s->nrunning);
-            if (s->rcache && r->ntok == 0 && !r->sem_done && semantic_first(s, r)) continue;
+            /* the response cache is the routing step 3 lever (a draft the model verifies is
+             * speculative decoding): requests routed below it do not use it */
+            if (s->rcache && r->ntok == 0 && !r->sem_done && r->route.step >= 3 &&
+                semantic_first(s, r))
+                continue;
             memcpy(s->logit_scratch, ikv_seq_logits(r->seq), sizeof(float) * s->vocab);
             uint32_t tok = ikv_sampler_sample(r->smp, s->logit_scratch);
             take_token(s, idx, tok);
