@@ -10,18 +10,36 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "isokv/model.h"
 
+#define USAGE                                                                                      \
+    "usage: bench_batch [CONFIG [THREADS [CONTEXT [REPEAT]]]]        defaults: small 1 64 24\n"
+
 int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("%s", USAGE);
+            return 0;
+        }
+        if (argv[i][0] == '-') {
+            fprintf(stderr, "bench_batch: unknown option '%s'\n%s", argv[i], USAGE);
+            return 2;
+        }
+    }
+    if (argc > 5) {
+        fprintf(stderr, "bench_batch: too many arguments\n%s", USAGE);
+        return 2;
+    }
     const char *cfgname = argc > 1 ? argv[1] : "small";
     int th = argc > 2 ? atoi(argv[2]) : 1, ctx = argc > 3 ? atoi(argv[3]) : 64,
         rep = argc > 4 ? atoi(argv[4]) : 24;
     ikv_model_config c;
     if (ikv_model_config_named(cfgname, &c) || th < 1 || ctx < 1 || rep < 1 ||
         ctx + rep >= c.seq_len) {
-        fprintf(stderr, "usage: bench_batch [CONFIG [THREADS [CONTEXT [REPEAT]]]]\n");
+        fprintf(stderr, "bench_batch: bad argument\n%s", USAGE);
         return 2;
     }
     ikv_model *m;

@@ -56,9 +56,21 @@ static void logsoftmax(const float *l, int n, double *o) {
         o[i] = l[i] - ls;
 }
 
+#define USAGE "usage: bench_q8_quality MODEL.bin TOKENIZER.bin GROUP [N=256] [THREADS=1]\n"
+
 int main(int argc, char **argv) {
-    if (argc < 4) {
-        fprintf(stderr, "usage: %s MODEL.bin TOKENIZER.bin GROUP [N=256] [THREADS=1]\n", argv[0]);
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("%s", USAGE);
+            return 0;
+        }
+        if (argv[i][0] == '-') {
+            fprintf(stderr, "bench_q8_quality: unknown option '%s'\n%s", argv[i], USAGE);
+            return 2;
+        }
+    }
+    if (argc < 4 || argc > 6) {
+        fprintf(stderr, "bench_q8_quality: wants 3 to 5 arguments\n%s", USAGE);
         return 2;
     }
     const int group = atoi(argv[3]);

@@ -263,34 +263,76 @@ static int cmd_latency(ctx *c, int R) {
     return 0;
 }
 
+#define USAGE                                                                                      \
+    "usage: bench_semantic pairs|latency|lookup [--model M --tokenizer T | --config NAME]\n"       \
+    "                      [--threads T] [-n N] [-r R] [FILE]\n"
+
 int main(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("%s", USAGE);
+            return 0;
+        }
+    if (argc >= 2 && argv[1][0] == '-' && strcmp(argv[1], "--model") &&
+        strcmp(argv[1], "--tokenizer") && strcmp(argv[1], "--config") &&
+        strcmp(argv[1], "--threads") && strcmp(argv[1], "-n") && strcmp(argv[1], "-r")) {
+        fprintf(stderr, "bench_semantic: unknown option '%s'\n%s", argv[1], USAGE);
+        return 2;
+    }
     if (argc < 2 ||
         (strcmp(argv[1], "pairs") && strcmp(argv[1], "latency") && strcmp(argv[1], "lookup"))) {
-        fprintf(stderr,
-                "usage: bench_semantic pairs|latency|lookup [--model M --tokenizer T | --config "
-                "NAME] [--threads T] [-n N] [-r R] [FILE]\n");
+        fprintf(stderr, "bench_semantic: want pairs, latency or lookup first\n%s", USAGE);
         return 2;
     }
     const char *model = NULL, *tokp = NULL, *config = "tiny", *file = NULL;
     size_t N = 64;
     int R = 3, threads = 1;
     for (int i = 2; i < argc; i++) {
-        if (!strcmp(argv[i], "--model") && i + 1 < argc)
-            model = argv[++i];
-        else if (!strcmp(argv[i], "--tokenizer") && i + 1 < argc)
-            tokp = argv[++i];
-        else if (!strcmp(argv[i], "--config") && i + 1 < argc)
-            config = argv[++i];
-        else if (!strcmp(argv[i], "--threads") && i + 1 < argc)
-            threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-n") && i + 1 < argc)
-            N = (size_t)atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-r") && i + 1 < argc)
-            R = atoi(argv[++i]);
-        else
-            file = argv[i];
+        const char *a = argv[i];
+        if (a[0] != '-') {
+            file = a;
+            continue;
+        }
+        static const char *const valued[] = {"--model", "--tokenizer", "--config", "--threads",
+                                             "-n",      "-r",          NULL};
+        int known = 0;
+        for (int k = 0; valued[k]; k++)
+            known |= !strcmp(a, valued[k]);
+        if (!known) {
+            fprintf(stderr, "bench_semantic: unknown option '%s'\n%s", a, USAGE);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench_semantic: option '%s' needs a value\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        if (!strcmp(a, "--model"))
+            model = v;
+        else if (!strcmp(a, "--tokenizer"))
+            tokp = v;
+        else if (!strcmp(a, "--config"))
+            config = v;
+        else if (!strcmp(a, "--threads"))
+            threads = atoi(v);
+        else if (!strcmp(a, "-n"))
+            N = (size_t)atoi(v);
+        else if (!strcmp(a, "-r"))
+            R = atoi(v);
+        else {
+            fprintf(stderr, "bench_semantic: unknown option '%s'\n%s", a, USAGE);
+            return 2;
+        }
     }
-    if (R < 1 || N < 1 || N > 1024 || threads < 1) return 2;
+    if (!strcmp(argv[1], "pairs") && !file) {
+        fprintf(stderr, "bench_semantic: pairs needs a FILE (tests/data/semantic/*.tsv)\n%s",
+                USAGE);
+        return 2;
+    }
+    if (R < 1 || N < 1 || N > 1024 || threads < 1) {
+        fprintf(stderr, "bench_semantic: -r wants >= 1, -n 1..1024, --threads >= 1\n");
+        return 2;
+    }
     ctx c;
     setup(&c, model, tokp, config, threads);
     const ikv_model_config *mc = ikv_model_cfg(c.m);

@@ -6,7 +6,8 @@
  *                 [--max-tokens 64] [--threads 2] [--url http://127.0.0.1:PORT]
  *                 [--classes 1] [--max-seqs N]
  *
- * Starts the server (on a free loopback port, stopped at the end; or uses --url), then for each
+ * Starts the server (on a free loopback port, stopped at the end; or, with --url, uses an already
+ * running OpenAI-compatible server on loopback, e.g. llama.cpp's llama-server), then for each
  * stream count N runs N client threads, each sending --requests streaming completions one after
  * another: prompts of --prompt token ids (the load-generator form), the first --prefix of them
  * the same in every request and declared public (isokv.public_prefix_tokens), the rest random
@@ -40,9 +41,9 @@ typedef struct job {
     long tokens, cached;
     int failed;
     int classes;
-    double *e2e;          /* [requests] */
-    int *cls, *step;      /* [requests] */
-    double *cpu_ms;       /* [requests] */
+    double *e2e;     /* [requests] */
+    int *cls, *step; /* [requests] */
+    double *cpu_ms;  /* [requests] */
 } job;
 
 static const char *const class_names[3] = {"simple", "medium", "complex"};
@@ -202,13 +203,57 @@ static pid_t start_server(const char *bin, const char *model, const char *tok, i
     return *port ? pid : -1;
 }
 
+/* The port of a loopback URL http://127.0.0.1:PORT or http://localhost:PORT (an optional
+ * trailing '/' or "/v1"), or -1 for any other form or host: bench_serve talks to loopback only. */
+static int loopback_port(const char *url) {
+    const char *p;
+    if (!strncmp(url, "http://127.0.0.1:", 17))
+        p = url + 17;
+    else if (!strncmp(url, "http://localhost:", 17))
+        p = url + 17;
+    else
+        return -1;
+    char *end;
+    long v = strtol(p, &end, 10);
+    if (end == p || v < 1 || v > 65535) return -1;
+    if (*end && strcmp(end, "/") && strcmp(end, "/v1") && strcmp(end, "/v1/")) return -1;
+    return (int)v;
+}
+
+#define USAGE                                                                                      \
+    "usage: bench_serve [--bin build/isokv] [--config small | --model M.bin --tokenizer T.bin]\n"  \
+    "                   [--streams 1,4,16,64] [--requests 4] [--prompt 64] [--prefix 0]\n"         \
+    "                   [--max-tokens 64] [--threads 2] [--url http://127.0.0.1:PORT]\n"           \
+    "                   [--classes 1] [--max-seqs N]\n"
+
 int main(int argc, char **argv) {
     const char *bin = "build/isokv", *model = NULL, *tok = NULL, *config = NULL,
                *streams = "1,4,16,64";
     int requests = 4, prompt = 64, prefix = 0, max_tokens = 64, threads = 2, port = 0;
     int classes = 0, max_seqs = 0;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        const char *a = argv[i], *v = argv[i + 1];
+    const char *url = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("%s", USAGE);
+            return 0;
+        }
+        static const char *const valued[] = {
+            "--bin",    "--model",  "--tokenizer",  "--config",  "--streams", "--requests",
+            "--prompt", "--prefix", "--max-tokens", "--threads", "--classes", "--max-seqs",
+            "--url",    NULL};
+        int known = 0;
+        for (int k = 0; valued[k]; k++)
+            known |= !strcmp(a, valued[k]);
+        if (!known) {
+            fprintf(stderr, "bench_serve: unknown option '%s'\n%s", a, USAGE);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench_serve: option '%s' needs a value\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
         if (!strcmp(a, "--bin"))
             bin = v;
         else if (!strcmp(a, "--model"))
@@ -233,10 +278,20 @@ int main(int argc, char **argv) {
             classes = atoi(v);
         else if (!strcmp(a, "--max-seqs"))
             max_seqs = atoi(v);
+        else if (!strcmp(a, "--url"))
+            url = v;
         else {
-            fprintf(stderr, "bench_serve: unknown option %s (see the comment at the top)\n", a);
+            fprintf(stderr, "bench_serve: unknown option '%s'\n%s", a, USAGE);
             return 2;
         }
+    }
+    int url_port = 0;
+    if (url && (url_port = loopback_port(url)) <= 0) {
+        fprintf(stderr,
+                "bench_serve: --url '%s': want http://127.0.0.1:PORT or http://localhost:PORT "
+                "(loopback only)\n",
+                url);
+        return 2;
     }
     if (requests < 1 || prompt < 2 || prefix < 0 || prefix >= prompt || max_tokens < 1) {
         fprintf(stderr, "bench_serve: bad sizes\n");
@@ -278,8 +333,12 @@ int main(int argc, char **argv) {
     for (char *sv = strtok(list, ","); sv; sv = strtok(NULL, ",")) {
         int N = atoi(sv);
         if (N < 1) continue;
-        pid_t pid =
-            start_server(bin, model, tok, threads, max_seqs > 0 ? max_seqs : (N < 4 ? 4 : N), &port);
+        pid_t pid = 0;
+        if (url_port)
+            port = url_port;
+        else
+            pid = start_server(bin, model, tok, threads, max_seqs > 0 ? max_seqs : (N < 4 ? 4 : N),
+                               &port);
         if (pid < 0) {
             fprintf(stderr, "bench_serve: cannot start %s\n", bin);
             return 1;
@@ -321,8 +380,10 @@ int main(int argc, char **argv) {
                failed ? "  (some requests failed)" : "");
         if (classes) class_table(jobs, N, requests);
         fflush(stdout);
-        kill(pid, SIGTERM);
-        waitpid(pid, NULL, 0);
+        if (pid > 0) {
+            kill(pid, SIGTERM);
+            waitpid(pid, NULL, 0);
+        }
         free(jobs), free(th), free(ttft), free(e2e), free(cpu), free(cls), free(step);
     }
     curl_global_cleanup();

@@ -209,15 +209,28 @@ static double memcpy_gbs(uint8_t *dst, const uint8_t *src, size_t nblk, size_t s
     return (double)nblk * (double)slot / best / 1e9;
 }
 
+#define USAGE                                                                                      \
+    "usage: bench_store [--models stories260K,small,base] [--mb 128] [--repeat 3] [--no-redis]\n"  \
+    "                   [--dir /tmp]\n"
+
 int main(int argc, char **argv) {
     const char *models = "stories260K,small,base", *dir = "/tmp";
     size_t mb = 128;
     int repeat = 3, redis = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("%s", USAGE);
+            return 0;
+        }
         if (!strcmp(a, "--no-redis")) {
             redis = 0;
             continue;
+        }
+        if (strcmp(a, "--models") && strcmp(a, "--dir") && strcmp(a, "--mb") &&
+            strcmp(a, "--repeat")) {
+            fprintf(stderr, "bench_store: unknown option '%s'\n%s", a, USAGE);
+            return 2;
         }
         if (!v) {
             fprintf(stderr, "bench_store: option '%s' needs a value\n", a);
@@ -232,7 +245,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--repeat"))
             repeat = atoi(v);
         else {
-            fprintf(stderr, "bench_store: unknown option '%s'\n", a);
+            fprintf(stderr, "bench_store: unknown option '%s'\n%s", a, USAGE);
             return 2;
         }
         i++;

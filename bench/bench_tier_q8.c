@@ -85,10 +85,29 @@ static int run(ikv_engine *e, const uint32_t *t, size_t n, int no_cache, size_t 
     return 0;
 }
 
+#define USAGE                                                                                      \
+    "usage: bench_tier_q8 [--models stories260K,small] [--prompts 8] [--len 256] [--decode 32]\n"
+
 int main(int argc, char **argv) {
     const char *models = "stories260K,small";
     size_t prompts = 8, len = 256, dec = 32;
-    for (int i = 1; i + 1 < argc; i += 2) {
+    for (int i = 1; i < argc; i += 2) {
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("%s", USAGE);
+            return 0;
+        }
+        static const char *const valued[] = {"--models", "--prompts", "--len", "--decode", NULL};
+        int known = 0;
+        for (int k = 0; valued[k]; k++)
+            known |= !strcmp(argv[i], valued[k]);
+        if (!known) {
+            fprintf(stderr, "bench_tier_q8: unknown option '%s'\n%s", argv[i], USAGE);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "bench_tier_q8: option '%s' needs a value\n", argv[i]);
+            return 2;
+        }
         if (!strcmp(argv[i], "--models"))
             models = argv[i + 1];
         else if (!strcmp(argv[i], "--prompts"))
@@ -98,7 +117,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--decode"))
             dec = (size_t)atol(argv[i + 1]);
         else {
-            fprintf(stderr, "bench_tier_q8: unknown option '%s'\n", argv[i]);
+            fprintf(stderr, "bench_tier_q8: unknown option '%s'\n%s", argv[i], USAGE);
             return 2;
         }
     }

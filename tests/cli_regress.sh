@@ -2,13 +2,20 @@
 # CLI regressions (issue 9): each check is named after the defect it pins, runs the isokv binary
 # (or a bench program) and checks the exit code and the message. Registered with CTest as
 # cli_regressions; run by hand as tests/cli_regress.sh build/isokv build/bench_index
-# build/bench_engine. The exit-code rule everywhere: 0 ok, 1 the input or I/O failed, 2 usage
+# build/bench_engine build/bench_batch build/bench_semantic build/bench_store build/bench_tier_q8
+# build/bench_q8_quality build/bench_serve. The exit-code rule everywhere: 0 ok, 1 the input or I/O failed, 2 usage
 # (unknown option, malformed value, unknown policy/parameter/model name); --help exits 0.
 set -u
 cd "$(dirname "$0")/.."
 BIN=${1:-build/isokv}
 BENCH_INDEX=${2:-build/bench_index}
 BENCH_ENGINE=${3:-build/bench_engine}
+BENCH_BATCH=${4:-build/bench_batch}
+BENCH_SEMANTIC=${5:-build/bench_semantic}
+BENCH_STORE=${6:-build/bench_store}
+BENCH_TIER_Q8=${7:-build/bench_tier_q8}
+BENCH_Q8_QUALITY=${8:-build/bench_q8_quality}
+BENCH_SERVE=${9:-build/bench_serve}
 TMP=$(mktemp -d /tmp/ikv_cli_regress.XXXXXX)
 trap 'rm -rf "$TMP"' EXIT
 MOON=tests/data/mooncake_conv_300.jsonl
@@ -108,6 +115,34 @@ check sim_weka_zero_requests 1 "the conversation has no requests" $BIN sim tests
 check sim_nul_byte_strict 1 ":2: NUL byte at column" $BIN sim tests/fuzz/regress/trace_mooncake/nul_byte.jsonl --strict
 check sim_trailing_strict 1 ":2: trailing content after the JSON object" $BIN sim tests/fuzz/regress/trace_mooncake/trailing_content.jsonl --strict
 check sim_deep_nesting 1 "JSON nested deeper than 1000 levels" $BIN sim tests/fuzz/regress/trace_segments/deep_first_line.jsonl
+
+# every bench program: --help prints usage and exits 0 (and runs nothing), an unknown option is
+# "unknown option" exit 2, a flag without its value is "needs a value" exit 2 (never ignored)
+for b in "$BENCH_BATCH" "$BENCH_SEMANTIC" "$BENCH_STORE" "$BENCH_TIER_Q8" "$BENCH_Q8_QUALITY" \
+         "$BENCH_SERVE"; do
+  n=$(basename "$b")
+  check "help_exits_0_$n" 0 "usage: $n" "$b" --help
+  check "${n}_help_runs_nothing" 0 "!measured" "$b" --help
+  check "${n}_unknown_flag" 2 "unknown option '--bogus'" "$b" --bogus
+done
+check bench_semantic_unknown_flag_after_cmd 2 "unknown option '--bogus'" "$BENCH_SEMANTIC" lookup --bogus
+check bench_semantic_trailing_flag 2 "option '-n' needs a value" "$BENCH_SEMANTIC" lookup -n
+check bench_semantic_pairs_no_file 2 "pairs needs a FILE" "$BENCH_SEMANTIC" pairs
+check bench_semantic_no_cmd 2 "want pairs, latency or lookup" "$BENCH_SEMANTIC" --config tiny
+check bench_store_trailing_flag 2 "option '--mb' needs a value" "$BENCH_STORE" --mb
+check bench_store_bad_mb 2 "--mb wants 1..4096" "$BENCH_STORE" --mb 0
+check bench_tier_q8_trailing_flag 2 "option '--len' needs a value" "$BENCH_TIER_Q8" --len
+check bench_tier_q8_bad_len 2 "--len 32..4000" "$BENCH_TIER_Q8" --len 1
+check bench_serve_trailing_flag 2 "option '--streams' needs a value" "$BENCH_SERVE" --streams
+check bench_serve_unknown_after_valid 2 "unknown option '--bogus'" "$BENCH_SERVE" --requests 1 --bogus
+check bench_serve_url_not_loopback 2 "loopback only" "$BENCH_SERVE" --url http://10.0.0.1:8080
+check bench_serve_url_no_port 2 "loopback only" "$BENCH_SERVE" --url http://127.0.0.1
+check bench_serve_url_bad_port 2 "loopback only" "$BENCH_SERVE" --url http://127.0.0.1:99999
+check bench_serve_bad_sizes 2 "bad sizes" "$BENCH_SERVE" --requests 0
+check bench_batch_too_many 2 "too many arguments" "$BENCH_BATCH" small 1 64 24 5
+check bench_batch_bad_config 2 "bad argument" "$BENCH_BATCH" nosuch
+check bench_q8_quality_few_args 2 "wants 3 to 5 arguments" "$BENCH_Q8_QUALITY" "$MODEL"
+check bench_q8_quality_missing_model 1 "" "$BENCH_Q8_QUALITY" "$TMP/none.bin" "$TMP/none.tok" 32
 
 if [ $fails -ne 0 ]; then
   echo "cli regressions: $fails FAILED"
