@@ -124,8 +124,10 @@ static void *client(void *arg) {
             j->failed++;
         } else {
             j->ttft[r] = b.tfirst - b.t0;
-            j->tokens += last_num(b.p, "\"completion_tokens\":");
-            j->cached += last_num(b.p, "\"cached_tokens\":");
+            long ct = last_num(b.p, "\"completion_tokens\":"),
+                 ca = last_num(b.p, "\"cached_tokens\":"); /* -1: not reported (llama-server) */
+            j->tokens += ct > 0 ? ct : 0;
+            j->cached += ca > 0 ? ca : 0;
             j->e2e[r] = ikv_now() - b.t0;
             j->cls[r] = cls;
             j->step[r] = (int)last_num(b.p, "\"step\":");
@@ -323,6 +325,7 @@ int main(int argc, char **argv) {
     uint32_t vocab = (uint32_t)ikv_model_cfg(m)->vocab_size;
     ikv_model_destroy(m);
     curl_global_init(CURL_GLOBAL_ALL);
+    if (url) printf("bench_serve: server %s (already running; --bin, --threads unused)\n", url);
     printf("bench_serve: %s, prompt %d tokens (shared public prefix %d), %d output tokens, %d "
            "requests per stream, server --threads %d; %ld cores; measured over loopback\n",
            model, prompt, prefix, max_tokens, requests, threads, sysconf(_SC_NPROCESSORS_ONLN));
