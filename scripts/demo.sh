@@ -147,7 +147,8 @@ demo_serve() {
   ask sk-bob "Tell me about a dog who lost a ball."
   echo "# streamed (SSE), bob:"
   curl -sN "http://127.0.0.1:$port/v1/chat/completions" -H "Authorization: Bearer sk-bob" \
-    -d '{"messages":[{"role":"user","content":"A bird"}],"max_tokens":6,"temperature":0,"stream":true}' | head -c 600; echo
+    -d '{"messages":[{"role":"user","content":"A bird"}],"max_tokens":6,"temperature":0,"stream":true}' > "$dir/sse"
+  head -c 600 "$dir/sse"; echo " ..."
   echo "# metrics that changed:"
   curl -s "http://127.0.0.1:$port/metrics" | grep -E '^isokv_(engine_cached_tokens_total|blocks_inserted_total|partial_block_hits_total|kv_pool_blocks_used) ' > "$dir/m1"
   diff "$dir/m0" "$dir/m1" | grep '^>' | sed 's/^> /  /' || true
