@@ -125,7 +125,8 @@ demo_serve() {
   printf 'You are a storyteller for small children. Your stories are short, kind and simple.' > "$dir/system.txt"
   "$ISOKV" serve --port 0 --api-keys "$dir/keys.json" --public-prefix "$dir/system.txt" >"$dir/out" 2>"$dir/log" &
   pid=$!
-  trap 'kill -TERM $pid 2>/dev/null; wait $pid 2>/dev/null; rm -rf "$dir"' RETURN
+  # stopped when the section ends, and also when a failing command ends the script (set -e)
+  trap 'kill -TERM "${pid:-}" 2>/dev/null; wait "${pid:-}" 2>/dev/null; rm -rf "${dir:-}"; trap - RETURN EXIT' RETURN EXIT
   port=
   for i in $(seq 1 100); do
     port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$dir/out")
