@@ -81,24 +81,61 @@ static int by_prob_desc(const void *a, const void *b) {
     return (x->id > y->id) - (x->id < y->id);
 }
 
-uint32_t ikv_sampler_sample(ikv_sampler *s, float *logits) {
-    uint32_t n = s->vocab;
-    if (s->temperature == 0.0f) {
-        uint32_t best = 0;
-        for (uint32_t i = 1; i < n; i++)
-            if (logits[i] > logits[best]) best = i;
-        return best;
-    }
+static uint32_t argmax(const float *x, uint32_t n) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* probs = softmax(logits / temperature); probs may be logits (in place). */
+static void softmax_t(const ikv_sampler *s, const float *logits, float *probs) {
+    const uint32_t n = s->vocab;
     float mx = logits[0];
     for (uint32_t i = 1; i < n; i++)
         if (logits[i] > mx) mx = logits[i];
     float sum = 0.0f;
     for (uint32_t i = 0; i < n; i++) {
-        logits[i] = expf((logits[i] - mx) / s->temperature);
-        sum += logits[i];
+        probs[i] = expf((logits[i] - mx) / s->temperature);
+        sum += probs[i];
     }
     for (uint32_t i = 0; i < n; i++)
-        logits[i] /= sum;
+        probs[i] /= sum;
+}
+
+/* The nucleus of a distribution (0 < topp < 1), as llama2.c's sample_topp: candidates at or
+ * above (1 - topp) / (n - 1), sorted by probability (ties by id), cut after the first whose
+ * cumulative sum passes topp. Leaves them in s->cands[0..last]; returns last and sets *cum to
+ * their total. */
+static uint32_t nucleus(ikv_sampler *s, const float *probs, float *cum) {
+    const uint32_t n = s->vocab;
+    float cutoff = n > 1 ? (1.0f - s->topp) / (float)(n - 1) : 0.0f;
+    uint32_t m = 0;
+    for (uint32_t i = 0; i < n; i++)
+        if (probs[i] >= cutoff) s->cands[m].p = probs[i], s->cands[m].id = i, m++;
+    if (m == 0) { /* all below the cutoff: cannot happen for a distribution, but stay total */
+        for (uint32_t i = 0; i < n; i++)
+            s->cands[i].p = probs[i], s->cands[i].id = i;
+        m = n;
+    }
+    qsort(s->cands, m, sizeof *s->cands, by_prob_desc);
+    float c = 0.0f;
+    uint32_t last = m - 1;
+    for (uint32_t i = 0; i < m; i++) {
+        c += s->cands[i].p;
+        if (c > s->topp) {
+            last = i;
+            break;
+        }
+    }
+    *cum = c;
+    return last;
+}
+
+uint32_t ikv_sampler_sample(ikv_sampler *s, float *logits) {
+    uint32_t n = s->vocab;
+    if (s->temperature == 0.0f) return argmax(logits, n);
+    softmax_t(s, logits, logits);
     float r = coin(s);
     if (s->topp <= 0.0f || s->topp >= 1.0f) {
         float cdf = 0.0f;
@@ -108,25 +145,8 @@ uint32_t ikv_sampler_sample(ikv_sampler *s, float *logits) {
         }
         return n - 1;
     }
-    float cutoff = n > 1 ? (1.0f - s->topp) / (float)(n - 1) : 0.0f;
-    uint32_t m = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (logits[i] >= cutoff) s->cands[m].p = logits[i], s->cands[m].id = i, m++;
-    if (m == 0) { /* all below the cutoff: cannot happen for a distribution, but stay total */
-        for (uint32_t i = 0; i < n; i++)
-            s->cands[i].p = logits[i], s->cands[i].id = i;
-        m = n;
-    }
-    qsort(s->cands, m, sizeof *s->cands, by_prob_desc);
-    float cum = 0.0f;
-    uint32_t last = m - 1;
-    for (uint32_t i = 0; i < m; i++) {
-        cum += s->cands[i].p;
-        if (cum > s->topp) {
-            last = i;
-            break;
-        }
-    }
+    float cum;
+    uint32_t last = nucleus(s, logits, &cum);
     float target = r * cum, cdf = 0.0f;
     for (uint32_t i = 0; i <= last; i++) {
         cdf += s->cands[i].p;
@@ -139,13 +159,6 @@ float ikv_sampler_temperature(const ikv_sampler *s) {
     return s->temperature;
 }
 
-static uint32_t argmax(const float *x, uint32_t n) {
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 void ikv_sampler_dist(ikv_sampler *s, const float *logits, float *probs) {
     const uint32_t n = s->vocab;
     if (s->temperature == 0.0f) {
@@ -153,37 +166,10 @@ void ikv_sampler_dist(ikv_sampler *s, const float *logits, float *probs) {
         probs[argmax(logits, n)] = 1.0f;
         return;
     }
-    /* the same operations as ikv_sampler_sample */
-    float mx = logits[0];
-    for (uint32_t i = 1; i < n; i++)
-        if (logits[i] > mx) mx = logits[i];
-    float sum = 0.0f;
-    for (uint32_t i = 0; i < n; i++) {
-        probs[i] = expf((logits[i] - mx) / s->temperature);
-        sum += probs[i];
-    }
-    for (uint32_t i = 0; i < n; i++)
-        probs[i] /= sum;
+    softmax_t(s, logits, probs); /* the same operations as ikv_sampler_sample */
     if (s->topp <= 0.0f || s->topp >= 1.0f) return;
-    float cutoff = n > 1 ? (1.0f - s->topp) / (float)(n - 1) : 0.0f;
-    uint32_t m = 0;
-    for (uint32_t i = 0; i < n; i++)
-        if (probs[i] >= cutoff) s->cands[m].p = probs[i], s->cands[m].id = i, m++;
-    if (m == 0) {
-        for (uint32_t i = 0; i < n; i++)
-            s->cands[i].p = probs[i], s->cands[i].id = i;
-        m = n;
-    }
-    qsort(s->cands, m, sizeof *s->cands, by_prob_desc);
-    float cum = 0.0f;
-    uint32_t last = m - 1;
-    for (uint32_t i = 0; i < m; i++) {
-        cum += s->cands[i].p;
-        if (cum > s->topp) {
-            last = i;
-            break;
-        }
-    }
+    float cum;
+    uint32_t last = nucleus(s, probs, &cum);
     memset(probs, 0, sizeof(float) * n);
     for (uint32_t i = 0; i <= last; i++)
         probs[s->cands[i].id] = s->cands[i].p / cum;
