@@ -107,6 +107,13 @@ static void head(buf *b, const char *name, const char *type, const char *help) {
     put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
+/* One unlabelled sample with its HELP and TYPE lines. */
+static void scalar(buf *b, const char *name, const char *type, const char *help,
+                   unsigned long long v) {
+    head(b, name, type, help);
+    put(b, "%s %llu\n", name, v);
+}
+
 static void hist(buf *b, const char *name, const char *help, const srv_hist *h) {
     head(b, name, "histogram", help);
     uint64_t cum = 0;
@@ -142,8 +149,7 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
     for (size_t i = 0; i < nt; i++)
         for (size_t t = 0; t <= s->n_tiers; t++)
             put(&b, "isokv_cached_prompt_tokens_total{tenant=\"%s\",tier=\"%s\"} %llu\n",
-                TENANT(i)->name, s->tier_name[t],
-                (unsigned long long)TENANT(i)->cached_by_tier[t]);
+                TENANT(i)->name, s->tier_name[t], (unsigned long long)TENANT(i)->cached_by_tier[t]);
     head(&b, "isokv_completion_tokens_total", "counter", "generated tokens of completed requests");
     for (size_t i = 0; i < nt; i++)
         put(&b, "isokv_completion_tokens_total{tenant=\"%s\"} %llu\n", TENANT(i)->name,
@@ -156,13 +162,12 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
          "prompt positions taken from the cache over all prompt positions admitted (engine)");
     put(&b, "isokv_prefix_cache_hit_ratio %.6f\n",
         total > 0 ? (double)e->cached_tokens / total : 0.0);
-    head(&b, "isokv_engine_cached_tokens_total", "counter",
-         "prompt positions the engine took from the cache (the core's count)");
-    put(&b, "isokv_engine_cached_tokens_total %llu\n", (unsigned long long)e->cached_tokens);
-    head(&b, "isokv_engine_computed_tokens_total", "counter", "prompt positions computed");
-    put(&b, "isokv_engine_computed_tokens_total %llu\n", (unsigned long long)e->computed_tokens);
-    head(&b, "isokv_engine_requests_total", "counter", "sequences admitted by the engine");
-    put(&b, "isokv_engine_requests_total %llu\n", (unsigned long long)e->requests);
+    scalar(&b, "isokv_engine_cached_tokens_total", "counter",
+           "prompt positions the engine took from the cache (the core's count)", e->cached_tokens);
+    scalar(&b, "isokv_engine_computed_tokens_total", "counter", "prompt positions computed",
+           e->computed_tokens);
+    scalar(&b, "isokv_engine_requests_total", "counter", "sequences admitted by the engine",
+           e->requests);
     if (s->rcache) {
         static const struct {
             const char *name, *help;
@@ -181,18 +186,18 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
             head(&b, sm[i].name, "counter", sm[i].help);
             put(&b, "%s %llu\n", sm[i].name, (unsigned long long)v[i]);
         }
-        head(&b, "isokv_semcache_entries", "gauge", "responses held by the response cache");
-        put(&b, "isokv_semcache_entries %llu\n", (unsigned long long)m->sem.entries);
-        head(&b, "isokv_semcache_evictions_total", "counter", "responses evicted (policy)");
-        put(&b, "isokv_semcache_evictions_total %llu\n", (unsigned long long)m->sem.evictions);
+        scalar(&b, "isokv_semcache_entries", "gauge", "responses held by the response cache",
+               m->sem.entries);
+        scalar(&b, "isokv_semcache_evictions_total", "counter", "responses evicted (policy)",
+               m->sem.evictions);
     }
-    head(&b, "isokv_partial_block_hits_total", "counter",
-         "admissions that copied a cached or parked partial block (copy-on-write)");
-    put(&b, "isokv_partial_block_hits_total %llu\n", (unsigned long long)e->partial_hits);
-    head(&b, "isokv_pinned_blocks", "gauge", "cached blocks pinned (public prefixes)");
-    put(&b, "isokv_pinned_blocks %llu\n", (unsigned long long)c->pinned[0]);
-    head(&b, "isokv_blocks_inserted_total", "counter", "blocks inserted into the cache core");
-    put(&b, "isokv_blocks_inserted_total %llu\n", (unsigned long long)c->inserts);
+    scalar(&b, "isokv_partial_block_hits_total", "counter",
+           "admissions that copied a cached or parked partial block (copy-on-write)",
+           e->partial_hits);
+    scalar(&b, "isokv_pinned_blocks", "gauge", "cached blocks pinned (public prefixes)",
+           c->pinned[0]);
+    scalar(&b, "isokv_blocks_inserted_total", "counter", "blocks inserted into the cache core",
+           c->inserts);
     head(&b, "isokv_blocks_evicted_total", "counter",
          "blocks evicted, by tier (from the pool: demoted or dropped; from the last: dropped)");
     for (size_t t = 0; t <= s->n_tiers; t++)
@@ -227,9 +232,9 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
     for (size_t t = 0; t < s->n_tiers; t++)
         put(&b, "isokv_tier_resident_blocks{tier=\"%s\"} %llu\n", s->tier_name[t + 1],
             (unsigned long long)m->tiers[t].resident);
-    head(&b, "isokv_recomputed_blocks_total", "counter",
-         "matched blocks refused (token ids, depth or parent differ) and recomputed");
-    put(&b, "isokv_recomputed_blocks_total %llu\n", (unsigned long long)e->rejected_blocks);
+    scalar(&b, "isokv_recomputed_blocks_total", "counter",
+           "matched blocks refused (token ids, depth or parent differ) and recomputed",
+           e->rejected_blocks);
     head(&b, "isokv_running_sequences", "gauge", "sequences running in the engine");
     put(&b, "isokv_running_sequences %zu\n", s->nrunning);
     head(&b, "isokv_queued_requests", "gauge", "requests waiting for admission");
@@ -242,25 +247,21 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
         (unsigned long long)e->cached_blocks, (unsigned long long)e->private_blocks,
         (unsigned long long)e->parked_blocks,
         (unsigned long long)(e->free_blocks - e->parked_blocks));
-    head(&b, "isokv_kv_pool_blocks_used", "gauge", "KV pool blocks cached or private");
-    put(&b, "isokv_kv_pool_blocks_used %llu\n",
-        (unsigned long long)(e->cached_blocks + e->private_blocks));
-    head(&b, "isokv_kv_pool_blocks_total", "gauge", "KV pool size in blocks");
-    put(&b, "isokv_kv_pool_blocks_total %llu\n", (unsigned long long)e->pool_blocks);
-    head(&b, "isokv_kv_reserved_blocks", "gauge",
-         "private blocks reserved by admitted sequences, of isokv_kv_private_budget_blocks");
-    put(&b, "isokv_kv_reserved_blocks %llu\n", (unsigned long long)e->reserved_blocks);
-    head(&b, "isokv_kv_private_budget_blocks", "gauge", "private blocks admission reserves from");
-    put(&b, "isokv_kv_private_budget_blocks %llu\n", (unsigned long long)e->private_budget);
-    head(&b, "isokv_steps_total", "counter", "forward steps run");
-    put(&b, "isokv_steps_total %llu\n", (unsigned long long)m->steps);
-    head(&b, "isokv_step_sequences_total", "counter",
-         "sequences served by forward steps (over isokv_steps_total: mean batch)");
-    put(&b, "isokv_step_sequences_total %llu\n", (unsigned long long)m->step_rows);
-    head(&b, "isokv_step_prefill_tokens_total", "counter", "prompt positions computed in steps");
-    put(&b, "isokv_step_prefill_tokens_total %llu\n", (unsigned long long)m->step_prefill_tokens);
-    head(&b, "isokv_cancelled_total", "counter", "requests cancelled by a client disconnect");
-    put(&b, "isokv_cancelled_total %llu\n", (unsigned long long)m->cancelled);
+    scalar(&b, "isokv_kv_pool_blocks_used", "gauge", "KV pool blocks cached or private",
+           (e->cached_blocks + e->private_blocks));
+    scalar(&b, "isokv_kv_pool_blocks_total", "gauge", "KV pool size in blocks", e->pool_blocks);
+    scalar(&b, "isokv_kv_reserved_blocks", "gauge",
+           "private blocks reserved by admitted sequences, of isokv_kv_private_budget_blocks",
+           e->reserved_blocks);
+    scalar(&b, "isokv_kv_private_budget_blocks", "gauge", "private blocks admission reserves from",
+           e->private_budget);
+    scalar(&b, "isokv_steps_total", "counter", "forward steps run", m->steps);
+    scalar(&b, "isokv_step_sequences_total", "counter",
+           "sequences served by forward steps (over isokv_steps_total: mean batch)", m->step_rows);
+    scalar(&b, "isokv_step_prefill_tokens_total", "counter", "prompt positions computed in steps",
+           m->step_prefill_tokens);
+    scalar(&b, "isokv_cancelled_total", "counter", "requests cancelled by a client disconnect",
+           m->cancelled);
     head(&b, "isokv_route_requests_total", "counter",
          "completed requests by class and the step the router gave them");
     for (int c = 0; c < 3; c++)
@@ -283,9 +284,9 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
     for (int c = 0; c < 3; c++)
         put(&b, "isokv_route_completed_total{class=\"%s\"} %llu\n",
             ikv_req_class_name((ikv_req_class)c), (unsigned long long)m->route_n[c]);
-    head(&b, "isokv_preempted_total", "counter",
-         "sequences preempted (a decode block did not fit; re-admitted with their tokens)");
-    put(&b, "isokv_preempted_total %llu\n", (unsigned long long)m->preempted);
+    scalar(&b, "isokv_preempted_total", "counter",
+           "sequences preempted (a decode block did not fit; re-admitted with their tokens)",
+           m->preempted);
     hist(&b, "isokv_ttft_seconds", "time to first token (arrival to first token)", &m->ttft);
     hist(&b, "isokv_time_per_output_token_seconds", "mean time between output tokens", &m->tpot);
     hist(&b, "isokv_e2e_latency_seconds", "arrival to last token", &m->e2e);
