@@ -82,7 +82,7 @@ static size_t common_prefix(const ikv_key *a, size_t na, const ikv_key *b, size_
     return i;
 }
 
-static ikv_key *copy_keys(const ikv_request *r) {
+static ikv_key *copy_keys(const ikv_trace_request *r) {
     ikv_key *k = malloc(r->n_blocks * sizeof *k);
     memcpy(k, r->keys, r->n_blocks * sizeof *k);
     return k;
@@ -150,7 +150,7 @@ static void test_public_prefix_and_straddle(void **st) {
     assert_int_equal(ikv_seg_builder_create(7, 16, &b), 0);
     /* 20 public + 20 private tokens: block 0 public, block 1 (16..32) straddles -> private */
     ikv_segment s[2] = {{IKV_SEG_SYSTEM, "sys", 20, 1}, {IKV_SEG_MEMORY, "m", 20, 0}};
-    ikv_request ra, rb;
+    ikv_trace_request ra, rb;
     memset(&ra, 0, sizeof ra);
     memset(&rb, 0, sizeof rb);
     assert_int_equal(ikv_seg_build(b, "alice", s, 2, &ra), 0);
@@ -191,7 +191,7 @@ static void test_private_segments_never_share_keys(void **st) {
                         {IKV_SEG_DOC, "d1", 64, 0},
                         {IKV_SEG_HISTORY, "s1.a0", 50, 0},
                         {IKV_SEG_QUERY, "q1", 20, 0}};
-    ikv_request ra, rb;
+    ikv_trace_request ra, rb;
     assert_int_equal(ikv_seg_build(b, "u1", s, 4, &ra), 0);
     ikv_key *ka = copy_keys(&ra);
     size_t na = ra.n_blocks;
@@ -220,7 +220,7 @@ static void test_chunk_doc_keys_position_independent(void **st) {
                          {IKV_SEG_MEMORY, "m", 5, 0},
                          {IKV_SEG_DOC, "d1", 100, 1},
                          {IKV_SEG_QUERY, "q", 10, 0}};
-    ikv_request r1, r2;
+    ikv_trace_request r1, r2;
     assert_int_equal(ikv_seg_build(b, "x", s1, 3, &r1), 0);
     assert_int_equal(r1.n_chunks, 1);
     assert_int_equal(r1.chunks[0].first, 1);
@@ -256,7 +256,7 @@ static void test_build_rejects_bad_input(void **st) {
     ikv_seg_builder *b;
     assert_int_equal(ikv_seg_builder_create(1, 0, &b), IKV_EINVAL);
     assert_int_equal(ikv_seg_builder_create(1, 16, &b), 0);
-    ikv_request r;
+    ikv_trace_request r;
     memset(&r, 0, sizeof r);
     ikv_segment ok = {IKV_SEG_QUERY, "q", 5, 0}, zero = {IKV_SEG_QUERY, "q", 0, 0};
     ikv_segment big[2] = {{IKV_SEG_DOC, "a", IKV_SEG_MAX_TOKENS, 0}, {IKV_SEG_DOC, "b", 1, 0}};
@@ -279,7 +279,7 @@ static void test_build_alloc_failure(void **st) {
         ikv_seg_builder *b = NULL;
         ikv_alloc_fail_after(n);
         int rc = ikv_seg_builder_create(1, 16, &b);
-        ikv_request r;
+        ikv_trace_request r;
         memset(&r, 0, sizeof r);
         if (rc == 0) rc = ikv_seg_build(b, "t", s, 3, &r);
         ikv_alloc_fail_after(SIZE_MAX);
@@ -401,7 +401,7 @@ static void count_blocks(const ikv_gen_opts *o, size_t *n_private, size_t *n_pub
     for (size_t i = 1; i < nl; i++) {
         line_req r;
         parse_req(lines[i], &r);
-        ikv_request q;
+        ikv_trace_request q;
         assert_int_equal(ikv_seg_build(b, r.tenant, r.segs, r.n, &q), 0);
         for (size_t k = 0; k < q.n_blocks; k++) {
             if (k < q.n_public_blocks) {
@@ -499,7 +499,7 @@ static void test_layout_moves_divergence(void **st) {
         for (size_t i = 1; i < nl; i++) {
             line_req r;
             parse_req(lines[i], &r);
-            ikv_request q;
+            ikv_trace_request q;
             assert_int_equal(ikv_seg_build(b, r.tenant, r.segs, r.n, &q), 0);
             size_t want = layout == IKV_LAYOUT_SHARED_FIRST ? pub_sf : pub_pf;
             assert_int_equal(q.n_public_blocks, want);
@@ -545,7 +545,7 @@ static void test_layout_moves_divergence(void **st) {
             line_req r;
             parse_req(lines[i], &r);
             if (r.session == 1) {
-                ikv_request q;
+                ikv_trace_request q;
                 assert_int_equal(ikv_seg_build(b, r.tenant, r.segs, r.n, &q), 0);
                 if (r.turn == 0) {
                     k0 = copy_keys(&q);
@@ -815,7 +815,7 @@ static void test_reader_round_trip(void **st) {
     assert_int_equal(ikv_trace_block_tokens(t), 32);
     ikv_seg_builder *b;
     assert_int_equal(ikv_seg_builder_create(1, 32, &b), 0);
-    ikv_request q;
+    ikv_trace_request q;
     size_t i = 0;
     int rc;
     char tenants[400][16];
@@ -849,7 +849,7 @@ static void test_reader_round_trip(void **st) {
         }
         /* keys as the builder makes them (same seed) */
         ikv_key *k1 = copy_keys(&q);
-        ikv_request q2;
+        ikv_trace_request q2;
         assert_int_equal(ikv_seg_build(b, r.tenant, r.segs, r.n, &q2), 0);
         for (size_t k = 0; k < q.n_blocks; k++)
             assert_true(ikv_key_eq(k1[k], q2.keys[k]));
@@ -896,7 +896,7 @@ static void expect_strict_error(const char *text, const char *where, const char 
     to.strict = 1;
     ikv_trace *t = NULL;
     int rc = ikv_trace_open(p, &to, &t);
-    ikv_request q;
+    ikv_trace_request q;
     if (rc == 0) {
         while ((rc = ikv_trace_next(t, &q)) == 1) {
         }
@@ -954,7 +954,7 @@ static void test_malformed_lines(void **st) {
     ikv_trace *t = NULL;
     assert_int_equal(ikv_trace_open(p, NULL, &t), 0); /* no header: detected by "segments" */
     assert_int_equal(ikv_trace_block_tokens(t), 16);
-    ikv_request q;
+    ikv_trace_request q;
     int n = 0, rc;
     while ((rc = ikv_trace_next(t, &q)) == 1)
         n++;
@@ -979,7 +979,7 @@ static void test_reader_alloc_failure(void **st) {
     assert_int_equal(ikv_gen_write_file(&o, p, NULL, NULL), 0);
     for (size_t n = 0;; n++) {
         ikv_trace *t = NULL;
-        ikv_request q;
+        ikv_trace_request q;
         uint64_t got = 0, tokens = 0;
         ikv_alloc_fail_after(n);
         int rc = ikv_trace_open(p, NULL, &t);

@@ -235,7 +235,7 @@ typedef struct kept {
     ikv_key *keys;
     uint32_t *ntok;
     size_t n;
-    ikv_request q;
+    ikv_trace_request q;
 } kept;
 
 static size_t read_all(const char *path, kept *out, size_t max, uint32_t *bt) {
@@ -244,7 +244,7 @@ static size_t read_all(const char *path, kept *out, size_t max, uint32_t *bt) {
     assert_int_equal(ikv_trace_open(path, &to, &t), 0);
     *bt = ikv_trace_block_tokens(t);
     size_t n = 0;
-    ikv_request q;
+    ikv_trace_request q;
     while (n < max && ikv_trace_next(t, &q) == 1) {
         kept *k = &out[n++];
         k->q = q;
@@ -350,7 +350,7 @@ static void test_max_tokens(void **state) {
     m.scale = 4;
     ikv_key k = {1, 2};
     uint32_t nt = 64;
-    ikv_request q = {
+    ikv_trace_request q = {
         .input_tokens = 64, .output_tokens = 10, .n_blocks = 1, .keys = &k, .ntokens = &nt};
     ikv_load_prompt_buf b = {0};
     assert_int_equal(ikv_load_prompt(&m, &q, 64, &b), 0);
@@ -1069,7 +1069,7 @@ static void test_alloc_failure(void **state) {
     ikv_load_map m;
     ikv_load_map_default(&m);
     ikv_key k[4] = {{1, 1}, {2, 2}, {3, 3}, {4, 4}};
-    ikv_request q = {.input_tokens = 2048, .n_blocks = 4, .keys = k};
+    ikv_trace_request q = {.input_tokens = 2048, .n_blocks = 4, .keys = k};
     ikv_load_prompt_buf b = {0};
     ikv_alloc_fail_after(0);
     assert_int_equal(ikv_load_prompt(&m, &q, 512, &b), IKV_ENOMEM);

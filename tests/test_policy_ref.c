@@ -490,7 +490,7 @@ static int read_all(const char *path, uint64_t *n) {
     int rc = ikv_trace_open(path, &to, &t);
     *n = 0;
     if (rc) return rc;
-    ikv_request q;
+    ikv_trace_request q;
     while ((rc = ikv_trace_next(t, &q)) == 1)
         (*n)++;
     ikv_trace_close(t);
@@ -576,7 +576,7 @@ static void test_export(void **st) {
     ikv_key *keys = malloc(9000 * sizeof *keys);
     uint32_t *tok = malloc(9000 * sizeof *tok);
     size_t nb = 0;
-    ikv_request q;
+    ikv_trace_request q;
     while (ikv_trace_next(t, &q) == 1)
         for (size_t b = 0; b < q.n_blocks; b++, nb++) {
             assert_true(nb < 9000);

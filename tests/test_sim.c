@@ -262,7 +262,7 @@ static void test_mooncake_reader(void **state) {
     assert_int_equal(ikv_trace_open(MOONCAKE, &to, &t), 0);
     assert_int_equal(ikv_trace_format_of(t), IKV_TRACE_MOONCAKE);
     assert_int_equal(ikv_trace_block_tokens(t), 512);
-    ikv_request q;
+    ikv_trace_request q;
     size_t n = 0;
     int rc;
     while ((rc = ikv_trace_next(t, &q)) == 1) {
@@ -304,7 +304,7 @@ static void test_weka_reader(void **state) {
         assert_int_equal(ikv_trace_block_tokens(t), 64);
         assert_int_equal(ikv_trace_tenants(t), nconv ? 3 : 5);
         assert_int_equal(ikv_trace_count_hint(t), w.n);
-        ikv_request q;
+        ikv_trace_request q;
         size_t n = 0;
         while (ikv_trace_next(t, &q) == 1) {
             const oreq *o = &w.r[n];
@@ -347,7 +347,7 @@ static void test_malformed_lines(void **state) {
     ikv_trace *t;
     ikv_trace_opts to = {0};
     assert_int_equal(ikv_trace_open(path, &to, &t), 0);
-    ikv_request q;
+    ikv_trace_request q;
     int n = 0, rc;
     while ((rc = ikv_trace_next(t, &q)) == 1) n++;
     assert_int_equal(rc, 0);
@@ -426,7 +426,7 @@ static void test_empty_and_truncated(void **state) {
     snprintf(text, sizeof text, "%s{\"timestamp\": 10, \"input_len", good1);
     write_file(path, text);
     assert_int_equal(ikv_trace_open(path, &to, &t), 0);
-    ikv_request q;
+    ikv_trace_request q;
     assert_int_equal(ikv_trace_next(t, &q), 1);
     assert_int_equal(ikv_trace_next(t, &q), 0);
     assert_int_equal(ikv_trace_skipped(t), 1);
@@ -539,7 +539,7 @@ typedef struct timed_check {
     uint64_t lower, loaded, recomputed;
 } timed_check;
 
-static void on_timed(void *ctx, const ikv_request *q, const ikv_request_outcome *o) {
+static void on_timed(void *ctx, const ikv_trace_request *q, const ikv_request_outcome *o) {
     timed_check *c = ctx;
     (void)q;
     assert_true(o->queue >= 0);
@@ -899,7 +899,7 @@ static int read_all(const char *path, const ikv_trace_opts *to, uint64_t *skippe
     ikv_trace *t;
     int rc = ikv_trace_open(path, to, &t);
     if (rc) return rc;
-    ikv_request q;
+    ikv_trace_request q;
     int n = 0;
     while ((rc = ikv_trace_next(t, &q)) == 1)
         n++;
@@ -986,7 +986,7 @@ static void test_regress_absurd_numbers(void **state) {
     write_file(path, text);
     ikv_trace_opts to = {.strict = 1};
     ikv_trace *t;
-    ikv_request q;
+    ikv_trace_request q;
     assert_int_equal(ikv_trace_open(path, &to, &t), 0);
     assert_int_equal(ikv_trace_next(t, &q), 1);
     assert_int_equal(ikv_trace_next(t, &q), IKV_EFORMAT);

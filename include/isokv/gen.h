@@ -83,7 +83,7 @@ void ikv_seg_builder_destroy(ikv_seg_builder *b);
  * bad kind); IKV_ETOOLONG (more than IKV_SEG_MAX_TOKENS); IKV_ENOMEM. On error *req is
  * unchanged. */
 int ikv_seg_build(ikv_seg_builder *b, const char *tenant, const ikv_segment *segs, size_t n,
-                  ikv_request *req);
+                  ikv_trace_request *req);
 
 /* The tokens of the last successful build (input_tokens of them). */
 const uint32_t *ikv_seg_builder_tokens(const ikv_seg_builder *b);

@@ -3,8 +3,8 @@
  * and measures what the simulator predicts: token hit ratio from the server's own usage, TTFT,
  * latency and errors.
  *
- *     trace --ikv_trace_next--> ikv_request --ikv_load_prompt--> token ids --HTTP/SSE--> record
- *     (src/sim readers)         block keys     (this module)       libcurl multi      (CSV/JSON)
+ *   trace --ikv_trace_next--> ikv_trace_request --ikv_load_prompt--> tokens --HTTP/SSE--> record
+ *   (src/sim readers)         block keys           (this module)    libcurl multi     (CSV/JSON)
  *
  * Pieces (one file each under src/load/):
  *   prompt.c  block keys -> token ids. A block's tokens are a pure function of its 128-bit key
@@ -59,7 +59,7 @@ typedef struct ikv_load_prompt_buf {
  * tokens of the input beyond its blocks (WEKA hashes only whole blocks) become round(rest/K)
  * tokens unique to the request, so they never hit. Returns 0, IKV_EINVAL (block_tokens not a
  * multiple of K, or a bad map) or IKV_ENOMEM (buf left valid). Allocates only to grow buf. */
-int ikv_load_prompt(const ikv_load_map *m, const ikv_request *q, uint32_t block_tokens,
+int ikv_load_prompt(const ikv_load_map *m, const ikv_trace_request *q, uint32_t block_tokens,
                     ikv_load_prompt_buf *buf);
 void ikv_load_prompt_free(ikv_load_prompt_buf *buf);
 

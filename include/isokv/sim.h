@@ -4,15 +4,15 @@
  *
  * Data flow:
  *
- *     trace file (.jsonl / .jsonl.gz) --ikv_trace_next()--> ikv_request --replay--> metrics
+ *     trace file (.jsonl / .jsonl.gz) --ikv_trace_next()--> ikv_trace_request --replay--> metrics
  *         mooncake | weka | segments                         keys, times            (JSON / table)
  *
- * A reader turns each record into an ikv_request whose block keys are already 128-bit keys in
+ * A reader turns each record into an ikv_trace_request whose block keys are already 128-bit keys in
  * the cache's key space: Mooncake ids are global prefix ids (namespace 0), WEKA ids are local to
  * their conversation (namespace = conversation index + 1), segment traces are cut into blocks
  * and chained with the tenant's scope salt (public segments under IKV_SCOPE_PUBLIC).
  *
- * Ownership: an ikv_request and the arrays it points to belong to the reader and stay valid
+ * Ownership: an ikv_trace_request and the arrays it points to belong to the reader and stay valid
  * until the next ikv_trace_next() or ikv_trace_close() on it.
  */
 #ifndef ISOKV_SIM_H
@@ -43,7 +43,7 @@ typedef struct ikv_chunk {
     uint32_t tokens;       /* tokens of the doc segment */
 } ikv_chunk;
 
-typedef struct ikv_request {
+typedef struct ikv_trace_request {
     double time;              /* arrival, seconds from the trace's start */
     uint64_t index;           /* 0-based order in the replay */
     uint32_t tenant;          /* dense tenant index (segments), conversation (weka), 0 otherwise */
@@ -56,7 +56,7 @@ typedef struct ikv_request {
     size_t n_chunks;
     const ikv_chunk *chunks;
     size_t n_public_blocks;   /* leading blocks that are public (pinnable shared prefix) */
-} ikv_request;
+} ikv_trace_request;
 
 typedef struct ikv_trace_opts {
     ikv_trace_format format;
@@ -82,7 +82,7 @@ typedef struct ikv_trace ikv_trace;
 int ikv_trace_open(const char *path, const ikv_trace_opts *opts, ikv_trace **out);
 /* Next request in replay order. Returns 1 and fills *req, 0 at the end, or a negative error
  * (in strict mode, a malformed line: IKV_EFORMAT with "file:line: reason"). */
-int ikv_trace_next(ikv_trace *t, ikv_request *req);
+int ikv_trace_next(ikv_trace *t, ikv_trace_request *req);
 /* Rewinds to the first request (for a second pass, e.g. opt's next-use times). */
 int ikv_trace_rewind(ikv_trace *t);
 /* Malformed lines skipped so far, and the first one's message (NULL if none). */
@@ -136,7 +136,8 @@ typedef struct ikv_replay_opts {
     void (*progress)(void *ctx, uint64_t done, uint64_t total); /* may be NULL */
     void *progress_ctx;
     /* Called after each request with what happened to it (tests, traces of a replay). */
-    void (*on_request)(void *ctx, const ikv_request *q, const struct ikv_request_outcome *out);
+    void (*on_request)(void *ctx, const ikv_trace_request *q,
+                       const struct ikv_request_outcome *out);
     void *on_request_ctx;
 } ikv_replay_opts;
 

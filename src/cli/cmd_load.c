@@ -532,7 +532,7 @@ static int run_sweep(load_args *a) {
 static int write_keys(const load_args *a) {
     ikv_trace *t = NULL;
     if (ikv_trace_open(a->trace, &a->to, &t)) return cli_fail(CMD, "%s", ikv_errdetail());
-    ikv_request q;
+    ikv_trace_request q;
     int rc;
     uint64_t tenants = 0;
     while ((rc = ikv_trace_next(t, &q)) == 1)

@@ -133,7 +133,7 @@ static int export_main(int argc, char **argv) {
     if (rc) return cli_fail(CMD, "%s", errmsg(rc));
     rec *r = NULL;
     uint64_t n = 0, cap = 0;
-    ikv_request q;
+    ikv_trace_request q;
     while ((rc = ikv_trace_next(t, &q)) == 1) {
         for (size_t b = 0; b < q.n_blocks; b++) {
             if (n == cap) {

@@ -64,7 +64,7 @@ static int grow(ikv_load_prompt_buf *b, size_t need) {
     return 0;
 }
 
-int ikv_load_prompt(const ikv_load_map *m, const ikv_request *q, uint32_t block_tokens,
+int ikv_load_prompt(const ikv_load_map *m, const ikv_trace_request *q, uint32_t block_tokens,
                     ikv_load_prompt_buf *buf) {
     if (!m->scale || m->vocab <= m->first_token + 1)
         return ikv_error(IKV_EINVAL, "token map: scale %u, vocab %u, first token %u", m->scale,

@@ -214,7 +214,7 @@ static int cmp_u64_pair(const void *a, const void *b) {
 static int read_trace(run *u, ikv_trace *t) {
     ikv_load_result *r = u->r;
     size_t cap = 0;
-    ikv_request q;
+    ikv_trace_request q;
     int rc;
     while ((rc = ikv_trace_next(t, &q)) == 1) {
         if (u->o->max_tenants && q.tenant >= u->o->max_tenants) continue;
@@ -299,7 +299,7 @@ static int build_body(run *u, slot *s, ikv_load_record *e) {
     for (uint32_t i = 0; i < e->n_keys; i++)
         u->ntok[i] = bt;
     if (e->n_keys) u->ntok[e->n_keys - 1] = e->last_ntokens;
-    ikv_request q = {.time = e->trace_time,
+    ikv_trace_request q = {.time = e->trace_time,
                      .index = e->index,
                      .tenant = e->tenant,
                      .session = e->session,

@@ -371,7 +371,7 @@ static int prepass(replay *s, ikv_trace *t, uint64_t *distinct, uint64_t *reques
         kmap_free(&m);
         return rc;
     }
-    ikv_request req;
+    ikv_trace_request req;
     uint64_t n = 0, p = 0;
     while ((rc = ikv_trace_next(t, &req)) == 1) {
         uint32_t now = (uint32_t)(req.index + 1 < NEVER32 ? req.index + 1 : NEVER32 - 1);
@@ -495,7 +495,8 @@ static double pct(const double *v, size_t n, double p) {
 
 /* Chunk reuse for request q whose prefix match stopped at block k: returns the effective reused
  * tokens it adds (hit tokens x (1 - R)). */
-static int chunks(replay *s, const ikv_request *q, size_t k, const ikv_access *a, double *gain) {
+static int chunks(replay *s, const ikv_trace_request *q, size_t k, const ikv_access *a,
+                  double *gain) {
     ikv_replay_result *r = s->r;
     double R = s->o->chunk_reuse;
     *gain = 0;
@@ -522,7 +523,7 @@ static int chunks(replay *s, const ikv_request *q, size_t k, const ikv_access *a
     return 0;
 }
 
-static int pin_public(replay *s, const ikv_request *q) {
+static int pin_public(replay *s, const ikv_trace_request *q) {
     ikv_replay_result *r = s->r;
     size_t np = q->n_public_blocks < q->n_blocks ? q->n_public_blocks : q->n_blocks;
     if (!np || kmap_has(&s->pinned, q->keys[np - 1])) return 0;
@@ -539,7 +540,7 @@ static int pin_public(replay *s, const ikv_request *q) {
 }
 
 /* Next-use times of q's blocks from the first pass (opt), or NULL. */
-static const uint64_t *next_uses(replay *s, const ikv_request *q) {
+static const uint64_t *next_uses(replay *s, const ikv_trace_request *q) {
     if (!s->need_next) return NULL;
     GROW(s->next_buf, s->next_cap, q->n_blocks ? q->n_blocks : 1, return NULL);
     for (size_t i = 0; i < q->n_blocks; i++) {
@@ -550,7 +551,7 @@ static const uint64_t *next_uses(replay *s, const ikv_request *q) {
     return s->next_buf;
 }
 
-static void account(replay *s, const ikv_request *q, size_t k, double gain) {
+static void account(replay *s, const ikv_trace_request *q, size_t k, double gain) {
     ikv_replay_result *r = s->r;
     uint64_t hit = (uint64_t)k * s->bt;
     if (hit > q->input_tokens) hit = q->input_tokens;
@@ -571,12 +572,12 @@ static void account(replay *s, const ikv_request *q, size_t k, double gain) {
     r->prefill_flops_saved += all - ikv_prefill_flops(m, ru, q->input_tokens - ru);
 }
 
-static void thrash(replay *s, const ikv_request *q, size_t k) {
+static void thrash(replay *s, const ikv_trace_request *q, size_t k) {
     for (size_t i = k; i < q->n_blocks; i++)
         if (ghost_take(&s->g, q->keys[i])) s->r->thrash_reused++;
 }
 
-static int order_one(replay *s, const ikv_request *q) {
+static int order_one(replay *s, const ikv_trace_request *q) {
     ikv_replay_result *r = s->r;
     ikv_access a = {.now = q->index + 1, .scope = q->session, .ntokens = q->ntokens};
     a.next_use = next_uses(s, q);
@@ -604,7 +605,7 @@ static int order_one(replay *s, const ikv_request *q) {
     return 0;
 }
 
-static int timed_one(replay *s, const ikv_request *q, double *last_arrival) {
+static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival) {
     ikv_replay_result *r = s->r;
     const ikv_replay_opts *o = s->o;
     double arr = q->time > *last_arrival ? q->time : *last_arrival;
@@ -886,7 +887,7 @@ int ikv_replay(ikv_trace *t, const ikv_replay_opts *o, ikv_replay_result *r) {
     int rc = setup(&s, t, &total);
     if (rc) goto out;
     double t0 = ikv_now(), last_arrival = 0;
-    ikv_request q;
+    ikv_trace_request q;
     while ((rc = ikv_trace_next(t, &q)) == 1) {
         if ((rc = ensure_tenant(&s, q.tenant))) break;
         rc = o->mode == IKV_REPLAY_TIMED ? timed_one(&s, &q, &last_arrival) : order_one(&s, &q);

@@ -133,7 +133,7 @@ static int grow(void **p, size_t *cap, size_t need, size_t size) {
 }
 
 int ikv_seg_build(ikv_seg_builder *b, const char *tenant, const ikv_segment *segs, size_t n,
-                  ikv_request *req) {
+                  ikv_trace_request *req) {
     if (!n) return ikv_error(IKV_EINVAL, "segments: a request needs at least one segment");
     if (!tenant || !tenant[0]) return ikv_error(IKV_EINVAL, "segments: empty tenant");
     const size_t B = b->block_tokens;

@@ -400,7 +400,7 @@ fail:
     return rc;
 }
 
-int ikv_trace_next(ikv_trace *t, ikv_request *req) {
+int ikv_trace_next(ikv_trace *t, ikv_trace_request *req) {
     if (t->opts.max_requests && t->emitted >= t->opts.max_requests) return 0;
     memset(req, 0, sizeof *req);
     int rc = t->rd->next(t, req);

@@ -14,8 +14,8 @@
  *
  * A reader keeps its own state in t->state (allocated in open, freed in close). It may stream
  * (read one line per request: mooncake, segments) or read the whole file in open (weka, which
- * must reorder requests by time). Key and token arrays handed out in an ikv_request may live in
- * the shared scratch (ikv__trace_reserve) or in the reader's state; either way they stay valid
+ * must reorder requests by time). Key and token arrays handed out in an ikv_trace_request may live
+ * in the shared scratch (ikv__trace_reserve) or in the reader's state; either way they stay valid
  * until the next ikv_trace_next() or ikv_trace_close().
  */
 #ifndef ISOKV_SIM_TRACE_INTERNAL_H
@@ -40,7 +40,7 @@ typedef struct ikv__trace_reader {
     int (*open)(ikv_trace *t);
     /* Next request in replay order: 1 (req filled), 0 at the end, < 0 on error. Malformed
      * records go through ikv__trace_malformed. req->index is set by trace.c. */
-    int (*next)(ikv_trace *t, ikv_request *req);
+    int (*next)(ikv_trace *t, ikv_trace_request *req);
     /* Back to the first request. NULL: trace.c rewinds the file and line counter only. When
      * set, it is called after the file has been rewound. */
     int (*rewind)(ikv_trace *t);

@@ -31,7 +31,7 @@ static int mc_open(ikv_trace *t) {
     return 0;
 }
 
-static int mc_next(ikv_trace *t, ikv_request *req) {
+static int mc_next(ikv_trace *t, ikv_trace_request *req) {
     for (;;) {
         int rc = ikv__trace_getline(t);
         if (rc <= 0) return rc;

@@ -82,7 +82,7 @@ static int og_open(ikv_trace *t) {
     return rc;
 }
 
-static int og_next(ikv_trace *t, ikv_request *req) {
+static int og_next(ikv_trace *t, ikv_trace_request *req) {
     og_state *s = t->state;
     for (;;) {
         if (s->len - s->pos < REC) {

@@ -229,7 +229,7 @@ static const char *parse_segments(const ikv_trace *t, seg_state *s, const cJSON 
     return NULL;
 }
 
-static int seg_next(ikv_trace *t, ikv_request *req) {
+static int seg_next(ikv_trace *t, ikv_trace_request *req) {
     seg_state *s = t->state;
     char why[160];
     for (;;) {

@@ -341,7 +341,7 @@ static int wk_open(ikv_trace *t) {
     return 0;
 }
 
-static int wk_next(ikv_trace *t, ikv_request *req) {
+static int wk_next(ikv_trace *t, ikv_trace_request *req) {
     weka *w = t->state;
     if (w->cursor >= w->n_reqs) return 0;
     const wreq *q = &w->reqs[w->cursor++];
