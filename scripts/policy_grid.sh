@@ -15,6 +15,8 @@
 # online policies (1 = best) and the share of the lru -> opt gap it closes; then a summary per
 # candidate (cells won, mean gap closed on the WEKA cells). GRID_JOBS runs in parallel
 # (default nproc). GRID_CELLS restricts the cells (a grep -E pattern on the cell name).
+# GRID_SET=weka20 runs the 20 WEKA cells of docs/simulator.md's value/ARC check instead
+# (capacities 0.5M-4M x N = 32-355, and four near 2M / 64) with lru, arc, opt as baselines.
 set -euo pipefail
 BUILD=build
 OUT=out/grid
@@ -35,16 +37,29 @@ mkdir -p "$OUT/base" "$OUT/cand" "$OUT/traces"
 # cell name -> "TRACE|FLAGS"
 declare -A CELL
 order=()
-for c in 500k 2M; do
+if [ "${GRID_SET:-short}" = weka20 ]; then
+  # GRID_SET=weka20: the 20 WEKA cells around the short ones (docs/simulator.md)
+  for c in 500k 1M 2M 4M; do
+    for n in 32 64 128 355; do
+      CELL[weka-$c-$n]="$WEKA|--conversations $n --capacity-tokens $c"; order+=("weka-$c-$n")
+    done
+  done
+  for cn in 2M-56 2M-72 1800k-64 2200k-64; do
+    c=${cn%-*}; n=${cn#*-}
+    CELL[weka-$cn]="$WEKA|--conversations $n --capacity-tokens $c"; order+=("weka-$cn")
+  done
+  BASE="lru arc opt"; ONLINE="lru arc"
+fi
+[ "${GRID_SET:-short}" = weka20 ] || for c in 500k 2M; do
   for n in 64 128 355; do
     CELL[weka-$c-$n]="$WEKA|--conversations $n --capacity-tokens $c"; order+=("weka-$c-$n")
   done
 done
-for t in conv syn; do
+[ "${GRID_SET:-short}" = weka20 ] || for t in conv syn; do
   f=$MC/conversation_trace.jsonl; [ $t = syn ] && f=$MC/synthetic_trace.jsonl
   for c in 1M 3M; do CELL[mc-$t-$c]="$f|--capacity-tokens $c"; order+=("mc-$t-$c"); done
 done
-for sc in A B; do
+[ "${GRID_SET:-short}" = weka20 ] || for sc in A B; do
   for l in personal-first shared-first; do
     for u in 10000 100000; do
       for s in 1 2 3; do

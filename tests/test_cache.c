@@ -884,11 +884,14 @@ static size_t g_find(const gblock *res, size_t nres, uint32_t id) {
 }
 
 /* value: the block whose predicted next use (last access + its smoothed reuse gap) is nearer
- * survives, although it is the less recent one (lru evicts it). */
+ * survives, although it is the less recent one (lru evicts it): in the single heap (split=0)
+ * and in T2 keyed by the prediction (t2key=1); the default T2 is ARC's, by recency, like lru. */
 static void test_value_predicted_reuse(void **st) {
     (void)st;
-    for (int use_lru = 0; use_lru < 2; use_lru++) {
-        ikv_cache *c = make(2, use_lru ? "lru" : "value");
+    static const char *const cfg[] = {"value:split=0", "value:t2key=1", "lru", "value"};
+    for (int k = 0; k < 4; k++) {
+        int use_lru = k >= 2;
+        ikv_cache *c = make(2, cfg[k]);
         req1(c, 1, 1);                       /* A */
         req1(c, 2, 18), req1(c, 2, 19);      /* B: reused after 1 -> next use predicted at 20 */
         assert_int_equal(req1(c, 1, 20), 1); /* A: reused after 19 -> next use predicted at 39 */
@@ -905,7 +908,7 @@ static void test_value_predicted_reuse(void **st) {
 static void test_value_unproven_and_inherited(void **st) {
     (void)st;
     for (int use_lru = 0; use_lru < 2; use_lru++) {
-        ikv_cache *c = make(3, use_lru ? "lru" : "value");
+        ikv_cache *c = make(3, use_lru ? "lru" : "value:split=0");
         uint32_t a[2] = {1, 2};
         ikv_key ka[2];
         chain(a, 2, 0, ka);
@@ -936,7 +939,7 @@ static void test_value_unproven_and_inherited(void **st) {
 static void test_value_fork(void **st) {
     (void)st;
     for (int fork = 0; fork < 2; fork++) {
-        ikv_cache *c = make(3, fork ? "value" : "value:fork=0");
+        ikv_cache *c = make(3, fork ? "value:split=0" : "value:split=0,fork=0");
         uint32_t b[2] = {1, 2}, cc[2] = {1, 3};
         ikv_key kb[2], kc[2];
         chain(b, 2, 0, kb);
@@ -991,7 +994,7 @@ static void test_value_cost(void **st) {
     (void)st;
     for (int priced = 0; priced < 2; priced++) {
         ikv_cache_config cfg;
-        ikv_cache_config_default(&cfg, 3, priced ? "value:cost=1" : "value:cost=0");
+        ikv_cache_config_default(&cfg, 3, priced ? "value:split=0,cost=1" : "value:split=0,cost=0");
         cfg.cost = cost_by_depth;
         ikv_cache *c;
         assert_int_equal(ikv_cache_create(&cfg, &c), 0);

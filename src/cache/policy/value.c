@@ -145,6 +145,7 @@ typedef struct value {
     int x_from;        /* the announced miss: -1 new, 0 in B1, 1 in B2 */
     int pending_ghost; /* the pending victim goes to B1/B2 when it leaves */
     double t1key;      /* 1: T1 is ordered by the predicted-use key too (its own horizon) */
+    double t2key;      /* 1: T2 is ordered by the predicted-use key (0: by recency, ARC's T2) */
     double kv1;        /* key of the last T1 victim: T1's eviction frontier */
     int have_kv1;
     /* frequency sketch (tlfu > 0): a block seen at least tlfu times before goes to T2 */
@@ -188,6 +189,7 @@ static int set_param(void *ctx, const char *k, const char *v) {
         return rc;
     }
     if (!strcmp(k, "t2in")) return ikv__param_double("value", k, v, 0, 2, &p->t2in);
+    if (!strcmp(k, "t2key")) return ikv__param_double("value", k, v, 0, 1, &p->t2key);
     if (!strcmp(k, "t1key")) return ikv__param_double("value", k, v, 0, 1, &p->t1key);
     if (!strcmp(k, "tlfu")) return ikv__param_double("value", k, v, 0, 15, &p->tlfu);
     if (!strcmp(k, "fork")) {
@@ -212,6 +214,7 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
     p->fork = 1;
     p->split = 1;
     p->t1key = 1;
+    p->t2key = 0;
     int rc = ikv__params_each(params, set_param, p);
     if (!rc && ikv__heap_init(&p->hp.h, env)) rc = IKV_ENOMEM;
     if (!rc && (p->ghostw > 0 || p->split) && ikv__ghostq_init(&p->ghost, env->capacity))
@@ -392,7 +395,7 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         p->res[cls]++;
         p->x_valid = 0;
         p->x_from = -1;
-        IKV__HKEY(n) = cls == T2   ? key_of(p, n, n->last)
+        IKV__HKEY(n) = cls == T2   ? (p->t2key ? key_of(p, n, n->last) : (double)n->last)
                        : p->t1key ? key_at(p, n, n->last, p->kv1, p->have_kv1)
                                   : (double)n->last;
         return;
@@ -410,7 +413,7 @@ static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     float g = *gap_of(n);
     *gap_of(n) = g < 0 ? (float)gap : (float)((1 - p->smooth) * g + p->smooth * gap);
     p->gbar = p->gbar == 0 ? gap : (1 - GBAR_W) * p->gbar + GBAR_W * gap;
-    double k = key_of(p, n, now);
+    double k = p->split && p->t2key == 0 ? (double)now : key_of(p, n, now);
     if (p->split) {
         if (p->tlfu > 0) ikv__sketch_add(&p->sk, n->key);
         /* a new access: what was "latest" becomes "previous" (parents are hit before children) */
