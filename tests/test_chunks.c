@@ -275,6 +275,131 @@ static void test_errors_and_last(void **st) {
     ikv_model_destroy(m);
 }
 
+/* Leading segments in the prefix cache: a structured request whose system prompt (public) is
+ * cached takes its full blocks from the prefix cache (reported), the rest is blended; the
+ * blended logits are bit-identical to the same request on an engine whose prefix cache did not
+ * hold the system prompt (the leading part is prefilled exactly either way); r = 1 equals the
+ * full prefill bit for bit, with the same cached count. */
+static void test_prefix_cached_lead(void **st) {
+    (void)st;
+    ikv_model *m = tiny();
+    const size_t V = (size_t)ikv_model_cfg(m)->vocab_size;
+    uint32_t sys[40], m1[20], m2[24], d[50], q[8], all[256];
+    fill(sys, 40, 51), fill(m1, 20, 52), fill(m2, 24, 53), fill(d, 50, 54), fill(q, 8, 55);
+    ikv_prompt_seg a[4] = {{IKV_PSEG_SYSTEM, sys, 40, 1, 0, 0},
+                           {IKV_PSEG_MEMORY, m1, 20, 0, 0, 0},
+                           {IKV_PSEG_DOC, d, 50, 1, 1, 0},
+                           {IKV_PSEG_QUERY, q, 8, 0, 0, 0}};
+    ikv_prompt_seg b[4] = {a[0], {IKV_PSEG_MEMORY, m2, 24, 0, 0, 0}, a[2], a[3]};
+    float *lg1 = malloc(V * 4), *lg2 = malloc(V * 4), *ref = malloc(V * 4);
+    ikv_blend_info i1, i2;
+    for (int w = 0; w < 2; w++) {
+        ikv_engine *e = mk_engine(m, 2);
+        ikv_chunks *c;
+        assert_int_equal(ikv_chunks_create(e, NULL, &c), 0);
+        /* w = 0: request a fills the prefix cache (system prompt) and stores the doc; w = 1:
+         * the same doc K/V stored by a cold request that leaves the prefix cache empty */
+        ikv_blend_request ra = {.segs = a, .n_segs = 4, .tenant = "u1", .ratio = -1,
+                                .max_dev = -1, .no_cache = w};
+        ikv_seq *s;
+        ikv_blend_info ia;
+        assert_int_equal(ikv_chunks_begin(c, &ra, &s, &ia), 0);
+        assert_int_equal(ia.stored_segments, 1);
+        ikv_engine_end(e, s);
+        /* another tenant, another memory: the public system prompt's 2 full blocks (32 of its
+         * 40 tokens; block 2 holds private tokens too) come from the prefix cache (w = 0) */
+        uint8_t hits[4] = {9, 9, 9, 9};
+        ikv_blend_request rb = {.segs = b, .n_segs = 4, .tenant = "u2", .ratio = 0.2f,
+                                .max_dev = 0, .hits = hits};
+        ikv_blend_info *ib = w ? &i2 : &i1;
+        assert_int_equal(ikv_chunks_begin(c, &rb, &s, ib), 0);
+        memcpy(w ? lg2 : lg1, ikv_seq_logits(s), V * 4);
+        assert_true(ikv_engine_check(e));
+        ikv_engine_end(e, s);
+        assert_int_equal(ib->full, 0);
+        assert_int_equal(ib->hit_segments, 1);
+        assert_int_equal(hits[0] + hits[1] + hits[3], 0);
+        assert_int_equal(hits[2], 1);
+        assert_int_equal(ib->prefix_cached_tokens, w ? 0 : 32);
+        assert_int_equal(ib->prefill.cached_tokens, ib->prefix_cached_tokens + ib->reused_tokens);
+        assert_int_equal(ib->prefill.computed_tokens + ib->prefill.cached_tokens, 40 + 24 + 50 + 8);
+        if (!w) {
+            /* r = 1: the full prefill, bit for bit; the blended request's exact leading part
+             * (system + u2's memory, 64 tokens = 4 blocks) went into the prefix cache */
+            ikv_blend_info ir = run(e, c, b, 4, "u2", 1.0f, 0, ref);
+            assert_int_equal(ir.full, 1);
+            assert_int_equal(ir.prefill.cached_tokens, 64);
+            float *exact = malloc(V * 4);
+            ref_logits(m, 2, all, concat(b, 4, all), exact);
+            assert_memory_equal(ref, exact, V * 4);
+            free(exact);
+        }
+        ikv_chunks_destroy(c);
+        ikv_engine_destroy(e);
+    }
+    assert_int_equal(i1.reused_tokens, i2.reused_tokens);
+    assert_memory_equal(lg1, lg2, V * 4);
+    free(lg1), free(lg2), free(ref);
+    ikv_model_destroy(m);
+}
+
+/* int8 weights: the blend pass runs the int8 products (the KV stays fp32): r = 1 and a guard
+ * below every deviation are bit-identical to the int8 model's full prefill; a blend at r = 0.5
+ * is near it (the same model; a wrong int8 product would be far) and differs from the fp32
+ * model's blend. */
+static void test_int8(void **st) {
+    (void)st;
+    ikv_model *f = tiny(), *m;
+    assert_int_equal(ikv_model_quantize(f, 8, &m), 0);
+    assert_int_equal(ikv_model_group(m), 8);
+    const size_t V = (size_t)ikv_model_cfg(m)->vocab_size;
+    uint32_t sys[20], d[2][60], q[8], all[256];
+    fill(sys, 20, 61), fill(d[0], 60, 62), fill(d[1], 60, 63), fill(q, 8, 64);
+    ikv_prompt_seg g1[4] = {{IKV_PSEG_SYSTEM, sys, 20, 1, 0, 0},
+                            {IKV_PSEG_DOC, d[0], 60, 1, 1, 1},
+                            {IKV_PSEG_DOC, d[1], 60, 1, 1, 1},
+                            {IKV_PSEG_QUERY, q, 8, 0, 0, 0}};
+    ikv_prompt_seg g2[4] = {g1[0], g1[2], g1[1], g1[3]};
+    const size_t n2 = concat(g2, 4, all);
+    float *lg = malloc(V * 4), *ref = malloc(V * 4), *lf = malloc(V * 4), *lq = malloc(V * 4);
+    ref_logits(m, 2, all, n2, ref);
+    float spread = 0;
+    for (size_t i = 0; i < V; i++)
+        spread = fmaxf(spread, fabsf(ref[i] - ref[0]));
+    for (int z = 0; z < 2; z++) {
+        ikv_model *mm = z ? f : m;
+        ikv_engine *e = mk_engine(mm, 2);
+        ikv_chunks *c;
+        assert_int_equal(ikv_chunks_create(e, NULL, &c), 0);
+        ikv_blend_info inf = run(e, c, g1, 4, NULL, -1, -1, NULL);
+        assert_int_equal(inf.stored_segments, 2);
+        inf = run(e, c, g2, 4, NULL, 0.5f, 0, z ? lf : lg);
+        assert_int_equal(inf.full, 0);
+        assert_int_equal(inf.hit_segments, 2);
+        assert_true(inf.reused_tokens > 0);
+        if (!z) {
+            memcpy(lq, lg, V * 4);
+            double dmax = 0;
+            for (size_t i = 0; i < V; i++)
+                dmax = fmax(dmax, fabs(lg[i] - ref[i]));
+            assert_true(dmax > 0);
+            assert_true(dmax < 0.25 * spread + 1e-3);
+            inf = run(e, c, g2, 4, NULL, 1.0f, 0, lg); /* r = 1 */
+            assert_int_equal(inf.full, 1);
+            assert_memory_equal(lg, ref, V * 4);
+            inf = run(e, c, g2, 4, NULL, 0.1f, 1e-9f, lg); /* the guard: up to full, exact */
+            assert_int_equal(inf.full, 1);
+            assert_memory_equal(lg, ref, V * 4);
+        }
+        ikv_chunks_destroy(c);
+        ikv_engine_destroy(e);
+    }
+    assert_memory_not_equal(lq, lf, V * 4); /* the int8 blend is not the fp32 one */
+    free(lg), free(ref), free(lf), free(lq);
+    ikv_model_destroy(m);
+    ikv_model_destroy(f);
+}
+
 static void test_shared_first(void **st) {
     (void)st;
     uint32_t t[1] = {5};
@@ -492,7 +617,8 @@ int main(void) {
         cmocka_unit_test(test_scopes),         cmocka_unit_test(test_errors_and_last),
         cmocka_unit_test(test_shared_first),   cmocka_unit_test(test_stories260k),
         cmocka_unit_test(test_cli_segments),   cmocka_unit_test(test_cli_bench),
-        cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_alloc_failures), cmocka_unit_test(test_prefix_cached_lead),
+        cmocka_unit_test(test_int8),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
