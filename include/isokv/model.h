@@ -522,6 +522,7 @@ typedef struct ikv_blend_request {
     float ratio;        /* < 0: the store's default; 1: full prefill */
     float max_dev;      /* < 0: the store's default */
     size_t max_new;     /* as ikv_request.max_new */
+    size_t reserve_new; /* as ikv_request.reserve_new (0: blocks up to max_new reserved now) */
     int no_store;       /* 1: do not put this request's missing reusable segments in the store */
     int no_cache;       /* 1: neither use nor fill the prefix cache (a cold reference) */
     uint8_t *hits;      /* optional [n_segs]: out, 1 for each segment whose stored K/V were

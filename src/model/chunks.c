@@ -761,6 +761,7 @@ int ikv_chunks_admit(ikv_chunks *c, const ikv_blend_request *r, ikv_blend_job **
                       .tenant = r->tenant,
                       .public_tokens = pub < lead ? pub : lead,
                       .max_new = r->max_new ? r->max_new + (n - lead) : 0,
+                      .reserve_new = r->reserve_new ? r->reserve_new + (n - lead) : 0,
                       .no_cache = r->no_cache};
     int rc = ikv_engine_admit(e, &rq, &j->s, &j->inf.prefill);
     if (rc) return rc;

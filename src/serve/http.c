@@ -49,7 +49,7 @@ static void srq_free(srq *r) {
     if (!r) return;
     ikv_free(r->tenant), ikv_free(r->scope), ikv_free(r->tokens), ikv_free(r->user);
     ikv_free(r->all);
-    ikv_free(r->segs);
+    ikv_free(r->segs), ikv_free(r->seg_hits);
     for (int i = 0; i < r->nstop; i++)
         ikv_free(r->stop[i]);
     ikv_free(r->text);
@@ -718,6 +718,8 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
         cJSON_AddNumberToObject(x, "chunk_hits", (double)b->hit_segments);
         cJSON_AddNumberToObject(x, "blend_deviation_max", b->deviation_max);
         cJSON_AddBoolToObject(x, "blended", !b->full);
+        cJSON_AddNumberToObject(x, "prefix_cached_tokens", (double)b->prefix_cached_tokens);
+        cJSON_AddNumberToObject(x, "blend_step_ms_max", r->blend_step_s * 1e3);
     }
     if (r->sem_done) {
         cJSON *sc = cJSON_AddObjectToObject(x, "semantic_cache");
@@ -1375,8 +1377,9 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
     }
     if ((rc = ikv_chunks_create(s->engine, NULL, &s->chunks))) goto fail;
     s->running = ikv_calloc(o.max_seqs, sizeof *s->running);
+    s->blend_list = ikv_calloc(o.max_seqs, sizeof *s->blend_list);
     s->logit_scratch = ikv_calloc(s->vocab, sizeof(float));
-    if (!s->running || !s->logit_scratch) {
+    if (!s->running || !s->blend_list || !s->logit_scratch) {
         rc = ikv_error(IKV_ENOMEM, "server");
         goto fail;
     }
@@ -1481,7 +1484,7 @@ void ikv_serve_destroy(ikv_serve *s) {
         ikv_free(s->keys[i].key), ikv_free(s->keys[i].tenant);
     ikv_free(s->keys);
     ikv_free(s->public_text);
-    ikv_free(s->running);
+    ikv_free(s->running), ikv_free(s->blend_list);
     ikv_free(s->logit_scratch);
     ikv_respcache_destroy(s->rcache);
     ikv_free(s->model_name), ikv_free(s->model_path), ikv_free(s->describe);
