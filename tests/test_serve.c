@@ -747,6 +747,9 @@ static void test_segments(void **st) {
         assert_true(reus > 20 && reused + rec == reus);
         assert_true(hits[i] ? reused > 0 : reused == 0);
         assert_true(cJSON_IsTrue(path_get(j, "usage", "isokv", "blended", NULL)) == (hits[i] > 0));
+        /* the blend pass ran one layer per scheduler turn (stories260K: 5 layers), each turn
+         * after a batched step of the other sequences, never all in one */
+        assert_true(num(j, "usage", "isokv", "blend_turns", NULL) == (hits[i] ? 5 : 0));
         assert_true(strlen(str(j, "choices", "0", "text", NULL)) > 0);
         cJSON_Delete(j), free(r.body);
     }
@@ -826,6 +829,88 @@ static void test_segments_prefix(void **st) {
     assert_string_equal(text[1], text[3]); /* the same blend, whatever was cached before it */
     for (int i = 0; i < 4; i++)
         free(text[i]);
+}
+
+/* Chat messages as segments: a document message flagged reusable is stored, then reused by
+ * another tenant's chat behind another history (usage.isokv reports it); the mapping renders
+ * each message as the chat template does (the same answer as the explicit segments list of
+ * those texts); an explicit isokv.segments list works in chat too; bad flags are 400s naming
+ * the message. */
+static void test_chat_segments(void **st) {
+    (void)st;
+    const char *doc = "{\"role\":\"user\",\"content\":\"Lily went to the park with her mom. She "
+                      "saw a big red ball under a tree and a dog that liked to run.\","
+                      "\"isokv\":{\"kind\":\"doc\",\"reusable\":true,\"public\":true}}";
+    char b1[1024], b2[1024];
+    snprintf(b1, sizeof b1, "{\"messages\":[{\"role\":\"system\",\"content\":\"Tell a story.\"},"
+             "%s,{\"role\":\"user\",\"content\":\"What did Lily see?\"}],\"max_tokens\":6,"
+             "\"temperature\":0,\"isokv\":{\"blend_ratio\":0.2}}", doc);
+    snprintf(b2, sizeof b2, "{\"messages\":[{\"role\":\"system\",\"content\":\"Tell a story.\"},"
+             "{\"role\":\"user\",\"content\":\"I like cats.\"},{\"role\":\"assistant\","
+             "\"content\":\"Cats are nice.\"},%s,{\"role\":\"user\",\"content\":\"What did "
+             "Lily see?\"}],\"max_tokens\":6,\"temperature\":0,\"isokv\":{\"blend_ratio\":0.2}}",
+             doc);
+    const char *who[2] = {"key-a", "key-b"}, *body[2] = {b1, b2};
+    for (int i = 0; i < 2; i++) {
+        resp r = http(S1.port, "POST", "/v1/chat/completions", who[i], body[i]);
+        if (r.status != 200) fail_msg("chat %d: status %ld: %s", i, r.status, r.body);
+        cJSON *j = json_of(&r);
+        assert_string_equal(str(j, "object", NULL), "chat.completion");
+        assert_true(num(j, "usage", "isokv", "reusable_tokens", NULL) > 20);
+        if (num(j, "usage", "isokv", "chunk_hits", NULL) != i ||
+            (num(j, "usage", "isokv", "reused_tokens", NULL) > 0) != i)
+            fail_msg("chat %d: %s", i, r.body);
+        assert_true(strlen(str(j, "choices", "0", "message", "content", NULL)) > 0);
+        cJSON_Delete(j), free(r.body);
+    }
+    /* the mapping's texts, as an explicit list on /v1/completions: the same answer */
+    const char *mapped = "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                         "{\"role\":\"user\",\"content\":\"A dog\"}],\"max_tokens\":8,"
+                         "\"temperature\":0,\"isokv\":{\"segments\":\"messages\"}}",
+               *listed = "{\"max_tokens\":8,\"temperature\":0,\"isokv\":{\"segments\":["
+                         "{\"kind\":\"system\",\"text\":\"Be brief.\\n\\n\"},"
+                         "{\"kind\":\"query\",\"text\":\"User: A dog\\nAssistant:\"}]}}";
+    resp r = http(S1.port, "POST", "/v1/chat/completions", "key-a", mapped);
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    char *a = strdup(str(j, "choices", "0", "message", "content", NULL));
+    assert_true(num(j, "usage", "isokv", "reusable_tokens", NULL) == 0); /* a structured one */
+    cJSON_Delete(j), free(r.body);
+    r = http(S1.port, "POST", "/v1/completions", "key-a", listed);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    assert_string_equal(str(j, "choices", "0", "text", NULL), a);
+    cJSON_Delete(j), free(r.body);
+    /* the explicit list on chat: a chat answer */
+    char lc[512];
+    snprintf(lc, sizeof lc, "%s", listed);
+    r = http(S1.port, "POST", "/v1/chat/completions", "key-a", lc);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    assert_string_equal(str(j, "choices", "0", "message", "content", NULL), a);
+    cJSON_Delete(j), free(r.body), free(a);
+    expect_error(http(S1.port, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                      "\"isokv\":{\"segments\":\"msgs\"}}"),
+                 400, "isokv.segments", "\"messages\"");
+    expect_error(http(S1.port, "POST", "/v1/completions", "key-a",
+                      "{\"prompt\":\"a\",\"isokv\":{\"segments\":\"messages\"}}"),
+                 400, "isokv.segments", "list of segments");
+    expect_error(http(S1.port, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\","
+                      "\"content\":\"b\",\"isokv\":{\"kind\":\"dox\"}}]}"),
+                 400, "messages.isokv", "messages[1].isokv");
+    expect_error(http(S1.port, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"isokv\":"
+                      "{\"reusable\":1}}]}"),
+                 400, "messages.isokv", "messages[0].isokv.reusable");
+    expect_error(http(S1.port, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"robot\",\"content\":\"a\",\"isokv\":{}}]}"),
+                 400, "messages", "messages[0].role");
+    expect_error(http(S1.port, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"isokv\":"
+                      "{\"segments\":[{\"kind\":\"doc\",\"text\":\"a\"}]}}"),
+                 400, "isokv.segments", "replaces messages");
 }
 
 /* A client that goes away mid-stream cancels its request and releases its sequence. */
@@ -1696,7 +1781,7 @@ int main(void) {
         cmocka_unit_test(test_stream_completions),    cmocka_unit_test(test_errors),
         cmocka_unit_test(test_tenant_isolation),      cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_queue_full_429),        cmocka_unit_test(test_segments),
-        cmocka_unit_test(test_segments_prefix),
+        cmocka_unit_test(test_segments_prefix),       cmocka_unit_test(test_chat_segments),
     };
     const struct CMUnitTest load[] = {cmocka_unit_test(test_load), cmocka_unit_test(test_drain)};
     int rc = cmocka_run_group_tests_name("serve_api", api, setup, teardown);

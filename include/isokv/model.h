@@ -542,6 +542,7 @@ typedef struct ikv_blend_info {
     double deviation_mean; /* mean over the hit segments' tokens */
     int full;              /* 1: ran the ordinary exact prefill (no hit, r = 1, or the guard) */
     size_t prefix_cached_tokens; /* leading positions found in the exact prefix cache */
+    size_t blend_layers;         /* layers the blend pass ran (0 on the exact path) */
     ikv_prefill_info prefill; /* of the exact prefill; cached_tokens = prefix-cached + reused,
                                  computed_tokens = the rest */
     double seconds;           /* wall time (measured), time to the first token's logits */

@@ -658,6 +658,7 @@ static int blend_layer(ikv_chunks *c, ikv_blend_job *j) {
     b.phase = 1;
     ikv__pool_run(e->pool, rows_task, &b);
     j->na = b.na;
+    j->inf.blend_layers++;
     e->n_computed_tokens += j->l == NL - 1 ? b.na : 0;
     if (++j->l < NL) return 0;
     /* the last position is never reused (see admission), so it is the last active row */

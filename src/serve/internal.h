@@ -44,6 +44,7 @@ typedef struct srq {
     int job_rc;           /* the last ikv_chunks_advance */
     uint8_t *seg_hits;    /* [nsegs] segments reused at the first admission (re-admission) */
     double blend_step_s;  /* longest blend unit run in one scheduler turn (measured) */
+    size_t blend_turns;   /* scheduler turns (each after a step) that ran a blend layer */
     int public_from_file; /* the public part is the --public-prefix text */
     uint32_t max_tokens;
     float temperature, top_p;

@@ -52,9 +52,14 @@ int ikv__seg_waiting(const srq *r) {
 }
 
 void ikv__seg_advance(ikv_serve *s, srq *r) {
+    ikv_blend_info b;
+    ikv_chunks_job_info(r->job, &b);
     double t0 = ikv_now();
     r->job_rc = ikv_chunks_advance(s->chunks, r->job, 1);
     double dt = ikv_now() - t0;
+    size_t before = b.blend_layers;
+    ikv_chunks_job_info(r->job, &b);
+    if (b.blend_layers > before) r->blend_turns++; /* a turn that ran a layer */
     if (dt > r->blend_step_s) r->blend_step_s = dt;
 }
 
