@@ -299,8 +299,8 @@ static void test_prefix_cached_lead(void **st) {
         assert_int_equal(ikv_chunks_create(e, NULL, &c), 0);
         /* w = 0: request a fills the prefix cache (system prompt) and stores the doc; w = 1:
          * the same doc K/V stored by a cold request that leaves the prefix cache empty */
-        ikv_blend_request ra = {.segs = a, .n_segs = 4, .tenant = "u1", .ratio = -1,
-                                .max_dev = -1, .no_cache = w};
+        ikv_blend_request ra = {
+            .segs = a, .n_segs = 4, .tenant = "u1", .ratio = -1, .max_dev = -1, .no_cache = w};
         ikv_seq *s;
         ikv_blend_info ia;
         assert_int_equal(ikv_chunks_begin(c, &ra, &s, &ia), 0);
@@ -309,8 +309,8 @@ static void test_prefix_cached_lead(void **st) {
         /* another tenant, another memory: the public system prompt's 2 full blocks (32 of its
          * 40 tokens; block 2 holds private tokens too) come from the prefix cache (w = 0) */
         uint8_t hits[4] = {9, 9, 9, 9};
-        ikv_blend_request rb = {.segs = b, .n_segs = 4, .tenant = "u2", .ratio = 0.2f,
-                                .max_dev = 0, .hits = hits};
+        ikv_blend_request rb = {
+            .segs = b, .n_segs = 4, .tenant = "u2", .ratio = 0.2f, .max_dev = 0, .hits = hits};
         ikv_blend_info *ib = w ? &i2 : &i1;
         assert_int_equal(ikv_chunks_begin(c, &rb, &s, ib), 0);
         memcpy(w ? lg2 : lg1, ikv_seq_logits(s), V * 4);

@@ -786,7 +786,8 @@ static void test_segments_prefix(void **st) {
     (void)st;
     char sys[600], m1[300], m2[300], doc[600], q[100], plain[2100], b[4][2400];
     ids_json(sys, sizeof sys, 48, 71), ids_json(m1, sizeof m1, 20, 72);
-    ids_json(m2, sizeof m2, 20, 73), ids_json(doc, sizeof doc, 60, 74), ids_json(q, sizeof q, 6, 75);
+    ids_json(m2, sizeof m2, 20, 73), ids_json(doc, sizeof doc, 60, 74),
+        ids_json(q, sizeof q, 6, 75);
     const char *mem[4] = {m1, m2, m2, m2};
     const char *ratio[4] = {"0.2", "0.2", "1", "0.2"};
     for (int i = 0; i < 4; i++)
@@ -842,10 +843,13 @@ static void test_chat_segments(void **st) {
                       "saw a big red ball under a tree and a dog that liked to run.\","
                       "\"isokv\":{\"kind\":\"doc\",\"reusable\":true,\"public\":true}}";
     char b1[1024], b2[1024];
-    snprintf(b1, sizeof b1, "{\"messages\":[{\"role\":\"system\",\"content\":\"Tell a story.\"},"
+    snprintf(b1, sizeof b1,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"Tell a story.\"},"
              "%s,{\"role\":\"user\",\"content\":\"What did Lily see?\"}],\"max_tokens\":6,"
-             "\"temperature\":0,\"isokv\":{\"blend_ratio\":0.2}}", doc);
-    snprintf(b2, sizeof b2, "{\"messages\":[{\"role\":\"system\",\"content\":\"Tell a story.\"},"
+             "\"temperature\":0,\"isokv\":{\"blend_ratio\":0.2}}",
+             doc);
+    snprintf(b2, sizeof b2,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"Tell a story.\"},"
              "{\"role\":\"user\",\"content\":\"I like cats.\"},{\"role\":\"assistant\","
              "\"content\":\"Cats are nice.\"},%s,{\"role\":\"user\",\"content\":\"What did "
              "Lily see?\"}],\"max_tokens\":6,\"temperature\":0,\"isokv\":{\"blend_ratio\":0.2}}",

@@ -16,18 +16,34 @@
  * rotation per reused key, far cheaper than the projections it saves. Rounding: fresh keys use
  * the float tables at b; re-rotated ones differ by a few ulps (tested).
  *
- * Blend forward pass (ikv_chunks_begin, hits present, r < 1). The prompt is admitted without
- * the prefix cache (blended K/V are approximate: they never enter the exact prefix cache); the
- * hit segments' K/V are written into the sequence's blocks, re-rotated. Layer 0 runs on every
- * position (its K/V depend only on token and position, so the reused ones equal fresh ones up to
- * rounding; its outputs are the next layer's inputs). Layer 1, the selection layer, computes
- * fresh K/V for every position; for each reused position the relative deviation
- * |[K;V]fresh - [K;V]reused| / |[K;V]fresh| is measured. Kept active: every non-reused
- * position, each hit segment's first `first_tokens`, the ceil(r x reused) most deviating
- * ones, and any whose deviation exceeds max_dev (the guard). The other reused positions keep
- * their stored K/V and leave the pass; from there on only active rows run, in every layer,
- * attending to all positions. If every reused position ends up active, the pass is abandoned
- * and the ordinary exact prefill runs instead (so the guard's "up to full" is exact).
+ * Jobs (ikv_chunks_admit / _advance / _job_end; ikv_chunks_begin runs them in a row). With no
+ * hit, or r >= 1, the whole prompt is admitted as an ordinary request (exact, prefix cache as
+ * usual). Else the exact part — the positions before the first hit segment, at least one — is
+ * admitted through the prefix cache (token-exact blocks, the leading public segments public)
+ * and prefilled by the engine (ikv_engine_step, in chunks if the caller likes), so a cached
+ * system prompt is taken from the cache and the blended request's K/V there are exact (its full
+ * blocks are inserted as any prefill's). Then the blend pass, one layer per advance if asked:
+ *
+ *      [ exact part: prefix cache + engine prefill ][ hit doc | computed | hit doc | query ]
+ *                                                   ^ blend pass: every row on layer 0 and the
+ *                                                     selection layer, then the selected rows
+ *
+ * The rest's blocks are taken (private: blended K/V never enter the prefix cache) and the hit
+ * segments' K/V written there, re-rotated. Layer 0 runs on every row of the rest (its K/V depend
+ * only on token and position, so the reused ones equal fresh ones up to rounding; its outputs
+ * are the next layer's inputs). Layer 1, the selection layer, computes fresh K/V for every row;
+ * for each reused position the relative deviation |[K;V]fresh - [K;V]reused| / |[K;V]fresh| is
+ * measured. Kept active: every non-reused position, each hit segment's first `first_tokens`,
+ * the ceil(r x reused) most deviating ones, and any whose deviation exceeds max_dev (the
+ * guard). The other reused positions keep their stored K/V and leave the pass; from there on
+ * only active rows run, in every layer, attending to all positions. If every reused position
+ * ends up active, the pass is abandoned: the rest becomes pending prompt positions for the
+ * ordinary exact prefill (chunk-invariant, so "up to full" is exact). One pass at a time holds
+ * the scratch (c->owner).
+ *
+ * int8 models: the projections run ikv__q8_gemm (each row quantized per group, runq.c's
+ * arithmetic) on rows of a per-row activation scratch; the embedding is dequantized; K/V stay
+ * fp32.
  *
  * Threads: the engine's worker pool; projections split by rows (one single-threaded sgemm per
  * thread), attention by (head, 64-row chunk). Scratch is allocated at create for seq_len rows.
@@ -93,7 +109,7 @@ struct ikv_blend_job {
     size_t na; /* blend pass: active rows */
     double t0;
     ikv_blend_info inf;
-    uint8_t hit[256];   /* segment i was found in the store at admission */
+    uint8_t hit[256]; /* segment i was found in the store at admission */
     long seg_off[256];
 };
 
@@ -195,9 +211,9 @@ int ikv_chunks_create(ikv_engine *e, const ikv_chunks_options *o, ikv_chunks **o
         c->act.s = ikv_malloc(L * w / (size_t)m->gs * sizeof(float));
         q8ok = c->act.q && c->act.a && c->act.s;
     }
-    if (!q8ok || !c->jobs || !c->ent || !c->tok || !c->pos || !c->reused || !c->x || !c->xb || !c->q || !c->k || !c->v ||
-        !c->att || !c->hb || !c->hb2 || !c->Kc || !c->Vc || !c->S || !c->kvtmp || !c->dp ||
-        !c->rc || !c->rs) {
+    if (!q8ok || !c->jobs || !c->ent || !c->tok || !c->pos || !c->reused || !c->x || !c->xb ||
+        !c->q || !c->k || !c->v || !c->att || !c->hb || !c->hb2 || !c->Kc || !c->Vc || !c->S ||
+        !c->kvtmp || !c->dp || !c->rc || !c->rs) {
         ikv_chunks_destroy(c);
         return ikv_error(IKV_ENOMEM, "chunks: out of memory for the blend scratch");
     }
@@ -575,7 +591,6 @@ static int select_rows(ikv_chunks *c, bctx *b, float ratio, float max_dev, ikv_b
     return 0;
 }
 
-
 /* The embedding row of token t into x (dequantized on an int8 model). */
 static void embed(const ikv_chunks *c, uint32_t t, float *x) {
     const ikv_model *m = c->e->m;
@@ -737,9 +752,8 @@ int ikv_chunks_admit(ikv_chunks *c, const ikv_blend_request *r, ikv_blend_job **
         if (!g->reusable) continue;
         j->inf.reusable_tokens += g->n;
         int want = r->hits_in ? r->hits[i] != 0 : 1;
-        long h = want && (size_t)j->seg_off[i] + g->n < n
-                     ? find(c, g->tokens, g->n, seg_salt(j, i))
-                     : -1;
+        long h = want && (size_t)j->seg_off[i] + g->n < n ? find(c, g->tokens, g->n, seg_salt(j, i))
+                                                          : -1;
         if (h >= 0) {
             j->hit[i] = 1, hits++, c->ent[h].stamp = ++c->clock;
             if ((size_t)j->seg_off[i] < first_hit) first_hit = (size_t)j->seg_off[i];
@@ -772,8 +786,7 @@ int ikv_chunks_admit(ikv_chunks *c, const ikv_blend_request *r, ikv_blend_job **
     if (r->hits && !full)
         for (size_t i = 0; i < r->n_segs; i++)
             r->hits[i] = j->hit[i];
-    if (r->hits && full)
-        memset(r->hits, 0, r->n_segs);
+    if (r->hits && full) memset(r->hits, 0, r->n_segs);
     *out = j;
     return 0;
 }
@@ -799,7 +812,7 @@ int ikv_chunks_advance(ikv_chunks *c, ikv_blend_job *j, int max_layers) {
         j->state = JOB_DONE;
         return 1;
     }
-    if (j->state == JOB_LEAD) { /* leading positions exact: the blend pass next */
+    if (j->state == JOB_LEAD) {                  /* leading positions exact: the blend pass next */
         if (c->owner && c->owner != j) return 0; /* another request's pass holds the scratch */
         c->owner = j;
         int rc = blend_start(c, j);
@@ -821,8 +834,7 @@ int ikv_chunks_advance(ikv_chunks *c, ikv_blend_job *j, int max_layers) {
         }
         j->inf.recomputed_tokens = j->inf.reusable_tokens - j->inf.reused_tokens;
         j->inf.prefix_cached_tokens = j->inf.prefill.cached_tokens;
-        j->inf.prefill.computed_tokens =
-            j->n - j->inf.prefix_cached_tokens - j->inf.reused_tokens;
+        j->inf.prefill.computed_tokens = j->n - j->inf.prefix_cached_tokens - j->inf.reused_tokens;
         j->inf.prefill.cached_tokens = j->inf.prefix_cached_tokens + j->inf.reused_tokens;
         j->inf.seconds = ikv_now() - j->t0;
         job_store(c, j);

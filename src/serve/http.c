@@ -372,8 +372,10 @@ static int messages_segments(ikv_serve *s, const cJSON *msgs, srq *r, char *msg,
         char *text = content_text(cJSON_GetObjectItemCaseSensitive(m, "content"));
         if (!cJSON_IsString(ro) || !text) {
             ikv_free(text);
-            snprintf(msg, msz, "messages[%d] needs a string role and a string (or text parts) "
-                     "content", i);
+            snprintf(msg, msz,
+                     "messages[%d] needs a string role and a string (or text parts) "
+                     "content",
+                     i);
             rc = IKV_EINVAL;
             break;
         }
@@ -389,8 +391,10 @@ static int messages_segments(ikv_serve *s, const cJSON *msgs, srq *r, char *msg,
             pre = "Tool: ", kind = i > last_user ? "query" : "tool";
         else {
             ikv_free(text);
-            snprintf(msg, msz, "messages[%d].role must be system, developer, user, assistant or "
-                     "tool", i);
+            snprintf(msg, msz,
+                     "messages[%d].role must be system, developer, user, assistant or "
+                     "tool",
+                     i);
             rc = IKV_EINVAL;
             break;
         }
@@ -413,8 +417,10 @@ static int messages_segments(ikv_serve *s, const cJSON *msgs, srq *r, char *msg,
             int kd;
             if (!cJSON_IsObject(x) ||
                 (k && (!cJSON_IsString(k) || ikv_pseg_kind_parse(k->valuestring, &kd)))) {
-                snprintf(msg, msz, "messages[%d].isokv must be an object whose kind is one of "
-                         "system, tool, memory, doc, history, query", i);
+                snprintf(msg, msz,
+                         "messages[%d].isokv must be an object whose kind is one of "
+                         "system, tool, memory, doc, history, query",
+                         i);
                 *param = "messages.isokv";
                 rc = IKV_EINVAL;
                 break;
