@@ -239,12 +239,30 @@ int ikv_chunks_check(const ikv_chunks *c) {
                          (unsigned long long)b, (unsigned long long)c->bytes),
                0;
     if (c->n_ent > c->cap_ent) return ikv_error(IKV_EINVAL, "chunks: entry count"), 0;
+    for (size_t i = 0; i < c->n_jobs; i++) {
+        const ikv_blend_job *j = &c->jobs[i];
+        if (j->state == JOB_FREE) {
+            if (c->owner == j) return ikv_error(IKV_EINVAL, "chunks: a free job holds the pass"), 0;
+            continue;
+        }
+        if (!j->s || j->lead == 0 || j->lead > j->n || j->n > (size_t)c->e->m->cfg.seq_len)
+            return ikv_error(IKV_EINVAL, "chunks: job %zu malformed", i), 0;
+        if ((c->owner == j) != (j->state == JOB_BLEND))
+            return ikv_error(IKV_EINVAL, "chunks: job %zu: state %d, %s the pass", i, j->state,
+                             c->owner == j ? "holds" : "does not hold"),
+                   0;
+    }
     return 1;
 }
 
 void ikv_chunks_dump(const ikv_chunks *c, FILE *f) {
     fprintf(f, "chunk store: %zu entries, %llu of %llu bytes\n", c->n_ent,
             (unsigned long long)c->bytes, (unsigned long long)c->o.mem);
+    for (size_t i = 0; i < c->n_jobs; i++)
+        if (c->jobs[i].state != JOB_FREE)
+            fprintf(f, "  job %zu: state %d, %zu positions, exact part %zu, layer %d, %zu rows%s\n",
+                    i, c->jobs[i].state, c->jobs[i].n, c->jobs[i].lead, c->jobs[i].l, c->jobs[i].na,
+                    c->owner == &c->jobs[i] ? " (holds the pass)" : "");
     for (size_t i = 0; i < c->n_ent; i++) {
         const chunk *h = &c->ent[i];
         fprintf(f,
