@@ -435,10 +435,11 @@ static void test_int8_threads_regression(void **st) {
 }
 
 /* The job API as the server drives it: the exact part prefilled in chunks of 7 positions
- * inside steps that also decode another sequence, the blend pass one layer per advance with the
- * invariants checked between; the logits equal ikv_chunks_begin's bit for bit (prefill and
- * decode are chunk- and batch-invariant, a layer is a layer). A job ended half way releases the
- * pass to the next; the guard's abandon makes the rest pending prefill, exact. */
+ * inside steps that also decode another sequence, the blend pass in units of 8 rows with the
+ * invariants checked between; the logits equal the same job's driven alone bit for bit
+ * (prefill and decode are chunk- and batch-invariant, the units the same), and
+ * ikv_chunks_begin's (one unit per stage) within 1e-4 of the logit spread. A job ended half way
+ * releases the pass to the next; the guard's abandon makes the rest pending prefill, exact. */
 static void test_job_steps(void **st) {
     (void)st;
     ikv_model *m = tiny();
@@ -457,9 +458,32 @@ static void test_job_steps(void **st) {
                             {IKV_PSEG_QUERY, q, 5, 0, 0, 0}};
     ikv_prompt_seg g2[4] = {{IKV_PSEG_MEMORY, ctx, 37, 0, 0, 0}, g1[1], g1[0], g1[2]};
     float *ref = malloc(V * 4), *exact = malloc(V * 4);
-    run(e, c, g1, 3, NULL, -1, -1, NULL);                       /* stores both documents */
-    ikv_blend_info rinf = run(e, c, g2, 4, "t", 0.25f, 0, ref); /* all at once */
+    run(e, c, g1, 3, NULL, -1, -1, NULL);                         /* stores both documents */
+    ikv_blend_info rinf = run(e, c, g2, 4, "t", 0.25f, 0, exact); /* all at once */
     assert_int_equal(rinf.full, 0);
+    { /* the reference: the same job alone, units of 8 rows */
+        ikv_blend_request br = {
+            .segs = g2, .n_segs = 4, .tenant = "t", .ratio = 0.25f, .no_cache = 1};
+        ikv_blend_job *j;
+        assert_int_equal(ikv_chunks_admit(c, &br, &j), 0);
+        ikv_seq *s = ikv_chunks_job_seq(j);
+        int rc;
+        while ((rc = ikv_chunks_advance(c, j, 8)) == 0)
+            if (ikv_seq_pending(s)) {
+                ikv_step_item it = {.seq = s};
+                assert_int_equal(ikv_engine_step(e, &it, 1), 0);
+            }
+        assert_int_equal(rc, 1);
+        memcpy(ref, ikv_seq_logits(s), V * 4);
+        ikv_chunks_job_end(c, j);
+        ikv_engine_end(e, s);
+        /* split into units the bits may differ (which rows share a product), not the result */
+        float spread = 0, dmax = 0;
+        for (size_t i = 0; i < V; i++)
+            spread = fmaxf(spread, fabsf(exact[i] - exact[0])),
+            dmax = fmaxf(dmax, fabsf(exact[i] - ref[i]));
+        assert_true(dmax <= 1e-4f * spread);
+    }
     /* another sequence decoding all along */
     uint32_t other[9];
     fill(other, 9, 105);
@@ -478,7 +502,7 @@ static void test_job_steps(void **st) {
             assert_int_equal(ikv_chunks_admit(c, &br, &j2), 0);
         }
         int rc, layers = 0, decodes = 0;
-        while ((rc = ikv_chunks_advance(c, j, 1)) == 0) {
+        while ((rc = ikv_chunks_advance(c, j, 8)) == 0) {
             assert_true(ikv_chunks_check(c));
             if (!ikv_seq_pending(s)) {
                 layers++;
@@ -493,14 +517,14 @@ static void test_job_steps(void **st) {
             assert_int_equal(ikv_engine_step(e, it, ni), 0);
             decodes++;
             if (j2 && layers >= 1 && !ikv_seq_pending(ikv_chunks_job_seq(j2)))
-                assert_int_equal(ikv_chunks_advance(c, j2, 1), 0); /* j holds the pass */
+                assert_int_equal(ikv_chunks_advance(c, j2, 8), 0); /* j holds the pass */
         }
         if (abort_first) { /* end it half way: j2 takes the pass */
             ikv_chunks_job_end(c, j);
             ikv_engine_end(e, s);
             assert_true(ikv_chunks_check(c));
             j = j2, s = ikv_chunks_job_seq(j2);
-            while ((rc = ikv_chunks_advance(c, j, 1)) == 0)
+            while ((rc = ikv_chunks_advance(c, j, 8)) == 0)
                 if (ikv_seq_pending(s)) {
                     ikv_step_item it = {.seq = s};
                     assert_int_equal(ikv_engine_step(e, &it, 1), 0);
@@ -525,7 +549,7 @@ static void test_job_steps(void **st) {
     assert_int_equal(ikv_chunks_admit(c, &br, &j), 0);
     ikv_seq *s = ikv_chunks_job_seq(j);
     int rc, pending_again = 0;
-    while ((rc = ikv_chunks_advance(c, j, 1)) == 0)
+    while ((rc = ikv_chunks_advance(c, j, 8)) == 0)
         if (ikv_seq_pending(s)) {
             pending_again += ikv_seq_len(s) >= 37;
             ikv_step_item it = {.seq = s, .n = 11};

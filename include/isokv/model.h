@@ -543,6 +543,7 @@ typedef struct ikv_blend_info {
     int full;              /* 1: ran the ordinary exact prefill (no hit, r = 1, or the guard) */
     size_t prefix_cached_tokens; /* leading positions found in the exact prefix cache */
     size_t blend_layers;         /* layers the blend pass ran (0 on the exact path) */
+    size_t blend_units;          /* its units (ikv_chunks_advance: a stage of a row range) */
     ikv_prefill_info prefill; /* of the exact prefill; cached_tokens = prefix-cached + reused,
                                  computed_tokens = the rest */
     double seconds;           /* wall time (measured), time to the first token's logits */
@@ -564,13 +565,16 @@ typedef struct ikv_blend_job ikv_blend_job;
 int ikv_chunks_admit(ikv_chunks *c, const ikv_blend_request *r, ikv_blend_job **job);
 ikv_seq *ikv_chunks_job_seq(const ikv_blend_job *job);
 /* Advances a job once its sequence has no pending prefill: starts the blend pass (places the
- * hit segments' K/V re-rotated to their offsets), then runs up to max_layers of its layers
- * (<= 0: all). Returns 1 when the first token's logits are in the sequence (the missing
- * reusable segments then stored), 0 when more is to do (prefill positions pending again — the
- * guard abandoned the pass for the exact prefill of the rest — or more layers, or another
- * job's pass holds the scratch: call again after a step), IKV_ENOENT (hits_in, a segment was
- * dropped meanwhile). One blend pass runs at a time. Allocates only when storing a segment. */
-int ikv_chunks_advance(ikv_chunks *c, ikv_blend_job *job, int max_layers);
+ * hit segments' K/V re-rotated to their offsets), then runs ONE unit of it: a layer's Q/K/V
+ * stage for up to 8 x max_rows active rows, or its attention + FFN stage for up to max_rows
+ * (max_rows = 0: the whole pass in this call). Returns 1 when the first token's logits are in
+ * the sequence (the missing reusable segments then stored), 0 when more is to do (more units;
+ * prefill positions pending again — the guard abandoned the pass for the exact prefill of the
+ * rest; or another job's pass holds the scratch: call again after a step), IKV_ENOENT
+ * (hits_in, a segment was dropped meanwhile). One blend pass runs at a time. The result's bits
+ * depend on max_rows (which rows share a product), never on other sequences. Allocates only
+ * when storing a segment. */
+int ikv_chunks_advance(ikv_chunks *c, ikv_blend_job *job, size_t max_rows);
 /* What the job did so far (final once advance returned 1). */
 void ikv_chunks_job_info(const ikv_blend_job *job, ikv_blend_info *info);
 /* Frees the job (its sequence is the caller's to end, before or after). Takes NULL. */

@@ -22,7 +22,7 @@
  * admitted through the prefix cache (token-exact blocks, the leading public segments public)
  * and prefilled by the engine (ikv_engine_step, in chunks if the caller likes), so a cached
  * system prompt is taken from the cache and the blended request's K/V there are exact (its full
- * blocks are inserted as any prefill's). Then the blend pass, one layer per advance if asked:
+ * blocks are inserted as any prefill's). Then the blend pass, in units (a stage of a layer over a row range) if asked:
  *
  *      [ exact part: prefix cache + engine prefill ][ hit doc | computed | hit doc | query ]
  *                                                   ^ blend pass: every row on layer 0 and the
@@ -105,8 +105,10 @@ struct ikv_blend_job {
     size_t pub;          /* leading public tokens */
     uint64_t tsalt;
     float ratio, max_dev;
-    int l;     /* blend pass: next layer */
-    size_t na; /* blend pass: active rows */
+    int l;      /* blend pass: layer */
+    int stage;  /* 0: Q/K/V of the active rows, 1: attention and FFN */
+    size_t row; /* next active row of the stage */
+    size_t na;  /* blend pass: active rows */
     double t0;
     ikv_blend_info inf;
     uint8_t hit[256]; /* segment i was found in the store at admission */
@@ -118,7 +120,8 @@ typedef struct bctx {
     ikv_chunks *c;
     ikv_seq *s;
     int l, phase;
-    size_t na, n; /* active rows, prompt positions */
+    size_t na, n;  /* active rows, prompt positions */
+    size_t lo, hi; /* the active rows [lo, hi) this region computes */
 } bctx;
 
 static const char *const kind_names[IKV_PSEG_KINDS] = {"system", "tool",    "memory",
@@ -427,7 +430,8 @@ static void rows_task(void *vc, int t, int P) {
     const int D = m->cfg.dim, H = m->cfg.hidden_dim, QD = m->q_dim, KD = m->kv_dim, l = b->l;
     const struct ikv_engine *e = c->e;
     size_t r0, r1;
-    rows_of(b->na, t, P, &r0, &r1);
+    rows_of(b->hi - b->lo, t, P, &r0, &r1);
+    r0 += b->lo, r1 += b->lo;
     if (b->phase == 0) {
         for (size_t i = r0; i < r1; i++)
             rmsnorm(c->xb + i * D, c->x + i * D, w->rms_att + (size_t)l * D, D);
@@ -474,7 +478,8 @@ static void kv_task(void *vc, int t, int P) {
     const ikv_model *m = c->e->m;
     const size_t hd = (size_t)m->head_dim, KD = (size_t)m->kv_dim, NKV = (size_t)m->cfg.n_kv_heads;
     size_t r0, r1;
-    rows_of(b->na, t, P, &r0, &r1);
+    rows_of(b->hi - b->lo, t, P, &r0, &r1);
+    r0 += b->lo, r1 += b->lo;
     for (size_t i = r0; i < r1; i++)
         for (size_t g = 0; g < NKV; g++) {
             memcpy(kvp(c, b->s, c->pos[i], b->l, 0, (int)g), c->k + i * KD + g * hd, hd * 4);
@@ -502,12 +507,12 @@ static void attn_task(void *vc, int t, int P) {
     const ikv_model *m = c->e->m;
     const size_t hd = (size_t)m->head_dim, QD = (size_t)m->q_dim, L = (size_t)m->cfg.seq_len,
                  NH = (size_t)m->cfg.n_heads, kvmul = NH / (size_t)m->cfg.n_kv_heads,
-                 nch = (b->na + CH_ROWS - 1) / CH_ROWS;
+                 nch = (b->hi - b->lo + CH_ROWS - 1) / CH_ROWS;
     float *S = c->S + (size_t)t * CH_ROWS * L;
     const float scale = 1.0f / sqrtf((float)hd);
     for (size_t it = (size_t)t; it < NH * nch; it += (size_t)P) {
-        size_t h = it / nch, i0 = (it % nch) * CH_ROWS,
-               i1 = i0 + CH_ROWS < b->na ? i0 + CH_ROWS : b->na, g = h / kvmul;
+        size_t h = it / nch, i0 = b->lo + (it % nch) * CH_ROWS,
+               i1 = i0 + CH_ROWS < b->hi ? i0 + CH_ROWS : b->hi, g = h / kvmul;
         size_t span = (size_t)c->pos[i1 - 1] + 1, rows = i1 - i0;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)span, (int)hd, scale,
                     c->q + i0 * QD + h * hd, (int)QD, c->Kc + g * L * hd, (int)hd, 0.0f, S,
@@ -670,32 +675,52 @@ static int blend_start(ikv_chunks *c, ikv_blend_job *j) {
         c->pos[p - K] = (uint32_t)p;
         embed(c, c->tok[p], c->x + (p - K) * D);
     }
-    j->na = n - K, j->l = 0;
+    j->na = n - K, j->l = 0, j->stage = 0, j->row = 0;
     return 0;
 }
 
-/* Runs layer j->l of j's blend pass over its active rows. Returns 0 (more layers), 1 (the last
- * layer ran: logits set), 2 (the selection recomputes every reused token: abandoned). Does not
- * allocate. */
-static int blend_layer(ikv_chunks *c, ikv_blend_job *j) {
+/* Runs the next unit of j's blend pass: stage 0 (Q/K/V, RoPE, and K/V into the blocks) of the
+ * next rows of layer j->l, or stage 1 (attention over every position, output projection, FFN)
+ * of the next rows; at most `rows` active rows per unit for stage 1 and 8 x rows for stage 0
+ * (about a sixth of the work per row; 0: all). On the selection layer, once stage 0 is done for
+ * every row, the selection compacts the rows before their K/V are written. Returns 0 (more
+ * units), 1 (the last layer ran: logits set), 2 (the selection recomputes every reused token:
+ * abandoned). Rows are independent within a stage, so the split changes no result's meaning;
+ * its bits depend on the split only through which rows share a product. Does not allocate. */
+static int blend_unit(ikv_chunks *c, ikv_blend_job *j, size_t rows) {
     ikv_engine *e = c->e;
     const ikv_model *m = e->m;
     const size_t D = (size_t)m->cfg.dim;
     const int NL = m->cfg.n_layers, sel_layer = NL > 1 ? 1 : 0;
-    bctx b = {.c = c, .s = j->s, .n = j->n, .na = j->na, .l = j->l, .phase = 0};
-    ikv__pool_run(e->pool, rows_task, &b);
-    if (j->l == sel_layer && select_rows(c, &b, j->ratio, j->max_dev, &j->inf)) return 2;
-    ikv__pool_run(e->pool, kv_task, &b);
-    ikv__pool_run(e->pool, gather_task, &b);
+    bctx b = {.c = c, .s = j->s, .n = j->n, .na = j->na, .l = j->l};
+    j->inf.blend_units++;
+    size_t R = rows ? (j->stage ? rows : 8 * rows) : j->na;
+    b.lo = j->row, b.hi = j->row + R < j->na ? j->row + R : j->na;
+    if (j->stage == 0) {
+        b.phase = 0;
+        ikv__pool_run(e->pool, rows_task, &b);
+        if (j->l != sel_layer) ikv__pool_run(e->pool, kv_task, &b);
+        if ((j->row = b.hi) < j->na) return 0;
+        if (j->l == sel_layer) {
+            if (select_rows(c, &b, j->ratio, j->max_dev, &j->inf)) return 2;
+            j->na = b.na, b.lo = 0, b.hi = b.na;
+            ikv__pool_run(e->pool, kv_task, &b);
+        }
+        b.hi = j->na;
+        ikv__pool_run(e->pool, gather_task, &b);
+        j->stage = 1, j->row = 0;
+        return 0;
+    }
     ikv__pool_run(e->pool, attn_task, &b);
     b.phase = 1;
     ikv__pool_run(e->pool, rows_task, &b);
-    j->na = b.na;
+    if ((j->row = b.hi) < j->na) return 0;
+    j->stage = 0, j->row = 0;
     j->inf.blend_layers++;
-    e->n_computed_tokens += j->l == NL - 1 ? b.na : 0;
+    if (j->l == NL - 1) e->n_computed_tokens += j->na;
     if (++j->l < NL) return 0;
     /* the last position is never reused (see admission), so it is the last active row */
-    ikv__logits_row(e, c->x + (b.na - 1) * D, j->s->logits);
+    ikv__logits_row(e, c->x + (j->na - 1) * D, j->s->logits);
     j->s->n = (uint32_t)j->n;
     return 1;
 }
@@ -817,7 +842,7 @@ void ikv_chunks_job_info(const ikv_blend_job *j, ikv_blend_info *info) {
     *info = j->inf;
 }
 
-int ikv_chunks_advance(ikv_chunks *c, ikv_blend_job *j, int max_layers) {
+int ikv_chunks_advance(ikv_chunks *c, ikv_blend_job *j, size_t max_rows) {
     if (j->state == JOB_DONE) return 1;
     if (ikv_seq_pending(j->s)) return 0; /* the caller's prefill steps first */
     if (j->state == JOB_EXACT) {         /* the exact prefill is done (or abandoned blend's) */
@@ -840,9 +865,12 @@ int ikv_chunks_advance(ikv_chunks *c, ikv_blend_job *j, int max_layers) {
         }
         j->state = JOB_BLEND;
     }
-    for (int k = 0; max_layers <= 0 || k < max_layers; k++) {
-        int rc = blend_layer(c, j);
-        if (rc == 0) continue;
+    for (;;) {
+        int rc = blend_unit(c, j, max_rows);
+        if (rc == 0) {
+            if (max_rows) return 0; /* one unit per call */
+            continue;
+        }
         c->owner = NULL;
         if (rc == 2) { /* every reused token selected: the exact prefill of the rest */
             j->s->n_prompt = (uint32_t)j->n; /* [lead, n) pending, prefilled like any prompt */

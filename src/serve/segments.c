@@ -5,12 +5,13 @@
  * A structured request is admitted as a chunks job (ikv_chunks_admit): its exact part — the
  * whole prompt when nothing is reused, else the segments before the first reused one, through
  * the prefix cache — is pending prefill like any prompt, chunked into the batched steps beside
- * the other sequences' decodes. Once that part is done, the blend pass runs one layer per
+ * the other sequences' decodes. Once that part is done, the blend pass runs one unit per
  * scheduler turn, right after the step, outside the lock (the engine is the scheduler
- * thread's): so a decode step of the other sequences waits at most one layer of one blend
- * pass (its active rows: every row after the exact part on layers 0 and 1, the recomputed
- * ones after; ikv_chunks_advance with max_layers = 1), never the whole pass. One pass runs at a
- * time (the scratch is sized for one); another request whose exact part is done waits for it.
+ * thread's): a unit is one stage of one layer (Q/K/V, or attention + FFN) over at most
+ * SRV_BLEND_ROWS active rows (8x for the cheaper Q/K/V stage), so a decode step of the other
+ * sequences waits at most about a plain prompt chunk's work, never the whole pass. The row
+ * count is fixed per server, so the pass's bits never depend on what else runs. One pass runs at
+ * a time (the scratch is sized for one); another request whose exact part is done waits.
  * When the guard abandons a pass, the rest of the prompt becomes pending prefill, chunked like
  * any other.
  *
@@ -21,6 +22,13 @@
  * preempted request that no longer fits, with what it generated.
  */
 #include "internal.h"
+
+/* Active rows per unit of a blend pass (its attention + FFN stage; the Q/K/V stage takes 8x):
+ * fixed per server, so a request's bits never depend on what else runs. 4 x --max-batch-tokens
+ * rows of one layer are at most about the work of a plain prompt's chunk of --max-batch-tokens
+ * positions through every layer on models like `small` (a row of that stage: attention over
+ * ~4k positions + FFN, about a sixth of a position through all 8 layers). */
+#define SRV_BLEND_ROWS(s) ((size_t)(s)->opt.max_batch_tokens * 4)
 
 #include <string.h>
 
@@ -55,11 +63,11 @@ void ikv__seg_advance(ikv_serve *s, srq *r) {
     ikv_blend_info b;
     ikv_chunks_job_info(r->job, &b);
     double t0 = ikv_now();
-    r->job_rc = ikv_chunks_advance(s->chunks, r->job, 1);
+    r->job_rc = ikv_chunks_advance(s->chunks, r->job, SRV_BLEND_ROWS(s));
     double dt = ikv_now() - t0;
-    size_t before = b.blend_layers;
+    size_t before = b.blend_units;
     ikv_chunks_job_info(r->job, &b);
-    if (b.blend_layers > before) r->blend_turns++; /* a turn that ran a layer */
+    if (b.blend_units > before) r->blend_turns++; /* a turn that ran a unit of the pass */
     if (dt > r->blend_step_s) r->blend_step_s = dt;
 }
 
