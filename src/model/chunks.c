@@ -22,7 +22,8 @@
  * admitted through the prefix cache (token-exact blocks, the leading public segments public)
  * and prefilled by the engine (ikv_engine_step, in chunks if the caller likes), so a cached
  * system prompt is taken from the cache and the blended request's K/V there are exact (its full
- * blocks are inserted as any prefill's). Then the blend pass, in units (a stage of a layer over a row range) if asked:
+ * blocks are inserted as any prefill's). Then the blend pass, in units (a stage of a layer over a
+ * row range) if asked:
  *
  *      [ exact part: prefix cache + engine prefill ][ hit doc | computed | hit doc | query ]
  *                                                   ^ blend pass: every row on layer 0 and the

@@ -493,7 +493,7 @@ void *ikv__serve_sched(void *arg) {
             budget = budget > cnt ? budget - cnt : 0;
             prefill_tokens += cnt;
         }
-        /* structured requests whose exact part is done: their blend pass's next layer after
+        /* structured requests whose exact part is done: their blend pass's next unit after
          * the step (segments.c), each decided now, run outside the lock */
         size_t nb = 0;
         for (size_t i = 0; i < s->nrunning; i++)
@@ -554,7 +554,7 @@ void *ikv__serve_sched(void *arg) {
             while (idx < s->nrunning && s->running[idx] != r)
                 idx++;
             IKV_ASSERT(idx < s->nrunning);
-            if (r->job_rc == 0) continue; /* more layers, or pending prefill again */
+            if (r->job_rc == 0) continue; /* more units, or pending prefill again */
             if (r->job_rc < 0) { /* re-admitted, and a segment it reused left the store */
                 snprintf(r->err, sizeof r->err, "preempted and cannot be re-admitted: %s",
                          ikv_errdetail());
