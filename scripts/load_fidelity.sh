@@ -6,7 +6,8 @@
 #   scripts/load_fidelity.sh BIN OUTDIR NAME TRACE POLICY KVMEM CONC [isokv load flags...]
 #   scripts/load_fidelity.sh build/isokv out/fid syn-lru /tmp/syn.jsonl lru 5M 1
 #
-# IKV_MODEL / IKV_TOKENIZER override the bundled stories260K (e.g. a longer-context checkpoint).
+# IKV_MODEL / IKV_TOKENIZER override the bundled stories260K (e.g. a longer-context checkpoint);
+# IKV_SERVE_ARGS adds `isokv serve` flags (split on spaces: --block-tokens 1 --tier mem:64M).
 # Prints one line: NAME policy cache_blocks conc live_ratio ok requests cached metrics_cached
 # and the simulator's hit tokens with and without --pin-public (compare with cached). Everything lands in OUTDIR/NAME (server log, requests.csv, summary.json, sent.jsonl).
 set -eu
@@ -19,7 +20,7 @@ rm -rf "$d"
 mkdir -p "$d"
 "$bin" serve --model "${IKV_MODEL:-$root/data/models/stories260K/stories260K.bin}" \
     --tokenizer "${IKV_TOKENIZER:-$root/data/models/stories260K/tok512.bin}" --port 0 --threads 1 \
-    --policy "$pol" --kv-mem "$kv" > "$d/serve.out" 2> "$d/serve.err" &
+    --policy "$pol" --kv-mem "$kv" ${IKV_SERVE_ARGS:-} > "$d/serve.out" 2> "$d/serve.err" &
 pid=$!
 trap 'kill $pid 2>/dev/null || true' EXIT
 for _ in $(seq 100); do grep -q "cache [0-9]* blocks" "$d/serve.out" 2>/dev/null && break; sleep 0.1; done

@@ -19,9 +19,15 @@
  *      the roofline of src/cost/), TTFT = queueing + that;
  *   4. decode takes output_tokens x the per-token step time at batch `decode_batch`; the
  *      request's blocks are unlocked when decode ends.
- * Blocks a request inserts become matchable when its prefill starts (optimistic: the engine
- * would share them only once computed; at the arrival rates of the traces the difference is
- * small and it keeps the cache's access order identical to order mode for the same trace).
+ * Blocks a request inserts are PENDING until its prefill ends (as in the engine, where they
+ * are in the cache but not READY): a later request whose match reaches a pending block uses
+ * the prefix before it, computes the rest itself and inserts nothing (the engine inserts only
+ * when its usable prefix is the whole resident one); counted in pending_cuts. With
+ * service_trace the times are not modelled but taken from the trace (a live run's measured
+ * ttft_s and latency_s in `isokv load`'s sent.jsonl): a request starts at its arrival (the
+ * server admits it when it comes; no prefill servers), its blocks are ready at arrival + ttft
+ * and unlocked at arrival + latency. Events (ready, end) are processed in time order before
+ * each start, a ready event before an end event at the same time.
  *
  * Metrics (see ikv_replay_result in sim.h). Thrash: a block dropped from the cache goes into a
  * ghost FIFO of the last W dropped keys (W = thrash_window, default the cache's total capacity
@@ -233,13 +239,17 @@ static int ghost_take(ghost *g, ikv_key k) {
 /* ---- replay state -------------------------------------------------------------------------- */
 
 typedef struct running {
-    double end;   /* simulated seconds when decode finishes */
+    double end;   /* simulated seconds of the event: prefill done (READY) or decode done */
     uint32_t slot;
+    uint8_t kind; /* EV_READY: the slot's inserted blocks are computed; EV_END: unlock */
 } running;
+
+enum { EV_READY = 0, EV_END = 1 };
 
 typedef struct lockbuf {
     uint32_t *ids;
     size_t n, cap;
+    size_t ins0, n_ins; /* ids[ins0 .. ins0 + n_ins): the blocks this request inserted */
 } lockbuf;
 
 typedef struct replay {
@@ -272,6 +282,8 @@ typedef struct replay {
     size_t n_slots, n_free;
     double *ttft, *queue;
     size_t n_lat, ttft_cap, queue_cap;
+    uint8_t *pend;           /* per cache node id: 1 while a running request computes it */
+    size_t pend_cap;
     ikv_tier kind[IKV_MAX_TIERS];
 } replay;
 
@@ -413,11 +425,16 @@ out:
 
 /* ---- timed mode helpers ---------------------------------------------------------------------- */
 
+/* Event order: by time, a ready event before an end event at the same time. */
+static int ev_less(running a, running b) {
+    return a.end < b.end || (a.end == b.end && a.kind < b.kind);
+}
+
 static void heap_push(replay *s, running x) {
     size_t i = s->heap_len++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
-        if (s->heap[p].end <= x.end) break;
+        if (!ev_less(x, s->heap[p])) break;
         s->heap[i] = s->heap[p];
         i = p;
     }
@@ -429,8 +446,8 @@ static running heap_pop(replay *s) {
     size_t i = 0, n = s->heap_len;
     for (;;) {
         size_t l = 2 * i + 1, m = i;
-        if (l < n && s->heap[l].end < x.end) m = l;
-        if (l + 1 < n && s->heap[l + 1].end < (m == i ? x.end : s->heap[m].end)) m = l + 1;
+        if (l < n && ev_less(s->heap[l], x)) m = l;
+        if (l + 1 < n && ev_less(s->heap[l + 1], m == i ? x : s->heap[m])) m = l + 1;
         if (m == i) break;
         s->heap[i] = s->heap[m];
         i = m;
@@ -439,11 +456,35 @@ static running heap_pop(replay *s) {
     return top;
 }
 
-/* Ends every running request whose decode finished by time `until`: unlocks its blocks. */
+/* Grows the pending flags to cover node ids below n (the new ones 0). */
+static int grow_pending(replay *s, size_t n) {
+    if (n <= s->pend_cap) return 0;
+    size_t c = s->pend_cap ? s->pend_cap : 1024;
+    while (c < n) c *= 2;
+    uint8_t *p = ikv_realloc(s->pend, c);
+    if (!p) return IKV_ENOMEM;
+    memset(p + s->pend_cap, 0, c - s->pend_cap);
+    s->pend = p, s->pend_cap = c;
+    return 0;
+}
+
+/* Marks node ids[0..n) pending (on = 1) or computed (0). */
+static void set_pending(replay *s, const uint32_t *ids, size_t n, uint8_t on) {
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < s->pend_cap) s->pend[ids[i]] = on;
+}
+
+/* Processes every event up to time `until`: a request whose prefill is done makes its
+ * inserted blocks matchable; one whose decode is done unlocks its blocks. */
 static int finish_until(replay *s, double until) {
     while (s->heap_len && s->heap[0].end <= until) {
         running x = heap_pop(s);
         lockbuf *b = &s->slots[x.slot];
+        if (x.kind == EV_READY) {
+            set_pending(s, b->ids + b->ins0, b->n_ins, 0);
+            continue;
+        }
+        set_pending(s, b->ids + b->ins0, b->n_ins, 0); /* ready and end at once: same */
         /* In pieces of 64: ikv_cache_unlock's argument check counts repeated ids in O(n^2)
          * before it decides that a long path has none (index.c); 64-block pieces keep it
          * linear. The pieces are disjoint parts of one chain. */
@@ -452,7 +493,7 @@ static int finish_until(replay *s, double until) {
             if (ikv_cache_unlock(s->c, b->ids + i, k))
                 return ikv_error(IKV_EINVAL, "replay: unlock failed (%s)", ikv_errdetail());
         }
-        b->n = 0;
+        b->n = 0, b->ins0 = 0, b->n_ins = 0;
         s->free_slots[s->n_free++] = x.slot;
     }
     return 0;
@@ -471,7 +512,7 @@ static int take_slot(replay *s, uint32_t *slot) {
     uint32_t *fs = ikv_realloc(s->free_slots, (cap + 1) * sizeof *fs);
     if (!fs) return IKV_ENOMEM;
     s->free_slots = fs;
-    GROW(s->heap, s->heap_cap, cap + 1, return IKV_ENOMEM);
+    GROW(s->heap, s->heap_cap, 2 * (cap + 1), return IKV_ENOMEM); /* a ready and an end each */
     s->n_slots = cap + 1;
     *slot = (uint32_t)cap;
     return 0;
@@ -611,9 +652,18 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
     double arr = q->time > *last_arrival ? q->time : *last_arrival;
     *last_arrival = arr;
     uint32_t sv = 0;
-    for (uint32_t i = 1; i < o->servers; i++)
-        if (s->free_at[i] < s->free_at[sv]) sv = i;
-    double start = arr > s->free_at[sv] ? arr : s->free_at[sv];
+    double start = arr;
+    if (o->service_trace) {
+        if (!q->has_service)
+            return ikv_error(IKV_EFORMAT,
+                             "request %llu has no measured ttft_s / latency_s, which timed "
+                             "replay with trace service times needs",
+                             (unsigned long long)q->index);
+    } else {
+        for (uint32_t i = 1; i < o->servers; i++)
+            if (s->free_at[i] < s->free_at[sv]) sv = i;
+        if (s->free_at[sv] > start) start = s->free_at[sv];
+    }
     int rc = finish_until(s, start);
     if (rc) return rc;
     if ((rc = ensure_scratch(s, q->n_blocks ? q->n_blocks : 1))) return rc;
@@ -624,6 +674,14 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
     ikv_cache_set_time(s->c, a.now);
     size_t k;
     ikv_cache_match(s->c, q->keys, q->n_blocks, s->ids, s->tiers, &k);
+    /* a block still being computed by another request ends the usable prefix */
+    int cut = 0;
+    for (size_t i = 0; i < k; i++)
+        if (s->ids[i] < s->pend_cap && s->pend[s->ids[i]]) {
+            k = i, cut = 1;
+            break;
+        }
+    r->pending_cuts += (uint64_t)cut;
 
     /* Lower-tier runs: load or recompute, whichever the cost model says is faster. */
     double load_s = 0, reused = 0;
@@ -659,7 +717,7 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
     if ((rc = take_slot(s, &slot))) return rc;
     lockbuf *b = &s->slots[slot];
     GROW(b->ids, b->cap, q->n_blocks ? q->n_blocks : 1, return IKV_ENOMEM);
-    b->n = 0;
+    b->n = 0, b->ins0 = 0, b->n_ins = 0;
     if (k) {
         ikv_cache_hit(s->c, s->ids, k, &a); /* IKV_EFULL: promotion found no room: still a hit */
         if (ikv_cache_lock(s->c, s->ids, k) == 0) {
@@ -670,11 +728,19 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
         }
     }
     size_t ins = 0;
-    if (k < q->n_blocks) {
+    if (k < q->n_blocks && !cut) {
         rc = ikv_cache_insert(s->c, q->keys, q->n_blocks, k, &a, 1, b->ids + b->n, &ins);
         if (rc == IKV_EFULL) r->insert_full++;
         else if (rc == IKV_EEXIST) r->chain_conflicts++;
         else if (rc < 0) return rc;
+        b->ins0 = b->n, b->n_ins = ins;
+        if (ins) {
+            uint32_t top = 0;
+            for (size_t i = 0; i < ins; i++)
+                if (b->ids[b->n + i] > top) top = b->ids[b->n + i];
+            if ((rc = grow_pending(s, (size_t)top + 1))) return rc;
+            set_pending(s, b->ids + b->n, ins, 1);
+        }
         b->n += ins;
     }
     r->inserted_blocks += ins;
@@ -688,11 +754,18 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
     if (reused > q->input_tokens) reused = q->input_tokens;
 
     uint64_t ru = (uint64_t)reused;
-    double prefill = ikv_prefill_time(&s->cost, ru, q->input_tokens - ru) + load_s;
-    double decode = (double)q->output_tokens *
-                    ikv_decode_time(&s->cost, o->decode_batch, q->input_tokens + q->output_tokens / 2);
-    s->free_at[sv] = start + prefill;
-    running x = {start + prefill + decode, slot};
+    double prefill, decode;
+    if (o->service_trace) {
+        prefill = q->service_ttft;
+        decode = q->service_latency - q->service_ttft;
+    } else {
+        prefill = ikv_prefill_time(&s->cost, ru, q->input_tokens - ru) + load_s;
+        decode = (double)q->output_tokens *
+                 ikv_decode_time(&s->cost, o->decode_batch, q->input_tokens + q->output_tokens / 2);
+        s->free_at[sv] = start + prefill;
+    }
+    if (ins) heap_push(s, (running){start + prefill, slot, EV_READY});
+    running x = {start + prefill + decode, slot, EV_END};
     heap_push(s, x);
     if (x.end > r->makespan) r->makespan = x.end;
     GROW(s->ttft, s->ttft_cap, s->n_lat + 1, return IKV_ENOMEM);
@@ -835,6 +908,7 @@ static void teardown(replay *s) {
     ikv_free(s->free_slots);
     ikv_free(s->ttft);
     ikv_free(s->queue);
+    ikv_free(s->pend);
 }
 
 static void finish(replay *s, ikv_trace *t) {
