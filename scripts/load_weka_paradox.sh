@@ -11,7 +11,8 @@
 #
 # Needs a long-context model: `isokv model init --config tiny --seq-len 4096 -o M --tokenizer-out
 # T`, given as IKV_MODEL=M IKV_TOKENIZER=T. Knobs (environment): NS (1 4 16 64 128), T (3),
-# C (4), KV (12582912 bytes: 16,384 blocks of 768 B, half cache, half private).
+# C (4), KV (12582912 bytes: 16,384 blocks of 768 B, half cache, half private), W (3600: the
+# N conversations start evenly within W seconds).
 set -eu
 [ $# -ge 2 ] || { sed -n 2,16p "$0"; exit 2; }
 bin=$1 out=$2
@@ -19,7 +20,7 @@ shift 2
 configs=${*:-lru value tier-mem tier-file}
 root=$(cd "$(dirname "$0")/.." && pwd)
 : "${IKV_MODEL:?set IKV_MODEL to a long-context checkpoint (see the header)}"
-NS=${NS:-1 4 16 64 128} T=${T:-3} C=${C:-4} KV=${KV:-12582912}
+NS=${NS:-1 4 16 64 128} T=${T:-3} C=${C:-4} KV=${KV:-12582912} W=${W:-3600}
 mkdir -p "$out"
 trace=$out/weka_t$T.jsonl
 python3 - "$root/data/traces/weka_cc/weka_cc_traces_part1.jsonl.gz" "$trace" "$T" <<'PY'
@@ -34,19 +35,21 @@ with gzip.open(src, "rt") as f, open(dst + ".tmp", "w") as o:
 import os; os.replace(dst + ".tmp", dst)
 PY
 for cfg in $configs; do
-  pol=lru extra=""
+  pol=lru extra="" simcap=""
+  # a 256M lower tier holds every block of the sweep (768 B each): dram=1M blocks in the sim
   case $cfg in
     lru) ;;
     value) pol=value ;;
-    tier-mem) extra="--tier mem:256M" ;;
-    tier-file) rm -f "$out/tier.kv"; extra="--tier file:$out/tier.kv:256M" ;;
+    tier-mem) extra="--tier mem:256M" simcap="--tiers hbm=8192,dram=1M" ;;
+    tier-file) extra="--tier file:$out/tier.kv:256M" simcap="--tiers hbm=8192,ssd=1M" ;;
     *) echo "unknown config $cfg" >&2; exit 2 ;;
   esac
   for n in $NS; do
     [ "$cfg" = tier-file ] && rm -f "$out/tier.kv"
     c=$C; [ "$n" -lt "$c" ] && c=$n
-    IKV_SERVE_ARGS="--block-tokens 1 --max-seqs 4 $extra" "$root/scripts/load_fidelity.sh" "$bin" \
-        "$out" "${cfg}_n$n" "$trace" "$pol" "$KV" "$c" --conversations "$n" --scale 64 \
-        --max-context 4096 --max-output 4 --timeout 300
+    IKV_SERVE_ARGS="--block-tokens 1 --max-seqs 4 $extra" IKV_SIM_CAP=$simcap \
+        "$root/scripts/load_fidelity.sh" "$bin" "$out" "${cfg}_n$n" "$trace" "$pol" "$KV" "$c" \
+        --conversations "$n" --window "$W" --scale 64 --max-context 4096 --max-output 4 \
+        --timeout 300
   done
 done

@@ -694,6 +694,20 @@ static void test_timed_locks_and_pending(void **state) {
     assert_int_equal(m.matched[2], 4);
     assert_int_equal(r.pending_cuts, 0);
     ikv_replay_result_free(&r);
+    /* the same when B arrived at t = 1 but the server admitted it (looked its prefix up) only
+     * after A's prefill: queue_s 4.6 of its ttft_s 5 */
+    write_file(path, "{\"format\":\"isokv-segments\",\"version\":1,\"block_tokens\":1}\n"
+                     SEGREQ(0, 1, 5, 6, SEG("x") "," SEG("y") "," SEG("z"))
+                     "{\"time\":1,\"tenant\":\"u\",\"session\":2,\"output\":1,\"ttft_s\":5,"
+                     "\"latency_s\":5.5,\"queue_s\":4.6,\"segments\":[" SEG("x") "," SEG("y") ","
+                     SEG("z") "," SEG("w") "]}\n"
+                     SEGREQ(7, 3, 0.5, 1,
+                            SEG("x") "," SEG("y") "," SEG("z") "," SEG("w") "," SEG("v")));
+    replay_live(path, 100, 1, &m, &r);
+    assert_int_equal(m.matched[1], 3);
+    assert_int_equal(m.matched[2], 4);
+    assert_true(fabs(r.queue_p99 - 4.6) < 1e-9);
+    ikv_replay_result_free(&r);
     /* a request without measured times is an error naming it; half a pair is malformed */
     tmp_path(path, sizeof path, "notimes.jsonl");
     write_file(path, "{\"time\":0,\"tenant\":\"u\",\"segments\":[" SEG("x") "]}\n");

@@ -61,6 +61,8 @@ typedef struct ikv_trace_request {
      * the end. has_service = 0 when the record has none. */
     int has_service;
     double service_ttft, service_latency;
+    double service_queue;     /* "queue_s" (optional, <= ttft_s): the server's wait before it
+                                 admitted the request (looked its prefix up); 0 if absent */
 } ikv_trace_request;
 
 typedef struct ikv_trace_opts {
@@ -132,8 +134,8 @@ typedef struct ikv_replay_opts {
     uint32_t gpus;            /* GPUs per server (tensor parallel; default 8) */
     uint32_t servers;         /* timed: prefill servers (default 4) */
     uint32_t decode_batch;    /* timed: decode batch the per-token time assumes (default 16) */
-    int service_trace;        /* timed: each request starts at its arrival and takes the
-                                 trace's measured ttft_s / latency_s (no servers, no cost
+    int service_trace;        /* timed: each request starts at its arrival + queue_s and takes
+                                 the trace's measured ttft_s / latency_s (no servers, no cost
                                  model times); every request must have them */
     int pin_public;           /* pin each request's leading public blocks after insertion */
     double pin_budget;        /* fraction of tier 0 that may be pinned (default 0.5) */

@@ -417,8 +417,11 @@ char *ikv_load_sent_trace(const ikv_load_result *r) {
         if (ttft > lat) ttft = lat;
         sb_printf(&b,
                   "{\"time\": %.6f, \"tenant\": \"t%u\", \"session\": %llu, \"output\": %u, "
-                  "\"ttft_s\": %.6f, \"latency_s\": %.6f, \"segments\": [",
+                  "\"ttft_s\": %.6f, \"latency_s\": %.6f, ",
                   e->send, e->tenant, (unsigned long long)e->session, e->max_tokens, ttft, lat);
+        if (e->server_queue >= 0) /* isokv serve: the wait before admission, within ttft */
+            sb_printf(&b, "\"queue_s\": %.6f, ", e->server_queue < ttft ? e->server_queue : ttft);
+        sb_printf(&b, "\"segments\": [");
         for (uint32_t j = 0; j < e->full_blocks; j++) {
             int pub = j < pub_blocks;
             sb_printf(&b, "%s{\"kind\": \"%s\", \"id\": \"b%llu\", \"tokens\": %u, \"public\": %s}",

@@ -688,6 +688,8 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
     cJSON_AddNumberToObject(x, "computed_prompt_tokens", pt - ca);
     cJSON_AddNumberToObject(x, "public_prompt_tokens", pub);
     cJSON_AddNumberToObject(x, "ttft_ms", r->t_first > 0 ? (r->t_first - r->t_arrive) * 1e3 : 0);
+    /* waiting for admission (a sequence slot, the private budget): the cache is looked up then */
+    cJSON_AddNumberToObject(x, "queue_ms", r->t_admit > 0 ? (r->t_admit - r->t_arrive) * 1e3 : 0);
     cJSON_AddStringToObject(x, "tenant", r->tenant);
     double cpu = 0;
     for (int i = 0; i < n; i++)

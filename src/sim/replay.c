@@ -19,15 +19,18 @@
  *      the roofline of src/cost/), TTFT = queueing + that;
  *   4. decode takes output_tokens x the per-token step time at batch `decode_batch`; the
  *      request's blocks are unlocked when decode ends.
- * Blocks a request inserts are PENDING until its prefill ends (as in the engine, where they
- * are in the cache but not READY): a later request whose match reaches a pending block uses
- * the prefix before it, computes the rest itself and inserts nothing (the engine inserts only
- * when its usable prefix is the whole resident one); counted in pending_cuts. With
- * service_trace the times are not modelled but taken from the trace (a live run's measured
- * ttft_s and latency_s in `isokv load`'s sent.jsonl): a request starts at its arrival (the
- * server admits it when it comes; no prefill servers), its blocks are ready at arrival + ttft
- * and unlocked at arrival + latency. Events (ready, end) are processed in time order before
- * each start, a ready event before an end event at the same time.
+ * Blocks a request inserts are PENDING until its prefill has computed them (as in the engine,
+ * where they are in the cache but not READY): inserted block j of n is ready at start +
+ * prefill x (j + 1) x block / computed tokens (the prefill goes through the prompt in order,
+ * chunk by chunk, at an even pace: an approximation). A later request whose match reaches a
+ * block not yet ready uses the prefix before it, computes the rest itself and inserts nothing
+ * (the engine inserts only when its usable prefix is the whole resident one); counted in
+ * pending_cuts. With service_trace the times are not modelled but taken from the trace (a live
+ * run's measured ttft_s, latency_s and, from isokv serve, queue_s in `isokv load`'s
+ * sent.jsonl): a request starts when the server admitted it (arrival + queue_s; no prefill
+ * servers), its prefill lasts until arrival + ttft_s and its blocks are unlocked at arrival +
+ * latency_s. Ends are processed in time order before each start; starts are in trace order,
+ * so a request admitted after a later arrival is still replayed in arrival order.
  *
  * Metrics (see ikv_replay_result in sim.h). Thrash: a block dropped from the cache goes into a
  * ghost FIFO of the last W dropped keys (W = thrash_window, default the cache's total capacity
@@ -239,17 +242,13 @@ static int ghost_take(ghost *g, ikv_key k) {
 /* ---- replay state -------------------------------------------------------------------------- */
 
 typedef struct running {
-    double end;   /* simulated seconds of the event: prefill done (READY) or decode done */
+    double end;   /* simulated seconds when decode finishes */
     uint32_t slot;
-    uint8_t kind; /* EV_READY: the slot's inserted blocks are computed; EV_END: unlock */
 } running;
-
-enum { EV_READY = 0, EV_END = 1 };
 
 typedef struct lockbuf {
     uint32_t *ids;
     size_t n, cap;
-    size_t ins0, n_ins; /* ids[ins0 .. ins0 + n_ins): the blocks this request inserted */
 } lockbuf;
 
 typedef struct replay {
@@ -282,8 +281,10 @@ typedef struct replay {
     size_t n_slots, n_free;
     double *ttft, *queue;
     size_t n_lat, ttft_cap, queue_cap;
-    uint8_t *pend;           /* per cache node id: 1 while a running request computes it */
-    size_t pend_cap;
+    double *ready_at;        /* per cache node id: when its KV is computed (0: long ago; a
+                                stale entry of an evicted node is always in the past) */
+    size_t ready_cap;
+    double last_start;       /* service_trace: the previous request's start */
     ikv_tier kind[IKV_MAX_TIERS];
 } replay;
 
@@ -425,9 +426,8 @@ out:
 
 /* ---- timed mode helpers ---------------------------------------------------------------------- */
 
-/* Event order: by time, a ready event before an end event at the same time. */
 static int ev_less(running a, running b) {
-    return a.end < b.end || (a.end == b.end && a.kind < b.kind);
+    return a.end < b.end;
 }
 
 static void heap_push(replay *s, running x) {
@@ -456,35 +456,23 @@ static running heap_pop(replay *s) {
     return top;
 }
 
-/* Grows the pending flags to cover node ids below n (the new ones 0). */
-static int grow_pending(replay *s, size_t n) {
-    if (n <= s->pend_cap) return 0;
-    size_t c = s->pend_cap ? s->pend_cap : 1024;
+/* Grows ready_at to cover node ids below n (the new entries 0: ready). */
+static int grow_ready(replay *s, size_t n) {
+    if (n <= s->ready_cap) return 0;
+    size_t c = s->ready_cap ? s->ready_cap : 1024;
     while (c < n) c *= 2;
-    uint8_t *p = ikv_realloc(s->pend, c);
+    double *p = ikv_realloc(s->ready_at, c * sizeof *p);
     if (!p) return IKV_ENOMEM;
-    memset(p + s->pend_cap, 0, c - s->pend_cap);
-    s->pend = p, s->pend_cap = c;
+    for (size_t i = s->ready_cap; i < c; i++) p[i] = 0;
+    s->ready_at = p, s->ready_cap = c;
     return 0;
 }
 
-/* Marks node ids[0..n) pending (on = 1) or computed (0). */
-static void set_pending(replay *s, const uint32_t *ids, size_t n, uint8_t on) {
-    for (size_t i = 0; i < n; i++)
-        if (ids[i] < s->pend_cap) s->pend[ids[i]] = on;
-}
-
-/* Processes every event up to time `until`: a request whose prefill is done makes its
- * inserted blocks matchable; one whose decode is done unlocks its blocks. */
+/* Ends every running request whose decode finished by time `until`: unlocks its blocks. */
 static int finish_until(replay *s, double until) {
     while (s->heap_len && s->heap[0].end <= until) {
         running x = heap_pop(s);
         lockbuf *b = &s->slots[x.slot];
-        if (x.kind == EV_READY) {
-            set_pending(s, b->ids + b->ins0, b->n_ins, 0);
-            continue;
-        }
-        set_pending(s, b->ids + b->ins0, b->n_ins, 0); /* ready and end at once: same */
         /* In pieces of 64: ikv_cache_unlock's argument check counts repeated ids in O(n^2)
          * before it decides that a long path has none (index.c); 64-block pieces keep it
          * linear. The pieces are disjoint parts of one chain. */
@@ -493,7 +481,7 @@ static int finish_until(replay *s, double until) {
             if (ikv_cache_unlock(s->c, b->ids + i, k))
                 return ikv_error(IKV_EINVAL, "replay: unlock failed (%s)", ikv_errdetail());
         }
-        b->n = 0, b->ins0 = 0, b->n_ins = 0;
+        b->n = 0;
         s->free_slots[s->n_free++] = x.slot;
     }
     return 0;
@@ -512,7 +500,7 @@ static int take_slot(replay *s, uint32_t *slot) {
     uint32_t *fs = ikv_realloc(s->free_slots, (cap + 1) * sizeof *fs);
     if (!fs) return IKV_ENOMEM;
     s->free_slots = fs;
-    GROW(s->heap, s->heap_cap, 2 * (cap + 1), return IKV_ENOMEM); /* a ready and an end each */
+    GROW(s->heap, s->heap_cap, cap + 1, return IKV_ENOMEM);
     s->n_slots = cap + 1;
     *slot = (uint32_t)cap;
     return 0;
@@ -659,6 +647,9 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
                              "request %llu has no measured ttft_s / latency_s, which timed "
                              "replay with trace service times needs",
                              (unsigned long long)q->index);
+        start = arr + q->service_queue; /* admitted (prefix looked up) after its wait; the */
+        if (start < s->last_start) start = s->last_start; /* server admits in arrival order */
+        s->last_start = start;
     } else {
         for (uint32_t i = 1; i < o->servers; i++)
             if (s->free_at[i] < s->free_at[sv]) sv = i;
@@ -677,7 +668,7 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
     /* a block still being computed by another request ends the usable prefix */
     int cut = 0;
     for (size_t i = 0; i < k; i++)
-        if (s->ids[i] < s->pend_cap && s->pend[s->ids[i]]) {
+        if (s->ids[i] < s->ready_cap && s->ready_at[s->ids[i]] > start) {
             k = i, cut = 1;
             break;
         }
@@ -717,7 +708,7 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
     if ((rc = take_slot(s, &slot))) return rc;
     lockbuf *b = &s->slots[slot];
     GROW(b->ids, b->cap, q->n_blocks ? q->n_blocks : 1, return IKV_ENOMEM);
-    b->n = 0, b->ins0 = 0, b->n_ins = 0;
+    b->n = 0;
     if (k) {
         ikv_cache_hit(s->c, s->ids, k, &a); /* IKV_EFULL: promotion found no room: still a hit */
         if (ikv_cache_lock(s->c, s->ids, k) == 0) {
@@ -733,14 +724,6 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
         if (rc == IKV_EFULL) r->insert_full++;
         else if (rc == IKV_EEXIST) r->chain_conflicts++;
         else if (rc < 0) return rc;
-        b->ins0 = b->n, b->n_ins = ins;
-        if (ins) {
-            uint32_t top = 0;
-            for (size_t i = 0; i < ins; i++)
-                if (b->ids[b->n + i] > top) top = b->ids[b->n + i];
-            if ((rc = grow_pending(s, (size_t)top + 1))) return rc;
-            set_pending(s, b->ids + b->n, ins, 1);
-        }
         b->n += ins;
     }
     r->inserted_blocks += ins;
@@ -756,7 +739,8 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
     uint64_t ru = (uint64_t)reused;
     double prefill, decode;
     if (o->service_trace) {
-        prefill = q->service_ttft;
+        prefill = arr + q->service_ttft - start; /* >= 0: start <= arr + ttft unless clamped */
+        if (prefill < 0) prefill = 0;
         decode = q->service_latency - q->service_ttft;
     } else {
         prefill = ikv_prefill_time(&s->cost, ru, q->input_tokens - ru) + load_s;
@@ -764,8 +748,15 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
                  ikv_decode_time(&s->cost, o->decode_batch, q->input_tokens + q->output_tokens / 2);
         s->free_at[sv] = start + prefill;
     }
-    if (ins) heap_push(s, (running){start + prefill, slot, EV_READY});
-    running x = {start + prefill + decode, slot, EV_END};
+    /* the inserted blocks b->ids[b->n - ins ..) become ready as the prefill reaches them */
+    uint64_t computed = q->input_tokens > (uint64_t)k * s->bt ? q->input_tokens - (uint64_t)k * s->bt : 1;
+    for (size_t j = 0; j < ins; j++) {
+        uint32_t id = b->ids[b->n - ins + j];
+        if ((rc = grow_ready(s, (size_t)id + 1))) return rc;
+        double f = (double)(j + 1) * s->bt / (double)computed;
+        s->ready_at[id] = start + prefill * (f < 1 ? f : 1);
+    }
+    running x = {start + prefill + decode, slot};
     heap_push(s, x);
     if (x.end > r->makespan) r->makespan = x.end;
     GROW(s->ttft, s->ttft_cap, s->n_lat + 1, return IKV_ENOMEM);
@@ -908,7 +899,7 @@ static void teardown(replay *s) {
     ikv_free(s->free_slots);
     ikv_free(s->ttft);
     ikv_free(s->queue);
-    ikv_free(s->pend);
+    ikv_free(s->ready_at);
 }
 
 static void finish(replay *s, ikv_trace *t) {

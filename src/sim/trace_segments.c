@@ -241,7 +241,7 @@ static int seg_next(ikv_trace *t, ikv_trace_request *req) {
             if (rc) return rc;
             continue;
         }
-        double time = 0, ttft = -1, latency = -1;
+        double time = 0, ttft = -1, latency = -1, queue = 0;
         uint64_t session = 0, output = 0;
         const cJSON *jt = cJSON_GetObjectItemCaseSensitive(j, "ttft_s");
         const cJSON *jl = cJSON_GetObjectItemCaseSensitive(j, "latency_s");
@@ -280,6 +280,9 @@ static int seg_next(ikv_trace *t, ikv_trace_request *req) {
                         ikv__json_double(j, "latency_s", &latency) || latency < ttft ||
                         latency > IKV__TRACE_MAX_SECONDS))
             bad = "\"ttft_s\" / \"latency_s\": seconds with 0 <= ttft_s <= latency_s <= 1e9";
+        else if (cJSON_GetObjectItemCaseSensitive(j, "queue_s") &&
+                 (!jt || ikv__json_double(j, "queue_s", &queue) || queue < 0 || queue > ttft))
+            bad = "\"queue_s\": seconds with 0 <= queue_s <= ttft_s (and ttft_s given)";
         else if (!cJSON_IsArray(segs))
             bad = "\"segments\" missing or not an array";
         else
@@ -316,6 +319,7 @@ static int seg_next(ikv_trace *t, ikv_trace_request *req) {
         req->has_service = jt != NULL;
         req->service_ttft = jt ? ttft : 0;
         req->service_latency = jt ? latency : 0;
+        req->service_queue = jt ? queue : 0;
         if (s->n_tenants > t->tenants) t->tenants = s->n_tenants;
         return 1;
     }
