@@ -257,7 +257,8 @@ int ikv_load_reply_chunk(ikv_load_reply *r, const char *data, size_t len, double
         if ((v = count_of(usage, "prompt_tokens")) >= 0) r->prompt_tokens = v;
         if ((v = count_of(usage, "completion_tokens")) >= 0) r->completion_tokens = v;
         const cJSON *ix = cJSON_GetObjectItemCaseSensitive(usage, "isokv");
-        const cJSON *qm = cJSON_IsObject(ix) ? cJSON_GetObjectItemCaseSensitive(ix, "queue_ms") : NULL;
+        const cJSON *qm =
+            cJSON_IsObject(ix) ? cJSON_GetObjectItemCaseSensitive(ix, "queue_ms") : NULL;
         if (cJSON_IsNumber(qm) && qm->valuedouble >= 0 && qm->valuedouble < 1e12)
             r->queue_s = qm->valuedouble / 1e3;
         const cJSON *d = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
