@@ -12,7 +12,7 @@ import json, os, re, subprocess, sys
 binp, out = sys.argv[1], sys.argv[2]
 png = sys.argv[3] if len(sys.argv) > 3 else None
 title = sys.argv[4] if len(sys.argv) > 4 else out
-cfgs = ["lru", "value", "tier-mem", "tier-file"]
+cfgs = ["lru", "value", "tier-mem", "tier-file", "tier-redis"]
 pts = {}
 for name in os.listdir(out):
     m = re.fullmatch(r"(.+)_n(\d+)", name)
@@ -37,6 +37,7 @@ for cfg in [c for c in cfgs if c in pts] + sorted(c for c in pts if c not in cfg
         cap = ["--capacity-tokens", str(cache * bt)]
         if cfg == "tier-mem": cap = ["--tiers", f"hbm={cache * bt},dram=1M"]
         if cfg == "tier-file": cap = ["--tiers", f"hbm={cache * bt},ssd=1M"]
+        if cfg == "tier-redis": cap = ["--tiers", f"hbm={cache * bt},remote=1M"]
         o = sim(d, pol, cap, ["--mode", "order"])
         t = sim(d, pol, cap, ["--mode", "timed", "--service", "trace"])
         ws = sim(d, pol, ["--capacity-tokens", "0"], ["--mode", "order"])  # distinct blocks

@@ -7,7 +7,8 @@
 # /metrics, `isokv sim --mode order` on sent.jsonl); the timed-mode predictions are added by
 # running scripts/load_sim_timed.sh on OUT afterwards.
 #
-#   scripts/load_weka_paradox.sh BIN OUT [CONFIGS]      CONFIGS: lru value tier-mem tier-file
+#   scripts/load_weka_paradox.sh BIN OUT [CONFIGS]   CONFIGS: lru value tier-mem tier-file tier-redis
+# (tier-redis starts a redis-server of its own on a free loopback port, emptied per point)
 #
 # Needs a long-context model: `isokv model init --config tiny --seq-len 4096 -o M --tokenizer-out
 # T`, given as IKV_MODEL=M IKV_TOKENIZER=T. Knobs (environment): NS (1 4 16 64 128), T (3),
@@ -34,6 +35,8 @@ with gzip.open(src, "rt") as f, open(dst + ".tmp", "w") as o:
         o.write(json.dumps(d) + "\n")
 import os; os.replace(dst + ".tmp", dst)
 PY
+redis_pid=""
+trap '[ -n "$redis_pid" ] && kill "$redis_pid" 2>/dev/null; true' EXIT
 for cfg in $configs; do
   pol=lru extra="" simcap=""
   # a 256M lower tier holds every block of the sweep (768 B each): dram=1M blocks in the sim
@@ -42,10 +45,19 @@ for cfg in $configs; do
     value) pol=value ;;
     tier-mem) extra="--tier mem:256M" simcap="--tiers hbm=8192,dram=1M" ;;
     tier-file) extra="--tier file:$out/tier.kv:256M" simcap="--tiers hbm=8192,ssd=1M" ;;
+    tier-redis)
+      if [ -z "$redis_pid" ]; then
+        rport=$(python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1', 0)); print(s.getsockname()[1])")
+        redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no > "$out/redis.log" 2>&1 &
+        redis_pid=$!
+        for _ in $(seq 50); do redis-cli -p "$rport" ping > /dev/null 2>&1 && break; sleep 0.1; done
+      fi
+      extra="--tier redis://127.0.0.1:$rport:256M" simcap="--tiers hbm=8192,remote=1M" ;;
     *) echo "unknown config $cfg" >&2; exit 2 ;;
   esac
   for n in $NS; do
     [ "$cfg" = tier-file ] && rm -f "$out/tier.kv"
+    [ "$cfg" = tier-redis ] && redis-cli -p "$rport" flushall > /dev/null
     c=$C; [ "$n" -lt "$c" ] && c=$n
     IKV_SERVE_ARGS="--block-tokens 1 --max-seqs 4 $extra" IKV_SIM_CAP=$simcap \
         "$root/scripts/load_fidelity.sh" "$bin" "$out" "${cfg}_n$n" "$trace" "$pol" "$KV" "$c" \
