@@ -1395,6 +1395,29 @@ static void live_body(void) {
         /* the cache really was too small: the simulator evicted */
         const cJSON *ev = cJSON_GetObjectItemCaseSensitive(j, "evictions");
         assert_true(cJSON_IsNumber(ev) && ev->valuedouble > 0);
+        /* the timed mode on the measured service times (ttft_s, latency_s and the server's
+         * queue_s in sent.jsonl): one request in flight never overlaps another, so locks and
+         * pending blocks change nothing and it equals order mode to the token */
+        for (size_t i = 0; i < r.n; i++)
+            assert_true(r.records[i].server_queue >= 0);
+        char *sj = slurp(path);
+        assert_non_null(strstr(sj, "\"queue_s\": "));
+        assert_non_null(strstr(sj, "\"ttft_s\": "));
+        free(sj);
+        char out2[512];
+        snprintf(out2, sizeof out2, "%s/live_sim_timed_%s.json", tmpdir, lv.policy);
+        char *const argv2[] = {
+            b,           "sim",          path,       "--mode", "timed",
+            "--service", "trace",        "--policy", pol,      "--capacity-tokens",
+            cap,         "--pin-public", "--json",   NULL};
+        assert_int_equal(run_prog(argv2, out2), 0);
+        char *js2 = slurp(out2);
+        cJSON *j2 = cJSON_Parse(js2);
+        const cJSON *h2 = cJSON_GetObjectItemCaseSensitive(j2, "hit_tokens");
+        assert_true(cJSON_IsNumber(h2));
+        assert_true(h2->valuedouble == h->valuedouble);
+        cJSON_Delete(j2);
+        free(js2);
         cJSON_Delete(j);
         free(js);
         ikv_load_result_free(&r);

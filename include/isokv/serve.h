@@ -33,6 +33,7 @@ typedef struct ikv_serve_options {
     uint16_t port;             /* 0 = any free port (ikv_serve_port says which) */
     int threads;               /* engine forward threads (1) */
     uint64_t kv_mem;           /* KV pool bytes (0 = room for max_seqs full sequences + 4) */
+    uint32_t block_tokens;     /* tokens per KV block (0 = the engine's 16) */
     const char *policy;        /* eviction policy ("lru") */
     const char *api_keys;      /* JSON file {"KEY": "tenant", ...}; NULL = everyone is "default" */
     uint32_t max_seqs;         /* sequences running at once (32) */

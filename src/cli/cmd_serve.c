@@ -30,14 +30,15 @@ static void help(FILE *f) {
           "                   [--public-prefix FILE] [--public-system] [--drain-s S]\n"
           "                   [--tier SPEC]... [--tier-dtype f32|q8] [--route-config FILE]\n"
           "                   [--route-set KEY=VALUE]... [--route-model M] [--route-hw H]\n"
-          "                   [--semantic-cache[=SIZE]]\n\n"
+          "                   [--semantic-cache[=SIZE]] [--block-tokens N]\n\n"
           "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions,\n"
           "GET /v1/models, GET /health, GET /metrics (Prometheus). Continuous batching: one\n"
           "forward step serves every running sequence; prompts are prefilled in chunks within\n"
           "--max-batch-tokens positions per step (256); at most --max-seqs sequences run (32),\n"
           "--max-queue wait (4 x max-seqs; more get 429 with Retry-After). Defaults: the bundled\n"
           "model data/models/stories260K/{stories260K.bin,tok512.bin} on 127.0.0.1:8000\n"
-          "(--port 0: any free port, printed). --kv-mem sizes the KV pool (k/M/G suffixes;\n"
+          "(--port 0: any free port, printed). --block-tokens: tokens per KV block (16; fewer\n"
+          "for scaled traces, docs/load.md). --kv-mem sizes the KV pool (k/M/G suffixes;\n"
           "default room for max-seqs full sequences plus 4). --api-keys FILE: a JSON object\n"
           "{\"KEY\": \"tenant\"}; requests need Authorization: Bearer KEY (else 401); without it\n"
           "every request is tenant 'default'. --public-prefix FILE: prompts starting with its\n"
@@ -140,7 +141,8 @@ int ikv_cmd_serve(int argc, char **argv) {
             if (cli_parse_double(v, &drain) || drain < 0)
                 return cli_usage_error(cmd, "--drain-s '%s' is not a non-negative number", v);
         } else if (!strcmp(a, "--port") || !strcmp(a, "--threads") || !strcmp(a, "--max-seqs") ||
-                   !strcmp(a, "--max-batch-tokens") || !strcmp(a, "--max-queue")) {
+                   !strcmp(a, "--max-batch-tokens") || !strcmp(a, "--max-queue") ||
+                   !strcmp(a, "--block-tokens")) {
             if (cli_parse_u64(v, &u)) return cli_usage_error(cmd, "%s '%s' is not a number", a, v);
             if (!strcmp(a, "--port")) {
                 if (u > 65535) return cli_usage_error(cmd, "--port %s is not in 0..65535", v);
@@ -153,6 +155,10 @@ int ikv_cmd_serve(int argc, char **argv) {
                 if (u < 1 || u > 1024)
                     return cli_usage_error(cmd, "--max-seqs %s is not in 1..1024", v);
                 o.max_seqs = (uint32_t)u;
+            } else if (!strcmp(a, "--block-tokens")) {
+                if (u < 1 || u > 4096)
+                    return cli_usage_error(cmd, "--block-tokens %s is not in 1..4096", v);
+                o.block_tokens = (uint32_t)u;
             } else if (!strcmp(a, "--max-batch-tokens")) {
                 if (u < 1 || u > 1u << 20)
                     return cli_usage_error(cmd, "--max-batch-tokens %s is not in 1..1048576", v);

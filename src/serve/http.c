@@ -825,6 +825,8 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
     cJSON_AddNumberToObject(x, "computed_prompt_tokens", pt - ca);
     cJSON_AddNumberToObject(x, "public_prompt_tokens", pub);
     cJSON_AddNumberToObject(x, "ttft_ms", r->t_first > 0 ? (r->t_first - r->t_arrive) * 1e3 : 0);
+    /* waiting for admission (a sequence slot, the private budget): the cache is looked up then */
+    cJSON_AddNumberToObject(x, "queue_ms", r->t_admit > 0 ? (r->t_admit - r->t_arrive) * 1e3 : 0);
     cJSON_AddStringToObject(x, "tenant", r->tenant);
     double cpu = 0;
     for (int i = 0; i < n; i++)
@@ -1484,11 +1486,13 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
     eo.threads = o.threads;
     eo.kv_mem = o.kv_mem;
     eo.policy = o.policy;
+    if (o.block_tokens) eo.block_tokens = o.block_tokens;
     if (o.semantic_cache) eo.max_draft = 256; /* a cached answer verified in one pass */
     if (o.kv_mem) {
         /* private blocks: what max_seqs full sequences need, at most half the pool */
         uint64_t bb = ikv_model_kv_bytes_per_token(mc) * eo.block_tokens;
-        uint64_t nb = o.kv_mem / bb, full = (uint64_t)o.max_seqs * ((s->seq_len + 15) / 16);
+        uint64_t nb = o.kv_mem / bb, full = (uint64_t)o.max_seqs *
+                                                ((s->seq_len + eo.block_tokens - 1) / eo.block_tokens);
         eo.private_blocks = full < nb / 2 ? full : nb / 2;
         if (eo.private_blocks == 0) eo.private_blocks = 1;
     }
@@ -1553,10 +1557,10 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
     char d[512];
     snprintf(d, sizeof d,
              "model %s (dim %d, %d layers, %d heads / %d kv, vocab %d, context %d); KV pool %llu "
-             "blocks of 16 tokens (%.1f MiB): cache %llu blocks (policy %s), private %llu; "
+             "blocks of %u tokens (%.1f MiB): cache %llu blocks (policy %s), private %llu; "
              "max-seqs %u, max-batch-tokens %u, threads %d, %s%s; startup %.0f ms (measured)",
              s->model_name, mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->vocab_size,
-             mc->seq_len, (unsigned long long)es.pool_blocks,
+             mc->seq_len, (unsigned long long)es.pool_blocks, eo.block_tokens,
              (double)es.pool_blocks * (double)es.block_bytes / 1048576.0,
              (unsigned long long)es.cache_capacity, o.policy, (unsigned long long)es.private_budget,
              o.max_seqs, o.max_batch_tokens, o.threads,

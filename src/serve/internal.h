@@ -53,6 +53,7 @@ typedef struct srq {
     int nstop;
     char *user;
     double t_arrive;      /* ikv_now() at arrival */
+    double t_admit;       /* ikv_now() at its first admission (0: not yet) */
     double t_arrive_wall; /* time(NULL) at arrival (the answers' `created`) */
 
     /* shared (under mu) */

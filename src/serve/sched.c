@@ -283,6 +283,7 @@ static void admit(ikv_serve *s) {
             continue;
         }
         r->cached = info.cached_tokens;
+        r->t_admit = ikv_now();
         r->partial = info.partial_tokens;
         size_t lower = 0;
         for (size_t t = 1; t <= s->n_tiers; t++)
