@@ -27,13 +27,11 @@
 
 #include <cmocka.h>
 
+#include "testutil.h"
+
 /* ---- the server under test -------------------------------------------------------------- */
 
-typedef struct server {
-    pid_t pid;
-    int port;
-    char dir[64];
-} server;
+typedef tu_server server; /* pid, port, dir (the test's own files), banner */
 
 static server S1; /* tenants, public prefix */
 
@@ -50,73 +48,12 @@ static void write_file(const char *path, const char *text) {
 
 /* Starts isokv serve with extra arguments; fills sv. */
 static int server_start(server *sv, const char *const *extra) {
-    const char *bin = getenv("IKV_BIN");
-    if (!bin) {
-        fprintf(stderr, "IKV_BIN is not set (run through ctest)\n");
-        return -1;
-    }
-    int pfd[2];
-    if (pipe(pfd)) return -1;
-    const char *argv[40];
-    int n = 0;
-    argv[n++] = bin, argv[n++] = "serve", argv[n++] = "--port", argv[n++] = "0";
-    for (int i = 0; extra && extra[i]; i++)
-        argv[n++] = extra[i];
-    argv[n] = NULL;
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(pfd[1], 1);
-        close(pfd[0]), close(pfd[1]);
-        if (!getenv("IKV_SERVE_LOG")) {
-            FILE *null = fopen("/dev/null", "w");
-            if (null) dup2(fileno(null), 2);
-        }
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    close(pfd[1]);
-    sv->pid = pid, sv->port = 0;
-    char buf[4096];
-    size_t len = 0;
-    for (int waited = 0; waited < 600 && !sv->port; waited++) { /* at most 60 s */
-        struct pollfd p = {.fd = pfd[0], .events = POLLIN};
-        if (poll(&p, 1, 100) <= 0) continue;
-        ssize_t k = read(pfd[0], buf + len, sizeof buf - 1 - len);
-        if (k <= 0) break;
-        len += (size_t)k;
-        buf[len] = 0;
-        char *at = strstr(buf, "listening on http://127.0.0.1:");
-        if (at && strchr(at, '\n')) sv->port = atoi(at + strlen("listening on http://127.0.0.1:"));
-    }
-    close(pfd[0]); /* the server's later stdout writes go nowhere: it prints only at start */
-    if (!sv->port) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        sv->pid = 0;
-        return -1;
-    }
-    return 0;
+    return tu_serve_start(sv, extra);
 }
 
 /* SIGTERM, then waits (at most 30 s, then SIGKILL); returns the exit status or -1. */
 static int server_stop(server *sv) {
-    if (!sv->pid) return -1;
-    kill(sv->pid, SIGTERM);
-    int st = 0;
-    for (int i = 0; i < 300; i++) {
-        pid_t r = waitpid(sv->pid, &st, WNOHANG);
-        if (r == sv->pid) {
-            sv->pid = 0;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        }
-        usleep(100 * 1000);
-    }
-    kill(sv->pid, SIGKILL);
-    waitpid(sv->pid, NULL, 0);
-    sv->pid = 0;
-    return -1;
+    return tu_serve_stop(sv, 30);
 }
 
 static long rss_kib(pid_t pid) {
@@ -333,8 +270,7 @@ static void parse_sse(const char *body, sse *o) {
 static int setup(void **st) {
     (void)st;
     curl_global_init(CURL_GLOBAL_ALL);
-    snprintf(S1.dir, sizeof S1.dir, "/tmp/ikv_serve_testXXXXXX");
-    if (!mkdtemp(S1.dir)) return -1;
+    if (tu_tmpdir(S1.dir, sizeof S1.dir, "serve")) return -1;
     char keys[128], pub[128];
     snprintf(keys, sizeof keys, "%s/keys.json", S1.dir);
     snprintf(pub, sizeof pub, "%s/public.txt", S1.dir);
@@ -349,12 +285,7 @@ static int setup(void **st) {
 static int teardown(void **st) {
     (void)st;
     int rc = server_stop(&S1);
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "%s/keys.json", S1.dir);
-    unlink(cmd);
-    snprintf(cmd, sizeof cmd, "%s/public.txt", S1.dir);
-    unlink(cmd);
-    rmdir(S1.dir);
+    tu_rmtree(S1.dir);
     curl_global_cleanup();
     if (rc != 0) fprintf(stderr, "server exit status %d after SIGTERM (expected 0)\n", rc);
     return rc == 0 ? 0 : -1;
@@ -860,8 +791,7 @@ static server S2;
 
 static int setup_load(void **st) {
     (void)st;
-    snprintf(S2.dir, sizeof S2.dir, "/tmp/ikv_serve_loadXXXXXX");
-    if (!mkdtemp(S2.dir)) return -1;
+    if (tu_tmpdir(S2.dir, sizeof S2.dir, "serve_load")) return -1;
     char keys[128], pub[128];
     snprintf(keys, sizeof keys, "%s/keys.json", S2.dir);
     snprintf(pub, sizeof pub, "%s/public.txt", S2.dir);
@@ -879,12 +809,7 @@ static int S2_exit = -1; /* set by test_drain, which stops S2 itself */
 static int teardown_load(void **st) {
     (void)st;
     int rc = S2.pid ? server_stop(&S2) : S2_exit;
-    char p[160];
-    snprintf(p, sizeof p, "%s/keys.json", S2.dir);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/public.txt", S2.dir);
-    unlink(p);
-    rmdir(S2.dir);
+    tu_rmtree(S2.dir);
     return rc == 0 ? 0 : -1;
 }
 
@@ -1038,16 +963,8 @@ static void test_drain(void **st) {
         free(r[i].body);
     }
     curl_multi_cleanup(m);
-    int status = 0;
-    for (int k = 0; k < 300 && S2.pid; k++) {
-        if (waitpid(S2.pid, &status, WNOHANG) == S2.pid)
-            S2.pid = 0;
-        else
-            usleep(100 * 1000);
-    }
-    assert_int_equal(S2.pid, 0);
-    assert_true(WIFEXITED(status));
-    S2_exit = WEXITSTATUS(status);
+    S2_exit = tu_wait(S2.pid, 30); /* -1: killed by a signal, or still running after 30 s */
+    S2.pid = 0;
     assert_int_equal(S2_exit, 0);
 }
 
@@ -1058,8 +975,7 @@ static char tier_dir[64] = "", tier_file[128];
 
 static int setup_tiers(void **st) {
     (void)st;
-    snprintf(tier_dir, sizeof tier_dir, "/tmp/ikv_serve_tiersXXXXXX");
-    if (!mkdtemp(tier_dir)) return -1;
+    if (tu_tmpdir(tier_dir, sizeof tier_dir, "serve_tiers")) return -1;
     char spec[192];
     snprintf(tier_file, sizeof tier_file, "%s/kv.store", tier_dir);
     snprintf(spec, sizeof spec, "file:%s:4M", tier_file);
@@ -1078,8 +994,7 @@ static int teardown_tiers(void **st) {
     server *all[] = {&TREF, &TMEM, &TF1, &TF2};
     for (int i = 0; i < 4; i++)
         if (all[i]->pid && server_stop(all[i]) != 0) bad = 1;
-    unlink(tier_file);
-    if (tier_dir[0]) rmdir(tier_dir);
+    tu_rmtree(tier_dir);
     return bad ? -1 : 0;
 }
 
@@ -1224,30 +1139,14 @@ static void test_tier_file_shared(void **st) {
 /* Runs `isokv serve --port 0 ARGS...` to its exit (it must fail before listening, within
  * 30 s); returns the exit status. */
 static int serve_exit_code(const char *const *args) {
-    const char *bin = getenv("IKV_BIN");
-    assert_non_null(bin);
-    const char *argv[16] = {bin, "serve", "--port", "0"};
-    int n = 4;
+    const char *argv[16] = {"serve", "--port", "0"};
+    int n = 3;
     for (int i = 0; args[i] && n < 15; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        FILE *null = fopen("/dev/null", "w");
-        if (null) dup2(fileno(null), 1), dup2(fileno(null), 2);
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    for (int k = 0; k < 300; k++) {
-        if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        usleep(100 * 1000);
-    }
-    kill(pid, SIGKILL), waitpid(pid, NULL, 0);
-    fail_msg("serve %s did not exit", args[0]);
-    return -1;
+    int rc = tu_run_isokv(argv, NULL, NULL, 30);
+    if (rc < 0) fail_msg("serve %s did not exit", args[0]);
+    return rc;
 }
 
 /* Bad --tier values: a malformed spec is a usage error (2), an unwritable file a failure (1),
