@@ -1440,6 +1440,74 @@ static void test_preempt_same_text(void **st) {
         free(bodies[i]), free(ref[i]);
 }
 
+/* The error object of a request refused before anything started: status 400 with a JSON body
+ * (not a 200 event stream carrying an error event), OpenAI's invalid_request_error naming
+ * param, code context_length_exceeded, and a message containing has. */
+static void expect_never_fits(resp r, const char *param, const char *has) {
+    assert_non_null(strstr(r.ctype, "application/json"));
+    assert_null(strstr(r.body ? r.body : "", "data:"));
+    cJSON *j = json_of(&r);
+    assert_string_equal(str(j, "error", "type", NULL), "invalid_request_error");
+    assert_string_equal(str(j, "error", "code", NULL), "context_length_exceeded");
+    cJSON_Delete(j);
+    expect_error(r, 400, param, has);
+}
+
+/* A request that could never fit (prompt + max_tokens beyond the private KV budget, 160
+ * positions on TP, or beyond the model's context of 512 on TPREF) is a 400 before any stream
+ * starts, for plain and streamed requests alike; defaults are cut to what fits instead; nothing
+ * was queued or reserved for a refused request. */
+static void test_never_fits_400(void **st) {
+    (void)st;
+    double before = metric(TP.port, "isokv_requests_total{tenant=\"default\",status=\"400\"}");
+    if (before < 0) before = 0; /* no 400 yet: no series */
+    expect_never_fits(http(TP.port, "POST", "/v1/completions", NULL,
+                           "{\"prompt\":\"Once\",\"max_tokens\":200,\"stream\":true}"),
+                      "max_tokens", "private blocks");
+    expect_never_fits(http(TP.port, "POST", "/v1/chat/completions", NULL,
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                           "\"max_completion_tokens\":300,\"stream\":true}"),
+                      "max_completion_tokens", "at most 160 positions");
+    /* a prompt alone of 160 token ids leaves no room for a generated token */
+    char body[2048];
+    int k = snprintf(body, sizeof body, "{\"stream\":true,\"prompt\":[1");
+    for (int i = 1; i < 160; i++)
+        k += snprintf(body + k, sizeof body - (size_t)k, ",%d", 300 + i % 100);
+    snprintf(body + k, sizeof body - (size_t)k, "]}");
+    expect_never_fits(http(TP.port, "POST", "/v1/completions", NULL, body), "prompt", "160 tokens");
+    /* beyond the model's context on a server whose budget is larger */
+    expect_never_fits(http(TPREF.port, "POST", "/v1/completions", NULL,
+                           "{\"prompt\":\"Once\",\"max_tokens\":511,\"stream\":true}"),
+                      "max_tokens", "the model's context");
+    /* exactly what fits is served: the prompt and max_tokens fill the 160 positions */
+    resp r = http(TP.port, "POST", "/v1/completions", NULL,
+                  "{\"prompt\":\"Once\",\"max_tokens\":1,\"temperature\":0}");
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    double pt = num(j, "usage", "prompt_tokens", NULL);
+    cJSON_Delete(j), free(r.body);
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"Once\",\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true}",
+             160 - (int)pt);
+    r = http(TP.port, "POST", "/v1/completions", NULL, body);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    assert_true(num(j, "usage", "total_tokens", NULL) == 160);
+    cJSON_Delete(j), free(r.body);
+    /* a chat request without a limit gets the rest of what fits, not a refusal */
+    r = http(TP.port, "POST", "/v1/chat/completions", NULL,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"temperature\":0,"
+             "\"ignore_eos\":true}");
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    assert_true(num(j, "usage", "total_tokens", NULL) == 160);
+    cJSON_Delete(j), free(r.body);
+    /* the refusals were counted as 400s, and nothing stayed queued or reserved */
+    assert_true(metric(TP.port, "isokv_requests_total{tenant=\"default\",status=\"400\"}") >=
+                before + 3);
+    assert_true(metric(TP.port, "isokv_queued_requests") == 0);
+}
+
 /* Bad routing flags: an unknown or out-of-range plan key, an unknown model or GPU are usage
  * errors (2); a missing config file a failure (1). */
 static void test_route_flags(void **st) {
@@ -1494,7 +1562,8 @@ int main(void) {
                                        cmocka_unit_test(test_route_priority),
                                        cmocka_unit_test(test_route_flags)};
     rc |= cmocka_run_group_tests_name("serve_route", route, setup_route, teardown_route);
-    const struct CMUnitTest preempt[] = {cmocka_unit_test(test_preempt_same_text)};
+    const struct CMUnitTest preempt[] = {cmocka_unit_test(test_preempt_same_text),
+                                         cmocka_unit_test(test_never_fits_400)};
     rc |= cmocka_run_group_tests_name("serve_preempt", preempt, setup_preempt, teardown_preempt);
     for (int i = 0; i < 3; i++)
         free(REF_TEXT[i]);
