@@ -1078,6 +1078,8 @@ static void test_tier_mem(void **st) {
     cJSON *j = tier_complete(TMEM.port, 0);
     assert_string_equal(str(j, "choices", "0", "text", NULL), REF_TEXT[0]);
     assert_true(num(j, "usage", "isokv", "cached_tokens_by_tier", "mem", NULL) == 0);
+    /* the answers' tier_recomputed_tokens, over every request to TMEM */
+    double recomputed = num(j, "usage", "isokv", "tier_recomputed_tokens", NULL);
     cJSON_Delete(j);
     char *bodies[3] = {tier_body(1), tier_body(2), tier_body(0)};
     resp r[3];
@@ -1086,10 +1088,12 @@ static void test_tier_mem(void **st) {
         assert_int_equal(r[i].status, 200);
         cJSON *a = json_of(&r[i]);
         assert_string_equal(str(a, "choices", "0", "text", NULL), REF_TEXT[i + 1]);
+        recomputed += num(a, "usage", "isokv", "tier_recomputed_tokens", NULL);
         cJSON_Delete(a), free(r[i].body);
     }
     j = tier_complete(TMEM.port, 0);
     assert_string_equal(str(j, "choices", "0", "text", NULL), REF_TEXT[0]);
+    recomputed += num(j, "usage", "isokv", "tier_recomputed_tokens", NULL);
     double mem = num(j, "usage", "isokv", "cached_tokens_by_tier", "mem", NULL);
     if (mem < 16) fail_msg("prompt 0 again took %g tokens from the mem tier", mem);
     cJSON_Delete(j);
@@ -1099,6 +1103,7 @@ static void test_tier_mem(void **st) {
             assert_int_equal(r[i].status, 200);
             cJSON *a = json_of(&r[i]);
             assert_string_equal(str(a, "choices", "0", "text", NULL), REF_TEXT[(i + 1) % 3]);
+            recomputed += num(a, "usage", "isokv", "tier_recomputed_tokens", NULL);
             cJSON_Delete(a), free(r[i].body);
         }
     }
@@ -1111,6 +1116,26 @@ static void test_tier_mem(void **st) {
                                   "tier=\"mem\"}") >= mem);
     assert_true(metric(TMEM.port, "isokv_tier_recomputes_total{tier=\"mem\",why=\"failed\"}") ==
                 0);
+    /* one family, labelled by tier and why; its blocks are the tokens the answers reported */
+    double by_why = 0;
+    const char *why[] = {"cheaper", "failed", "no_room", "dropped"};
+    for (int w = 0; w < 4; w++) {
+        char series[128];
+        snprintf(series, sizeof series, "isokv_tier_recomputes_total{tier=\"mem\",why=\"%s\"}",
+                 why[w]);
+        double v = metric(TMEM.port, series);
+        if (v < 0) fail_msg("no series %s", series);
+        by_why += v;
+    }
+    if (by_why * 16 != recomputed)
+        fail_msg("%g blocks recomputed by why, %g tokens in the answers", by_why, recomputed);
+    resp mt = http(TMEM.port, "GET", "/metrics", NULL, NULL);
+    const char *p = mt.body, *type = "# TYPE isokv_tier_recomputes_total counter\n";
+    int types = 0;
+    while ((p = strstr(p, type)))
+        types++, p++;
+    assert_int_equal(types, 1);
+    free(mt.body);
     /* the reference server has no lower tier: no tier series, pool only */
     assert_true(metric(TREF.port, "isokv_blocks_demoted_total{tier=\"mem\"}") == -1);
     assert_true(metric(TREF.port, "isokv_cached_prompt_tokens_total{tenant=\"default\","

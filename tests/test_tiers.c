@@ -79,6 +79,19 @@ typedef struct out {
     ikv_prefill_info info;
 } out;
 
+/* The lower-tier hits recomputed, by tier and why, add up to recomputed_tier_tokens (none for
+ * the pool, index 0). */
+static void check_recomputed_by_why(const ikv_prefill_info *i) {
+    size_t sum = 0;
+    assert_int_equal(i->tier_cheaper_tokens[0] + i->tier_failed_tokens[0] +
+                         i->tier_noroom_tokens[0] + i->tier_dropped_tokens[0],
+                     0);
+    for (size_t t = 1; t < IKV_MAX_TIERS; t++)
+        sum += i->tier_cheaper_tokens[t] + i->tier_failed_tokens[t] + i->tier_noroom_tokens[t] +
+               i->tier_dropped_tokens[t];
+    assert_int_equal(sum, i->recomputed_tier_tokens);
+}
+
 /* Runs a request (prefill, DEC greedy decode steps); the engine must stay consistent. */
 static void run(ikv_engine *e, const uint32_t *t, size_t n, const char *tenant, size_t pub,
                 int no_cache, out *o) {
@@ -92,6 +105,7 @@ static void run(ikv_engine *e, const uint32_t *t, size_t n, const char *tenant, 
                       .logits_all = o->logits};
     ikv_seq *s;
     assert_int_equal(ikv_engine_begin(e, &rq, &s, &o->info), 0);
+    check_recomputed_by_why(&o->info);
     assert_true(ikv_engine_check(e));
     assert_true(ikv_cache_check(ikv_engine_cache(e)));
     uint32_t next = argmax(ikv_seq_logits(s), V);
@@ -210,12 +224,19 @@ static void test_load_or_recompute(void **st) {
     run(e, a, 100, NULL, 0, 0, &x);
     assert_int_equal(x.info.tier_tokens[1], 0);
     assert_int_equal(x.info.recomputed_tier_tokens, 64);
+    assert_int_equal(x.info.tier_cheaper_tokens[1], 64); /* why: the estimate, nothing failed */
+    assert_int_equal(x.info.tier_failed_tokens[1] + x.info.tier_noroom_tokens[1] +
+                         x.info.tier_dropped_tokens[1],
+                     0);
     assert_int_equal(x.info.computed_tokens, 68); /* A's first two blocks are in the pool */
     same(&x, &ref, 100, 32);
     ikv_engine_tier_stats ts;
     ikv_engine_tier_stats_get(e, 1, &ts);
     assert_int_equal(ts.recomputed_blocks, 4);
     assert_int_equal(ts.loaded_blocks, 0);
+    assert_int_equal(ts.failed_blocks + ts.recomputed_failed_blocks + ts.recomputed_noroom_blocks +
+                         ts.recomputed_dropped_blocks,
+                     0);
     /* recomputed blocks went back to the pool; B's now in the tier; a fast tier is loaded */
     run(e, b, 100, NULL, 0, 0, &y), freeo(&y);
     run(e, a, 100, NULL, 0, 0, &y), freeo(&y); /* pushes B down */
@@ -535,6 +556,11 @@ static void test_two_processes_file(void **st) {
     ikv_engine_tier_stats_get(e, 1, &ts);
     assert_int_equal(ts.store.corrupt, 6); /* every block of the run is verified */
     assert_int_equal(ts.failed_blocks, 1);
+    /* the failed load and the five after it are recomputed because of it, not as cheaper */
+    assert_int_equal(x.info.recomputed_tier_tokens, 96);
+    assert_int_equal(x.info.tier_failed_tokens[1], 96);
+    assert_int_equal(ts.recomputed_failed_blocks, 6);
+    assert_int_equal(ts.recomputed_blocks + ts.recomputed_noroom_blocks, 0);
     freeo(&x), freeo(&ref);
     ikv_engine_destroy(e);
     ikv_store_close(s);
