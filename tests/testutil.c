@@ -142,10 +142,18 @@ void tu_sleep(double secs) {
     }
 }
 
+/* Seconds on the monotonic clock. */
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 int tu_wait(pid_t pid, double secs) {
     if (pid <= 0) return -1;
     int st = 0;
-    for (double waited = 0; waited <= secs; waited += 0.01) {
+    const double deadline = now_s() + secs;
+    for (;;) {
         pid_t r = waitpid(pid, &st, WNOHANG);
         if (r == pid) {
             forget(pid);
@@ -155,6 +163,7 @@ int tu_wait(pid_t pid, double secs) {
             forget(pid);
             return -1;
         }
+        if (now_s() >= deadline) break;
         tu_sleep(0.01);
     }
     tu_kill(pid);
