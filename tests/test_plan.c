@@ -19,6 +19,7 @@
 #include "isokv/base.h"
 #include "isokv/cost.h"
 #include "isokv/plan.h"
+#include "testutil.h"
 
 static void walk(const ikv_plan_params *p, const char *model, const char *hw, ikv_plan_result *r) {
     const ikv_model_spec *m;
@@ -603,6 +604,22 @@ static void test_frontier_knee(void **st) {
     ikv_plan_frontier_free(&f);
 }
 
+/* One try of ikv_plan_frontier_build for tu_alloc_fail_each: a failed build leaves nothing
+ * to free. */
+typedef struct frontier_try {
+    const ikv_plan_params *p;
+    const ikv_model_spec *m;
+    const ikv_hw_spec *h;
+    ikv_plan_frontier *f;
+} frontier_try;
+
+static int try_frontier(void *ctx) {
+    frontier_try *t = ctx;
+    int rc = ikv_plan_frontier_build(t->p, t->m, t->h, 7, t->f);
+    if (rc) assert_null(t->f->cloud), assert_null(t->f->hull);
+    return rc;
+}
+
 /* The router on the frontier: the class cap holds for every candidate, the SLO picks the
  * cheapest point meeting it, the budget caps, and a frontier with too many levers is refused. */
 static void test_route_frontier(void **st) {
@@ -662,22 +679,10 @@ static void test_route_frontier(void **st) {
     const ikv_hw_spec *h;
     ikv_model_lookup("llama3-70b", &m);
     ikv_hw_lookup("h100", &h);
-    int ok = 0;
-    for (size_t k = 0; k < 16 && !ok; k++) {
-        ikv_alloc_fail_after(k);
-        int rc = ikv_plan_frontier_build(&p, m, h, 7, &f);
-        ikv_alloc_fail_after(SIZE_MAX);
-        if (rc == 0) {
-            ok = 1;
-            assert_true(k >= 3); /* cloud, scratch, hull indices, hull, configurations */
-            ikv_plan_frontier_free(&f);
-        } else {
-            assert_int_equal(rc, IKV_ENOMEM);
-            assert_null(f.cloud);
-            assert_null(f.hull);
-        }
-    }
-    assert_true(ok);
+    frontier_try t = {&p, m, h, &f};
+    size_t k = tu_alloc_fail_each(try_frontier, &t, 16);
+    assert_true(k >= 3); /* cloud, scratch, hull indices, hull, configurations */
+    ikv_plan_frontier_free(&f);
 }
 
 /* With a utility curve the knee is the hull point of highest u(L) - price C (the MRTS crossing

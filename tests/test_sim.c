@@ -20,6 +20,7 @@
 
 #include "isokv/gen.h"
 #include "isokv/sim.h"
+#include "testutil.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -39,15 +40,12 @@ static int setup_all(void **state) {
     (void)state;
     const char *src = getenv("IKV_SOURCE_DIR");
     if (src && chdir(src) != 0) return -1;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/ikv_test_sim.XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return tu_tmpdir(tmpdir, sizeof tmpdir, "sim");
 }
 
 static int teardown_all(void **state) {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_rmtree(tmpdir);
 }
 
 static void tmp_path(char *buf, size_t n, const char *name) {
@@ -938,7 +936,7 @@ static void test_cli_sweep(void **state) {
     assert_int_equal(st, 2);
     assert_non_null(strstr(out, "unknown eviction policy 'nosuch'"));
     free(out);
-    if (system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    if (tu_in_path("gnuplot")) {
         snprintf(args, sizeof args, "sim sweep " WEKA " --vary conversations=1,5 --capacity-tokens 50k --out %s",
                  dir);
         out = run_cmd(args, &st);

@@ -270,7 +270,16 @@ typedef struct ikv_prefill_info {
     size_t tier_tokens[IKV_MAX_TIERS]; /* prompt positions taken from each tier (0 = pool;
                                           1.. = the lower tiers, loaded) */
     size_t recomputed_tier_tokens;     /* positions found in a lower tier but recomputed
-                                          (cheaper, or the load failed) */
+                                          (for one of the four reasons below) */
+    /* recomputed_tier_tokens by tier (1.. as in tier_tokens; they add up to it) and why:
+     * cheaper: not loaded, recomputing was estimated cheaper (the split);
+     * failed: a load failed (miss, corrupt, mismatch, down): that block and the rest of its run;
+     * noroom: the pool had no free block to load into: that block and the rest of its run;
+     * dropped: loaded, then not kept for the request (recomputed into fresh blocks) */
+    size_t tier_cheaper_tokens[IKV_MAX_TIERS];
+    size_t tier_failed_tokens[IKV_MAX_TIERS];
+    size_t tier_noroom_tokens[IKV_MAX_TIERS];
+    size_t tier_dropped_tokens[IKV_MAX_TIERS];
     size_t lossy_tokens;               /* cached positions whose K/V went through a lossy (q8)
                                           tier, now or when a pool block was loaded */
     double seconds;         /* wall time of the call (measured) */
@@ -437,6 +446,10 @@ typedef struct ikv_engine_tier_stats {
     uint64_t loaded_blocks;   /* lower-tier hits loaded into the pool */
     uint64_t recomputed_blocks; /* lower-tier hits recomputed because that was cheaper */
     uint64_t failed_blocks;   /* loads that failed (miss, corrupt, mismatch, down): recomputed */
+    /* lower-tier hits recomputed for another reason than recomputed_blocks' (as the prefill
+     * info's tier_*_tokens): a load failed (that block and the rest of its run), no free pool
+     * block to load into, loaded then not kept */
+    uint64_t recomputed_failed_blocks, recomputed_noroom_blocks, recomputed_dropped_blocks;
     uint64_t probed_blocks;   /* blocks found by probing keys this index had never seen */
     uint64_t demoted_blocks;  /* blocks written into the tier */
     uint64_t deleted_blocks;  /* blocks deleted (dropped by the core, moved away) */

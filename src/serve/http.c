@@ -458,6 +458,13 @@ static int messages_segments(ikv_serve *s, const cJSON *msgs, srq *r, char *msg,
     return rc;
 }
 
+/* What bounds s->max_fit, for the error message (in buf). */
+static const char *fit_why(const ikv_serve *s, char *buf, size_t n) {
+    if (s->max_fit == s->seq_len) return "the model's context";
+    snprintf(buf, n, "the KV budget of %u private blocks: --kv-mem / --max-seqs", s->fit_blocks);
+    return buf;
+}
+
 /* Parses the request body into r, with prompt number `which` of a list of prompts; *nprompts
  * gets how many the request has. Returns 0, or an HTTP status with msg/param filled. */
 static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, int *nprompts,
@@ -755,13 +762,22 @@ prompt_done:
         r->public_tokens = (size_t)declared_pub;
         r->public_from_file = 0;
     }
-    if (r->n >= s->seq_len)
+    /* A request that could never be admitted is refused here, before anything is queued or a
+     * stream starts: the prompt and the tokens it asks for must fit the model's context and the
+     * private KV budget (s->max_fit positions; admission counts the blocks of prompt + limit
+     * that are not cached, so a request within max_fit always fits once the others end, and
+     * whether one is refused never depends on what the cache holds). */
+    char why[96];
+    if (r->n >= s->max_fit) {
+        *code = "context_length_exceeded";
         BAD(chat ? "messages" : "prompt",
-            "the prompt is %zu tokens; the model's context is %u tokens (room for at least one "
-            "generated token is needed)",
-            r->n, s->seq_len);
-    /* max_tokens: completions default 16 (OpenAI's), chat the rest of the context */
-    long maxt = chat ? (long)(s->seq_len - r->n) : 16;
+            "the prompt is %zu tokens; this server holds at most %u positions per request (%s) "
+            "and room for at least one generated token is needed",
+            r->n, s->max_fit, fit_why(s, why, sizeof why));
+    }
+    /* max_tokens: completions default 16 (OpenAI's), chat the rest of what fits; a default is
+     * cut to what fits, an explicit value that does not fit is refused */
+    long maxt = chat ? (long)(s->max_fit - r->n) : 16;
     const char *mname = chat ? "max_completion_tokens" : "max_tokens";
     f = cJSON_GetObjectItemCaseSensitive(j, mname);
     if (chat && !f) f = cJSON_GetObjectItemCaseSensitive(j, mname = "max_tokens");
@@ -770,8 +786,15 @@ prompt_done:
             f->valuedouble != (double)(long)f->valuedouble || f->valuedouble > 1e9)
             BAD(mname, "%s must be a positive integer", mname);
         maxt = (long)f->valuedouble;
+        if ((size_t)maxt > s->max_fit - r->n) {
+            *code = "context_length_exceeded";
+            BAD(mname,
+                "the prompt is %zu tokens and %s asks for %ld more, %zu in all; this server holds "
+                "at most %u positions per request (%s)",
+                r->n, mname, maxt, r->n + (size_t)maxt, s->max_fit, fit_why(s, why, sizeof why));
+        }
     }
-    if ((size_t)maxt > s->seq_len - r->n) maxt = (long)(s->seq_len - r->n);
+    if ((size_t)maxt > s->max_fit - r->n) maxt = (long)(s->max_fit - r->n);
     r->max_tokens = (uint32_t)maxt;
     /* the engine's scope: tenant, and the salt when given */
     {
@@ -1498,6 +1521,15 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
     }
     if (o.open_tiers && (rc = o.open_tiers(o.tiers_ctx, s->model, &eo))) goto fail;
     if ((rc = ikv_engine_create(s->model, &eo, &s->engine))) goto fail;
+    {
+        /* the most positions one request can hold: admission must find all its uncached
+         * blocks in the private budget, and an uncached request has none cached */
+        ikv_engine_stats es0;
+        ikv_engine_stats_get(s->engine, &es0);
+        uint64_t fit = es0.private_budget * eo.block_tokens;
+        s->max_fit = fit < s->seq_len ? (uint32_t)fit : s->seq_len;
+        s->fit_blocks = (uint32_t)es0.private_budget;
+    }
     s->n_tiers = eo.n_tiers;
     snprintf(s->tier_name[0], sizeof s->tier_name[0], "pool");
     for (size_t t = 1; t <= s->n_tiers; t++) {

@@ -145,6 +145,9 @@ struct ikv_serve {
     ikv_engine *engine;
     ikv_chunks *chunks; /* chunk store for "isokv": {"segments": ...} requests */
     uint32_t vocab, seq_len;
+    /* positions one request can ever hold: min(seq_len, the private budget of fit_blocks
+     * blocks); set at create, before the first request */
+    uint32_t max_fit, fit_blocks;
     size_t n_tiers;                      /* lower tiers (0: the pool alone) */
     ikv_plan_params plan;                /* the router's parameters (class caps, prices) */
     ikv_plan_result walk;                /* the walk it routes on (computed at create) */

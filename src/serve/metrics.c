@@ -220,14 +220,23 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
         put(&b, "isokv_tier_loads_total{tier=\"%s\"} %llu\n", s->tier_name[t + 1],
             (unsigned long long)m->tiers[t].loaded_blocks);
     head(&b, "isokv_tier_recomputes_total", "counter",
-         "lower-tier hits recomputed, by tier and why (cheaper: the measured choice; failed: "
-         "miss, corrupt, mismatch or down)");
-    for (size_t t = 0; t < s->n_tiers; t++)
+         "lower-tier hits recomputed, by tier and why (cheaper: the measured choice; failed: a "
+         "load failed, miss, corrupt, mismatch or down, and the rest of its run; no_room: no "
+         "free pool block to load into, and the rest of the run; dropped: loaded, then not "
+         "kept) (blocks)");
+    for (size_t t = 0; t < s->n_tiers; t++) {
+        const ikv_engine_tier_stats *x = &m->tiers[t];
+        const char *tn = s->tier_name[t + 1];
         put(&b,
             "isokv_tier_recomputes_total{tier=\"%s\",why=\"cheaper\"} %llu\n"
-            "isokv_tier_recomputes_total{tier=\"%s\",why=\"failed\"} %llu\n",
-            s->tier_name[t + 1], (unsigned long long)m->tiers[t].recomputed_blocks,
-            s->tier_name[t + 1], (unsigned long long)m->tiers[t].failed_blocks);
+            "isokv_tier_recomputes_total{tier=\"%s\",why=\"failed\"} %llu\n"
+            "isokv_tier_recomputes_total{tier=\"%s\",why=\"no_room\"} %llu\n"
+            "isokv_tier_recomputes_total{tier=\"%s\",why=\"dropped\"} %llu\n",
+            tn, (unsigned long long)x->recomputed_blocks, tn,
+            (unsigned long long)x->recomputed_failed_blocks, tn,
+            (unsigned long long)x->recomputed_noroom_blocks, tn,
+            (unsigned long long)x->recomputed_dropped_blocks);
+    }
     head(&b, "isokv_tier_resident_blocks", "gauge", "blocks the cache core holds in a lower tier");
     for (size_t t = 0; t < s->n_tiers; t++)
         put(&b, "isokv_tier_resident_blocks{tier=\"%s\"} %llu\n", s->tier_name[t + 1],
