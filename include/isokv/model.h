@@ -319,6 +319,19 @@ typedef struct ikv_step_item {
  * runs). Does not allocate. */
 int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n);
 
+/* Threads the following forward passes (ikv_engine_step, _begin, _decode, _verify, the chunk
+ * store's) run on: 1..options.threads (0 = all of them, the default after create). The work
+ * stays cut into options.threads fixed shares; with k threads, thread t runs shares t, t + k,
+ * ... one after the other, so every result is the same bits at any k (tested), only slower;
+ * threads k.. sleep (no spinning). Call between steps. Returns 0 or IKV_EINVAL (k out of range;
+ * nothing changed). Does not allocate. */
+int ikv_engine_set_threads(ikv_engine *e, int k);
+/* Threads the next forward pass runs on. */
+int ikv_engine_threads(const ikv_engine *e);
+/* CPU seconds the engine's worker threads (threads 1.., not the calling thread) have used
+ * since create, from their CPU clocks (measured; spinning while they wait for work counts). */
+double ikv_engine_worker_cpu(const ikv_engine *e);
+
 /* Pins the cached blocks wholly inside the first n_public tokens of `tokens` (the public
  * scope: a shared system prompt) for ttl requests (0 = until the engine ends), so eviction
  * leaves them. Returns 0, IKV_ENOENT (not all of them are cached and ready), IKV_EBUDGET (the
