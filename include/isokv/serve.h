@@ -54,6 +54,9 @@ typedef struct ikv_serve_options {
     const char *route_config, *route_model, *route_hw;
     const char *const *route_set;
     size_t n_route_set;
+    int route_frontier; /* 1: route on the efficient frontier of each class's levers
+                           (ikv_plan_route_frontier, as `isokv plan route --frontier`) instead
+                           of the seven-step walk */
     FILE *log;               /* one line per request (stderr) */
     uint32_t semantic_cache; /* response-cache entries (--semantic-cache[=SIZE]; 0 = off): a
                                 finished response is kept and the most similar one of the same

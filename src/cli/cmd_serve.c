@@ -30,7 +30,7 @@ static void help(FILE *f) {
           "                   [--public-prefix FILE] [--public-system] [--drain-s S]\n"
           "                   [--tier SPEC]... [--tier-dtype f32|q8] [--route-config FILE]\n"
           "                   [--route-set KEY=VALUE]... [--route-model M] [--route-hw H]\n"
-          "                   [--semantic-cache[=SIZE]]\n\n"
+          "                   [--route walk|frontier] [--semantic-cache[=SIZE]]\n\n"
           "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions,\n"
           "GET /v1/models, GET /health, GET /metrics (Prometheus). Continuous batching: one\n"
           "forward step serves every running sequence; prompts are prefilled in chunks within\n"
@@ -49,8 +49,11 @@ static void help(FILE *f) {
           "(default), complex) and latency target (isokv.slo_ms, X-Isokv-Slo-Ms) go to the\n"
           "planner's router (ikv_plan_route) on the walk of --route-model (llama3-70b) on\n"
           "--route-hw (h100); class caps and prices are plan parameters (--route-config FILE\n"
-          "as `isokv plan --config`, --route-set route.simple=1 as `isokv plan --set`). The\n"
-          "step is the request's scheduling priority (docs/serve.md, \"Routing\").\n"
+          "as `isokv plan --config`, --route-set route.simple=1 as `isokv plan --set`);\n"
+          "--route frontier routes on each class's efficient frontier instead (knee, SLO,\n"
+          "as `isokv plan route --frontier`). The step sets the request's priority, its\n"
+          "forward threads (1 below step 2, --threads from it), and from step 3 the response\n"
+          "cache (docs/serve.md, \"Routing\").\n"
           "--semantic-cache[=SIZE]: keep up to SIZE (1024) finished responses; a new request's\n"
           "most similar one (same tenant, or public) is verified by the model as a draft and\n"
           "only what the model itself would produce is served (docs/semantic.md); usage.isokv\n"
@@ -122,6 +125,11 @@ int ikv_cmd_serve(int argc, char **argv) {
             o.route_model = v;
         else if (!strcmp(a, "--route-hw"))
             o.route_hw = v;
+        else if (!strcmp(a, "--route")) {
+            if (strcmp(v, "walk") && strcmp(v, "frontier"))
+                return cli_usage_error(cmd, "--route '%s': walk or frontier", v);
+            o.route_frontier = !strcmp(v, "frontier");
+        }
         else if (!strcmp(a, "--route-set")) {
             if (o.n_route_set == sizeof route_set / sizeof route_set[0])
                 return cli_usage_error(cmd, "at most 32 --route-set options");

@@ -508,9 +508,7 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
     if (cls && ikv_req_class_parse(cls, &rc_cls))
         BAD(cls_param, "%s '%.40s' is not simple, medium or complex", cls_param, cls);
     r->cls = (int)rc_cls;
-    ikv_route_req rq = {.cls = rc_cls, .slo_s = r->slo_ms / 1e3};
-    ikv_plan_route(&s->plan, &s->walk, &rq, &r->route);
-    IKV_ASSERT(r->route.step <= r->route.class_cap); /* the hard cap */
+    ikv__route_request(s, r, rc_cls); /* the step and its levers; asserts the hard cap */
     r->prio = r->route.step;
 
     /* the prompt */
@@ -701,8 +699,23 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
     cJSON *ro = cJSON_AddObjectToObject(x, "route");
     cJSON_AddStringToObject(ro, "class", ikv_req_class_name((ikv_req_class)r->cls));
     cJSON_AddBoolToObject(ro, "class_given", r->has_class);
+    cJSON_AddStringToObject(ro, "router", s->opt.route_frontier ? "frontier" : "walk");
     cJSON_AddNumberToObject(ro, "step", r->route.step);
-    cJSON_AddStringToObject(ro, "step_name", s->walk.steps[r->route.step].name);
+    cJSON_AddStringToObject(ro, "step_name", ikv__route_step_name(s, r));
+    if (s->opt.route_frontier) cJSON_AddNumberToObject(ro, "point", r->route.point);
+    cJSON_AddStringToObject(ro, "config", ikv__route_config(s, r));
+    /* the levers the step set, and what the engine did: the most threads of any step */
+    cJSON_AddNumberToObject(ro, "threads", r->lv.threads);
+    cJSON_AddBoolToObject(ro, "response_cache", r->lv.rcache);
+    cJSON_AddBoolToObject(ro, "speculative", r->lv.spec);
+    int tmax = 0;
+    double ts = 0;
+    for (int i = 0; i < n; i++) {
+        if (g[i]->threads_max > tmax) tmax = g[i]->threads_max;
+        ts += g[i]->thread_s;
+    }
+    cJSON_AddNumberToObject(ro, "threads_used", tmax);
+    cJSON_AddNumberToObject(ro, "thread_ms", ts * 1e3);
     cJSON_AddNumberToObject(ro, "max_step", r->route.max_step);
     cJSON_AddNumberToObject(ro, "class_cap", r->route.class_cap);
     if (r->slo_ms > 0) {
@@ -1282,7 +1295,8 @@ static int route_setup(ikv_serve *s, const ikv_serve_options *o) {
     const ikv_hw_spec *hw;
     if ((rc = ikv_model_lookup(o->route_model ? o->route_model : "llama3-70b", &m))) return rc;
     if ((rc = ikv_hw_lookup(o->route_hw ? o->route_hw : "h100", &hw))) return rc;
-    return ikv_plan_walk(&s->plan, m, hw, &s->walk);
+    if ((rc = ikv_plan_walk(&s->plan, m, hw, &s->walk))) return rc;
+    return o->route_frontier ? ikv__route_setup_frontier(s, m, hw) : 0;
 }
 
 static char *model_name_of(const char *path) {
@@ -1354,6 +1368,7 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
     }
     if (o.open_tiers && (rc = o.open_tiers(o.tiers_ctx, s->model, &eo))) goto fail;
     if ((rc = ikv_engine_create(s->model, &eo, &s->engine))) goto fail;
+    s->max_threads = ikv_engine_threads(s->engine);
     s->n_tiers = eo.n_tiers;
     snprintf(s->tier_name[0], sizeof s->tier_name[0], "pool");
     for (size_t t = 1; t <= s->n_tiers; t++) {
@@ -1484,6 +1499,7 @@ void ikv_serve_destroy(ikv_serve *s) {
     ikv_free(s->running);
     ikv_free(s->logit_scratch);
     ikv_respcache_destroy(s->rcache);
+    ikv__route_free(s);
     ikv_free(s->model_name), ikv_free(s->model_path), ikv_free(s->describe);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->sched_cv);

@@ -44,14 +44,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-/* Process CPU seconds (every thread: the engine's workers and the HTTP threads). */
-static double ikv_cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Appends len bytes to r's text (mu held). Returns 0 or IKV_ENOMEM. */
 static int text_append(srq *r, const char *p, size_t len) {
@@ -244,6 +236,7 @@ static void admit(ikv_serve *s) {
         if (r->segs) {
             /* a structured request: the chunk store's whole prefill now (the blend pass or the
              * exact one), under the lock, so the step loop finds it decoding */
+            IKV_ASSERT(ikv_engine_set_threads(s->engine, r->lv.threads) == 0);
             ikv_blend_request br = {.segs = r->segs, .n_segs = r->nsegs, .tenant = r->scope,
                                     .ratio = r->blend_ratio, .max_dev = -1,
                                     .max_new = r->max_tokens};
@@ -427,8 +420,13 @@ static int semantic_first(ikv_serve *s, srq *r) {
     ikv_verify v = {.draft = c->output, .k = k, .sampler = r->smp};
     const uint32_t id = c->id;
     pthread_mutex_unlock(&s->mu);
+    IKV_ASSERT(ikv_engine_set_threads(s->engine, r->lv.threads) == 0); /* its step's threads */
+    const double t0 = ikv_now(), c0 = ikv__route_cpu_now(s);
     int rc = ikv_engine_verify(s->engine, r->seq, &v);
+    const double wall = ikv_now() - t0, cpu = ikv__route_cpu_now(s) - c0;
     pthread_mutex_lock(&s->mu);
+    r->cpu_s += cpu, r->thread_s += wall * r->lv.threads;
+    if (r->lv.threads > r->threads_max) r->threads_max = r->lv.threads;
     IKV_ASSERT(rc == 0); /* k fits the sequence's room and max_draft */
     s->met.sem_verified++;
     s->met.sem_accepted += v.accepted;
@@ -454,7 +452,8 @@ void *ikv__serve_sched(void *arg) {
     const uint32_t maxs = s->opt.max_seqs;
     ikv_step_item *items = ikv_calloc(maxs, sizeof *items);
     srq **map = ikv_calloc(maxs, sizeof *map);
-    IKV_ASSERT(items && map); /* allocated once; create checked the memory is there */
+    srv_acct *acct = ikv_calloc(maxs, sizeof *acct);
+    IKV_ASSERT(items && map && acct); /* allocated once; create checked the memory is there */
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
         for (size_t i = 0; i < s->nrunning;)
@@ -504,10 +503,8 @@ void *ikv__serve_sched(void *arg) {
             prefill_tokens += cnt;
         }
         pthread_mutex_unlock(&s->mu);
-        double cpu0 = ikv_cpu_now();
-        int rc = ikv_engine_step(s->engine, items, ni);
-        IKV_ASSERT(rc == 0); /* items are built from running sequences within their limits */
-        double cpu = ikv_cpu_now() - cpu0;
+        /* one engine step per thread count the requests' routed steps give (route.c) */
+        ikv__route_step_run(s, items, map, ni, acct);
         ikv_engine_stats es;
         ikv_cache_stats cs;
         ikv_engine_stats_get(s->engine, &es);
@@ -523,12 +520,8 @@ void *ikv__serve_sched(void *arg) {
         s->met.steps++;
         s->met.step_rows += ni;
         s->met.step_prefill_tokens += prefill_tokens;
-        /* the step's CPU seconds, shared by positions: a decode row 1, a chunk its length */
-        size_t rows = 0;
-        for (size_t k = 0; k < ni; k++)
-            rows += items[k].done;
-        for (size_t k = 0; k < ni && rows; k++)
-            map[k]->cpu_s += cpu * (double)items[k].done / (double)rows;
+        /* each group's CPU and thread-seconds, shared by positions (route.c) */
+        ikv__route_step_account(s, map, ni, acct);
         for (size_t k = 0; k < ni; k++) {
             srq *r = map[k];
             if (ikv_seq_pending(r->seq) || r->state != SRQ_RUNNING) continue;
@@ -541,9 +534,9 @@ void *ikv__serve_sched(void *arg) {
             while (idx < s->nrunning && s->running[idx] != r)
                 idx++;
             IKV_ASSERT(idx < s->nrunning);
-            /* the response cache is the routing step 3 lever (a draft the model verifies is
-             * speculative decoding): requests routed below it do not use it */
-            if (s->rcache && r->ntok == 0 && !r->sem_done && r->route.step >= 3 &&
+            /* the response cache is a speculation lever (a draft the model verifies):
+             * requests whose routed step has no speculation do not use it (route.c) */
+            if (s->rcache && r->ntok == 0 && !r->sem_done && r->lv.rcache &&
                 semantic_first(s, r))
                 continue;
             memcpy(s->logit_scratch, ikv_seq_logits(r->seq), sizeof(float) * s->vocab);
@@ -563,5 +556,6 @@ void *ikv__serve_sched(void *arg) {
     pthread_mutex_unlock(&s->mu);
     ikv_free(items);
     ikv_free(map);
+    ikv_free(acct);
     return NULL;
 }
