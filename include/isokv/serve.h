@@ -61,6 +61,11 @@ typedef struct ikv_serve_options {
     uint32_t semantic_cache; /* response-cache entries (--semantic-cache[=SIZE]; 0 = off): a
                                 finished response is kept and the most similar one of the same
                                 tenant (or public) is verified as a draft for a new request */
+    uint64_t semantic_cache_bytes; /* and at most these bytes of entries (0 = no byte bound;
+                                      --semantic-cache=64M): ikv_respcache_options.max_bytes */
+    uint32_t spec_ngram, spec_k; /* --spec lookup[:n=N,k=K]: prompt-lookup drafts for every
+                                    request routed to step >= 3 (k = 0: off; a request may switch
+                                    it with "isokv": {"spec": "lookup" | "off"}) */
 } ikv_serve_options;
 
 void ikv_serve_options_default(ikv_serve_options *o);

@@ -25,6 +25,9 @@ int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf
  * Returns 0 on success, -1 if the text is not a whole non-negative number. cli_parse_u64 is
  * the same parser (ikv_parse_count): every count flag takes the suffixes. */
 int cli_parse_count(const char *s, uint64_t *out);
+/* "lookup[:n=N,k=K]" (--spec of isokv run and serve): sets *ng and *k when given (1..256
+ * each). Returns 0, or -1 for anything else. (cmd_run.c) */
+int cli_parse_spec(const char *v, uint64_t *ng, uint64_t *k);
 
 /* Parse a finite double / a non-negative integer that must use the whole string. */
 int cli_parse_double(const char *s, double *out);

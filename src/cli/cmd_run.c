@@ -127,8 +127,8 @@ static void emit(void *vc, const uint32_t *t, size_t n) {
     fflush(stdout);
 }
 
-/* Parses "lookup[:n=N,k=K]". Returns 0 or -1. */
-static int parse_spec(const char *v, uint64_t *ng, uint64_t *k) {
+/* Parses "lookup[:n=N,k=K]" (cli.h; isokv run and serve). Returns 0 or -1. */
+int cli_parse_spec(const char *v, uint64_t *ng, uint64_t *k) {
     if (strncmp(v, "lookup", 6) || (v[6] && v[6] != ':')) return -1;
     const char *p = v[6] ? v + 7 : v + 6;
     while (*p) {
@@ -323,7 +323,7 @@ int ikv_cmd_run(int argc, char **argv) {
             bad = cli_parse_u64(v, &repeat) || repeat == 0 || repeat > 1000;
         else if (!strcmp(a, "--spec")) {
             spec_n = 3;
-            bad = parse_spec(v, &spec_n, &spec_k);
+            bad = cli_parse_spec(v, &spec_n, &spec_k);
         } else if (!strcmp(a, "--prompts"))
             prompts_path = v;
         else if (!strcmp(a, "--max-draft"))

@@ -30,7 +30,8 @@ static void help(FILE *f) {
           "                   [--public-prefix FILE] [--public-system] [--drain-s S]\n"
           "                   [--tier SPEC]... [--tier-dtype f32|q8] [--route-config FILE]\n"
           "                   [--route-set KEY=VALUE]... [--route-model M] [--route-hw H]\n"
-          "                   [--route walk|frontier] [--semantic-cache[=SIZE]]\n\n"
+          "                   [--route walk|frontier] [--semantic-cache[=SIZE]]\n"
+          "                   [--spec lookup[:n=3,k=8]]\n\n"
           "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions,\n"
           "GET /v1/models, GET /health, GET /metrics (Prometheus). Continuous batching: one\n"
           "forward step serves every running sequence; prompts are prefilled in chunks within\n"
@@ -52,12 +53,18 @@ static void help(FILE *f) {
           "as `isokv plan --config`, --route-set route.simple=1 as `isokv plan --set`);\n"
           "--route frontier routes on each class's efficient frontier instead (knee, SLO,\n"
           "as `isokv plan route --frontier`). The step sets the request's priority, its\n"
-          "forward threads (1 below step 2, --threads from it), and from step 3 the response\n"
-          "cache (docs/serve.md, \"Routing\").\n"
-          "--semantic-cache[=SIZE]: keep up to SIZE (1024) finished responses; a new request's\n"
-          "most similar one (same tenant, or public) is verified by the model as a draft and\n"
-          "only what the model itself would produce is served (docs/semantic.md); usage.isokv\n"
-          "and isokv_semcache_* metrics count it.\n",
+          "forward threads (1 below step 2, --threads from it) and, from step 3,\n"
+          "speculation: --spec and --semantic-cache (docs/serve.md, \"Routing\").\n"
+          "--semantic-cache[=SIZE]: keep finished responses, SIZE entries (digits: 1024 by\n"
+          "default) or SIZE bytes (a k/M/G suffix: 64M; prompt and output tokens and a fixed\n"
+          "part per entry count); a new request's most similar one (same tenant, or public) is\n"
+          "verified by the model as a draft inside the batched step and only what the model\n"
+          "itself would produce is served (docs/semantic.md). --spec lookup[:n=N,k=K]:\n"
+          "prompt-lookup drafts (K tokens after the latest match of the last N..1 tokens;\n"
+          "3, 8), verified in the same step. Both apply to requests routed to step 3 or above;\n"
+          "a request switches them with \"isokv\": {\"spec\": \"lookup\"|\"off\",\n"
+          "\"semantic_cache\": true|false}. usage.isokv.speculative, usage.isokv.semantic_cache,\n"
+          "isokv_spec_* and isokv_semcache_* metrics count them.\n",
           f);
     fputs(cli_tiers_help, f);
 }
@@ -98,15 +105,31 @@ int ikv_cmd_serve(int argc, char **argv) {
         }
         if (!strncmp(a, "--semantic-cache", 16) && (a[16] == 0 || a[16] == '=')) {
             uint64_t sz = 1024;
-            if (a[16] == '=' && (cli_parse_count(a + 17, &sz) || sz == 0 || sz > 1000000))
-                return cli_usage_error(cmd, "--semantic-cache=%s is not a size in 1..1000000",
-                                       a + 17);
+            const char *v = a + 17;
+            const size_t L = a[16] == '=' ? strlen(v) : 0;
+            if (L && strchr("kKmMgGtT", v[L - 1])) { /* bytes */
+                if (cli_parse_count(v, &sz) || sz < 4096)
+                    return cli_usage_error(cmd, "--semantic-cache=%s is not a byte size of at "
+                                           "least 4k (or entries: digits alone)", v);
+                o.semantic_cache_bytes = sz;
+                /* entries: room for entries of 2 KiB on average, 16 .. 1000000 */
+                sz = sz / 2048 < 16 ? 16 : sz / 2048 > 1000000 ? 1000000 : sz / 2048;
+            } else if (a[16] == '=' && (cli_parse_count(v, &sz) || sz == 0 || sz > 1000000))
+                return cli_usage_error(cmd, "--semantic-cache=%s is not a number of entries in "
+                                       "1..1000000 or a byte size (64M)", v);
             o.semantic_cache = (uint32_t)sz;
             continue;
         }
         if (i + 1 >= argc) return cli_usage_error(cmd, "%s needs a value (see --help)", a);
         const char *v = argv[++i];
         uint64_t u;
+        if (!strcmp(a, "--spec")) {
+            uint64_t ng = 3, k = 8;
+            if (cli_parse_spec(v, &ng, &k))
+                return cli_usage_error(cmd, "--spec '%s' is not lookup[:n=N,k=K] (1..256)", v);
+            o.spec_ngram = (uint32_t)ng, o.spec_k = (uint32_t)k;
+            continue;
+        }
         if (!strcmp(a, "--model"))
             o.model = v;
         else if (!strcmp(a, "--tokenizer"))

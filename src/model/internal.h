@@ -217,6 +217,7 @@ struct ikv_seq {
      * its prefill chunks took, for ikv__tiers_done when the prompt is complete */
     uint32_t tier_m, tier_ins;
     double prefill_s;
+    uint32_t vnb0; /* ikv_engine_step with a draft: n_blocks before its rows (roll-back) */
 };
 
 struct ikv_engine {

@@ -54,6 +54,7 @@ static void srq_free(srq *r) {
         ikv_free(r->stop[i]);
     ikv_free(r->text);
     ikv_free(r->otok);
+    ikv_free(r->cand), ikv_free(r->dbuf);
     pthread_cond_destroy(&r->cv);
     srq *l = r->leader;
     ikv_free(r);
@@ -510,6 +511,30 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
     r->cls = (int)rc_cls;
     ikv__route_request(s, r, rc_cls); /* the step and its levers; asserts the hard cap */
     r->prio = r->route.step;
+    /* speculative decoding: the server's defaults for requests whose routed step allows it
+     * (route.c: step 3 or above on the walk, a point with a draft on the frontier), then the
+     * request's own switches, which may turn a lever off but never on past its step */
+    r->spec.ngram = s->opt.spec_k ? s->opt.spec_ngram : 3;
+    r->spec.k = s->opt.spec_k ? s->opt.spec_k : 8;
+    r->spec.lookup = s->opt.spec_k > 0 && r->lv.spec;
+    r->spec.semantic = r->lv.rcache;
+    if (f && cJSON_IsObject(f)) {
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(f, "spec");
+        if (sp && !cJSON_IsNull(sp)) {
+            if (!cJSON_IsString(sp) ||
+                (strcmp(sp->valuestring, "lookup") && strcmp(sp->valuestring, "off")))
+                BAD("isokv.spec", "isokv.spec must be \"lookup\" or \"off\"");
+            r->spec.lookup = !strcmp(sp->valuestring, "lookup");
+        }
+        const cJSON *sc = cJSON_GetObjectItemCaseSensitive(f, "semantic_cache");
+        if (sc && !cJSON_IsNull(sc)) {
+            if (!cJSON_IsBool(sc))
+                BAD("isokv.semantic_cache", "isokv.semantic_cache must be true or false");
+            r->spec.semantic = s->rcache && cJSON_IsTrue(sc); /* needs --semantic-cache */
+        }
+    }
+    r->spec.lookup = r->spec.lookup && r->lv.spec; /* the hard cap (route.c) */
+    r->spec.semantic = r->spec.semantic && r->lv.rcache;
 
     /* the prompt */
     int rc = 0;
@@ -706,8 +731,8 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
     cJSON_AddStringToObject(ro, "config", ikv__route_config(s, r));
     /* the levers the step set, and what the engine did: the most threads of any step */
     cJSON_AddNumberToObject(ro, "threads", r->lv.threads);
-    cJSON_AddBoolToObject(ro, "response_cache", r->lv.rcache);
-    cJSON_AddBoolToObject(ro, "speculative", r->lv.spec);
+    cJSON_AddBoolToObject(ro, "speculation_allowed", r->lv.spec);
+    cJSON_AddBoolToObject(ro, "response_cache_allowed", r->lv.rcache);
     int tmax = 0;
     double ts = 0;
     for (int i = 0; i < n; i++) {
@@ -732,6 +757,12 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
         cJSON_AddNumberToObject(x, "blend_deviation_max", b->deviation_max);
         cJSON_AddBoolToObject(x, "blended", !b->full);
     }
+    cJSON *sp = cJSON_AddObjectToObject(x, "speculative");
+    cJSON_AddStringToObject(sp, "spec", r->spec.lookup ? "lookup" : "off");
+    cJSON_AddBoolToObject(sp, "semantic_cache", r->spec.semantic);
+    cJSON_AddNumberToObject(sp, "draft_steps", (double)r->spec_steps);
+    cJSON_AddNumberToObject(sp, "draft_tokens", (double)r->spec_draft);
+    cJSON_AddNumberToObject(sp, "accepted_tokens", (double)r->spec_accepted);
     if (r->sem_done) {
         cJSON *sc = cJSON_AddObjectToObject(x, "semantic_cache");
         cJSON_AddNumberToObject(sc, "candidates", (double)r->sem_cands);
@@ -1358,7 +1389,10 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
     eo.threads = o.threads;
     eo.kv_mem = o.kv_mem;
     eo.policy = o.policy;
-    if (o.semantic_cache) eo.max_draft = 256; /* a cached answer verified in one pass */
+    /* drafts: a cached answer verified in one step; lookup drafts of spec_k (8 when a request
+     * asks for lookup on a server without --spec) */
+    eo.max_draft = o.semantic_cache ? 256 : o.spec_k > 8 ? o.spec_k : 8;
+    if (o.spec_k > eo.max_draft) eo.max_draft = o.spec_k;
     if (o.kv_mem) {
         /* private blocks: what max_seqs full sequences need, at most half the pool */
         uint64_t bb = ikv_model_kv_bytes_per_token(mc) * eo.block_tokens;
@@ -1399,6 +1433,7 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
         ikv_respcache_options ro;
         ikv_respcache_options_default(&ro);
         ro.capacity = o.semantic_cache;
+        ro.max_bytes = o.semantic_cache_bytes;
         ro.max_tokens = s->seq_len;
         if ((rc = ikv_respcache_create(&ro, &s->rcache))) goto fail;
     }

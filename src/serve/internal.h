@@ -43,6 +43,18 @@ typedef struct srv_acct {
     int first;              /* the group's first item (counts the group once) */
 } srv_acct;
 
+/* Per-request speculative decoding: the switches a request runs with (set once at parse from
+ * the server's defaults, its route and its "isokv" fields; read-only after). The draft of each
+ * decode step comes from the response cache's candidate while the output follows it, else
+ * from prompt lookup; it is verified as extra rows of the batched step (ikv_step_item.draft),
+ * so the output is exactly what decoding without it gives (greedy: the same tokens). */
+typedef struct srv_spec {
+    int lookup;     /* 1: prompt-lookup drafts (n-gram ngram..1, k tokens a step) */
+    int semantic;   /* 1: the response cache proposes a candidate's output as the draft */
+    uint32_t ngram; /* lookup n-gram length (3) */
+    uint32_t k;     /* lookup draft tokens a step (8) */
+} srv_spec;
+
 typedef struct srq {
     uint64_t id;
     int chat, stream, include_usage, ignore_eos;
@@ -105,6 +117,15 @@ typedef struct srq {
     uint32_t next;  /* token to decode next */
     uint32_t prev;  /* previous token (detokenizing) */
     uint32_t *otok; /* [max_tokens] output token ids (kept for the response cache) */
+    srv_spec spec;  /* speculative decoding switches (above) */
+    uint32_t *cand; /* [ncand] the response cache's candidate output (a copy), or NULL */
+    size_t ncand;
+    uint32_t cand_id;  /* its entry id (ikv_respcache_used) */
+    int cand_on;       /* 1 while the output so far equals cand's first tokens */
+    size_t cand_chk;   /* output tokens compared with cand so far */
+    uint32_t *dbuf;    /* [spec.k] lookup draft of the current step */
+    size_t spec_steps, spec_draft, spec_accepted; /* steps with a draft, draft tokens proposed,
+                                                     accepted (both sources) */
     int sem_done;   /* the response cache was consulted */
     size_t sem_cands, sem_accepted, sem_rejected, sem_saved; /* candidates, draft tokens
                        accepted / rejected, decode steps saved (accepted - 1 per verify) */
@@ -134,6 +155,8 @@ typedef struct srv_metrics {
     uint64_t steps, step_rows, step_prefill_tokens, cancelled, preempted;
     /* response cache */
     uint64_t sem_lookups, sem_verified, sem_accepted, sem_rejected, sem_saved, sem_hits;
+    /* speculative decoding in the step (lookup and response-cache drafts) */
+    uint64_t spec_steps, spec_draft_tokens, spec_accepted_tokens, spec_lookup_accepted;
     ikv_respcache_stats sem;
     /* snapshots the scheduler takes after each step (the engine is its alone) */
     ikv_engine_stats eng;
@@ -204,6 +227,19 @@ const char *ikv__route_config(const ikv_serve *s, const srq *r);
 void ikv__route_step_run(ikv_serve *s, ikv_step_item *items, srq **map, size_t n, srv_acct *acct);
 void ikv__route_step_account(ikv_serve *s, srq **map, size_t n, const srv_acct *acct);
 double ikv__route_cpu_now(const ikv_serve *s);
+/* spec.c: speculative decoding in the scheduler (mu held).
+ * ikv__spec_first: the prompt of r is done and its first token not sampled: looks up the
+ * response cache (spec.semantic) and keeps a copy of the best candidate; returns the first
+ * token (the candidate's when the acceptance rule takes it, else a sample). Returns 0 or
+ * IKV_ENOMEM (no candidate kept; *tok still set).
+ * ikv__spec_draft: the draft for r's next decode step (after its lead r->next), at most kmax
+ * tokens: the candidate's continuation while the output follows it, else a prompt-lookup
+ * draft; blocks for it reserved (shorter when the private budget is short, never a
+ * preemption). Returns its length (0: none) and sets *draft.
+ * ikv__spec_done: records a step's verified draft (k proposed, `accepted` kept). */
+int ikv__spec_first(ikv_serve *s, srq *r, uint32_t *tok);
+size_t ikv__spec_draft(ikv_serve *s, srq *r, size_t kmax, const uint32_t **draft);
+void ikv__spec_done(ikv_serve *s, srq *r, const uint32_t *draft, size_t k, size_t accepted);
 
 /* sched.c: the scheduler thread's body. */
 void *ikv__serve_sched(void *arg);

@@ -179,7 +179,7 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
             {"isokv_semcache_accepted_tokens_total", "draft tokens the model accepted (served)"},
             {"isokv_semcache_rejected_tokens_total", "draft tokens the model refused"},
             {"isokv_semcache_decode_steps_saved_total",
-             "decode steps replaced (accepted tokens minus one verify pass each)"},
+             "decode steps replaced (accepted draft tokens, verified inside the batched step)"},
             {"isokv_semcache_hits_total", "requests with at least one accepted cached token"},
         };
         const uint64_t v[6] = {m->sem_lookups,  m->sem_verified, m->sem_accepted,
@@ -192,7 +192,20 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
                m->sem.entries);
         scalar(&b, "isokv_semcache_evictions_total", "counter", "responses evicted (policy)",
                m->sem.evictions);
+        scalar(&b, "isokv_semcache_bytes", "gauge",
+               "accounted bytes of the responses held (tokens and a fixed part per entry)",
+               m->sem.bytes);
+        scalar(&b, "isokv_semcache_max_bytes", "gauge", "the byte budget (0: entries alone)",
+               m->sem.max_bytes);
     }
+    scalar(&b, "isokv_spec_steps_total", "counter",
+           "decode rows that carried a draft (response cache or prompt lookup)", m->spec_steps);
+    scalar(&b, "isokv_spec_draft_tokens_total", "counter", "draft tokens verified in steps",
+           m->spec_draft_tokens);
+    scalar(&b, "isokv_spec_accepted_tokens_total", "counter",
+           "draft tokens accepted (each a decode step not run)", m->spec_accepted_tokens);
+    scalar(&b, "isokv_spec_lookup_accepted_tokens_total", "counter",
+           "of them from prompt-lookup drafts", m->spec_lookup_accepted);
     scalar(&b, "isokv_partial_block_hits_total", "counter",
            "admissions that copied a cached or parked partial block (copy-on-write)",
            e->partial_hits);

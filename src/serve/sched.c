@@ -28,13 +28,16 @@
  *      unfinished UTF-8 character, is held back until decided), finish at EOS/BOS ("stop"), a
  *      stop string ("stop") or max_tokens ("length"); wake the request's HTTP thread.
  *
- * Response cache (--semantic-cache): when a request's prompt is done, before its first token
- * is sampled, the most similar finished response of its scope (or a public one) is looked up;
- * greedy requests take the best candidate whose first token is the argmax (free to check),
- * sampled ones the best candidate. Its output is verified as a draft in one forward
- * (ikv_engine_verify, mu released): the accepted tokens are taken at once (a streaming client
- * gets them as one burst), and the token at the first mismatch continues normal decoding. A
- * request that finishes (stop or length, status 200) stores its output.
+ * Speculative decoding (spec.c; per request: srq.spec): a decoding sequence's row may carry a
+ * draft, the response cache's candidate output (--semantic-cache: the most similar finished
+ * response of its scope or a public one, looked up when the prompt is done, its first token
+ * taken by the acceptance rule) while the output follows it, else a prompt-lookup draft
+ * (--spec lookup). The draft is verified as 1 + k rows of the same batched step as every
+ * other sequence's decode (ikv_engine_step), so a verify never stalls the others; its
+ * accepted tokens and the token at the first mismatch are taken at once (a streaming client
+ * gets them as one burst). Drafts take what the step's rows leave (ikv_engine_max_rows) and
+ * count against --max-batch-tokens. A request that finishes (stop or length, status 200)
+ * stores its output in the response cache.
  *
  * Allocation: the sampler and text buffers of a request are allocated per request, never per
  * token in steady state (the text buffer grows geometrically).
@@ -386,65 +389,28 @@ static int take_token(ikv_serve *s, size_t idx, uint32_t tok) {
     return 0;
 }
 
-static uint32_t argmax(const float *x, uint32_t n) {
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
-/* The response cache for a request whose prompt is done (mu held; released during the
- * verify). Returns 1 if it took the request's tokens (its first token included), 0 if the
- * caller samples as usual. */
-static int semantic_first(ikv_serve *s, srq *r) {
-    r->sem_done = 1;
-    ikv_respcache_hit h[3];
-    size_t nh = ikv_respcache_lookup(s->rcache, r->scope, r->tokens, r->n, h, 3);
-    s->met.sem_lookups++;
-    r->sem_cands = nh;
-    const ikv_respcache_hit *c = NULL;
-    const float *lg = ikv_seq_logits(r->seq);
-    const uint32_t want = r->temperature == 0.0f ? argmax(lg, s->vocab) : 0;
-    for (size_t i = 0; i < nh && !c; i++)
-        if (r->temperature != 0.0f || h[i].output[0] == want) c = &h[i];
-    if (!c) return 0;
-    size_t k = c->n_output < 256 ? c->n_output : 256;
-    if (k > r->max_tokens) k = r->max_tokens;
-    if (k > ikv_seq_room(r->seq)) k = ikv_seq_room(r->seq);
-    /* the draft's blocks come from the private budget (admission reserved only a headroom):
-     * a shorter draft when they do not all fit, never a preemption for a draft */
-    while (k > 0 && ikv_seq_reserve(s->engine, r->seq, k) == IKV_EFULL)
-        k = k > 16 ? k - 16 : 0;
-    if (k == 0) return 0;
-    /* the candidate's tokens stay valid: only this thread puts */
-    ikv_verify v = {.draft = c->output, .k = k, .sampler = r->smp};
-    const uint32_t id = c->id;
-    pthread_mutex_unlock(&s->mu);
-    IKV_ASSERT(ikv_engine_set_threads(s->engine, r->lv.threads) == 0); /* its step's threads */
-    const double t0 = ikv_now(), c0 = ikv__route_cpu_now(s);
-    int rc = ikv_engine_verify(s->engine, r->seq, &v);
-    const double wall = ikv_now() - t0, cpu = ikv__route_cpu_now(s) - c0;
-    pthread_mutex_lock(&s->mu);
-    r->cpu_s += cpu, r->thread_s += wall * r->lv.threads;
-    if (r->lv.threads > r->threads_max) r->threads_max = r->lv.threads;
-    IKV_ASSERT(rc == 0); /* k fits the sequence's room and max_draft */
-    s->met.sem_verified++;
-    s->met.sem_accepted += v.accepted;
-    s->met.sem_rejected += k - v.accepted;
-    s->met.sem_hits += v.accepted > 0;
-    r->sem_accepted = v.accepted, r->sem_rejected = k - v.accepted;
-    r->sem_saved = v.accepted ? v.accepted - 1 : 0;
-    s->met.sem_saved += r->sem_saved;
-    ikv_respcache_used(s->rcache, id, v.accepted);
-    for (size_t i = 0; i <= v.accepted; i++) {
-        size_t idx = 0;
-        while (idx < s->nrunning && s->running[idx] != r)
-            idx++;
-        IKV_ASSERT(idx < s->nrunning);
-        const uint32_t tok = i < v.accepted ? v.draft[i] : v.next;
-        if (take_token(s, idx, tok)) break; /* finished (r may be gone) */
+/* Takes the tokens of a step item of running request r (mu held): with a draft, the accepted
+ * draft tokens and the token after them (one burst), else a sample of its logits. */
+static void take_step(ikv_serve *s, srq *r, const ikv_step_item *it) {
+    size_t idx = 0;
+    while (idx < s->nrunning && s->running[idx] != r)
+        idx++;
+    IKV_ASSERT(idx < s->nrunning);
+    if (!it->k) {
+        memcpy(s->logit_scratch, ikv_seq_logits(r->seq), sizeof(float) * s->vocab);
+        take_token(s, idx, ikv_sampler_sample(r->smp, s->logit_scratch));
+        return;
     }
-    return 1;
+    ikv__spec_done(s, r, it->draft, it->k, it->accepted);
+    for (size_t i = 0; i <= it->accepted; i++) {
+        if (i) { /* take_token keeps r in place unless it finishes */
+            idx = 0;
+            while (idx < s->nrunning && s->running[idx] != r)
+                idx++;
+            IKV_ASSERT(idx < s->nrunning);
+        }
+        if (take_token(s, idx, i < it->accepted ? it->draft[i] : it->next)) break; /* finished */
+    }
 }
 
 void *ikv__serve_sched(void *arg) {
@@ -472,10 +438,19 @@ void *ikv__serve_sched(void *arg) {
         }
         /* the step: decodes first, then prefill chunks from what the budget leaves */
         size_t ni = 0, budget = s->opt.max_batch_tokens, prefill_tokens = 0;
+        size_t rows_left = ikv_engine_max_rows(s->engine); /* decode rows the step takes */
+        for (size_t i = 0; i < s->nrunning; i++)
+            rows_left -= !ikv_seq_pending(s->running[i]->seq);
         for (size_t i = 0; i < s->nrunning; i++) {
             srq *r = s->running[i];
             if (ikv_seq_pending(r->seq)) continue;
-            items[ni] = (ikv_step_item){.seq = r->seq, .token = r->next};
+            items[ni] = (ikv_step_item){.seq = r->seq, .token = r->next, .sampler = r->smp};
+            /* a draft (response cache or prompt lookup) as extra rows of this same step */
+            if (r->spec.lookup || r->cand) {
+                items[ni].k = ikv__spec_draft(s, r, rows_left, &items[ni].draft);
+                rows_left -= items[ni].k;
+                budget = budget > items[ni].k ? budget - items[ni].k : 0;
+            }
             map[ni++] = r;
             budget = budget ? budget - 1 : 0;
         }
@@ -530,18 +505,18 @@ void *ikv__serve_sched(void *arg) {
                 r->replaying = r->replay < r->ntok;
                 continue;
             }
-            size_t idx = 0;
-            while (idx < s->nrunning && s->running[idx] != r)
-                idx++;
-            IKV_ASSERT(idx < s->nrunning);
-            /* the response cache is a speculation lever (a draft the model verifies):
-             * requests whose routed step has no speculation do not use it (route.c) */
-            if (s->rcache && r->ntok == 0 && !r->sem_done && r->lv.rcache &&
-                semantic_first(s, r))
+            if (r->ntok == 0 && r->spec.semantic && s->rcache) {
+                /* the first token: the response cache's candidate, if the model takes it */
+                uint32_t tok;
+                (void)ikv__spec_first(s, r, &tok); /* ENOMEM: no candidate, tok sampled */
+                size_t idx = 0;
+                while (idx < s->nrunning && s->running[idx] != r)
+                    idx++;
+                IKV_ASSERT(idx < s->nrunning);
+                take_token(s, idx, tok);
                 continue;
-            memcpy(s->logit_scratch, ikv_seq_logits(r->seq), sizeof(float) * s->vocab);
-            uint32_t tok = ikv_sampler_sample(r->smp, s->logit_scratch);
-            take_token(s, idx, tok);
+            }
+            take_step(s, r, &items[k]);
         }
     }
     /* stopping: whatever is left is cancelled */
