@@ -10,6 +10,8 @@
  *     mixed batches are split into one step per thread count). /metrics: steps on 1 and on 2
  *     threads, requests per class and thread count (none simple on 2), CPU and thread-seconds
  *     per class;
+ *   - speculation (--spec lookup, --semantic-cache): a simple request asking for both gets
+ *     neither (no draft, no response-cache lookup), a complex one drafts; same text;
  *   - frontier router: each class's decision (point, step, the levers) equals what the
  *     planner library gives for the same frontier (ikv_plan_frontier_build at the class cap,
  *     ikv_plan_route_frontier), with and without an SLO; the threads follow the point's TP.
@@ -47,7 +49,10 @@ static int setup(void **st) {
     static const char *const sets[] = {"route.simple=1"};
     o.route_set = sets;
     o.n_route_set = 1;
+    o.spec_ngram = 3, o.spec_k = 8; /* --spec lookup */
+    o.semantic_cache = 64;
     if (ikv_serve_create(&o, &walk_srv)) return -1;
+    o.spec_k = 0, o.semantic_cache = 0;
     o.route_set = NULL;
     o.n_route_set = 0;
     o.route_frontier = 1;
@@ -115,13 +120,19 @@ static const char *PROMPTS[3] = {"Once upon a time", "The little dog ran to the 
 typedef struct answer {
     char text[2048];
     char cls[16];
+    char spec[16];           /* usage.isokv.speculative.spec */
+    int semantic, sem_seen;  /* its semantic_cache switch; a semantic_cache object present */
+    int spec_allowed;
+    double draft_tokens;
     int step, class_cap, threads, threads_used, point;
     double cpu_ms, thread_ms;
     char router[16];
 } answer;
 
-/* A greedy completion of PROMPTS[p] as class cls (NULL: none) with slo_ms (0: none). */
-static void complete(ikv_serve *s, int p, const char *cls, double slo_ms, answer *out) {
+/* A greedy completion of PROMPTS[p] as class cls (NULL: none) with slo_ms (0: none) and,
+ * when ask, "isokv": {"spec": "lookup", "semantic_cache": true}. */
+static void complete_ask(ikv_serve *s, int p, const char *cls, double slo_ms, int ask,
+                         answer *out) {
     cJSON *j = cJSON_CreateObject();
     cJSON_AddStringToObject(j, "prompt", PROMPTS[p]);
     cJSON_AddNumberToObject(j, "max_tokens", 24);
@@ -129,6 +140,10 @@ static void complete(ikv_serve *s, int p, const char *cls, double slo_ms, answer
     cJSON *x = cJSON_AddObjectToObject(j, "isokv");
     if (cls) cJSON_AddStringToObject(x, "class", cls);
     if (slo_ms > 0) cJSON_AddNumberToObject(x, "slo_ms", slo_ms);
+    if (ask) {
+        cJSON_AddStringToObject(x, "spec", "lookup");
+        cJSON_AddBoolToObject(x, "semantic_cache", 1);
+    }
     char *body = cJSON_PrintUnformatted(j);
     cJSON_Delete(j);
     char *resp = http(s, "/v1/completions", body);
@@ -152,8 +167,19 @@ static void complete(ikv_serve *s, int p, const char *cls, double slo_ms, answer
     out->point = pt ? (int)cJSON_GetNumberValue(pt) : -1;
     out->cpu_ms = cJSON_GetNumberValue(cJSON_GetObjectItem(ix, "cpu_ms"));
     out->thread_ms = cJSON_GetNumberValue(cJSON_GetObjectItem(ro, "thread_ms"));
+    out->spec_allowed = cJSON_IsTrue(cJSON_GetObjectItem(ro, "speculation_allowed"));
+    cJSON *sp = cJSON_GetObjectItem(ix, "speculative");
+    assert_non_null(sp);
+    snprintf(out->spec, sizeof out->spec, "%s", cJSON_GetStringValue(cJSON_GetObjectItem(sp, "spec")));
+    out->semantic = cJSON_IsTrue(cJSON_GetObjectItem(sp, "semantic_cache"));
+    out->draft_tokens = cJSON_GetNumberValue(cJSON_GetObjectItem(sp, "draft_tokens"));
+    out->sem_seen = cJSON_GetObjectItem(ix, "semantic_cache") != NULL;
     cJSON_Delete(a);
     free(resp);
+}
+
+static void complete(ikv_serve *s, int p, const char *cls, double slo_ms, answer *out) {
+    complete_ask(s, p, cls, slo_ms, 0, out);
 }
 
 typedef struct job {
@@ -213,6 +239,28 @@ static void test_threads_by_class(void **st) {
     assert_true(metric(walk_srv, "isokv_route_thread_seconds_total{class=\"complex\"}") > 0);
 }
 
+/* The speculation levers (--spec lookup, --semantic-cache) hold the hard cap too: a simple
+ * request (step 1) that asks for both runs without either (no draft, no response-cache
+ * lookup), a complex one (step 5) drafts; the same greedy text either way. */
+static void test_spec_cap(void **st) {
+    (void)st;
+    answer s1, c1, c2;
+    complete_ask(walk_srv, 2, "complex", 0, 1, &c1); /* answered once: now in the cache */
+    complete_ask(walk_srv, 2, "complex", 0, 1, &c2);
+    complete_ask(walk_srv, 2, "simple", 0, 1, &s1);
+    assert_string_equal(c1.spec, "lookup");
+    assert_true(c1.spec_allowed && c1.semantic);
+    assert_true(c2.draft_tokens > 0 && c2.sem_seen);
+    assert_int_equal(s1.step, 1);
+    assert_false(s1.spec_allowed);
+    assert_string_equal(s1.spec, "off");
+    assert_false(s1.semantic);
+    assert_false(s1.sem_seen);
+    assert_true(s1.draft_tokens == 0);
+    assert_string_equal(s1.text, c1.text);
+    assert_string_equal(c2.text, c1.text);
+}
+
 /* The server's frontier decision for class c (cap given by the defaults) and slo equals the
  * library's on the same frontier; the threads follow the chosen point's TP. */
 static void check_frontier(int c, double slo_ms) {
@@ -259,6 +307,7 @@ static void test_frontier_router(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_threads_by_class),
+        cmocka_unit_test(test_spec_cap),
         cmocka_unit_test(test_frontier_router),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

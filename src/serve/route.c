@@ -13,10 +13,13 @@
  *   lever              walk router             frontier router
  *   threads = all      step >= 2 (tp)          the point's TP above the baseline's
  *   threads = 1        below                   otherwise
- *   response cache     step >= 3 (spec)        the point uses speculative decoding (gamma > 0)
- *   speculation        step >= 3               gamma > 0   (prompt-lookup drafts, where built)
+ *   speculation        step >= 3 (spec)        the point uses speculative decoding (gamma > 0)
+ *     (--spec lookup: prompt-lookup drafts; --semantic-cache: the verified response cache,
+ *     a cached answer as the draft; both verified as extra rows of the batched step)
  *
- * The lever of a step is never used below it, so no request runs past its class's step.
+ * The lever of a step is never used below it, so no request runs past its class's step: the
+ * request's own "isokv" switches (spec, semantic_cache) may turn speculation off, never on
+ * past its step (http.c).
  *
  * Steps (ikv__route_step_run, mu released): the scheduler's one batched step is split into one
  * ikv_engine_step per thread count among its requests, ascending, each after
