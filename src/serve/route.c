@@ -32,8 +32,8 @@
  * Accounting (ikv__route_step_account, mu held): per group, the CPU seconds of the scheduler
  * thread (CLOCK_THREAD_CPUTIME_ID) plus the engine's worker threads (their CPU clocks) over
  * the step, and the thread-seconds (wall time x threads: the occupancy, as GPU-seconds are in
- * the planner), are shared among the group's items by the positions each computed (a decode
- * row 1, a prefill chunk its length). A request's cpu_s, thread_s and threads_max (the most
+ * the planner), are shared among the group's items by the rows each computed (a decode 1 plus
+ * its draft rows, a prefill chunk its length). A request's cpu_s, thread_s and threads_max (the most
  * threads the engine ran any of its steps on) add up over its steps.
  */
 #include "internal.h"
@@ -102,6 +102,12 @@ const char *ikv__route_config(const ikv_serve *s, const srq *r) {
     return s->walk.steps[r->route.step].config;
 }
 
+/* Rows an item computed: a decode with a draft its lead and every draft row (accepted or not),
+ * otherwise its positions (a decode 1, a prefill chunk its length). */
+static size_t item_rows(const ikv_step_item *it) {
+    return it->k ? 1 + it->k : it->done;
+}
+
 void ikv__route_step_run(ikv_serve *s, ikv_step_item *items, srq **map, size_t n,
                          srv_acct *acct) {
     /* stable insertion sort by thread count (n <= max_seqs): groups in ascending order */
@@ -130,9 +136,9 @@ void ikv__route_step_run(ikv_serve *s, ikv_step_item *items, srq **map, size_t n
         const double wall = ikv_now() - t0, cpu = ikv__route_cpu_now(s) - c0;
         size_t rows = 0;
         for (size_t i = g0; i < g1; i++)
-            rows += items[i].done;
+            rows += item_rows(&items[i]);
         for (size_t i = g0; i < g1; i++) {
-            const double share = rows ? (double)items[i].done / (double)rows : 0;
+            const double share = rows ? (double)item_rows(&items[i]) / (double)rows : 0;
             acct[i] = (srv_acct){
                 .cpu_s = cpu * share, .thread_s = wall * k * share, .threads = k, .first = i == g0};
         }
