@@ -4,10 +4,14 @@
 # step 1 (one thread, no speculation) and lets medium (step 4) and complex (step 5) use two
 # threads and prompt-lookup speculation, runs build/bench_serve --classes 1 against it, stops
 # it (also on failure), and prints the load average before and after. docs/planner.md, 11.
-#   scripts/bench_route_classes.sh [BUILD_DIR] [ROUNDS]
+#   scripts/bench_route_classes.sh [BUILD_DIR] [ROUNDS] [THREADS]
+# THREADS (2) is the server's --threads; 1 turns the thread lever off for every class (the
+# control: what the classes cost when only priority and speculation differ).
 set -euo pipefail
 build=${1:-build}
 rounds=${2:-3}
+threads=${3:-2}
+case $threads in ''|*[!0-9]*) echo "THREADS must be a number" >&2; exit 2;; esac
 bin=$build/isokv
 [ -x "$bin" ] && [ -x "$build/bench_serve" ] || { echo "build $bin and $build/bench_serve first" >&2; exit 1; }
 out=$(mktemp -d)
@@ -16,7 +20,7 @@ cleanup() { [ -n "$pid" ] && kill "$pid" 2>/dev/null && wait "$pid" 2>/dev/null;
 trap cleanup EXIT
 echo "nproc $(nproc); load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 for r in $(seq 1 "$rounds"); do
-  "$bin" serve --port 0 --threads 2 --max-seqs 4 --max-queue 256 --kv-mem 64M \
+  "$bin" serve --port 0 --threads "$threads" --max-seqs 4 --max-queue 256 --kv-mem 64M \
     --route-set route.simple=1 --spec lookup >"$out/stdout" 2>"$out/stderr" &
   pid=$!
   port=
