@@ -116,11 +116,12 @@ static void log_request(ikv_serve *s, const srq *r) {
                  r->lossy);
     fprintf(s->opt.log,
             "isokv serve: req=%llu tenant=%s status=%d prompt=%zu cached=%s partial=%zu%s "
-            "ttft_ms=%.2f tokens=%u finish=%s e2e_ms=%.2f class=%s step=%d cpu_ms=%.2f%s%s\n",
+            "ttft_ms=%.2f tokens=%u finish=%s e2e_ms=%.2f class=%s step=%d threads=%d "
+            "cpu_ms=%.2f%s%s\n",
             (unsigned long long)r->id, r->tenant, r->status, r->n, by, r->partial, extra, ttft,
             r->ntok, r->finish ? r->finish : (r->cancelled ? "cancelled" : "-"),
             (r->t_done - r->t_arrive) * 1e3, ikv_req_class_name((ikv_req_class)r->cls),
-            r->route.step, r->cpu_s * 1e3, r->err[0] ? " error=" : "", r->err);
+            r->route.step, r->threads_max, r->cpu_s * 1e3, r->err[0] ? " error=" : "", r->err);
     fflush(s->opt.log);
 }
 
