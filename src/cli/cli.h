@@ -28,6 +28,10 @@ int cli_parse_count(const char *s, uint64_t *out);
 /* "lookup[:n=N,k=K]" (--spec of isokv run and serve): sets *ng and *k when given (1..256
  * each). Returns 0, or -1 for anything else. (cmd_run.c) */
 int cli_parse_spec(const char *v, uint64_t *ng, uint64_t *k);
+/* --semantic-cache=SIZE: digits alone are entries (1..1000000; *bytes = 0); a k/M/G/T suffix
+ * makes it a byte budget of at least 4k (*bytes; *entries then room for 2 KiB entries, 16 ..
+ * 1000000). Returns 0 or -1. (cli_util.c) */
+int cli_parse_semcache(const char *v, uint64_t *entries, uint64_t *bytes);
 
 /* Parse a finite double / a non-negative integer that must use the whole string. */
 int cli_parse_double(const char *s, double *out);

@@ -81,7 +81,7 @@ static void help(FILE *f) {
         "--spec lookup[:n=N,k=K] drafts K tokens from the latest match of the last N (..1)\n"
         "tokens in prompt + output and verifies them in one batched forward (greedy output is\n"
         "identical to plain decoding; defaults n=3, k=8). --semantic-cache[=SIZE] keeps up to\n"
-        "SIZE (1024) finished responses and verifies the most similar one (MinHash/Jaccard over\n"
+        "SIZE finished responses (digits: entries, 1024; k/M/G: bytes, 64M) and verifies the most similar one (MinHash/Jaccard over\n"
         "prompt 3-grams, same tenant or public) as a draft: only what the model itself would\n"
         "produce is served. Give it something to hit: --repeat R or --prompts FILE (one prompt\n"
         "per line, each a request). --max-draft N: draft tokens per verify (64; 256 with\n"
@@ -257,16 +257,16 @@ int ikv_cmd_run(int argc, char **argv) {
     int shared_first = 0;
     double bratio = IKV_BLEND_RATIO, bmaxdev = IKV_BLEND_MAX_DEV;
     uint64_t chunkmem = 64ull << 20;
-    uint64_t spec_n = 0, spec_k = 8, semcache = 0, max_draft = 0;
+    uint64_t spec_n = 0, spec_k = 8, semcache = 0, semcache_bytes = 0, max_draft = 0;
     const char *prompts_path = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strncmp(a, "--semantic-cache", 16) && (a[16] == 0 || a[16] == '=')) {
             semcache = 1024;
-            if (a[16] == '=' &&
-                (cli_parse_count(a + 17, &semcache) || semcache == 0 || semcache > 1000000))
-                return cli_usage_error("run", "bad value '%s' for --semantic-cache", a + 17);
+            if (a[16] == '=' && cli_parse_semcache(a + 17, &semcache, &semcache_bytes))
+                return cli_usage_error("run", "bad value '%s' for --semantic-cache (entries "
+                                       "1..1000000, or bytes with k/M/G: 64M)", a + 17);
             continue;
         }
         if (!strcmp(a, "--stop-eos") || !strcmp(a, "--raw-bytes")) {
@@ -451,6 +451,7 @@ int ikv_cmd_run(int argc, char **argv) {
         ikv_respcache_options ro;
         ikv_respcache_options_default(&ro);
         ro.capacity = (uint32_t)semcache;
+        ro.max_bytes = semcache_bytes;
         ro.max_tokens = (uint32_t)c->seq_len;
         if (ikv_respcache_create(&ro, &rcache)) {
             cli_fail("run", "%s", ikv_errdetail());

@@ -100,19 +100,11 @@ int ikv_cmd_serve(int argc, char **argv) {
             continue;
         }
         if (!strncmp(a, "--semantic-cache", 16) && (a[16] == 0 || a[16] == '=')) {
-            uint64_t sz = 1024;
-            const char *v = a + 17;
-            const size_t L = a[16] == '=' ? strlen(v) : 0;
-            if (L && strchr("kKmMgGtT", v[L - 1])) { /* bytes */
-                if (cli_parse_count(v, &sz) || sz < 4096)
-                    return cli_usage_error(cmd, "--semantic-cache=%s is not a byte size of at "
-                                           "least 4k (or entries: digits alone)", v);
-                o.semantic_cache_bytes = sz;
-                /* entries: room for entries of 2 KiB on average, 16 .. 1000000 */
-                sz = sz / 2048 < 16 ? 16 : sz / 2048 > 1000000 ? 1000000 : sz / 2048;
-            } else if (a[16] == '=' && (cli_parse_count(v, &sz) || sz == 0 || sz > 1000000))
+            uint64_t sz = 1024, by = 0;
+            if (a[16] == '=' && cli_parse_semcache(a + 17, &sz, &by))
                 return cli_usage_error(cmd, "--semantic-cache=%s is not a number of entries in "
-                                       "1..1000000 or a byte size (64M)", v);
+                                       "1..1000000 or a byte size of at least 4k (64M)", a + 17);
+            o.semantic_cache_bytes = by;
             o.semantic_cache = (uint32_t)sz;
             continue;
         }
