@@ -48,7 +48,7 @@ static int setup(void **st) {
     o.max_seqs = 4;
     o.api_keys = keys_path;
     if (ikv_serve_create(&o, &without)) return -1;
-    o.spec_ngram = 3, o.spec_k = 8; /* --spec lookup */
+    o.spec_ngram = 3, o.spec_k = 4, o.spec_min = 2; /* --spec lookup */
     if (ikv_serve_create(&o, &lookup)) return -1;
     o.spec_ngram = 0, o.spec_k = 0;
     o.semantic_cache = 256;

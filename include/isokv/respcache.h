@@ -127,6 +127,7 @@ typedef struct ikv_gen_options {
     size_t n_cands;
     uint32_t lookup_ngram; /* prompt-lookup drafts: n-gram length (0 = off) */
     uint32_t lookup_k;     /* ... draft tokens per verify */
+    uint32_t lookup_min;   /* ... shortest match that drafts (0 = 1) */
     uint32_t max_draft;    /* the engine's max_draft */
     /* called with each burst of emitted tokens (accepted drafts come as one burst) */
     void (*emit)(void *ctx, const uint32_t *toks, size_t n);

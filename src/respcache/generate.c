@@ -95,7 +95,7 @@ int ikv_respcache_generate(ikv_engine *e, ikv_seq *s, ikv_sampler *sp, const ikv
         } else if (o->lookup_ngram && kmax) {
             size_t kk = o->lookup_k < kmax ? o->lookup_k : kmax;
             if (kk > 256) kk = 256;
-            k = ikv_lookup_draft(hist, np + g, o->lookup_ngram, kk, draft_buf);
+            k = ikv_lookup_draft(hist, np + g, o->lookup_ngram, o->lookup_min, kk, draft_buf);
             draft = draft_buf;
         }
         ikv_verify v = {.has_lead = 1, .lead = tok, .draft = draft, .k = k, .sampler = sp};
