@@ -143,6 +143,9 @@ typedef struct ikv_gen_result {
     size_t cache_rejected; /* candidate tokens proposed and not accepted */
     size_t lookup_drafted, lookup_accepted;
     double seconds; /* measured wall time of the generation (after the prefill) */
+    double cpu_seconds; /* CPU time of the calling thread meanwhile (with one engine thread:
+                           all of the generation's compute; unlike wall time, not inflated
+                           while the thread waits for a CPU on a shared machine) */
 } ikv_gen_result;
 
 /* Generates after the prompt of s (prefilled, logits ready) with sampler sp: first, when
