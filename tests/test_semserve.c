@@ -52,6 +52,7 @@ static int setup(void **st) {
     if (ikv_serve_create(&o, &lookup)) return -1;
     o.spec_ngram = 0, o.spec_k = 0;
     o.semantic_cache = 256;
+    o.semantic_cache_bytes = 2000000; /* --semantic-cache=2M: the byte bound in serve */
     if (ikv_serve_create(&o, &with)) return -1;
     return 0;
 }
@@ -198,6 +199,13 @@ static void test_identical_answers(void **st) {
     const char *p = strstr(m, "\nisokv_semcache_accepted_tokens_total ");
     assert_non_null(p);
     assert_int_equal(atoi(p + strlen("\nisokv_semcache_accepted_tokens_total ")), acc_total);
+    p = strstr(m, "\nisokv_semcache_bytes ");
+    assert_non_null(p);
+    const long bytes = atol(p + strlen("\nisokv_semcache_bytes "));
+    assert_true(bytes > 0 && bytes <= 2000000);
+    p = strstr(m, "\nisokv_semcache_max_bytes ");
+    assert_non_null(p);
+    assert_int_equal(atol(p + strlen("\nisokv_semcache_max_bytes ")), 2000000);
     free(m);
 }
 
