@@ -294,6 +294,18 @@ static void test_lookup(void **st) {
     assert_non_null(p);
     assert_true(atoi(p + strlen("\nisokv_spec_lookup_accepted_tokens_total ")) >= acc_total);
     free(m);
+    /* sampled (temperature 1, seed 5) with drafts: the acceptance rule's path answers */
+    char *body = strdup("{\"model\":\"stories260K\",\"prompt\":\"Once upon a time, Tom and Tom\","
+                        "\"max_tokens\":80,\"temperature\":1,\"seed\":5,\"isokv\":{\"spec\":"
+                        "\"lookup\"}}");
+    char *resp = post(lookup, "/v1/completions", "ka", body);
+    cJSON *j = cJSON_Parse(resp);
+    assert_non_null(j);
+    assert_null(cJSON_GetObjectItem(j, "error"));
+    const cJSON *u = cJSON_GetObjectItem(j, "usage");
+    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(u, "completion_tokens")) >= 1);
+    cJSON_Delete(j);
+    free(resp), free(body);
     assert_null(complete_x(lookup, "Once", 8, "{\"spec\":3}", &steps, &acc, param, sizeof param));
     assert_string_equal(param, "isokv.spec");
     assert_null(complete_x(lookup, "Once", 8, "{\"spec\":\"medusa\"}", &steps, &acc, param,
