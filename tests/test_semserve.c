@@ -48,10 +48,11 @@ static int setup(void **st) {
     o.max_seqs = 4;
     o.api_keys = keys_path;
     if (ikv_serve_create(&o, &without)) return -1;
-    o.spec_ngram = 3, o.spec_k = 8; /* --spec lookup */
+    o.spec_ngram = 3, o.spec_k = 4, o.spec_min = 2; /* --spec lookup */
     if (ikv_serve_create(&o, &lookup)) return -1;
     o.spec_ngram = 0, o.spec_k = 0;
     o.semantic_cache = 256;
+    o.semantic_cache_bytes = 2000000; /* --semantic-cache=2M: the byte bound in serve */
     if (ikv_serve_create(&o, &with)) return -1;
     return 0;
 }
@@ -198,6 +199,13 @@ static void test_identical_answers(void **st) {
     const char *p = strstr(m, "\nisokv_semcache_accepted_tokens_total ");
     assert_non_null(p);
     assert_int_equal(atoi(p + strlen("\nisokv_semcache_accepted_tokens_total ")), acc_total);
+    p = strstr(m, "\nisokv_semcache_bytes ");
+    assert_non_null(p);
+    const long bytes = atol(p + strlen("\nisokv_semcache_bytes "));
+    assert_true(bytes > 0 && bytes <= 2000000);
+    p = strstr(m, "\nisokv_semcache_max_bytes ");
+    assert_non_null(p);
+    assert_int_equal(atol(p + strlen("\nisokv_semcache_max_bytes ")), 2000000);
     free(m);
 }
 
@@ -286,6 +294,18 @@ static void test_lookup(void **st) {
     assert_non_null(p);
     assert_true(atoi(p + strlen("\nisokv_spec_lookup_accepted_tokens_total ")) >= acc_total);
     free(m);
+    /* sampled (temperature 1, seed 5) with drafts: the acceptance rule's path answers */
+    char *body = strdup("{\"model\":\"stories260K\",\"prompt\":\"Once upon a time, Tom and Tom\","
+                        "\"max_tokens\":80,\"temperature\":1,\"seed\":5,\"isokv\":{\"spec\":"
+                        "\"lookup\"}}");
+    char *resp = post(lookup, "/v1/completions", "ka", body);
+    cJSON *j = cJSON_Parse(resp);
+    assert_non_null(j);
+    assert_null(cJSON_GetObjectItem(j, "error"));
+    const cJSON *u = cJSON_GetObjectItem(j, "usage");
+    assert_true(cJSON_GetNumberValue(cJSON_GetObjectItem(u, "completion_tokens")) >= 1);
+    cJSON_Delete(j);
+    free(resp), free(body);
     assert_null(complete_x(lookup, "Once", 8, "{\"spec\":3}", &steps, &acc, param, sizeof param));
     assert_string_equal(param, "isokv.spec");
     assert_null(complete_x(lookup, "Once", 8, "{\"spec\":\"medusa\"}", &steps, &acc, param,

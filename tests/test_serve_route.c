@@ -49,7 +49,7 @@ static int setup(void **st) {
     static const char *const sets[] = {"route.simple=1"};
     o.route_set = sets;
     o.n_route_set = 1;
-    o.spec_ngram = 3, o.spec_k = 8; /* --spec lookup */
+    o.spec_ngram = 3, o.spec_k = 2, o.spec_min = 2; /* --spec lookup */
     o.semantic_cache = 64;
     if (ikv_serve_create(&o, &walk_srv)) return -1;
     o.spec_k = 0, o.semantic_cache = 0;

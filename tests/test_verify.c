@@ -334,6 +334,39 @@ static void test_step_drafts_mixed(void **st) {
     ikv_model_destroy(m);
 }
 
+/* ikv_lookup_draft against a brute-force oracle on random histories over a small alphabet
+ * (many matches): the longest suffix length m in [min_ngram, ngram] that occurs earlier with
+ * a token after it, its latest such occurrence, the up to k tokens after it. */
+static void test_lookup_draft_oracle(void **st) {
+    (void)st;
+    uint64_t x = 99;
+    uint32_t h[64], out[16], want[16];
+    for (int it = 0; it < 4000; it++) {
+        x = x * 6364136223846793005u + 1442695040888963407u;
+        const size_t len = (size_t)(x >> 33) % 40, k = (size_t)(x >> 20) % 9;
+        const uint32_t ng = 1 + (uint32_t)((x >> 12) % 5), mn = (uint32_t)((x >> 8) % (ng + 1));
+        const uint32_t alpha = 2 + (uint32_t)((x >> 4) % 3);
+        for (size_t i = 0; i < len; i++) {
+            x = x * 6364136223846793005u + 1442695040888963407u;
+            h[i] = (uint32_t)(x >> 40) % alpha;
+        }
+        size_t wn = 0;
+        if (k && len >= 2)
+            for (size_t m = 1; m <= ng && m < len; m++) {
+                if (m < (mn ? mn : 1)) continue;
+                size_t best = SIZE_MAX;
+                for (size_t i = 0; i + m < len; i++) /* starts with a token after the match */
+                    if (!memcmp(h + i, h + len - m, sizeof(uint32_t) * m)) best = i;
+                if (best == SIZE_MAX) continue;
+                wn = len - (best + m) < k ? len - (best + m) : k;
+                memcpy(want, h + best + m, sizeof(uint32_t) * wn); /* longer m wins: later */
+            }
+        size_t got = ikv_lookup_draft(h, len, ng, mn, k, out);
+        assert_int_equal(got, wn);
+        if (wn) assert_memory_equal(out, want, sizeof(uint32_t) * wn);
+    }
+}
+
 /* The rule's arithmetic with the coins given. */
 static void test_accept_rule_arithmetic(void **st) {
     (void)st;
@@ -544,6 +577,7 @@ int main(void) {
         cmocka_unit_test(test_verify_exact_generated),
         cmocka_unit_test(test_verify_exact_real),
         cmocka_unit_test(test_step_drafts_mixed),
+        cmocka_unit_test(test_lookup_draft_oracle),
         cmocka_unit_test(test_verify_sampling_distribution),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

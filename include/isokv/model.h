@@ -412,10 +412,10 @@ typedef struct ikv_verify {
 int ikv_engine_verify(ikv_engine *e, ikv_seq *s, ikv_verify *v);
 
 /* A prompt-lookup draft: the up to k tokens that followed the latest earlier occurrence of
- * the last m tokens of hist[0..len), for the largest m in ngram..1 that has one; written to
- * out, returns how many (0: no match). Does not allocate. */
-size_t ikv_lookup_draft(const uint32_t *hist, size_t len, uint32_t ngram, size_t k,
-                        uint32_t *out);
+ * the last m tokens of hist[0..len), for the largest m in ngram..min_ngram (0 counts as 1)
+ * that has one; written to out, returns how many (0: no match). Does not allocate. */
+size_t ikv_lookup_draft(const uint32_t *hist, size_t len, uint32_t ngram, uint32_t min_ngram,
+                        size_t k, uint32_t *out);
 
 /* Positions the sequence may still add (its limit minus its length). */
 size_t ikv_seq_room(const ikv_seq *s);

@@ -127,6 +127,7 @@ typedef struct ikv_gen_options {
     size_t n_cands;
     uint32_t lookup_ngram; /* prompt-lookup drafts: n-gram length (0 = off) */
     uint32_t lookup_k;     /* ... draft tokens per verify */
+    uint32_t lookup_min;   /* ... shortest match that drafts (0 = 1) */
     uint32_t max_draft;    /* the engine's max_draft */
     /* called with each burst of emitted tokens (accepted drafts come as one burst) */
     void (*emit)(void *ctx, const uint32_t *toks, size_t n);
@@ -142,6 +143,9 @@ typedef struct ikv_gen_result {
     size_t cache_rejected; /* candidate tokens proposed and not accepted */
     size_t lookup_drafted, lookup_accepted;
     double seconds; /* measured wall time of the generation (after the prefill) */
+    double cpu_seconds; /* CPU time of the calling thread meanwhile (with one engine thread:
+                           all of the generation's compute; unlike wall time, not inflated
+                           while the thread waits for a CPU on a shared machine) */
 } ikv_gen_result;
 
 /* Generates after the prompt of s (prefilled, logits ready) with sampler sp: first, when

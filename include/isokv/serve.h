@@ -63,9 +63,10 @@ typedef struct ikv_serve_options {
                                 tenant (or public) is verified as a draft for a new request */
     uint64_t semantic_cache_bytes; /* and at most these bytes of entries (0 = no byte bound;
                                       --semantic-cache=64M): ikv_respcache_options.max_bytes */
-    uint32_t spec_ngram, spec_k; /* --spec lookup[:n=N,k=K]: prompt-lookup drafts for every
-                                    request routed to step >= 3 (k = 0: off; a request may switch
-                                    it with "isokv": {"spec": "lookup" | "off"}) */
+    /* --spec lookup[:n=N,k=K,m=M]: prompt-lookup drafts (K tokens after the latest match of
+     * the last N..M tokens) for every request routed to step >= 3 (spec_k = 0: off; a request
+     * may switch it with "isokv": {"spec": "lookup" | "off"}, which uses 3, 2, 2 here) */
+    uint32_t spec_ngram, spec_k, spec_min;
 } ikv_serve_options;
 
 void ikv_serve_options_default(ikv_serve_options *o);

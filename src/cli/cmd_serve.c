@@ -31,7 +31,7 @@ static void help(FILE *f) {
           "                   [--tier SPEC]... [--tier-dtype f32|q8] [--route-config FILE]\n"
           "                   [--route-set KEY=VALUE]... [--route-model M] [--route-hw H]\n"
           "                   [--route walk|frontier] [--semantic-cache[=SIZE]]\n"
-          "                   [--spec lookup[:n=3,k=8]]\n\n"
+          "                   [--spec lookup[:n=3,k=2,m=2]]\n\n"
           "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions,\n"
           "GET /v1/models, GET /health, GET /metrics (Prometheus). Continuous batching: one\n"
           "forward step serves every running sequence; prompts are prefilled in chunks within\n"
@@ -59,9 +59,9 @@ static void help(FILE *f) {
           "default) or SIZE bytes (a k/M/G suffix: 64M; prompt and output tokens and a fixed\n"
           "part per entry count); a new request's most similar one (same tenant, or public) is\n"
           "verified by the model as a draft inside the batched step and only what the model\n"
-          "itself would produce is served (docs/semantic.md). --spec lookup[:n=N,k=K]:\n"
-          "prompt-lookup drafts (K tokens after the latest match of the last N..1 tokens;\n"
-          "3, 8), verified in the same step. Both apply to requests routed to step 3 or above;\n"
+          "itself would produce is served (docs/semantic.md). --spec lookup[:n=N,k=K,m=M]:\n"
+          "prompt-lookup drafts (K tokens after the latest match of the last N..M tokens;\n"
+          "3, 2, 2), verified in the same step. Both apply to requests routed to step 3 or above;\n"
           "a request switches them with \"isokv\": {\"spec\": \"lookup\"|\"off\",\n"
           "\"semantic_cache\": true|false}. usage.isokv.speculative, usage.isokv.semantic_cache,\n"
           "isokv_spec_* and isokv_semcache_* metrics count them.\n",
@@ -104,19 +104,11 @@ int ikv_cmd_serve(int argc, char **argv) {
             continue;
         }
         if (!strncmp(a, "--semantic-cache", 16) && (a[16] == 0 || a[16] == '=')) {
-            uint64_t sz = 1024;
-            const char *v = a + 17;
-            const size_t L = a[16] == '=' ? strlen(v) : 0;
-            if (L && strchr("kKmMgGtT", v[L - 1])) { /* bytes */
-                if (cli_parse_count(v, &sz) || sz < 4096)
-                    return cli_usage_error(cmd, "--semantic-cache=%s is not a byte size of at "
-                                           "least 4k (or entries: digits alone)", v);
-                o.semantic_cache_bytes = sz;
-                /* entries: room for entries of 2 KiB on average, 16 .. 1000000 */
-                sz = sz / 2048 < 16 ? 16 : sz / 2048 > 1000000 ? 1000000 : sz / 2048;
-            } else if (a[16] == '=' && (cli_parse_count(v, &sz) || sz == 0 || sz > 1000000))
+            uint64_t sz = 1024, by = 0;
+            if (a[16] == '=' && cli_parse_semcache(a + 17, &sz, &by))
                 return cli_usage_error(cmd, "--semantic-cache=%s is not a number of entries in "
-                                       "1..1000000 or a byte size (64M)", v);
+                                       "1..1000000 or a byte size of at least 4k (64M)", a + 17);
+            o.semantic_cache_bytes = by;
             o.semantic_cache = (uint32_t)sz;
             continue;
         }
@@ -124,10 +116,11 @@ int ikv_cmd_serve(int argc, char **argv) {
         const char *v = argv[++i];
         uint64_t u;
         if (!strcmp(a, "--spec")) {
-            uint64_t ng = 3, k = 8;
-            if (cli_parse_spec(v, &ng, &k))
-                return cli_usage_error(cmd, "--spec '%s' is not lookup[:n=N,k=K] (1..256)", v);
-            o.spec_ngram = (uint32_t)ng, o.spec_k = (uint32_t)k;
+            uint64_t ng = 3, k = 2, mn = 2;
+            if (cli_parse_spec(v, &ng, &k, &mn) || mn > ng)
+                return cli_usage_error(cmd, "--spec '%s' is not lookup[:n=N,k=K,m=M] (1..256, "
+                                       "m <= n)", v);
+            o.spec_ngram = (uint32_t)ng, o.spec_k = (uint32_t)k, o.spec_min = (uint32_t)mn;
             continue;
         }
         if (!strcmp(a, "--model"))

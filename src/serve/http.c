@@ -515,7 +515,8 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
      * (route.c: step 3 or above on the walk, a point with a draft on the frontier), then the
      * request's own switches, which may turn a lever off but never on past its step */
     r->spec.ngram = s->opt.spec_k ? s->opt.spec_ngram : 3;
-    r->spec.k = s->opt.spec_k ? s->opt.spec_k : 8;
+    r->spec.k = s->opt.spec_k ? s->opt.spec_k : 2;
+    r->spec.min_ngram = s->opt.spec_k ? s->opt.spec_min : 2;
     r->spec.lookup = s->opt.spec_k > 0 && r->lv.spec;
     r->spec.semantic = r->lv.rcache;
     if (f && cJSON_IsObject(f)) {
@@ -1392,6 +1393,7 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
     /* drafts: a cached answer verified in one step; lookup drafts of spec_k (8 when a request
      * asks for lookup on a server without --spec) */
     eo.max_draft = o.semantic_cache ? 256 : o.spec_k > 8 ? o.spec_k : 8;
+    if (eo.max_draft > 256) eo.max_draft = 256; /* spec_k is 1..256 */
     if (o.spec_k > eo.max_draft) eo.max_draft = o.spec_k;
     if (o.kv_mem) {
         /* private blocks: what max_seqs full sequences need, at most half the pool */

@@ -53,6 +53,7 @@ typedef struct srv_spec {
     int semantic;   /* 1: the response cache proposes a candidate's output as the draft */
     uint32_t ngram; /* lookup n-gram length (3) */
     uint32_t k;     /* lookup draft tokens a step (8) */
+    uint32_t min_ngram; /* shortest match that drafts (2) */
 } srv_spec;
 
 typedef struct srq {
@@ -123,6 +124,8 @@ typedef struct srq {
     uint32_t cand_id;  /* its entry id (ikv_respcache_used) */
     int cand_on;       /* 1 while the output so far equals cand's first tokens */
     size_t cand_chk;   /* output tokens compared with cand so far */
+    size_t cand_k;     /* its next draft's length at most: 8, doubled after each fully accepted
+                          one (the whole output at once for the same prompt) */
     uint32_t *dbuf;    /* [spec.k] lookup draft of the current step */
     size_t spec_steps, spec_draft, spec_accepted; /* steps with a draft, draft tokens proposed,
                                                      accepted (both sources) */

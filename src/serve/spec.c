@@ -6,9 +6,10 @@
  *                    best candidate's output; its first token by the acceptance rule (greedy:
  *                    free, the prefill's argmax; sampled: p(x), else a sample without x)
  *   each step   ---> ikv__spec_draft: after the lead r->next, the candidate's continuation while
- *                    the output so far equals its first tokens, else a prompt-lookup draft
- *                    (the continuation of the latest n-gram match in prompt + output,
- *                    spec.lookup); blocks reserved for it
+ *                    the output so far equals its first tokens (8 tokens, doubled after each
+ *                    fully accepted draft; all of it for the same prompt), else a
+ *                    prompt-lookup draft (the continuation of the latest match of the last
+ *                    n..m tokens in prompt + output, spec.lookup); blocks reserved for it
  *   ikv_engine_step: the draft is 1 + k rows of the same batched forward as every other
  *                    sequence's decode row (no forward of its own, no stall for the others)
  *   after       ---> ikv__spec_done: counts; the scheduler takes the accepted tokens and the
@@ -52,6 +53,9 @@ int ikv__spec_first(ikv_serve *s, srq *r, uint32_t *tok) {
             else {
                 memcpy(r->cand, c->output, sizeof *r->cand * n);
                 r->ncand = n, r->cand_id = c->id, r->cand_on = 1, r->cand_chk = 0;
+                /* a wrong candidate wastes at most 8 rows, then at most as many as were
+                 * accepted; the same prompt (Jaccard 1) drafts its whole output at once */
+                r->cand_k = c->similarity >= 0.999 ? n : 8;
                 s->met.sem_verified++;
             }
         }
@@ -92,12 +96,13 @@ size_t ikv__spec_draft(ikv_serve *s, srq *r, size_t kmax, const uint32_t **draft
     if (r->cand && r->cand_on && r->ncand > r->ntok) {
         d = r->cand + r->ntok;
         k = r->ncand - r->ntok < cap ? r->ncand - r->ntok : cap;
+        if (k > r->cand_k) k = r->cand_k;
     } else if (r->spec.lookup && r->spec.k) {
         if (!r->dbuf && !(r->dbuf = ikv_malloc(sizeof *r->dbuf * r->spec.k)))
             return 0; /* no memory for a draft: decode plainly */
         d = r->dbuf;
-        k = ikv_lookup_draft(r->all, r->n + r->ntok, r->spec.ngram, cap < r->spec.k ? cap : r->spec.k,
-                             r->dbuf);
+        k = ikv_lookup_draft(r->all, r->n + r->ntok, r->spec.ngram, r->spec.min_ngram,
+                             cap < r->spec.k ? cap : r->spec.k, r->dbuf);
     }
     /* the draft's blocks come from the private budget: shorter when they do not all fit,
      * never a preemption for a draft */
@@ -117,6 +122,7 @@ void ikv__spec_done(ikv_serve *s, srq *r, const uint32_t *draft, size_t k, size_
         s->met.sem_accepted += accepted, s->met.sem_rejected += k - accepted;
         s->met.sem_saved += accepted;
         if (accepted < k) r->cand_on = 0; /* the next token differs from the candidate's */
+        else r->cand_k *= 2;
     } else
         s->met.spec_lookup_accepted += accepted;
 }
