@@ -53,8 +53,9 @@
 #define MAXPTS          12
 #define CORE_PRICE_HOUR 0.04 /* $ per core-hour: cloud vCPU list prices, $0.02-0.05 */
 #define VALUE_PER_S     0.01 /* $ per second saved, as value.per_s */
-#define LOOKUP_NGRAM    3    /* prompt-lookup drafts: n-gram length (cmd_run's --spec default) */
-#define LOOKUP_K        8    /* ... draft tokens per verify */
+#define LOOKUP_NGRAM    3 /* prompt-lookup drafts: longest n-gram (serve's and run's --spec default) */
+#define LOOKUP_K        2 /* ... draft tokens per verify (the same default) */
+#define LOOKUP_MIN      2 /* ... shortest match that drafts (the same default) */
 
 enum { M_PLAIN = 0, M_SPEC, M_RCACHE };
 
@@ -110,6 +111,7 @@ static int gen_drafts(ikv_engine *e, ikv_seq *s, uint32_t V, uint32_t O, uint32_
                           .n_cands = nc,
                           .lookup_ngram = lookup ? LOOKUP_NGRAM : 0,
                           .lookup_k = LOOKUP_K,
+                          .lookup_min = LOOKUP_MIN,
                           .max_draft = max_draft};
     rc = ikv_respcache_generate(e, s, sp, &go, hist, P, gr);
     ikv_sampler_destroy(sp);
