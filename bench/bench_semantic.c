@@ -181,8 +181,8 @@ static double gen_lookup(ctx *c, const uint32_t *p, size_t np, size_t N, uint32_
     ikv_seq *s;
     if (ikv_engine_begin(c->e, &rq, &s, NULL)) die("begin");
     memcpy(hist, p, sizeof *p * np);
-    ikv_gen_options go = {.max_tokens = N, .lookup_ngram = ng, .lookup_k = k, .lookup_min = mn,
-                        .max_draft = 256};
+    ikv_gen_options go = {
+        .max_tokens = N, .lookup_ngram = ng, .lookup_k = k, .lookup_min = mn, .max_draft = 256};
     if (ikv_respcache_generate(c->e, s, sp, &go, hist, np, gr)) die("generate");
     ikv_engine_end(c->e, s);
     ikv_sampler_destroy(sp);
@@ -190,14 +190,13 @@ static double gen_lookup(ctx *c, const uint32_t *p, size_t np, size_t N, uint32_
     return gr->seconds;
 }
 
-
 static int cmd_lookup(ctx *c, size_t N, int R) {
     static const char *prompts[] = {"", "Once upon a time, there was a little girl named Lily.",
                                     "Tom had a big red ball. He liked to throw it high.",
                                     "One day, a cat and a dog went to the park."};
     /* n, k, m: n-gram, draft tokens, shortest match that drafts; the first row is plain */
-    static const uint32_t cfg[][3] = {{0, 0, 0}, {3, 8, 1}, {3, 8, 2}, {3, 4, 2}, {3, 2, 2},
-                                      {3, 1, 2}, {4, 2, 2}, {3, 2, 3}};
+    static const uint32_t cfg[][3] = {{0, 0, 0}, {3, 8, 1}, {3, 8, 2}, {3, 4, 2},
+                                      {3, 2, 2}, {3, 1, 2}, {4, 2, 2}, {3, 2, 3}};
     enum { NC = sizeof cfg / sizeof cfg[0], NP = sizeof prompts / sizeof prompts[0] };
     uint32_t p[128], *h = malloc(sizeof(uint32_t) * 4096), *ref = malloc(sizeof(uint32_t) * 4096);
     double best[NC][NP], bcpu[NC][NP];

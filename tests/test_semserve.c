@@ -271,8 +271,8 @@ static void test_lookup(void **st) {
         assert_string_equal(spec, plain);
         acc_total += acc;
         if (requests < 3) { /* the switches */
-            char *off = complete_x(lookup, a, 96, "{\"spec\":\"off\"}", &steps, &acc, param,
-                                   sizeof param);
+            char *off =
+                complete_x(lookup, a, 96, "{\"spec\":\"off\"}", &steps, &acc, param, sizeof param);
             assert_non_null(off);
             assert_string_equal(off, plain);
             assert_int_equal(steps, 0);
@@ -308,8 +308,8 @@ static void test_lookup(void **st) {
     free(resp), free(body);
     assert_null(complete_x(lookup, "Once", 8, "{\"spec\":3}", &steps, &acc, param, sizeof param));
     assert_string_equal(param, "isokv.spec");
-    assert_null(complete_x(lookup, "Once", 8, "{\"spec\":\"medusa\"}", &steps, &acc, param,
-                           sizeof param));
+    assert_null(
+        complete_x(lookup, "Once", 8, "{\"spec\":\"medusa\"}", &steps, &acc, param, sizeof param));
     assert_string_equal(param, "isokv.spec");
     assert_null(complete_x(with, "Once", 8, "{\"semantic_cache\":\"yes\"}", &steps, &acc, param,
                            sizeof param));
@@ -339,10 +339,11 @@ static void test_concurrent_hit(void **st) {
     const char *p2 = "One day, Sue and her mom went to the big lake to see the ducks.";
     int c, a, steps, acc;
     char param[64];
-    char *r1 = complete(without, "ka", p1, 64, &c, &a), *r2 = complete(without, "ka", p2, 64, &c, &a);
+    char *r1 = complete(without, "ka", p1, 64, &c, &a),
+         *r2 = complete(without, "ka", p2, 64, &c, &a);
     free(complete(with, "ka", p1, 64, &c, &a)); /* now cached */
-    char *off = complete_x(with, p1, 64, "{\"semantic_cache\":false}", &steps, &acc, param,
-                           sizeof param);
+    char *off =
+        complete_x(with, p1, 64, "{\"semantic_cache\":false}", &steps, &acc, param, sizeof param);
     assert_non_null(off);
     assert_string_equal(off, r1);
     assert_int_equal(acc, 0);
@@ -365,10 +366,8 @@ static void test_concurrent_hit(void **st) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_identical_answers),
-        cmocka_unit_test(test_stream_burst),
-        cmocka_unit_test(test_tenants),
-        cmocka_unit_test(test_lookup),
+        cmocka_unit_test(test_identical_answers), cmocka_unit_test(test_stream_burst),
+        cmocka_unit_test(test_tenants),           cmocka_unit_test(test_lookup),
         cmocka_unit_test(test_concurrent_hit),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -310,7 +310,7 @@ typedef struct ikv_step_item {
      * the positions after `token`, verified in this same step as extra rows of the batch, with
      * ikv_engine_verify's arithmetic and acceptance (has_lead = 1). NULL / 0: a plain decode. */
     const uint32_t *draft;
-    size_t k;             /* 0..max_draft; the step's rows (1 + k per decode) <= ikv_engine_max_rows */
+    size_t k; /* 0..max_draft; the step's rows (1 + k per decode) <= ikv_engine_max_rows */
     ikv_sampler *sampler; /* the acceptance rule: NULL or temperature 0 greedy, else
                              ikv_sampler_accept's (its coins are drawn) */
     size_t accepted;      /* out (k > 0): leading draft tokens accepted, kept in the sequence */

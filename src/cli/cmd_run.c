@@ -80,13 +80,12 @@ static void help(FILE *f) {
         "sequences). Figures printed on stderr are measured wall-clock times.\n"
         "--spec lookup[:n=N,k=K,m=M] drafts K tokens from the latest match of the last N (..M)\n"
         "tokens in prompt + output and verifies them in one batched forward (greedy output is\n"
-        "identical to plain decoding; defaults n=3, k=2, m=2). --semantic-cache[=SIZE] keeps up to\n"
+        "identical to plain decoding; defaults n=3, k=2, m=2). --semantic-cache[=SIZE] keeps\n"
         "SIZE finished responses (digits: entries, 1024; k/M/G: bytes, 64M) and verifies the\n"
-        "most similar one (MinHash/Jaccard over\n"
-        "prompt 3-grams, same tenant or public) as a draft: only what the model itself would\n"
-        "produce is served. Give it something to hit: --repeat R or --prompts FILE (one prompt\n"
-        "per line, each a request). --max-draft N: draft tokens per verify (64; 256 with\n"
-        "--semantic-cache).\n"
+        "most similar one (MinHash/Jaccard over prompt 3-grams, same tenant or public) as a\n"
+        "draft: only what the model itself would produce is served. Give it something to hit:\n"
+        "--repeat R or --prompts FILE (one prompt per line, each a request). --max-draft N:\n"
+        "draft tokens per verify (64; 256 with --semantic-cache).\n"
         "--segments REQ.json: structured requests (one object or an array, run in order on one\n"
         "engine; docs/chunks.md): segments with kind, text or tokens, public, reusable, movable.\n"
         "Reusable segments' KV is kept by content and reused at any offset, recomputing a\n"
@@ -266,8 +265,10 @@ int ikv_cmd_run(int argc, char **argv) {
         if (!strncmp(a, "--semantic-cache", 16) && (a[16] == 0 || a[16] == '=')) {
             semcache = 1024;
             if (a[16] == '=' && cli_parse_semcache(a + 17, &semcache, &semcache_bytes))
-                return cli_usage_error("run", "bad value '%s' for --semantic-cache (entries "
-                                       "1..1000000, or bytes with k/M/G: 64M)", a + 17);
+                return cli_usage_error("run",
+                                       "bad value '%s' for --semantic-cache (entries "
+                                       "1..1000000, or bytes with k/M/G: 64M)",
+                                       a + 17);
             continue;
         }
         if (!strcmp(a, "--stop-eos") || !strcmp(a, "--raw-bytes")) {

@@ -106,8 +106,10 @@ int ikv_cmd_serve(int argc, char **argv) {
         if (!strncmp(a, "--semantic-cache", 16) && (a[16] == 0 || a[16] == '=')) {
             uint64_t sz = 1024, by = 0;
             if (a[16] == '=' && cli_parse_semcache(a + 17, &sz, &by))
-                return cli_usage_error(cmd, "--semantic-cache=%s is not a number of entries in "
-                                       "1..1000000 or a byte size of at least 4k (64M)", a + 17);
+                return cli_usage_error(cmd,
+                                       "--semantic-cache=%s is not a number of entries in "
+                                       "1..1000000 or a byte size of at least 4k (64M)",
+                                       a + 17);
             o.semantic_cache_bytes = by;
             o.semantic_cache = (uint32_t)sz;
             continue;
@@ -118,8 +120,10 @@ int ikv_cmd_serve(int argc, char **argv) {
         if (!strcmp(a, "--spec")) {
             uint64_t ng = 3, k = 2, mn = 2;
             if (cli_parse_spec(v, &ng, &k, &mn) || mn > ng)
-                return cli_usage_error(cmd, "--spec '%s' is not lookup[:n=N,k=K,m=M] (1..256, "
-                                       "m <= n)", v);
+                return cli_usage_error(cmd,
+                                       "--spec '%s' is not lookup[:n=N,k=K,m=M] (1..256, "
+                                       "m <= n)",
+                                       v);
             o.spec_ngram = (uint32_t)ng, o.spec_k = (uint32_t)k, o.spec_min = (uint32_t)mn;
             continue;
         }

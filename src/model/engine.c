@@ -855,19 +855,25 @@ int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n) {
             return ikv_error(IKV_EINVAL, "step item %zu: token %u outside the vocabulary of %d", i,
                              items[i].token, (int)c->vocab_size);
         if (k > e->max_draft)
-            return ikv_error(IKV_EINVAL, "step item %zu: draft of %zu tokens, more than "
-                             "max_draft %u", i, k, e->max_draft);
+            return ikv_error(IKV_EINVAL,
+                             "step item %zu: draft of %zu tokens, more than "
+                             "max_draft %u",
+                             i, k, e->max_draft);
         for (size_t d = 0; d < k; d++)
             if (items[i].draft[d] >= (uint32_t)c->vocab_size)
-                return ikv_error(IKV_EINVAL, "step item %zu: draft token %zu is %u, outside the "
-                                 "vocabulary of %d", i, d, items[i].draft[d], (int)c->vocab_size);
+                return ikv_error(IKV_EINVAL,
+                                 "step item %zu: draft token %zu is %u, outside the "
+                                 "vocabulary of %d",
+                                 i, d, items[i].draft[d], (int)c->vocab_size);
         if (s->n >= s->limit)
             return ikv_error(
                 IKV_ETOOLONG, "step item %zu: sequence reached its limit of %u positions%s", i,
                 s->limit, s->limit == (uint32_t)c->seq_len ? " (the model's seq_len)" : "");
         if (1 + k > ikv_seq_room(s))
-            return ikv_error(IKV_ETOOLONG, "step item %zu: 1 + %zu draft positions after %u do "
-                             "not fit the sequence's limit of %u", i, k, s->n, s->limit);
+            return ikv_error(IKV_ETOOLONG,
+                             "step item %zu: 1 + %zu draft positions after %u do "
+                             "not fit the sequence's limit of %u",
+                             i, k, s->n, s->limit);
         if (k ? blocks_short(e, s, 1 + k) > 0 : needs_block(e, s))
             return ikv_error(IKV_EFULL,
                              "step item %zu: its next %zu positions need blocks it has not "
@@ -875,8 +881,10 @@ int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n) {
                              i, 1 + k);
         rows += 1 + k;
         if (rows > e->dmax)
-            return ikv_error(IKV_EINVAL, "step item %zu: %zu decode rows, more than the %u the "
-                             "engine takes (ikv_engine_max_rows)", i, rows, e->dmax);
+            return ikv_error(IKV_EINVAL,
+                             "step item %zu: %zu decode rows, more than the %u the "
+                             "engine takes (ikv_engine_max_rows)",
+                             i, rows, e->dmax);
     }
     size_t nd = 0;
     for (size_t i = 0; i < n; i++) {

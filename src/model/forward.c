@@ -1694,7 +1694,8 @@ void ikv__decode_batch(struct ikv_engine *e, size_t nb) {
      * partition); fp32 only, int8 products use per-thread packed weight shares */
     const int inl = !m->gs && (uint64_t)nb * (ikv_model_params(&m->cfg) +
                                               (uint64_t)m->cfg.n_layers * e->dpos[nb - 1] *
-                                                  (uint64_t)m->q_dim * 2) < DC_INLINE_MACS;
+                                                  (uint64_t)m->q_dim * 2) <
+                                  DC_INLINE_MACS;
     e->dcoff[0] = 0;
     for (size_t i = 0; i < nb; i++) {
         const size_t nblk = (e->dpos[i] + 1 + bt - 1) / bt;

@@ -3,9 +3,9 @@
  * speculative decoding without a draft model): the draft for the next positions is what
  * followed the latest earlier occurrence of the text's last n tokens, trying n = ngram down
  * to min_ngram (a match of one token alone predicts little: on the bundled model, drafts from
- * 2-token matches or longer were accepted about twice as often). Stories repeat their names and phrases, summaries and edits repeat their input, so
- * the continuation of a match is often what the model writes next; ikv_engine_verify decides
- * how much of it is.
+ * 2-token matches or longer were accepted about twice as often). Stories repeat their names and
+ * phrases, summaries and edits repeat their input, so the continuation of a match is often what the
+ * model writes next; ikv_engine_verify decides how much of it is.
  *
  * Cost: O(len x ngram) token comparisons per call (a backward scan); no allocation.
  */

@@ -216,9 +216,10 @@ int ikv_respcache_put(ikv_respcache *rc, const char *tenant, int public_, const 
     if (maxb && nbytes > maxb) {
         ikv_free(toks), ikv_free(sh);
         rc->st.too_big++;
-        return ikv_error(IKV_EFULL, "response cache: an entry of %llu bytes (%zu + %zu tokens) "
-                         "is above the budget of %llu bytes", (unsigned long long)nbytes, np, no,
-                         (unsigned long long)maxb);
+        return ikv_error(IKV_EFULL,
+                         "response cache: an entry of %llu bytes (%zu + %zu tokens) "
+                         "is above the budget of %llu bytes",
+                         (unsigned long long)nbytes, np, no, (unsigned long long)maxb);
     }
     ikv_access acc = {.now = ++rc->clock};
     uint32_t node;
@@ -359,8 +360,8 @@ int ikv_respcache_check(const ikv_respcache *rc) {
             !en->nsh || en->nsh > en->np)
             return ikv_error(IKV_EINVAL, "response entry %llu: %u + %u tokens, %u shingles",
                              (unsigned long long)i, en->np, en->no, en->nsh);
-        if (en->bytes != IKV_RESPCACHE_ENTRY_BYTES + 4 * (uint64_t)(en->np + en->no) +
-                             8 * (uint64_t)en->nsh)
+        if (en->bytes !=
+            IKV_RESPCACHE_ENTRY_BYTES + 4 * (uint64_t)(en->np + en->no) + 8 * (uint64_t)en->nsh)
             return ikv_error(IKV_EINVAL, "response entry %llu: counts %llu bytes",
                              (unsigned long long)i, (unsigned long long)en->bytes);
         for (uint32_t j = 1; j < en->nsh; j++)

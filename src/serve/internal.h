@@ -49,10 +49,10 @@ typedef struct srv_acct {
  * from prompt lookup; it is verified as extra rows of the batched step (ikv_step_item.draft),
  * so the output is exactly what decoding without it gives (greedy: the same tokens). */
 typedef struct srv_spec {
-    int lookup;     /* 1: prompt-lookup drafts (n-gram ngram..1, k tokens a step) */
-    int semantic;   /* 1: the response cache proposes a candidate's output as the draft */
-    uint32_t ngram; /* lookup n-gram length (3) */
-    uint32_t k;     /* lookup draft tokens a step (8) */
+    int lookup;         /* 1: prompt-lookup drafts (n-gram ngram..1, k tokens a step) */
+    int semantic;       /* 1: the response cache proposes a candidate's output as the draft */
+    uint32_t ngram;     /* lookup n-gram length (3) */
+    uint32_t k;         /* lookup draft tokens a step (8) */
     uint32_t min_ngram; /* shortest match that drafts (2) */
 } srv_spec;
 
@@ -121,12 +121,12 @@ typedef struct srq {
     srv_spec spec;  /* speculative decoding switches (above) */
     uint32_t *cand; /* [ncand] the response cache's candidate output (a copy), or NULL */
     size_t ncand;
-    uint32_t cand_id;  /* its entry id (ikv_respcache_used) */
-    int cand_on;       /* 1 while the output so far equals cand's first tokens */
-    size_t cand_chk;   /* output tokens compared with cand so far */
-    size_t cand_k;     /* its next draft's length at most: 8, doubled after each fully accepted
-                          one (the whole output at once for the same prompt) */
-    uint32_t *dbuf;    /* [spec.k] lookup draft of the current step */
+    uint32_t cand_id; /* its entry id (ikv_respcache_used) */
+    int cand_on;      /* 1 while the output so far equals cand's first tokens */
+    size_t cand_chk;  /* output tokens compared with cand so far */
+    size_t cand_k;    /* its next draft's length at most: 8, doubled after each fully accepted
+                         one (the whole output at once for the same prompt) */
+    uint32_t *dbuf;   /* [spec.k] lookup draft of the current step */
     size_t spec_steps, spec_draft, spec_accepted; /* steps with a draft, draft tokens proposed,
                                                      accepted (both sources) */
     int sem_done;   /* the response cache was consulted */

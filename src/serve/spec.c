@@ -87,8 +87,7 @@ size_t ikv__spec_draft(ikv_serve *s, srq *r, size_t kmax, const uint32_t **draft
     if (cap > kmax) cap = kmax;
     /* the output so far against the candidate: otok[0, ntok) == cand[0, ntok)? */
     while (r->cand_on && r->cand_chk < r->ntok) {
-        if (r->cand_chk >= r->ncand || r->otok[r->cand_chk] != r->cand[r->cand_chk])
-            r->cand_on = 0;
+        if (r->cand_chk >= r->ncand || r->otok[r->cand_chk] != r->cand[r->cand_chk]) r->cand_on = 0;
         r->cand_chk++;
     }
     const uint32_t *d = NULL;
@@ -121,8 +120,10 @@ void ikv__spec_done(ikv_serve *s, srq *r, const uint32_t *draft, size_t k, size_
         r->sem_saved += accepted; /* each accepted token is a decode step not run */
         s->met.sem_accepted += accepted, s->met.sem_rejected += k - accepted;
         s->met.sem_saved += accepted;
-        if (accepted < k) r->cand_on = 0; /* the next token differs from the candidate's */
-        else r->cand_k *= 2;
+        if (accepted < k)
+            r->cand_on = 0; /* the next token differs from the candidate's */
+        else
+            r->cand_k *= 2;
     } else
         s->met.spec_lookup_accepted += accepted;
 }
