@@ -47,8 +47,8 @@ static void make_prompt(uint32_t *t, size_t n, uint64_t seed, uint32_t vocab) {
  * verify of a 5-token draft (the first two tokens the reference's own, then wrong ones) on
  * sequence 0. Before every step the thread count is pattern[step % np] (0: leave it). The
  * logits of every sequence after every step go to out ([steps][NSEQ][V], zeros where none). */
-static size_t scripted(const ikv_model *m, int threads, const int *pattern, size_t np,
-                       float *out, size_t cap_steps) {
+static size_t scripted(const ikv_model *m, int threads, const int *pattern, size_t np, float *out,
+                       size_t cap_steps) {
     const int V = m->cfg.vocab_size;
     ikv_engine_options o;
     ikv_engine_options_default(&o);

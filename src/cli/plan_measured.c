@@ -53,9 +53,9 @@
 #define MAXPTS          12
 #define CORE_PRICE_HOUR 0.04 /* $ per core-hour: cloud vCPU list prices, $0.02-0.05 */
 #define VALUE_PER_S     0.01 /* $ per second saved, as value.per_s */
-#define LOOKUP_NGRAM    3 /* prompt-lookup drafts: longest n-gram (serve's and run's --spec default) */
-#define LOOKUP_K        2 /* ... draft tokens per verify (the same default) */
-#define LOOKUP_MIN      2 /* ... shortest match that drafts (the same default) */
+#define LOOKUP_NGRAM    3    /* lookup drafts: longest n-gram (serve/run --spec default) */
+#define LOOKUP_K        2    /* ... draft tokens per verify (the same default) */
+#define LOOKUP_MIN      2    /* ... shortest match that drafts (the same default) */
 
 enum { M_PLAIN = 0, M_SPEC, M_RCACHE };
 
@@ -65,8 +65,8 @@ typedef struct mpoint {
     int batch; /* sequences prefilled and decoded together */
     int mode;  /* M_PLAIN, M_SPEC (prompt-lookup drafts), M_RCACHE (response-cache hit) */
     char label[64];
-    double ttft, tpot, l, c, cpu_s; /* measured, best of R */
-    size_t cached;                  /* prompt tokens taken from the cache */
+    double ttft, tpot, l, c, cpu_s;            /* measured, best of R */
+    size_t cached;                             /* prompt tokens taken from the cache */
     size_t n_out, forwards, drafted, accepted; /* generation after the prefill (best run) */
     double p_ttft, p_tpot, p_l, p_c;           /* roofline prediction */
 } mpoint;
@@ -187,16 +187,16 @@ static int measure(ikv_engine *e, uint32_t max_draft, const mpoint *q, uint32_t 
         const double t1 = ikv_now();
         for (uint32_t d = 0; d < O && !rc; d++) {
             for (int i = 0; i < q->batch; i++)
-                it[i] = (ikv_step_item){
-                    .seq = b->seq[i], .token = argmax_of(ikv_seq_logits(b->seq[i]), V)};
+                it[i] = (ikv_step_item){.seq = b->seq[i],
+                                        .token = argmax_of(ikv_seq_logits(b->seq[i]), V)};
             rc = ikv_engine_step(e, it, (size_t)q->batch);
         }
         dec = ikv_now() - t1;
     } else if (!rc) {
         ikv_gen_result gr;
         memcpy(b->hist, b->pr[0], sizeof(uint32_t) * P);
-        rc = gen_drafts(e, b->seq[0], V, O, max_draft, hits, nh, q->mode == M_SPEC, b->hist, P,
-                        &gr);
+        rc =
+            gen_drafts(e, b->seq[0], V, O, max_draft, hits, nh, q->mode == M_SPEC, b->hist, P, &gr);
         dec = gr.seconds, n_out = gr.n_out, forwards = gr.forwards;
         drafted = gr.lookup_drafted + gr.cache_accepted + gr.cache_rejected;
         accepted = gr.lookup_accepted + gr.cache_accepted;
@@ -612,9 +612,9 @@ int plan_measured_main(const char *cmd, const plan_measured_opts *o, int json, c
             snprintf(mr, sizeof mr, "%.3g", walk[k].mrts);
         else
             snprintf(mr, sizeof mr, "n/a");
-        printf("  %d %-14s %-40s C %8.3f  L %9.1f ms  MRTS %-8s (roofline: C %8.3f  L %9.1f)\n",
-               k, walk[k].name, walk[k].config, walk[k].compute_gpu_s, walk[k].latency_s * 1e3,
-               mr, pwalk[k].compute_gpu_s, pwalk[k].latency_s * 1e3);
+        printf("  %d %-14s %-40s C %8.3f  L %9.1f ms  MRTS %-8s (roofline: C %8.3f  L %9.1f)\n", k,
+               walk[k].name, walk[k].config, walk[k].compute_gpu_s, walk[k].latency_s * 1e3, mr,
+               pwalk[k].compute_gpu_s, pwalk[k].latency_s * 1e3);
     }
     for (int v = 0; v < 2; v++) {
         printf("%s frontier (cheapest first):\n", v ? "roofline's" : "measured");

@@ -67,11 +67,11 @@ struct ikv__pool {
     atomic_int sleepers; /* workers about to sleep or sleeping on work_cv */
     atomic_int caller_asleep;
     atomic_int stop;
-    atomic_int active;    /* threads running shares, 1..n (the rest park) */
-    int unparking;        /* (mu) parked workers woken by a grow that have not resumed yet */
+    atomic_int active; /* threads running shares, 1..n (the rest park) */
+    int unparking;     /* (mu) parked workers woken by a grow that have not resumed yet */
     pthread_cond_t park_cv;
-    uint64_t *ran;        /* [n] regions each thread ran shares in (its own slot only) */
-    ikv__task fn; /* current region (NULL: a shrink with no work); written before gen++ */
+    uint64_t *ran; /* [n] regions each thread ran shares in (its own slot only) */
+    ikv__task fn;  /* current region (NULL: a shrink with no work); written before gen++ */
     void *ctx;
 };
 

@@ -33,8 +33,8 @@
  * thread (CLOCK_THREAD_CPUTIME_ID) plus the engine's worker threads (their CPU clocks) over
  * the step, and the thread-seconds (wall time x threads: the occupancy, as GPU-seconds are in
  * the planner), are shared among the group's items by the rows each computed (a decode 1 plus
- * its draft rows, a prefill chunk its length). A request's cpu_s, thread_s and threads_max (the most
- * threads the engine ran any of its steps on) add up over its steps.
+ * its draft rows, a prefill chunk its length). A request's cpu_s, thread_s and threads_max (the
+ * most threads the engine ran any of its steps on) add up over its steps.
  */
 #include "internal.h"
 
@@ -54,8 +54,8 @@ double ikv__route_cpu_now(const ikv_serve *s) {
 int ikv__route_setup_frontier(ikv_serve *s, const ikv_model_spec *m, const ikv_hw_spec *hw) {
     for (int c = 0; c < 3; c++) {
         ikv_route_req rq = {.cls = (ikv_req_class)c};
-        int rc = ikv_plan_frontier_build(&s->plan, m, hw, ikv_plan_class_cap(&s->plan, &rq),
-                                         &s->fr[c]);
+        int rc =
+            ikv_plan_frontier_build(&s->plan, m, hw, ikv_plan_class_cap(&s->plan, &rq), &s->fr[c]);
         if (rc) return rc;
         s->n_fr = (size_t)c + 1;
         if (s->fr[c].n_hull == 0)
@@ -108,8 +108,7 @@ static size_t item_rows(const ikv_step_item *it) {
     return it->k ? 1 + it->k : it->done;
 }
 
-void ikv__route_step_run(ikv_serve *s, ikv_step_item *items, srq **map, size_t n,
-                         srv_acct *acct) {
+void ikv__route_step_run(ikv_serve *s, ikv_step_item *items, srq **map, size_t n, srv_acct *acct) {
     /* stable insertion sort by thread count (n <= max_seqs): groups in ascending order */
     for (size_t i = 1; i < n; i++) {
         ikv_step_item it = items[i];
