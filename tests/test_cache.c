@@ -56,6 +56,40 @@ static ikv_cache *make(uint64_t cap, const char *policy) {
 
 /* ---- basic behaviour ---------------------------------------------------------------------- */
 
+/* ikv_cache_evict: the policy's victim (LRU: the least recently used leaf), never a locked
+ * block, IKV_EFULL once nothing is evictable, IKV_EINVAL for a tier that does not exist. */
+static void test_evict_one(void **st) {
+    (void)st;
+    ikv_cache *c = make(8, "lru");
+    ikv_key k[3];
+    uint32_t node[3];
+    for (uint32_t i = 0; i < 3; i++) {
+        chain(&i, 1, 0, &k[i]);
+        ikv_access acc = {.now = i + 1};
+        size_t ins;
+        assert_int_equal(ikv_cache_insert(c, &k[i], 1, 0, &acc, 0, &node[i], &ins), 0);
+    }
+    ikv_access acc = {.now = 10};
+    assert_int_equal(ikv_cache_hit(c, &node[0], 1, &acc), 0); /* 0 is now the most recent */
+    assert_int_equal(ikv_cache_lock(c, &node[2], 1), 0);
+    size_t m;
+    assert_int_equal(ikv_cache_evict(c, 0), 0); /* 1: least recent */
+    ikv_cache_match(c, &k[1], 1, NULL, NULL, &m);
+    assert_int_equal(m, 0);
+    ikv_cache_match(c, &k[0], 1, NULL, NULL, &m);
+    assert_int_equal(m, 1);
+    CHECKED(c);
+    assert_int_equal(ikv_cache_evict(c, 0), 0); /* 0 (2 is locked) */
+    ikv_cache_match(c, &k[0], 1, NULL, NULL, &m);
+    assert_int_equal(m, 0);
+    assert_int_equal(ikv_cache_evict(c, 0), IKV_EFULL); /* only the locked one left */
+    ikv_cache_match(c, &k[2], 1, NULL, NULL, &m);
+    assert_int_equal(m, 1);
+    assert_int_equal(ikv_cache_evict(c, 1), IKV_EINVAL);
+    CHECKED(c);
+    ikv_cache_destroy(c);
+}
+
 /* Keys that share a bucket and a tag (the index links chains by tagged ids and reads a node
  * only on a tag match): lookups must still tell them apart by the whole key, and unlinking one
  * from the middle of its chain must keep the others. Bucket = high half of key.lo, tag = high
@@ -1400,6 +1434,7 @@ static void test_regress_unlock_long_path(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_match_insert),
+        cmocka_unit_test(test_evict_one),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_locks),
         cmocka_unit_test(test_lru_order),

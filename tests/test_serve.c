@@ -1745,13 +1745,15 @@ static void test_route_flags(void **st) {
                *c2[] = {"--route-set", "no.such=1", NULL}, *c3[] = {"--route-set", "x", NULL},
                *c4[] = {"--route-model", "no-such-model", NULL},
                *c5[] = {"--route-hw", "no-such-gpu", NULL},
-               *c6[] = {"--route-config", "/nonexistent-dir/route.json", NULL};
+               *c6[] = {"--route-config", "/nonexistent-dir/route.json", NULL},
+               *c7[] = {"--route", "shortest", NULL};
     assert_int_equal(serve_exit_code(c1), 2);
     assert_int_equal(serve_exit_code(c2), 2);
     assert_int_equal(serve_exit_code(c3), 2);
     assert_int_equal(serve_exit_code(c4), 2);
     assert_int_equal(serve_exit_code(c5), 2);
     assert_int_equal(serve_exit_code(c6), 1);
+    assert_int_equal(serve_exit_code(c7), 2); /* --route is walk or frontier */
     /* a config file (nested keys, as `isokv plan --config`) sets the caps */
     char path[64];
     snprintf(path, sizeof path, "/tmp/ikv_route_%d.json", (int)getpid());

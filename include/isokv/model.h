@@ -314,7 +314,17 @@ typedef struct ikv_step_item {
     ikv_seq *seq;
     uint32_t token; /* decode: the token appended */
     size_t n;       /* prefill: positions of the prompt to compute (0 = all remaining) */
-    size_t done;    /* out: positions computed by this step */
+    size_t done;    /* out: positions computed by this step (decode: 1 + accepted) */
+    /* decode with a draft (speculative decoding inside the batched step): k tokens proposed for
+     * the positions after `token`, verified in this same step as extra rows of the batch, with
+     * ikv_engine_verify's arithmetic and acceptance (has_lead = 1). NULL / 0: a plain decode. */
+    const uint32_t *draft;
+    size_t k; /* 0..max_draft; the step's rows (1 + k per decode) <= ikv_engine_max_rows */
+    ikv_sampler *sampler; /* the acceptance rule: NULL or temperature 0 greedy, else
+                             ikv_sampler_accept's (its coins are drawn) */
+    size_t accepted;      /* out (k > 0): leading draft tokens accepted, kept in the sequence */
+    uint32_t next;        /* out (k > 0): the token for the position after them, not in the
+                             sequence yet (ikv_verify.next); k = 0: untouched, sample the logits */
 } ikv_step_item;
 
 /* Runs ONE forward step for items[0..n) (distinct sequences): each prefill chunk on its
@@ -322,11 +332,30 @@ typedef struct ikv_step_item {
  * batched product (ikv__linear_rows). Afterwards ikv_seq_logits() of a sequence with nothing
  * pending is its last position's logits. A sequence's tokens, K/V and logits are bit-identical
  * whatever else is in the step and however its prompt was chunked or cached
- * (docs/engine.md, "Batches"). Returns 0, IKV_EFULL (a decode whose new block is not reserved:
- * see ikv_seq_reserve_next; nothing runs), IKV_EINVAL (a sequence not in flight or twice, a
- * token >= vocab; nothing runs), IKV_ETOOLONG (a decode past the sequence's limit; nothing
- * runs). Does not allocate. */
+ * (docs/engine.md, "Batches"). A decode with a draft (k > 0) runs 1 + k rows of its sequence
+ * and keeps 1 + accepted positions: its tokens, logits and K/V are those of ikv_engine_verify
+ * of the same lead and draft, and of decoding the kept tokens one by one; the rest is rolled
+ * back. Returns 0, IKV_EFULL (a decode whose new blocks are not reserved: see
+ * ikv_seq_reserve_next / ikv_seq_reserve; nothing runs), IKV_EINVAL (a sequence not in flight
+ * or twice, a token >= vocab, k > max_draft, more rows than ikv_engine_max_rows; nothing
+ * runs), IKV_ETOOLONG (a decode, or its draft, past the sequence's limit; nothing runs). Does
+ * not allocate. */
 int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n);
+
+/* Threads the following forward passes (ikv_engine_step, _begin, _decode, _verify, the chunk
+ * store's) run on: 1..options.threads (0 = all of them, the default after create). The work
+ * stays cut into options.threads fixed shares; with k threads, thread t runs shares t, t + k,
+ * ... one after the other, so every result is the same bits at any k (tested), only slower;
+ * threads k.. sleep (no spinning). Call between steps. Returns 0 or IKV_EINVAL (k out of range;
+ * nothing changed). Does not allocate. */
+int ikv_engine_set_threads(ikv_engine *e, int k);
+/* Threads the next forward pass runs on. */
+int ikv_engine_threads(const ikv_engine *e);
+/* CPU seconds the engine's worker threads (threads 1.., not the calling thread) have used
+ * since create, from their CPU clocks (measured; spinning while they wait for work counts). */
+double ikv_engine_worker_cpu(const ikv_engine *e);
+/* Decode rows one ikv_engine_step can take: the sum over its decode items of 1 + k. */
+size_t ikv_engine_max_rows(const ikv_engine *e);
 
 /* Pins the cached blocks wholly inside the first n_public tokens of `tokens` (the public
  * scope: a shared system prompt) for ttl requests (0 = until the engine ends), so eviction
@@ -392,10 +421,10 @@ typedef struct ikv_verify {
 int ikv_engine_verify(ikv_engine *e, ikv_seq *s, ikv_verify *v);
 
 /* A prompt-lookup draft: the up to k tokens that followed the latest earlier occurrence of
- * the last m tokens of hist[0..len), for the largest m in ngram..1 that has one; written to
- * out, returns how many (0: no match). Does not allocate. */
-size_t ikv_lookup_draft(const uint32_t *hist, size_t len, uint32_t ngram, size_t k,
-                        uint32_t *out);
+ * the last m tokens of hist[0..len), for the largest m in ngram..min_ngram (0 counts as 1)
+ * that has one; written to out, returns how many (0: no match). Does not allocate. */
+size_t ikv_lookup_draft(const uint32_t *hist, size_t len, uint32_t ngram, uint32_t min_ngram,
+                        size_t k, uint32_t *out);
 
 /* Positions the sequence may still add (its limit minus its length). */
 size_t ikv_seq_room(const ikv_seq *s);

@@ -30,7 +30,8 @@ static void help(FILE *f) {
           "                   [--public-prefix FILE] [--public-system] [--drain-s S]\n"
           "                   [--tier SPEC]... [--tier-dtype f32|q8] [--route-config FILE]\n"
           "                   [--route-set KEY=VALUE]... [--route-model M] [--route-hw H]\n"
-          "                   [--semantic-cache[=SIZE]] [--block-tokens N]\n\n"
+          "                   [--route walk|frontier] [--semantic-cache[=SIZE]]\n"
+          "                   [--spec lookup[:n=3,k=2,m=2]] [--block-tokens N]\n\n"
           "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions,\n"
           "GET /v1/models, GET /health, GET /metrics (Prometheus). Continuous batching: one\n"
           "forward step serves every running sequence; prompts are prefilled in chunks within\n"
@@ -50,12 +51,21 @@ static void help(FILE *f) {
           "(default), complex) and latency target (isokv.slo_ms, X-Isokv-Slo-Ms) go to the\n"
           "planner's router (ikv_plan_route) on the walk of --route-model (llama3-70b) on\n"
           "--route-hw (h100); class caps and prices are plan parameters (--route-config FILE\n"
-          "as `isokv plan --config`, --route-set route.simple=1 as `isokv plan --set`). The\n"
-          "step is the request's scheduling priority (docs/serve.md, \"Routing\").\n"
-          "--semantic-cache[=SIZE]: keep up to SIZE (1024) finished responses; a new request's\n"
-          "most similar one (same tenant, or public) is verified by the model as a draft and\n"
-          "only what the model itself would produce is served (docs/semantic.md); usage.isokv\n"
-          "and isokv_semcache_* metrics count it.\n",
+          "as `isokv plan --config`, --route-set route.simple=1 as `isokv plan --set`);\n"
+          "--route frontier routes on each class's efficient frontier instead (knee, SLO,\n"
+          "as `isokv plan route --frontier`). The step sets the request's priority, its\n"
+          "forward threads (1 below step 2, --threads from it) and, from step 3,\n"
+          "speculation: --spec and --semantic-cache (docs/serve.md, \"Routing\").\n"
+          "--semantic-cache[=SIZE]: keep finished responses, SIZE entries (digits: 1024 by\n"
+          "default) or SIZE bytes (a k/M/G suffix: 64M; prompt and output tokens and a fixed\n"
+          "part per entry count); a new request's most similar one (same tenant, or public) is\n"
+          "verified by the model as a draft inside the batched step and only what the model\n"
+          "itself would produce is served (docs/semantic.md). --spec lookup[:n=N,k=K,m=M]:\n"
+          "prompt-lookup drafts (K tokens after the latest match of the last N..M tokens;\n"
+          "3, 2, 2), verified in the same step. Both apply to requests routed to step 3 or above;\n"
+          "a request switches them with \"isokv\": {\"spec\": \"lookup\"|\"off\",\n"
+          "\"semantic_cache\": true|false}. usage.isokv.speculative, usage.isokv.semantic_cache,\n"
+          "isokv_spec_* and isokv_semcache_* metrics count them.\n",
           f);
     fputs(cli_tiers_help, f);
 }
@@ -95,16 +105,29 @@ int ikv_cmd_serve(int argc, char **argv) {
             continue;
         }
         if (!strncmp(a, "--semantic-cache", 16) && (a[16] == 0 || a[16] == '=')) {
-            uint64_t sz = 1024;
-            if (a[16] == '=' && (cli_parse_count(a + 17, &sz) || sz == 0 || sz > 1000000))
-                return cli_usage_error(cmd, "--semantic-cache=%s is not a size in 1..1000000",
+            uint64_t sz = 1024, by = 0;
+            if (a[16] == '=' && cli_parse_semcache(a + 17, &sz, &by))
+                return cli_usage_error(cmd,
+                                       "--semantic-cache=%s is not a number of entries in "
+                                       "1..1000000 or a byte size of at least 4k (64M)",
                                        a + 17);
+            o.semantic_cache_bytes = by;
             o.semantic_cache = (uint32_t)sz;
             continue;
         }
         if (i + 1 >= argc) return cli_usage_error(cmd, "%s needs a value (see --help)", a);
         const char *v = argv[++i];
         uint64_t u;
+        if (!strcmp(a, "--spec")) {
+            uint64_t ng = 3, k = 2, mn = 2;
+            if (cli_parse_spec(v, &ng, &k, &mn) || mn > ng)
+                return cli_usage_error(cmd,
+                                       "--spec '%s' is not lookup[:n=N,k=K,m=M] (1..256, "
+                                       "m <= n)",
+                                       v);
+            o.spec_ngram = (uint32_t)ng, o.spec_k = (uint32_t)k, o.spec_min = (uint32_t)mn;
+            continue;
+        }
         if (!strcmp(a, "--model"))
             o.model = v;
         else if (!strcmp(a, "--tokenizer"))
@@ -123,6 +146,11 @@ int ikv_cmd_serve(int argc, char **argv) {
             o.route_model = v;
         else if (!strcmp(a, "--route-hw"))
             o.route_hw = v;
+        else if (!strcmp(a, "--route")) {
+            if (strcmp(v, "walk") && strcmp(v, "frontier"))
+                return cli_usage_error(cmd, "--route '%s': walk or frontier", v);
+            o.route_frontier = !strcmp(v, "frontier");
+        }
         else if (!strcmp(a, "--route-set")) {
             if (o.n_route_set == sizeof route_set / sizeof route_set[0])
                 return cli_usage_error(cmd, "at most 32 --route-set options");

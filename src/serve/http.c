@@ -54,6 +54,7 @@ static void srq_free(srq *r) {
         ikv_free(r->stop[i]);
     ikv_free(r->text);
     ikv_free(r->otok);
+    ikv_free(r->cand), ikv_free(r->dbuf);
     pthread_cond_destroy(&r->cv);
     srq *l = r->leader;
     ikv_free(r);
@@ -626,10 +627,33 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
     if (cls && ikv_req_class_parse(cls, &rc_cls))
         BAD(cls_param, "%s '%.40s' is not simple, medium or complex", cls_param, cls);
     r->cls = (int)rc_cls;
-    ikv_route_req rq = {.cls = rc_cls, .slo_s = r->slo_ms / 1e3};
-    ikv_plan_route(&s->plan, &s->walk, &rq, &r->route);
-    IKV_ASSERT(r->route.step <= r->route.class_cap); /* the hard cap */
+    ikv__route_request(s, r, rc_cls); /* the step and its levers; asserts the hard cap */
     r->prio = r->route.step;
+    /* speculative decoding: the server's defaults for requests whose routed step allows it
+     * (route.c: step 3 or above on the walk, a point with a draft on the frontier), then the
+     * request's own switches, which may turn a lever off but never on past its step */
+    r->spec.ngram = s->opt.spec_k ? s->opt.spec_ngram : 3;
+    r->spec.k = s->opt.spec_k ? s->opt.spec_k : 2;
+    r->spec.min_ngram = s->opt.spec_k ? s->opt.spec_min : 2;
+    r->spec.lookup = s->opt.spec_k > 0 && r->lv.spec;
+    r->spec.semantic = r->lv.rcache;
+    if (f && cJSON_IsObject(f)) {
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(f, "spec");
+        if (sp && !cJSON_IsNull(sp)) {
+            if (!cJSON_IsString(sp) ||
+                (strcmp(sp->valuestring, "lookup") && strcmp(sp->valuestring, "off")))
+                BAD("isokv.spec", "isokv.spec must be \"lookup\" or \"off\"");
+            r->spec.lookup = !strcmp(sp->valuestring, "lookup");
+        }
+        const cJSON *sc = cJSON_GetObjectItemCaseSensitive(f, "semantic_cache");
+        if (sc && !cJSON_IsNull(sc)) {
+            if (!cJSON_IsBool(sc))
+                BAD("isokv.semantic_cache", "isokv.semantic_cache must be true or false");
+            r->spec.semantic = s->rcache && cJSON_IsTrue(sc); /* needs --semantic-cache */
+        }
+    }
+    r->spec.lookup = r->spec.lookup && r->lv.spec; /* the hard cap (route.c) */
+    r->spec.semantic = r->spec.semantic && r->lv.rcache;
 
     if (segs) {
         if (cJSON_GetObjectItemCaseSensitive(j, chat ? "messages" : "prompt"))
@@ -863,8 +887,23 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
     cJSON *ro = cJSON_AddObjectToObject(x, "route");
     cJSON_AddStringToObject(ro, "class", ikv_req_class_name((ikv_req_class)r->cls));
     cJSON_AddBoolToObject(ro, "class_given", r->has_class);
+    cJSON_AddStringToObject(ro, "router", s->opt.route_frontier ? "frontier" : "walk");
     cJSON_AddNumberToObject(ro, "step", r->route.step);
-    cJSON_AddStringToObject(ro, "step_name", s->walk.steps[r->route.step].name);
+    cJSON_AddStringToObject(ro, "step_name", ikv__route_step_name(s, r));
+    if (s->opt.route_frontier) cJSON_AddNumberToObject(ro, "point", r->route.point);
+    cJSON_AddStringToObject(ro, "config", ikv__route_config(s, r));
+    /* the levers the step set, and what the engine did: the most threads of any step */
+    cJSON_AddNumberToObject(ro, "threads", r->lv.threads);
+    cJSON_AddBoolToObject(ro, "speculation_allowed", r->lv.spec);
+    cJSON_AddBoolToObject(ro, "response_cache_allowed", r->lv.rcache);
+    int tmax = 0;
+    double ts = 0;
+    for (int i = 0; i < n; i++) {
+        if (g[i]->threads_max > tmax) tmax = g[i]->threads_max;
+        ts += g[i]->thread_s;
+    }
+    cJSON_AddNumberToObject(ro, "threads_used", tmax);
+    cJSON_AddNumberToObject(ro, "thread_ms", ts * 1e3);
     cJSON_AddNumberToObject(ro, "max_step", r->route.max_step);
     cJSON_AddNumberToObject(ro, "class_cap", r->route.class_cap);
     if (r->slo_ms > 0) {
@@ -884,6 +923,12 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
         cJSON_AddNumberToObject(x, "blend_step_ms_max", r->blend_step_s * 1e3);
         cJSON_AddNumberToObject(x, "blend_turns", (double)r->blend_turns);
     }
+    cJSON *sp = cJSON_AddObjectToObject(x, "speculative");
+    cJSON_AddStringToObject(sp, "spec", r->spec.lookup ? "lookup" : "off");
+    cJSON_AddBoolToObject(sp, "semantic_cache", r->spec.semantic);
+    cJSON_AddNumberToObject(sp, "draft_steps", (double)r->spec_steps);
+    cJSON_AddNumberToObject(sp, "draft_tokens", (double)r->spec_draft);
+    cJSON_AddNumberToObject(sp, "accepted_tokens", (double)r->spec_accepted);
     if (r->sem_done) {
         cJSON *sc = cJSON_AddObjectToObject(x, "semantic_cache");
         cJSON_AddNumberToObject(sc, "candidates", (double)r->sem_cands);
@@ -1447,7 +1492,8 @@ static int route_setup(ikv_serve *s, const ikv_serve_options *o) {
     const ikv_hw_spec *hw;
     if ((rc = ikv_model_lookup(o->route_model ? o->route_model : "llama3-70b", &m))) return rc;
     if ((rc = ikv_hw_lookup(o->route_hw ? o->route_hw : "h100", &hw))) return rc;
-    return ikv_plan_walk(&s->plan, m, hw, &s->walk);
+    if ((rc = ikv_plan_walk(&s->plan, m, hw, &s->walk))) return rc;
+    return o->route_frontier ? ikv__route_setup_frontier(s, m, hw) : 0;
 }
 
 static char *model_name_of(const char *path) {
@@ -1510,7 +1556,11 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
     eo.kv_mem = o.kv_mem;
     eo.policy = o.policy;
     if (o.block_tokens) eo.block_tokens = o.block_tokens;
-    if (o.semantic_cache) eo.max_draft = 256; /* a cached answer verified in one pass */
+    /* drafts: a cached answer verified in one step; lookup drafts of spec_k (8 when a request
+     * asks for lookup on a server without --spec) */
+    eo.max_draft = o.semantic_cache ? 256 : o.spec_k > 8 ? o.spec_k : 8;
+    if (eo.max_draft > 256) eo.max_draft = 256; /* spec_k is 1..256 */
+    if (o.spec_k > eo.max_draft) eo.max_draft = o.spec_k;
     if (o.kv_mem) {
         /* private blocks: what max_seqs full sequences need, at most half the pool */
         uint64_t bb = ikv_model_kv_bytes_per_token(mc) * eo.block_tokens;
@@ -1530,6 +1580,7 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
         s->max_fit = fit < s->seq_len ? (uint32_t)fit : s->seq_len;
         s->fit_blocks = (uint32_t)es0.private_budget;
     }
+    s->max_threads = ikv_engine_threads(s->engine);
     s->n_tiers = eo.n_tiers;
     snprintf(s->tier_name[0], sizeof s->tier_name[0], "pool");
     for (size_t t = 1; t <= s->n_tiers; t++) {
@@ -1561,6 +1612,7 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
         ikv_respcache_options ro;
         ikv_respcache_options_default(&ro);
         ro.capacity = o.semantic_cache;
+        ro.max_bytes = o.semantic_cache_bytes;
         ro.max_tokens = s->seq_len;
         if ((rc = ikv_respcache_create(&ro, &s->rcache))) goto fail;
     }
@@ -1661,6 +1713,7 @@ void ikv_serve_destroy(ikv_serve *s) {
     ikv_free(s->running), ikv_free(s->blend_list);
     ikv_free(s->logit_scratch);
     ikv_respcache_destroy(s->rcache);
+    ikv__route_free(s);
     ikv_free(s->model_name), ikv_free(s->model_path), ikv_free(s->describe);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->sched_cv);

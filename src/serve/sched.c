@@ -28,13 +28,16 @@
  *      unfinished UTF-8 character, is held back until decided), finish at EOS/BOS ("stop"), a
  *      stop string ("stop") or max_tokens ("length"); wake the request's HTTP thread.
  *
- * Response cache (--semantic-cache): when a request's prompt is done, before its first token
- * is sampled, the most similar finished response of its scope (or a public one) is looked up;
- * greedy requests take the best candidate whose first token is the argmax (free to check),
- * sampled ones the best candidate. Its output is verified as a draft in one forward
- * (ikv_engine_verify, mu released): the accepted tokens are taken at once (a streaming client
- * gets them as one burst), and the token at the first mismatch continues normal decoding. A
- * request that finishes (stop or length, status 200) stores its output.
+ * Speculative decoding (spec.c; per request: srq.spec): a decoding sequence's row may carry a
+ * draft, the response cache's candidate output (--semantic-cache: the most similar finished
+ * response of its scope or a public one, looked up when the prompt is done, its first token
+ * taken by the acceptance rule) while the output follows it, else a prompt-lookup draft
+ * (--spec lookup). The draft is verified as 1 + k rows of the same batched step as every
+ * other sequence's decode (ikv_engine_step), so a verify never stalls the others; its
+ * accepted tokens and the token at the first mismatch are taken at once (a streaming client
+ * gets them as one burst). Drafts take what the step's rows leave (ikv_engine_max_rows) and
+ * count against --max-batch-tokens. A request that finishes (stop or length, status 200)
+ * stores its output in the response cache.
  *
  * Allocation: the sampler and text buffers of a request are allocated per request, never per
  * token in steady state (the text buffer grows geometrically).
@@ -44,14 +47,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-/* Process CPU seconds (every thread: the engine's workers and the HTTP threads). */
-static double ikv_cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Appends len bytes to r's text (mu held). Returns 0 or IKV_ENOMEM. */
 static int text_append(srq *r, const char *p, size_t len) {
@@ -121,11 +116,12 @@ static void log_request(ikv_serve *s, const srq *r) {
                  r->lossy);
     fprintf(s->opt.log,
             "isokv serve: req=%llu tenant=%s status=%d prompt=%zu cached=%s partial=%zu%s "
-            "ttft_ms=%.2f tokens=%u finish=%s e2e_ms=%.2f class=%s step=%d cpu_ms=%.2f%s%s\n",
+            "ttft_ms=%.2f tokens=%u finish=%s e2e_ms=%.2f class=%s step=%d threads=%d "
+            "cpu_ms=%.2f%s%s\n",
             (unsigned long long)r->id, r->tenant, r->status, r->n, by, r->partial, extra, ttft,
             r->ntok, r->finish ? r->finish : (r->cancelled ? "cancelled" : "-"),
             (r->t_done - r->t_arrive) * 1e3, ikv_req_class_name((ikv_req_class)r->cls),
-            r->route.step, r->cpu_s * 1e3, r->err[0] ? " error=" : "", r->err);
+            r->route.step, r->threads_max, r->cpu_s * 1e3, r->err[0] ? " error=" : "", r->err);
     fflush(s->opt.log);
 }
 
@@ -384,60 +380,28 @@ static int take_token(ikv_serve *s, size_t idx, uint32_t tok) {
     return 0;
 }
 
-static uint32_t argmax(const float *x, uint32_t n) {
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
-/* The response cache for a request whose prompt is done (mu held; released during the
- * verify). Returns 1 if it took the request's tokens (its first token included), 0 if the
- * caller samples as usual. */
-static int semantic_first(ikv_serve *s, srq *r) {
-    r->sem_done = 1;
-    ikv_respcache_hit h[3];
-    size_t nh = ikv_respcache_lookup(s->rcache, r->scope, r->tokens, r->n, h, 3);
-    s->met.sem_lookups++;
-    r->sem_cands = nh;
-    const ikv_respcache_hit *c = NULL;
-    const float *lg = ikv_seq_logits(r->seq);
-    const uint32_t want = r->temperature == 0.0f ? argmax(lg, s->vocab) : 0;
-    for (size_t i = 0; i < nh && !c; i++)
-        if (r->temperature != 0.0f || h[i].output[0] == want) c = &h[i];
-    if (!c) return 0;
-    size_t k = c->n_output < 256 ? c->n_output : 256;
-    if (k > r->max_tokens) k = r->max_tokens;
-    if (k > ikv_seq_room(r->seq)) k = ikv_seq_room(r->seq);
-    /* the draft's blocks come from the private budget (admission reserved only a headroom):
-     * a shorter draft when they do not all fit, never a preemption for a draft */
-    while (k > 0 && ikv_seq_reserve(s->engine, r->seq, k) == IKV_EFULL)
-        k = k > 16 ? k - 16 : 0;
-    if (k == 0) return 0;
-    /* the candidate's tokens stay valid: only this thread puts */
-    ikv_verify v = {.draft = c->output, .k = k, .sampler = r->smp};
-    const uint32_t id = c->id;
-    pthread_mutex_unlock(&s->mu);
-    int rc = ikv_engine_verify(s->engine, r->seq, &v);
-    pthread_mutex_lock(&s->mu);
-    IKV_ASSERT(rc == 0); /* k fits the sequence's room and max_draft */
-    s->met.sem_verified++;
-    s->met.sem_accepted += v.accepted;
-    s->met.sem_rejected += k - v.accepted;
-    s->met.sem_hits += v.accepted > 0;
-    r->sem_accepted = v.accepted, r->sem_rejected = k - v.accepted;
-    r->sem_saved = v.accepted ? v.accepted - 1 : 0;
-    s->met.sem_saved += r->sem_saved;
-    ikv_respcache_used(s->rcache, id, v.accepted);
-    for (size_t i = 0; i <= v.accepted; i++) {
-        size_t idx = 0;
-        while (idx < s->nrunning && s->running[idx] != r)
-            idx++;
-        IKV_ASSERT(idx < s->nrunning);
-        const uint32_t tok = i < v.accepted ? v.draft[i] : v.next;
-        if (take_token(s, idx, tok)) break; /* finished (r may be gone) */
+/* Takes the tokens of a step item of running request r (mu held): with a draft, the accepted
+ * draft tokens and the token after them (one burst), else a sample of its logits. */
+static void take_step(ikv_serve *s, srq *r, const ikv_step_item *it) {
+    size_t idx = 0;
+    while (idx < s->nrunning && s->running[idx] != r)
+        idx++;
+    IKV_ASSERT(idx < s->nrunning);
+    if (!it->k) {
+        memcpy(s->logit_scratch, ikv_seq_logits(r->seq), sizeof(float) * s->vocab);
+        take_token(s, idx, ikv_sampler_sample(r->smp, s->logit_scratch));
+        return;
     }
-    return 1;
+    ikv__spec_done(s, r, it->draft, it->k, it->accepted);
+    for (size_t i = 0; i <= it->accepted; i++) {
+        if (i) { /* take_token keeps r in place unless it finishes */
+            idx = 0;
+            while (idx < s->nrunning && s->running[idx] != r)
+                idx++;
+            IKV_ASSERT(idx < s->nrunning);
+        }
+        if (take_token(s, idx, i < it->accepted ? it->draft[i] : it->next)) break; /* finished */
+    }
 }
 
 void *ikv__serve_sched(void *arg) {
@@ -445,7 +409,8 @@ void *ikv__serve_sched(void *arg) {
     const uint32_t maxs = s->opt.max_seqs;
     ikv_step_item *items = ikv_calloc(maxs, sizeof *items);
     srq **map = ikv_calloc(maxs, sizeof *map);
-    IKV_ASSERT(items && map); /* allocated once; create checked the memory is there */
+    srv_acct *acct = ikv_calloc(maxs, sizeof *acct);
+    IKV_ASSERT(items && map && acct); /* allocated once; create checked the memory is there */
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
         for (size_t i = 0; i < s->nrunning;)
@@ -464,10 +429,19 @@ void *ikv__serve_sched(void *arg) {
         }
         /* the step: decodes first, then prefill chunks from what the budget leaves */
         size_t ni = 0, budget = s->opt.max_batch_tokens, prefill_tokens = 0;
+        size_t rows_left = ikv_engine_max_rows(s->engine); /* decode rows the step takes */
+        for (size_t i = 0; i < s->nrunning; i++)
+            rows_left -= !ikv_seq_pending(s->running[i]->seq);
         for (size_t i = 0; i < s->nrunning; i++) {
             srq *r = s->running[i];
             if (ikv_seq_pending(r->seq) || r->job) continue; /* prefilling or blending */
-            items[ni] = (ikv_step_item){.seq = r->seq, .token = r->next};
+            items[ni] = (ikv_step_item){.seq = r->seq, .token = r->next, .sampler = r->smp};
+            /* a draft (response cache or prompt lookup) as extra rows of this same step */
+            if (r->spec.lookup || r->cand) {
+                items[ni].k = ikv__spec_draft(s, r, rows_left, &items[ni].draft);
+                rows_left -= items[ni].k;
+                budget = budget > items[ni].k ? budget - items[ni].k : 0;
+            }
             map[ni++] = r;
             budget = budget ? budget - 1 : 0;
         }
@@ -500,12 +474,16 @@ void *ikv__serve_sched(void *arg) {
         for (size_t i = 0; i < s->nrunning; i++)
             if (ikv__seg_waiting(s->running[i])) s->blend_list[nb++] = s->running[i];
         pthread_mutex_unlock(&s->mu);
-        double cpu0 = ikv_cpu_now();
-        int rc = ni ? ikv_engine_step(s->engine, items, ni) : 0;
-        IKV_ASSERT(rc == 0); /* items are built from running sequences within their limits */
-        for (size_t k = 0; k < nb; k++)
-            ikv__seg_advance(s, s->blend_list[k]);
-        double cpu = ikv_cpu_now() - cpu0;
+        /* one engine step per thread count the requests' routed steps give (route.c) */
+        ikv__route_step_run(s, items, map, ni, acct);
+        for (size_t k = 0; k < nb; k++) { /* at the request's routed thread count */
+            srq *r = s->blend_list[k];
+            IKV_ASSERT(ikv_engine_set_threads(s->engine, r->lv.threads) == 0);
+            const double t0 = ikv_now(), c0 = ikv__route_cpu_now(s);
+            ikv__seg_advance(s, r);
+            r->blend_cpu_s = ikv__route_cpu_now(s) - c0; /* charged below, mu held */
+            r->blend_thread_s = (ikv_now() - t0) * ikv_engine_threads(s->engine);
+        }
         ikv_engine_stats es;
         ikv_cache_stats cs;
         ikv_engine_stats_get(s->engine, &es);
@@ -521,12 +499,8 @@ void *ikv__serve_sched(void *arg) {
         s->met.steps++;
         s->met.step_rows += ni;
         s->met.step_prefill_tokens += prefill_tokens;
-        /* the step's CPU seconds, shared by positions: a decode row 1, a chunk its length */
-        size_t rows = 0;
-        for (size_t k = 0; k < ni; k++)
-            rows += items[k].done;
-        for (size_t k = 0; k < ni && rows; k++)
-            map[k]->cpu_s += cpu * (double)items[k].done / (double)rows;
+        /* each group's CPU and thread-seconds, shared by positions (route.c) */
+        ikv__route_step_account(s, map, ni, acct);
         for (size_t k = 0; k < ni; k++) {
             srq *r = map[k];
             if (ikv_seq_pending(r->seq) || r->state != SRQ_RUNNING || r->job)
@@ -536,18 +510,18 @@ void *ikv__serve_sched(void *arg) {
                 r->replaying = r->replay < r->ntok;
                 continue;
             }
-            size_t idx = 0;
-            while (idx < s->nrunning && s->running[idx] != r)
-                idx++;
-            IKV_ASSERT(idx < s->nrunning);
-            /* the response cache is the routing step 3 lever (a draft the model verifies is
-             * speculative decoding): requests routed below it do not use it */
-            if (s->rcache && r->ntok == 0 && !r->sem_done && r->route.step >= 3 &&
-                semantic_first(s, r))
+            if (r->ntok == 0 && r->spec.semantic && s->rcache) {
+                /* the first token: the response cache's candidate, if the model takes it */
+                uint32_t tok;
+                (void)ikv__spec_first(s, r, &tok); /* ENOMEM: no candidate, tok sampled */
+                size_t idx = 0;
+                while (idx < s->nrunning && s->running[idx] != r)
+                    idx++;
+                IKV_ASSERT(idx < s->nrunning);
+                take_token(s, idx, tok);
                 continue;
-            memcpy(s->logit_scratch, ikv_seq_logits(r->seq), sizeof(float) * s->vocab);
-            uint32_t tok = ikv_sampler_sample(r->smp, s->logit_scratch);
-            take_token(s, idx, tok);
+            }
+            take_step(s, r, &items[k]);
         }
         for (size_t k = 0; k < nb; k++) { /* structured requests that advanced */
             srq *r = s->blend_list[k];
@@ -555,6 +529,7 @@ void *ikv__serve_sched(void *arg) {
             while (idx < s->nrunning && s->running[idx] != r)
                 idx++;
             IKV_ASSERT(idx < s->nrunning);
+            r->cpu_s += r->blend_cpu_s, r->thread_s += r->blend_thread_s; /* its blend unit */
             if (r->job_rc == 0) continue; /* more units, or pending prefill again */
             if (r->job_rc < 0) { /* re-admitted, and a segment it reused left the store */
                 snprintf(r->err, sizeof r->err, "preempted and cannot be re-admitted: %s",
@@ -593,5 +568,6 @@ void *ikv__serve_sched(void *arg) {
     pthread_mutex_unlock(&s->mu);
     ikv_free(items);
     ikv_free(map);
+    ikv_free(acct);
     return NULL;
 }
