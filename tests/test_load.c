@@ -978,8 +978,11 @@ static void test_open_loop(void **state) {
         assert_true(r.records[i].send + 1e-9 >= r.records[i].trace_time / 20);
     assert_true(r.records[29].send >= 0.45);
     ikv_load_result_free(&r);
-    /* stop after 0.2 s: the requests due at 0 and 0.15 s are sent, those at 0.3 and 0.45 s not */
-    o.duration = 0.2;
+    /* at rate 2 the requests are due at 0, 1.5, 3 and 4.5 s: stopping after 2.2 s sends those
+     * due at 0 and 1.5 s and not the rest, with 0.7 s of slack either side for a busy machine
+     * (the stop is a wall-clock rule; at rate 20 the same cut left 0.05 s and once failed) */
+    o.rate = 2;
+    o.duration = 2.2;
     run_load(MOONCAKE, 30, 32, &o, &r);
     assert_int_equal(r.ok, 26);
     assert_int_equal(r.errors_by[IKV_LOAD_NOT_SENT], 4);
