@@ -22,6 +22,7 @@
 
 #include "isokv/cache.h"
 #include "../src/cache/policy/sketch.h"
+#include "testutil.h"
 
 /* ---- helpers ------------------------------------------------------------------------------ */
 
@@ -55,6 +56,40 @@ static ikv_cache *make(uint64_t cap, const char *policy) {
     } while (0)
 
 /* ---- basic behaviour ---------------------------------------------------------------------- */
+
+/* ikv_cache_evict: the policy's victim (LRU: the least recently used leaf), never a locked
+ * block, IKV_EFULL once nothing is evictable, IKV_EINVAL for a tier that does not exist. */
+static void test_evict_one(void **st) {
+    (void)st;
+    ikv_cache *c = make(8, "lru");
+    ikv_key k[3];
+    uint32_t node[3];
+    for (uint32_t i = 0; i < 3; i++) {
+        chain(&i, 1, 0, &k[i]);
+        ikv_access acc = {.now = i + 1};
+        size_t ins;
+        assert_int_equal(ikv_cache_insert(c, &k[i], 1, 0, &acc, 0, &node[i], &ins), 0);
+    }
+    ikv_access acc = {.now = 10};
+    assert_int_equal(ikv_cache_hit(c, &node[0], 1, &acc), 0); /* 0 is now the most recent */
+    assert_int_equal(ikv_cache_lock(c, &node[2], 1), 0);
+    size_t m;
+    assert_int_equal(ikv_cache_evict(c, 0), 0); /* 1: least recent */
+    ikv_cache_match(c, &k[1], 1, NULL, NULL, &m);
+    assert_int_equal(m, 0);
+    ikv_cache_match(c, &k[0], 1, NULL, NULL, &m);
+    assert_int_equal(m, 1);
+    CHECKED(c);
+    assert_int_equal(ikv_cache_evict(c, 0), 0); /* 0 (2 is locked) */
+    ikv_cache_match(c, &k[0], 1, NULL, NULL, &m);
+    assert_int_equal(m, 0);
+    assert_int_equal(ikv_cache_evict(c, 0), IKV_EFULL); /* only the locked one left */
+    ikv_cache_match(c, &k[2], 1, NULL, NULL, &m);
+    assert_int_equal(m, 1);
+    assert_int_equal(ikv_cache_evict(c, 1), IKV_EINVAL);
+    CHECKED(c);
+    ikv_cache_destroy(c);
+}
 
 /* Keys that share a bucket and a tag (the index links chains by tagged ids and reads a node
  * only on a tag match): lookups must still tell them apart by the whole key, and unlinking one
@@ -1395,6 +1430,20 @@ static void test_fuzz_all_policies(void **st) {
                 fuzz_one(ikv_policy_name(p), tiers, 700, seed * 7919 + (uint64_t)tiers * 31 + p);
 }
 
+/* One try of ikv_cache_create for tu_alloc_fail_each: a failed create leaves *c NULL. */
+typedef struct create_try {
+    const ikv_cache_config *cfg;
+    ikv_cache *c;
+} create_try;
+
+static int try_create(void *ctx) {
+    create_try *t = ctx;
+    t->c = NULL;
+    int rc = ikv_cache_create(t->cfg, &t->c);
+    if (rc) assert_null(t->c);
+    return rc;
+}
+
 /* Allocation failure at every point of create leaves nothing behind (ASan checks leaks). */
 static void test_alloc_failure(void **st) {
     (void)st;
@@ -1407,19 +1456,10 @@ static void test_alloc_failure(void **st) {
         cfg.tiers[1].policy = ikv_policy_name(p);
         cfg.softpin_scopes = 2;
         cfg.softpin_window = 10;
-        for (size_t k = 0; k < 40; k++) {
-            ikv_cache *c = NULL;
-            ikv_alloc_fail_after(k);
-            int rc = ikv_cache_create(&cfg, &c);
-            ikv_alloc_fail_after(SIZE_MAX);
-            if (rc == 0) {
-                CHECKED(c);
-                ikv_cache_destroy(c);
-                break;
-            }
-            assert_int_equal(rc, IKV_ENOMEM);
-            assert_null(c);
-        }
+        create_try t = {&cfg, NULL};
+        tu_alloc_fail_each(try_create, &t, 40);
+        CHECKED(t.c);
+        ikv_cache_destroy(t.c);
     }
     /* the first pin allocates the pin list: failing it changes nothing */
     ikv_cache *c = make(16, "lru");
@@ -1538,6 +1578,7 @@ static void test_regress_unlock_long_path(void **st) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_match_insert),
+        cmocka_unit_test(test_evict_one),
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_locks),
         cmocka_unit_test(test_lru_order),
