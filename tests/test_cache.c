@@ -1024,12 +1024,17 @@ static void test_value_horizon(void **st) {
 }
 
 /* value: the recompute cost matters. With cost=1 the older but 10x dearer (per token) leaf x1
- * outlives a cheaper newer one; with cost=0 age alone decides and x1 goes. */
+ * outlives a cheaper newer one; with cost=0 age alone decides and x1 goes. The same inside the
+ * class split's T1 (the default). */
 static void test_value_cost(void **st) {
     (void)st;
-    for (int priced = 0; priced < 2; priced++) {
+    /* the single heap, and the default split, where all three blocks are in T1 (never hit) */
+    static const char *const cfgs[] = {"value:split=0,cost=0", "value:split=0,cost=1",
+                                       "value:cost=0", "value:cost=1"};
+    for (int k = 0; k < 4; k++) {
+        int priced = k & 1;
         ikv_cache_config cfg;
-        ikv_cache_config_default(&cfg, 3, priced ? "value:split=0,cost=1" : "value:split=0,cost=0");
+        ikv_cache_config_default(&cfg, 3, cfgs[k]);
         cfg.cost = cost_by_depth;
         ikv_cache *c;
         assert_int_equal(ikv_cache_create(&cfg, &c), 0);

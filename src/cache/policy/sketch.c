@@ -10,7 +10,8 @@
 int ikv__sketch_init(ikv__sketch *s, uint64_t capacity) {
     memset(s, 0, sizeof *s);
     uint64_t w = 64;
-    while (w < capacity) w <<= 1;
+    while (w < capacity)
+        w <<= 1;
     s->ctr = ikv_calloc(4 * w, 1);
     if (!s->ctr) return IKV_ENOMEM;
     s->w = w;
@@ -44,7 +45,8 @@ unsigned ikv__sketch_estimate(const ikv__sketch *s, ikv_key k) {
 void ikv__sketch_add(ikv__sketch *s, ikv_key k) {
     if (!s->w) return;
     if (s->ops >= s->sample) {
-        for (uint64_t i = 0; i < 4 * s->w; i++) s->ctr[i] >>= 1;
+        for (uint64_t i = 0; i < 4 * s->w; i++)
+            s->ctr[i] >>= 1;
         s->ops = 0;
         s->resets++;
     }

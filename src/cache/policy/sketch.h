@@ -24,11 +24,11 @@
 #define IKV__SKETCH_MAX 15 /* 4-bit counters */
 
 typedef struct ikv__sketch {
-    uint8_t *ctr;     /* 4 rows of w counters, row-major */
-    uint64_t w;       /* counters per row (power of two); 0 = not initialised */
-    uint64_t ops;     /* increments since the last halving */
-    uint64_t sample;  /* increments between halvings (10 w) */
-    uint64_t resets;  /* halvings so far */
+    uint8_t *ctr;    /* 4 rows of w counters, row-major */
+    uint64_t w;      /* counters per row (power of two); 0 = not initialised */
+    uint64_t ops;    /* increments since the last halving */
+    uint64_t sample; /* increments between halvings (10 w) */
+    uint64_t resets; /* halvings so far */
 } ikv__sketch;
 
 /* Sizes the sketch for a tier of `capacity` blocks. 0 or IKV_ENOMEM. */

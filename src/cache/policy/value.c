@@ -82,10 +82,10 @@
  * in all six cells (at 2 M / 64 by 0.02 points: a tie, as wherever capacity is barely short,
  * within 0.1-0.3 points of lru either way); above the exact arc (Fig. 4, 2026-12-01) in
  * three of the six (arc leads by 1.0, 0.2, 0.3 points at 0.5 M / 128, 0.5 M / 355, 2 M / 355)
- * and below it on the Mooncake traces at 1 M and 3 M; opt is 3-17 points higher. On the synthetic many-apps scenario (500 apps, 1 M tokens)
- * level with lru up to 1,000 users and 1.3-1.8 points above it at 10,000 and 100,000 (three
- * seeds; arc is 7-18 points above value there); the previous version was 3-6 points below lru
- * there. horizon=0,fork=0 gives the previous version exactly.
+ * and below it on the Mooncake traces at 1 M and 3 M; opt is 3-17 points higher. On the synthetic
+ * many-apps scenario (500 apps, 1 M tokens) level with lru up to 1,000 users and 1.3-1.8 points
+ * above it at 10,000 and 100,000 (three seeds; arc is 7-18 points above value there); the previous
+ * version was 3-6 points below lru there. horizon=0,fork=0 gives the previous version exactly.
  *
  * Tried and rejected (token hit ratio on the same cells; the variants marked * were measured
  * on development builds whose knobs were not kept): ordering by last + gap (farthest
@@ -97,13 +97,13 @@
  * points below lru on the synthetic scenario); * adapting it from a sample of unpenalised
  * "probe" chains (noisy: 0.36-0.37 at 2 M / 355); * inheriting only where the parent ended
  * its previous access (+2 to +4.5 points more on the synthetic scenario without the horizon,
- * +0.3 with it; -0.5 to +0.4 on WEKA); * a fork's gap as the parent's gap times its children (+0.2 over lru on the
- * synthetic scenario, against +1.4-1.7 for the fork rule); * a soft horizon, gap^2 / (gap +
- * H) (-0.7 to +0.3 on WEKA at 2 M); * a smoothed horizon (EWMA over victims, weight 2^-10 to
- * 2^-2: within +-0.3 of the last victim's key, which is simpler); a smoother gbar (weight
- * 2^-14 or 2^-17 per block hit, or one sample per request: 0.36-0.39 at 2 M / 355 before
- * the horizon, 0.38 with it); the cost as a divisor of the gap, or as a credit in units of
- * the eviction horizon (up to 10 and 6 points of token hits lost at 2 M / 355).
+ * +0.3 with it; -0.5 to +0.4 on WEKA); * a fork's gap as the parent's gap times its children (+0.2
+ * over lru on the synthetic scenario, against +1.4-1.7 for the fork rule); * a soft horizon, gap^2
+ * / (gap + H) (-0.7 to +0.3 on WEKA at 2 M); * a smoothed horizon (EWMA over victims, weight 2^-10
+ * to 2^-2: within +-0.3 of the last victim's key, which is simpler); a smoother gbar (weight 2^-14
+ * or 2^-17 per block hit, or one sample per request: 0.36-0.39 at 2 M / 355 before the horizon,
+ * 0.38 with it); the cost as a divisor of the gap, or as a credit in units of the eviction horizon
+ * (up to 10 and 6 points of token hits lost at 2 M / 355).
  *
  * Ghost feedback (ghost=W > 0, off by default; issue 15): an exact ghost (ghostq.h) of the
  * last c evicted keys; a block that misses while its key is there comes back proven, with a
@@ -158,14 +158,14 @@ typedef struct value {
     double kv;     /* key of the last victim: the eviction frontier */
     int have_kv;   /* 0 until the first victim */
     /* ghost feedback (ghost > 0): keys of the last c evicted blocks */
-    double ghostw;     /* a returning block's gap, in horizons (0 = no ghost) */
+    double ghostw; /* a returning block's gap, in horizons (0 = no ghost) */
     ikv__ghostq ghost;
-    uint32_t pending;  /* the last victim returned, until it leaves */
-    ikv_key x;         /* the announced miss */
+    uint32_t pending; /* the last victim returned, until it leaves */
+    ikv_key x;        /* the announced miss */
     int x_valid, x_hit;
     /* class split (split=1): T1 = probation heap (key: last access), hp.h = main heap (T2) */
     int split;
-    double t2in;       /* 1: an inheriting block is admitted into T2 (0: into T1) */
+    double t2in; /* 1: an inheriting block is admitted into T2 (0: into T1) */
     ikv__heap h1;
     uint64_t res[2];   /* resident blocks of T1 and T2 */
     uint64_t c;        /* tier capacity in blocks */
@@ -182,10 +182,10 @@ typedef struct value {
 } value;
 
 /* pol.u32[2] (split=1): bit 0 the class (T1 / T2), bits 3-4 t2in=2's record of children */
-#define SPL(n)   ((n)->pol.u32[2])
-#define CLS(n)   (SPL(n) & 1u)
-#define F_KID    8u  /* a child was accessed at this block's latest access */
-#define F_PKID   16u /* ... at its previous access: it did not end that request's chain */
+#define SPL(n) ((n)->pol.u32[2])
+#define CLS(n) (SPL(n) & 1u)
+#define F_KID  8u  /* a child was accessed at this block's latest access */
+#define F_PKID 16u /* ... at its previous access: it did not end that request's chain */
 
 static inline float *gap_of(ikv__node *n) {
     return (float *)&n->pol.u32[0];
@@ -228,7 +228,8 @@ static int set_param(void *ctx, const char *k, const char *v) {
     }
     return ikv_error(IKV_EPARAM,
                      "value: unknown parameter '%s' (new, smooth, cost, lru2, horizon, fork, "
-                     "ghost, split, t2in, tlfu)", k);
+                     "ghost, split, t2in, tlfu)",
+                     k);
 }
 
 static int value_create(const ikv__policy_env *env, const char *params, void **out) {
@@ -423,7 +424,7 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         p->res[cls]++;
         p->x_valid = 0;
         p->x_from = -1;
-        IKV__HKEY(n) = cls == T2   ? (p->t2key ? key_of(p, n, n->last) : (double)n->last)
+        IKV__HKEY(n) = cls == T2  ? (p->t2key ? key_of(p, n, n->last) : (double)n->last)
                        : p->t1key ? key_at(p, n, n->last, p->kv1, p->have_kv1)
                                   : (double)n->last;
         return;
@@ -471,8 +472,7 @@ static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
 static uint32_t replace(value *p) {
     uint64_t t1 = p->res[T1];
     int x_in_b2 = p->x_valid && p->x_from == 1;
-    int l = (t1 >= 1 && ((double)t1 > p->p || (x_in_b2 && (double)t1 == p->p))) ||
-                    p->res[T2] == 0
+    int l = (t1 >= 1 && ((double)t1 > p->p || (x_in_b2 && (double)t1 == p->p))) || p->res[T2] == 0
                 ? T1
                 : T2;
     ikv__heap *h = l == T1 ? &p->h1 : &p->hp.h;
