@@ -516,7 +516,7 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
     /* speculative decoding: the server's defaults for requests routed to step 3 (speculative
      * decoding) or above, then the request's own switches */
     r->spec.ngram = s->opt.spec_k ? s->opt.spec_ngram : 3;
-    r->spec.k = s->opt.spec_k ? s->opt.spec_k : 2;
+    r->spec.k = s->opt.spec_k ? s->opt.spec_k : 1;
     r->spec.min_ngram = s->opt.spec_k ? s->opt.spec_min : 2;
     r->spec.lookup = s->opt.spec_k > 0 && r->route.step >= 3;
     r->spec.semantic = s->rcache && r->route.step >= 3;
