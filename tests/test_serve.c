@@ -747,6 +747,10 @@ static void test_segments(void **st) {
         assert_true(reus > 20 && reused + rec == reus);
         assert_true(hits[i] ? reused > 0 : reused == 0);
         assert_true(cJSON_IsTrue(path_get(j, "usage", "isokv", "blended", NULL)) == (hits[i] > 0));
+        /* the blend pass ran one unit per scheduler turn, each after a batched step of the
+         * other sequences, never all in one: stories260K has 5 layers, and these prompts'
+         * rows fit one unit per stage (Q/K/V; attention + FFN), so 2 x 5 turns */
+        assert_true(num(j, "usage", "isokv", "blend_turns", NULL) == (hits[i] ? 10 : 0));
         assert_true(strlen(str(j, "choices", "0", "text", NULL)) > 0);
         cJSON_Delete(j), free(r.body);
     }
@@ -762,6 +766,156 @@ static void test_segments(void **st) {
     expect_error(http(S1.port, "POST", "/v1/completions", "key-a",
                       "{\"isokv\":{\"blend_ratio\":3,\"segments\":[{\"kind\":\"doc\",\"text\":\"a\"}]}}"),
                  400, "isokv.blend_ratio", NULL);
+}
+
+/* A JSON list of n token ids from seed (ids 3..502: below stories260K's vocab of 512). */
+static void ids_json(char *out, size_t cap, size_t n, unsigned seed) {
+    size_t k = (size_t)snprintf(out, cap, "[");
+    unsigned x = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n && k < cap; i++) {
+        x = x * 1103515245u + 12345u;
+        k += (size_t)snprintf(out + k, cap - k, "%s%u", i ? "," : "", 3 + (x >> 8) % 500);
+    }
+    snprintf(out + k, cap - k, "]");
+}
+
+/* Leading segments in the prefix cache: a public system prompt (48 tokens) before a private
+ * memory and a reused document comes from the prefix cache for another tenant, reported in
+ * usage (prefix_cached_tokens, and cached_tokens = prefix-cached + reused); at blend_ratio 1
+ * the structured request answers exactly what the plain prompt of the same tokens answers. */
+static void test_segments_prefix(void **st) {
+    (void)st;
+    char sys[600], m1[300], m2[300], doc[600], q[100], plain[2100], b[4][2400];
+    ids_json(sys, sizeof sys, 48, 71), ids_json(m1, sizeof m1, 20, 72);
+    ids_json(m2, sizeof m2, 20, 73), ids_json(doc, sizeof doc, 60, 74),
+        ids_json(q, sizeof q, 6, 75);
+    const char *mem[4] = {m1, m2, m2, m2};
+    const char *ratio[4] = {"0.2", "0.2", "1", "0.2"};
+    for (int i = 0; i < 4; i++)
+        snprintf(b[i], sizeof b[i],
+                 "{\"max_tokens\":8,\"temperature\":0,\"isokv\":{\"blend_ratio\":%s,\"segments\":["
+                 "{\"kind\":\"system\",\"tokens\":%s,\"public\":true},"
+                 "{\"kind\":\"memory\",\"tokens\":%s},"
+                 "{\"kind\":\"doc\",\"tokens\":%s,\"reusable\":true,\"public\":true},"
+                 "{\"kind\":\"query\",\"tokens\":%s}]}}",
+                 ratio[i], sys, mem[i], doc, q);
+    /* the plain prompt of request 2's tokens */
+    char all[2000];
+    snprintf(all, sizeof all, "%.*s,%.*s,%.*s,%s", (int)strlen(sys) - 1, sys, (int)strlen(m2) - 2,
+             m2 + 1, (int)strlen(doc) - 2, doc + 1, q + 1);
+    snprintf(plain, sizeof plain, "{\"max_tokens\":8,\"temperature\":0,\"prompt\":%s}", all);
+    const char *who[4] = {"key-a", "key-b", "key-b", "key-b"};
+    char *text[4] = {0};
+    for (int i = 0; i < 4; i++) {
+        resp r = http(S1.port, "POST", "/v1/completions", who[i], b[i]);
+        if (r.status != 200) fail_msg("request %d: status %ld: %s", i, r.status, r.body);
+        cJSON *j = json_of(&r);
+        double pc = num(j, "usage", "isokv", "prefix_cached_tokens", NULL),
+               reused = num(j, "usage", "isokv", "reused_tokens", NULL),
+               cached = num(j, "usage", "prompt_tokens_details", "cached_tokens", NULL);
+        int blended = cJSON_IsTrue(path_get(j, "usage", "isokv", "blended", NULL));
+        if (i == 0 && (blended || reused != 0)) fail_msg("request 0: %s", r.body);
+        if (i == 1 && !(blended && pc >= 32 && reused > 0 && cached == pc + reused))
+            fail_msg("request 1 (bob, the doc reused, system from the prefix cache): %s", r.body);
+        if (i == 2 && (blended || cached < 48 + 20))
+            fail_msg("request 2 (r = 1: exact, bob's system + memory cached): %s", r.body);
+        if (i == 3 && !(blended && pc >= 48 + 16)) fail_msg("request 3: %s", r.body);
+        text[i] = strdup(str(j, "choices", "0", "text", NULL));
+        cJSON_Delete(j), free(r.body);
+    }
+    resp r = http(S1.port, "POST", "/v1/completions", "key-b", plain);
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    assert_string_equal(str(j, "choices", "0", "text", NULL), text[2]);
+    cJSON_Delete(j), free(r.body);
+    assert_string_equal(text[1], text[3]); /* the same blend, whatever was cached before it */
+    for (int i = 0; i < 4; i++)
+        free(text[i]);
+}
+
+/* Chat messages as segments: a document message flagged reusable is stored, then reused by
+ * another tenant's chat behind another history (usage.isokv reports it); the mapping renders
+ * each message as the chat template does (the same answer as the explicit segments list of
+ * those texts); an explicit isokv.segments list works in chat too; bad flags are 400s naming
+ * the message. */
+static void test_chat_segments(void **st) {
+    (void)st;
+    const char *doc = "{\"role\":\"user\",\"content\":\"Lily went to the park with her mom. She "
+                      "saw a big red ball under a tree and a dog that liked to run.\","
+                      "\"isokv\":{\"kind\":\"doc\",\"reusable\":true,\"public\":true}}";
+    char b1[1024], b2[1024];
+    snprintf(b1, sizeof b1,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"Tell a story.\"},"
+             "%s,{\"role\":\"user\",\"content\":\"What did Lily see?\"}],\"max_tokens\":6,"
+             "\"temperature\":0,\"isokv\":{\"blend_ratio\":0.2}}",
+             doc);
+    snprintf(b2, sizeof b2,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"Tell a story.\"},"
+             "{\"role\":\"user\",\"content\":\"I like cats.\"},{\"role\":\"assistant\","
+             "\"content\":\"Cats are nice.\"},%s,{\"role\":\"user\",\"content\":\"What did "
+             "Lily see?\"}],\"max_tokens\":6,\"temperature\":0,\"isokv\":{\"blend_ratio\":0.2}}",
+             doc);
+    const char *who[2] = {"key-a", "key-b"}, *body[2] = {b1, b2};
+    for (int i = 0; i < 2; i++) {
+        resp r = http(S1.port, "POST", "/v1/chat/completions", who[i], body[i]);
+        if (r.status != 200) fail_msg("chat %d: status %ld: %s", i, r.status, r.body);
+        cJSON *j = json_of(&r);
+        assert_string_equal(str(j, "object", NULL), "chat.completion");
+        assert_true(num(j, "usage", "isokv", "reusable_tokens", NULL) > 20);
+        if (num(j, "usage", "isokv", "chunk_hits", NULL) != i ||
+            (num(j, "usage", "isokv", "reused_tokens", NULL) > 0) != i)
+            fail_msg("chat %d: %s", i, r.body);
+        assert_true(strlen(str(j, "choices", "0", "message", "content", NULL)) > 0);
+        cJSON_Delete(j), free(r.body);
+    }
+    /* the mapping's texts, as an explicit list on /v1/completions: the same answer */
+    const char *mapped = "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                         "{\"role\":\"user\",\"content\":\"A dog\"}],\"max_tokens\":8,"
+                         "\"temperature\":0,\"isokv\":{\"segments\":\"messages\"}}",
+               *listed = "{\"max_tokens\":8,\"temperature\":0,\"isokv\":{\"segments\":["
+                         "{\"kind\":\"system\",\"text\":\"Be brief.\\n\\n\"},"
+                         "{\"kind\":\"query\",\"text\":\"User: A dog\\nAssistant:\"}]}}";
+    resp r = http(S1.port, "POST", "/v1/chat/completions", "key-a", mapped);
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    char *a = strdup(str(j, "choices", "0", "message", "content", NULL));
+    assert_true(num(j, "usage", "isokv", "reusable_tokens", NULL) == 0); /* a structured one */
+    cJSON_Delete(j), free(r.body);
+    r = http(S1.port, "POST", "/v1/completions", "key-a", listed);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    assert_string_equal(str(j, "choices", "0", "text", NULL), a);
+    cJSON_Delete(j), free(r.body);
+    /* the explicit list on chat: a chat answer */
+    char lc[512];
+    snprintf(lc, sizeof lc, "%s", listed);
+    r = http(S1.port, "POST", "/v1/chat/completions", "key-a", lc);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    assert_string_equal(str(j, "choices", "0", "message", "content", NULL), a);
+    cJSON_Delete(j), free(r.body), free(a);
+    expect_error(http(S1.port, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                      "\"isokv\":{\"segments\":\"msgs\"}}"),
+                 400, "isokv.segments", "\"messages\"");
+    expect_error(http(S1.port, "POST", "/v1/completions", "key-a",
+                      "{\"prompt\":\"a\",\"isokv\":{\"segments\":\"messages\"}}"),
+                 400, "isokv.segments", "list of segments");
+    expect_error(http(S1.port, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\","
+                      "\"content\":\"b\",\"isokv\":{\"kind\":\"dox\"}}]}"),
+                 400, "messages.isokv", "messages[1].isokv");
+    expect_error(http(S1.port, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"isokv\":"
+                      "{\"reusable\":1}}]}"),
+                 400, "messages.isokv", "messages[0].isokv.reusable");
+    expect_error(http(S1.port, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"robot\",\"content\":\"a\",\"isokv\":{}}]}"),
+                 400, "messages", "messages[0].role");
+    expect_error(http(S1.port, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"isokv\":"
+                      "{\"segments\":[{\"kind\":\"doc\",\"text\":\"a\"}]}}"),
+                 400, "isokv.segments", "replaces messages");
 }
 
 /* A client that goes away mid-stream cancels its request and releases its sequence. */
@@ -1541,6 +1695,56 @@ static void test_preempt_same_text(void **st) {
         free(bodies[i]), free(ref[i]);
 }
 
+/* Structured requests are preempted like plain ones (admitted with the same headroom) and
+ * re-admitted with the chunks they reused: four requests reusing one stored document, each
+ * behind its own memory, 100 tokens each on the budget of 10 private blocks, answer exactly
+ * what they answer one at a time on a server with room; preemptions among them are counted. */
+static void test_preempt_segments(void **st) {
+    (void)st;
+    char doc[300], q[60], mem[5][120], bodies[5][1200];
+    ids_json(doc, sizeof doc, 24, 81), ids_json(q, sizeof q, 4, 82);
+    for (int i = 0; i < 5; i++) {
+        ids_json(mem[i], sizeof mem[i], 8, 83 + (unsigned)i);
+        snprintf(bodies[i], sizeof bodies[i],
+                 "{\"max_tokens\":100,\"ignore_eos\":true,\"temperature\":0,\"isokv\":{"
+                 "\"blend_ratio\":0.2,\"segments\":[{\"kind\":\"memory\",\"tokens\":%s},"
+                 "{\"kind\":\"doc\",\"tokens\":%s,\"reusable\":true,\"public\":true},"
+                 "{\"kind\":\"query\",\"tokens\":%s}]}}",
+                 mem[i], doc, q);
+    }
+    char *ref[4];
+    const server *sv[2] = {&TPREF, &TP};
+    for (int k = 0; k < 2; k++) { /* request 4 stores the document on both servers */
+        resp r = http(sv[k]->port, "POST", "/v1/completions", NULL, bodies[4]);
+        if (r.status != 200) fail_msg("warm-up: status %ld: %s", r.status, r.body);
+        free(r.body);
+    }
+    for (int i = 0; i < 4; i++) { /* alone, on the reference server */
+        resp r = http(TPREF.port, "POST", "/v1/completions", NULL, bodies[i]);
+        if (r.status != 200) fail_msg("reference: status %ld: %s", r.status, r.body);
+        cJSON *j = json_of(&r);
+        assert_true(cJSON_IsTrue(path_get(j, "usage", "isokv", "blended", NULL)));
+        ref[i] = strdup(str(j, "choices", "0", "text", NULL));
+        cJSON_Delete(j), free(r.body);
+    }
+    char *b[4] = {bodies[0], bodies[1], bodies[2], bodies[3]};
+    resp r[4];
+    post_all(TP.port, b, 4, r);
+    int preemptions = 0;
+    for (int i = 0; i < 4; i++) {
+        if (r[i].status != 200) fail_msg("status %ld: %s", r[i].status, r[i].body);
+        cJSON *j = json_of(&r[i]);
+        assert_true(cJSON_IsTrue(path_get(j, "usage", "isokv", "blended", NULL)));
+        assert_string_equal(str(j, "choices", "0", "text", NULL), ref[i]);
+        assert_int_equal((int)num(j, "usage", "completion_tokens", NULL), 100);
+        preemptions += (int)num(j, "usage", "isokv", "preemptions", NULL);
+        cJSON_Delete(j), free(r[i].body);
+    }
+    if (preemptions < 1) fail_msg("no structured request was preempted");
+    for (int i = 0; i < 4; i++)
+        free(ref[i]);
+}
+
 /* Bad routing flags: an unknown or out-of-range plan key, an unknown model or GPU are usage
  * errors (2); a missing config file a failure (1). */
 static void test_route_flags(void **st) {
@@ -1582,6 +1786,7 @@ int main(void) {
         cmocka_unit_test(test_stream_completions),    cmocka_unit_test(test_errors),
         cmocka_unit_test(test_tenant_isolation),      cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_queue_full_429),        cmocka_unit_test(test_segments),
+        cmocka_unit_test(test_segments_prefix),       cmocka_unit_test(test_chat_segments),
     };
     const struct CMUnitTest load[] = {cmocka_unit_test(test_load), cmocka_unit_test(test_drain)};
     int rc = cmocka_run_group_tests_name("serve_api", api, setup, teardown);
@@ -1595,7 +1800,8 @@ int main(void) {
                                        cmocka_unit_test(test_route_priority),
                                        cmocka_unit_test(test_route_flags)};
     rc |= cmocka_run_group_tests_name("serve_route", route, setup_route, teardown_route);
-    const struct CMUnitTest preempt[] = {cmocka_unit_test(test_preempt_same_text)};
+    const struct CMUnitTest preempt[] = {cmocka_unit_test(test_preempt_same_text),
+                                         cmocka_unit_test(test_preempt_segments)};
     rc |= cmocka_run_group_tests_name("serve_preempt", preempt, setup_preempt, teardown_preempt);
     for (int i = 0; i < 3; i++)
         free(REF_TEXT[i]);

@@ -539,9 +539,13 @@ typedef struct ikv_blend_request {
     float ratio;        /* < 0: the store's default; 1: full prefill */
     float max_dev;      /* < 0: the store's default */
     size_t max_new;     /* as ikv_request.max_new */
+    size_t reserve_new; /* as ikv_request.reserve_new (0: blocks up to max_new reserved now) */
     int no_store;       /* 1: do not put this request's missing reusable segments in the store */
-    int no_cache;       /* 1: the exact path neither uses nor fills the prefix cache (a cold
-                           reference; the blend path never uses it) */
+    int no_cache;       /* 1: neither use nor fill the prefix cache (a cold reference) */
+    uint8_t *hits;      /* optional [n_segs]: out, 1 for each segment whose stored K/V were
+                           reused; with hits_in, in: reuse exactly these (IKV_ENOENT if one is
+                           no longer stored), so a re-admitted request gets the same K/V */
+    int hits_in;
 } ikv_blend_request;
 
 typedef struct ikv_blend_info {
@@ -554,17 +558,47 @@ typedef struct ikv_blend_info {
     double deviation_max;  /* selection layer: largest deviation among tokens left reused */
     double deviation_mean; /* mean over the hit segments' tokens */
     int full;              /* 1: ran the ordinary exact prefill (no hit, r = 1, or the guard) */
-    ikv_prefill_info prefill; /* of the ordinary prefill when full; else cached/computed counts */
+    size_t prefix_cached_tokens; /* leading positions found in the exact prefix cache */
+    size_t blend_layers;         /* layers the blend pass ran (0 on the exact path) */
+    size_t blend_units;          /* its units (ikv_chunks_advance: a stage of a row range) */
+    ikv_prefill_info prefill; /* of the exact prefill; cached_tokens = prefix-cached + reused,
+                                 computed_tokens = the rest */
     double seconds;           /* wall time (measured), time to the first token's logits */
 } ikv_blend_info;
 
-/* Starts a structured request: concatenates the segments, looks up each reusable one in the
- * store; with no hit (or r >= 1) runs ikv_engine_begin (exact, prefix cache as usual); else
- * admits the prompt without the prefix cache, places the hit segments' K/V re-rotated to their
- * offsets and runs the blend forward pass. Then stores the missing reusable segments' K/V. On
- * success *seq is in flight as after ikv_engine_begin (decode, ikv_engine_end). Returns 0,
- * IKV_EINVAL (no segment, empty segment, token >= vocab, bad kind), IKV_ETOOLONG, or an engine
- * error. Allocates only when storing a segment. */
+/* A structured request in flight, from admission to its first token's logits (chunks.c owns
+ * it; one per engine sequence). */
+typedef struct ikv_blend_job ikv_blend_job;
+
+/* Admits a structured request: concatenates the segments, looks up each reusable one in the
+ * store. With no hit (or r >= 1) the whole prompt is admitted as an ordinary request (exact,
+ * prefix cache as usual); else the positions before the first hit are (token-exact prefix
+ * blocks with their scopes, the leading public segments public), and the rest waits for the
+ * blend pass. Either way the admitted positions are pending prefill, run by ikv_engine_step in
+ * chunks like any prompt (ikv_chunks_job_seq). Returns 0, IKV_EINVAL (no segment, empty
+ * segment, token >= vocab, bad kind), IKV_ETOOLONG, IKV_ENOENT (hits_in: a segment to reuse is
+ * gone), IKV_EBUSY / IKV_EFULL (as ikv_engine_admit: retry later), nothing admitted on error.
+ * The request's segs, tenant and hits stay the caller's and must live until job_end. */
+int ikv_chunks_admit(ikv_chunks *c, const ikv_blend_request *r, ikv_blend_job **job);
+ikv_seq *ikv_chunks_job_seq(const ikv_blend_job *job);
+/* Advances a job once its sequence has no pending prefill: starts the blend pass (places the
+ * hit segments' K/V re-rotated to their offsets), then runs ONE unit of it: a layer's Q/K/V
+ * stage for up to 8 x max_rows active rows, or its attention + FFN stage for up to max_rows
+ * (max_rows = 0: the whole pass in this call). Returns 1 when the first token's logits are in
+ * the sequence (the missing reusable segments then stored), 0 when more is to do (more units;
+ * prefill positions pending again — the guard abandoned the pass for the exact prefill of the
+ * rest; or another job's pass holds the scratch: call again after a step), IKV_ENOENT
+ * (hits_in, a segment was dropped meanwhile). One blend pass runs at a time. The result's bits
+ * depend on max_rows (which rows share a product), never on other sequences. Allocates only
+ * when storing a segment. */
+int ikv_chunks_advance(ikv_chunks *c, ikv_blend_job *job, size_t max_rows);
+/* What the job did so far (final once advance returned 1). */
+void ikv_chunks_job_info(const ikv_blend_job *job, ikv_blend_info *info);
+/* Frees the job (its sequence is the caller's to end, before or after). Takes NULL. */
+void ikv_chunks_job_end(ikv_chunks *c, ikv_blend_job *job);
+
+/* admit + the prefill steps + advance to the end: on success *seq is in flight as after
+ * ikv_engine_begin (decode, ikv_engine_end). Errors as ikv_chunks_admit. */
 int ikv_chunks_begin(ikv_chunks *c, const ikv_blend_request *r, ikv_seq **seq,
                      ikv_blend_info *info);
 

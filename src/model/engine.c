@@ -412,6 +412,24 @@ static int add_private(ikv_engine *e, ikv_seq *s, uint32_t j) {
     return 0;
 }
 
+int ikv__seq_extend(ikv_engine *e, ikv_seq *s, const uint32_t *tokens, size_t n) {
+    IKV_ASSERT(s->active && s->n == s->n_prompt && n <= s->limit);
+    const uint32_t bt = e->bt, nblk = (uint32_t)((n + bt - 1) / bt);
+    if (nblk > s->n_blocks && seq_private(e, s) + (nblk - s->n_blocks) > s->reserve)
+        return ikv_error(IKV_EFULL, "extending to %zu positions exceeds the reservation", n);
+    for (uint32_t j = s->n_blocks; j < nblk; j++) {
+        int rc = add_private(e, s, j);
+        if (rc) return rc;
+    }
+    for (size_t p = s->n; p < n; p++) {
+        uint32_t b = s->table[p / bt];
+        IKV_ASSERT(e->state[b] == IKV__BLK_PRIVATE);
+        e->btokens[(size_t)b * bt + p % bt] = tokens[p];
+        s->tok[p] = tokens[p];
+    }
+    return 0;
+}
+
 /* Is the cached block b exactly block j of this prompt, following block `parent`? */
 static int block_matches(const ikv_engine *e, uint32_t b, uint32_t j, uint32_t parent,
                          const uint32_t *tokens) {

@@ -374,6 +374,12 @@ size_t ikv__prefill_q8_prepack(struct ikv_engine *e, uint8_t *dst);
 /* Tests: restricts ikv_engine_create to prefill scheme 0 (tiles of T rows, trims of 16) or 1
  * (tiles padded to a multiple of 12 rows, trims of 12), or -1 (both, the default). */
 void ikv__prefill_scheme_force(int scheme);
+/* Takes the blocks of positions [s->n, n) of s (from its reservation) and records their token
+ * ids tokens[s->n..n) (tokens indexed by position), with no prefill pending. The caller writes
+ * their K/V (chunks.c's blend pass) and advances s->n, or makes them prompt positions
+ * (s->n_prompt = n) for the ordinary prefill. 0, or IKV_EFULL beyond the reservation (nothing
+ * changed). Does not allocate. (engine.c) */
+int ikv__seq_extend(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t n);
 /* The final residual row of position p after ikv__prefill(e, s, tokens, first, n). */
 const float *ikv__prefill_row(const struct ikv_engine *e, size_t first, size_t p);
 /* Final RMSNorm of one residual row and the classifier (matrix-vector). */

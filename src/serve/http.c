@@ -49,7 +49,7 @@ static void srq_free(srq *r) {
     if (!r) return;
     ikv_free(r->tenant), ikv_free(r->scope), ikv_free(r->tokens), ikv_free(r->user);
     ikv_free(r->all);
-    ikv_free(r->segs);
+    ikv_free(r->segs), ikv_free(r->seg_hits);
     for (int i = 0; i < r->nstop; i++)
         ikv_free(r->stop[i]);
     ikv_free(r->text);
@@ -344,6 +344,121 @@ static int parse_segments(ikv_serve *s, const cJSON *a, srq *r, char *msg, size_
     return rc;
 }
 
+/* Chat messages as segments ("isokv": {"segments": "messages"}, or any message carrying an
+ * "isokv" object): each message is one segment, its text as the chat template renders it
+ * (system and developer: "TEXT\n\n", kind system, public under --public-system; user and
+ * assistant before the last user message: "User: TEXT\n" / "Assistant: TEXT\n", kind history;
+ * tool: "Tool: TEXT\n", kind tool; the last user message and what follows it: kind query, the
+ * reply cue "Assistant:" appended to the final segment). A message's "isokv": {"kind",
+ * "public", "reusable", "movable"} overrides its kind and flags (a retrieved document: "kind":
+ * "doc", "reusable": true). Then parse_segments as for an explicit list. Returns 0, IKV_ENOMEM,
+ * or IKV_EINVAL with msg and *param naming the message and field. */
+static int messages_segments(ikv_serve *s, const cJSON *msgs, srq *r, char *msg, size_t msz,
+                             const char **param) {
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+        return snprintf(msg, msz, "messages must be a non-empty list"), IKV_EINVAL;
+    int nm = cJSON_GetArraySize(msgs), last_user = -1, i = 0, rc = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        const cJSON *ro = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (cJSON_IsString(ro) && !strcmp(ro->valuestring, "user")) last_user = i;
+        i++;
+    }
+    cJSON *arr = cJSON_CreateArray();
+    if (!arr) return IKV_ENOMEM;
+    i = 0;
+    cJSON_ArrayForEach(m, msgs) {
+        const cJSON *ro = cJSON_GetObjectItemCaseSensitive(m, "role"),
+                    *x = cJSON_GetObjectItemCaseSensitive(m, "isokv");
+        char *text = content_text(cJSON_GetObjectItemCaseSensitive(m, "content"));
+        if (!cJSON_IsString(ro) || !text) {
+            ikv_free(text);
+            snprintf(msg, msz,
+                     "messages[%d] needs a string role and a string (or text parts) "
+                     "content",
+                     i);
+            rc = IKV_EINVAL;
+            break;
+        }
+        const char *role = ro->valuestring, *kind = "history", *pre = "", *post = "\n";
+        int pub = 0;
+        if (!strcmp(role, "system") || !strcmp(role, "developer"))
+            kind = "system", post = "\n\n", pub = s->opt.public_system;
+        else if (!strcmp(role, "user"))
+            pre = "User: ", kind = i >= last_user ? "query" : "history";
+        else if (!strcmp(role, "assistant"))
+            pre = "Assistant: ", kind = i > last_user ? "query" : "history";
+        else if (!strcmp(role, "tool"))
+            pre = "Tool: ", kind = i > last_user ? "query" : "tool";
+        else {
+            ikv_free(text);
+            snprintf(msg, msz,
+                     "messages[%d].role must be system, developer, user, assistant or "
+                     "tool",
+                     i);
+            rc = IKV_EINVAL;
+            break;
+        }
+        sbuf t = {0};
+        rc = sb_add(&t, pre, text, post);
+        if (!rc && i == nm - 1) rc = sb_add(&t, "Assistant:", "", "");
+        ikv_free(text);
+        cJSON *g = rc ? NULL : cJSON_CreateObject();
+        if (!g || !cJSON_AddStringToObject(g, "text", t.p)) {
+            ikv_free(t.p), cJSON_Delete(g);
+            rc = IKV_ENOMEM;
+            break;
+        }
+        ikv_free(t.p);
+        cJSON_AddItemToArray(arr, g);
+        int fl[3] = {pub, 0, 0};
+        const char *fn[3] = {"public", "reusable", "movable"};
+        if (x && !cJSON_IsNull(x)) {
+            const cJSON *k = cJSON_GetObjectItemCaseSensitive(x, "kind");
+            int kd;
+            if (!cJSON_IsObject(x) ||
+                (k && (!cJSON_IsString(k) || ikv_pseg_kind_parse(k->valuestring, &kd)))) {
+                snprintf(msg, msz,
+                         "messages[%d].isokv must be an object whose kind is one of "
+                         "system, tool, memory, doc, history, query",
+                         i);
+                *param = "messages.isokv";
+                rc = IKV_EINVAL;
+                break;
+            }
+            if (k) kind = k->valuestring;
+            for (int q = 0; q < 3 && !rc; q++) {
+                const cJSON *b = cJSON_GetObjectItemCaseSensitive(x, fn[q]);
+                if (b && !cJSON_IsBool(b)) {
+                    snprintf(msg, msz, "messages[%d].isokv.%s must be a boolean", i, fn[q]);
+                    *param = "messages.isokv";
+                    rc = IKV_EINVAL;
+                }
+                if (b) fl[q] = cJSON_IsTrue(b);
+            }
+            if (rc) break;
+        }
+        if (!cJSON_AddStringToObject(g, "kind", kind)) rc = IKV_ENOMEM;
+        for (int q = 0; q < 3 && !rc; q++)
+            if (!cJSON_AddBoolToObject(g, fn[q], fl[q])) rc = IKV_ENOMEM;
+        if (rc) break;
+        i++;
+    }
+    if (!rc) {
+        rc = parse_segments(s, arr, r, msg, msz);
+        if (rc == IKV_EINVAL) { /* name the message, not the derived segment */
+            char *p = strstr(msg, "isokv.segments[");
+            if (p) {
+                char tail[256];
+                snprintf(tail, sizeof tail, "messages[%s", p + strlen("isokv.segments["));
+                snprintf(p, msz - (size_t)(p - msg), "%s", tail);
+            }
+        }
+    }
+    cJSON_Delete(arr);
+    return rc;
+}
+
 /* Parses the request body into r, with prompt number `which` of a list of prompts; *nprompts
  * gets how many the request has. Returns 0, or an HTTP status with msg/param filled. */
 static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, int *nprompts,
@@ -469,16 +584,12 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
             r->blend_ratio = (float)br->valuedouble;
         }
     }
-    if (segs) {
-        if (chat) BAD("isokv.segments", "isokv.segments is for /v1/completions only");
-        if (cJSON_GetObjectItemCaseSensitive(j, "prompt"))
-            BAD("isokv.segments", "isokv.segments replaces prompt: give one of them");
-        char sm[256];
-        int sr = parse_segments(s, segs, r, sm, sizeof sm);
-        if (sr == IKV_ENOMEM) goto oom;
-        if (sr) BAD("isokv.segments", "%s", sm);
-        *nprompts = 1;
-        goto prompt_done;
+    int from_messages = 0; /* chat: the messages mapped to segments (messages_segments) */
+    if (segs && cJSON_IsString(segs)) {
+        if (!chat || strcmp(segs->valuestring, "messages"))
+            BAD("isokv.segments", "isokv.segments must be a list of segments%s",
+                chat ? " or the string \"messages\"" : "");
+        from_messages = 1, segs = NULL;
     }
     /* the request class and latency target: the isokv fields, else the headers */
     const char *cls = cx->hdr_class, *cls_param = "X-Isokv-Class";
@@ -536,6 +647,32 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
         }
     }
 
+    if (segs) {
+        if (cJSON_GetObjectItemCaseSensitive(j, chat ? "messages" : "prompt"))
+            BAD("isokv.segments", "isokv.segments replaces %s: give one of them",
+                chat ? "messages" : "prompt");
+        char sm[256];
+        int sr = parse_segments(s, segs, r, sm, sizeof sm);
+        if (sr == IKV_ENOMEM) goto oom;
+        if (sr) BAD("isokv.segments", "%s", sm);
+        *nprompts = 1;
+        goto prompt_done;
+    }
+    if (chat && !from_messages) { /* a message with isokv flags asks for the mapping too */
+        const cJSON *m;
+        cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(j, "messages"))
+            if (cJSON_GetObjectItemCaseSensitive(m, "isokv")) from_messages = 1;
+    }
+    if (from_messages) {
+        char sm[256];
+        const char *bad_param = "messages";
+        int sr = messages_segments(s, cJSON_GetObjectItemCaseSensitive(j, "messages"), r, sm,
+                                   sizeof sm, &bad_param);
+        if (sr == IKV_ENOMEM) goto oom;
+        if (sr) BAD(bad_param, "%s", sm);
+        *nprompts = 1;
+        goto prompt_done;
+    }
     /* the prompt */
     int rc = 0;
     if (!chat) {
@@ -741,6 +878,9 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
         cJSON_AddNumberToObject(x, "chunk_hits", (double)b->hit_segments);
         cJSON_AddNumberToObject(x, "blend_deviation_max", b->deviation_max);
         cJSON_AddBoolToObject(x, "blended", !b->full);
+        cJSON_AddNumberToObject(x, "prefix_cached_tokens", (double)b->prefix_cached_tokens);
+        cJSON_AddNumberToObject(x, "blend_step_ms_max", r->blend_step_s * 1e3);
+        cJSON_AddNumberToObject(x, "blend_turns", (double)r->blend_turns);
     }
     cJSON *sp = cJSON_AddObjectToObject(x, "speculative");
     cJSON_AddStringToObject(sp, "spec", r->spec.lookup ? "lookup" : "off");
@@ -1408,8 +1548,9 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
     }
     if ((rc = ikv_chunks_create(s->engine, NULL, &s->chunks))) goto fail;
     s->running = ikv_calloc(o.max_seqs, sizeof *s->running);
+    s->blend_list = ikv_calloc(o.max_seqs, sizeof *s->blend_list);
     s->logit_scratch = ikv_calloc(s->vocab, sizeof(float));
-    if (!s->running || !s->logit_scratch) {
+    if (!s->running || !s->blend_list || !s->logit_scratch) {
         rc = ikv_error(IKV_ENOMEM, "server");
         goto fail;
     }
@@ -1515,7 +1656,7 @@ void ikv_serve_destroy(ikv_serve *s) {
         ikv_free(s->keys[i].key), ikv_free(s->keys[i].tenant);
     ikv_free(s->keys);
     ikv_free(s->public_text);
-    ikv_free(s->running);
+    ikv_free(s->running), ikv_free(s->blend_list);
     ikv_free(s->logit_scratch);
     ikv_respcache_destroy(s->rcache);
     ikv_free(s->model_name), ikv_free(s->model_path), ikv_free(s->describe);

@@ -52,7 +52,12 @@ typedef struct srq {
     ikv_prompt_seg *segs;
     size_t nsegs;
     float blend_ratio; /* -1: the store's default */
-    ikv_blend_info blend; /* scheduler: what ikv_chunks_begin reported */
+    ikv_blend_info blend; /* scheduler: what the chunks job reported (first admission) */
+    ikv_blend_job *job;   /* scheduler: from admission to the first token's logits (segments.c) */
+    int job_rc;           /* the last ikv_chunks_advance */
+    uint8_t *seg_hits;    /* [nsegs] segments reused at the first admission (re-admission) */
+    double blend_step_s;  /* longest blend unit run in one scheduler turn (measured) */
+    size_t blend_turns;   /* scheduler turns (each after a step) that ran a blend layer */
     int public_from_file; /* the public part is the --public-prefix text */
     uint32_t max_tokens;
     float temperature, top_p;
@@ -180,6 +185,7 @@ struct ikv_serve {
     size_t nqueue;
     size_t answering; /* completion requests queued whose answer is not fully sent (on_done) */
     srq **running; /* [max_seqs] */
+    srq **blend_list; /* [max_seqs] scheduler: structured requests advanced after a step */
     size_t nrunning;
     int ready, draining, stopping;
     uint64_t next_id;
@@ -207,6 +213,17 @@ struct ikv_serve {
 int ikv__spec_first(ikv_serve *s, srq *r, uint32_t *tok);
 size_t ikv__spec_draft(ikv_serve *s, srq *r, size_t kmax, const uint32_t **draft);
 void ikv__spec_done(ikv_serve *s, srq *r, const uint32_t *draft, size_t k, size_t accepted);
+
+/* segments.c: structured requests in the scheduler (mu held, except advance: the scheduler
+ * thread outside the lock, as the step). admit: ikv_chunks_admit for r (hits_in after a
+ * preemption); 0 with *seq and the exact part's *info, or its error. waiting: r's job has no
+ * prefill pending and is not done (advance it, do not decode it). advance: one unit (the blend
+ * pass's next layer, or its end), result in r->job_rc, its wall time into r->blend_step_s.
+ * end: frees r's job. */
+int ikv__seg_admit(ikv_serve *s, srq *r, ikv_seq **seq, ikv_prefill_info *info);
+int ikv__seg_waiting(const srq *r);
+void ikv__seg_advance(ikv_serve *s, srq *r);
+void ikv__seg_end(ikv_serve *s, srq *r);
 
 /* sched.c: the scheduler thread's body. */
 void *ikv__serve_sched(void *arg);

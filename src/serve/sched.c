@@ -143,6 +143,7 @@ static void finish_running(ikv_serve *s, size_t idx, const char *reason) {
                                 r->otok, r->ntok, &pa); /* ENOMEM: just not cached */
         ikv_respcache_stats_get(s->rcache, &s->met.sem);
     }
+    if (r->job) ikv__seg_end(s, r);
     ikv_engine_end(s->engine, r->seq);
     r->seq = NULL;
     ikv_sampler_destroy(r->smp);
@@ -244,15 +245,9 @@ static void admit(ikv_serve *s) {
         ikv_prefill_info info;
         ikv_seq *seq;
         int rc;
-        if (r->segs) {
-            /* a structured request: the chunk store's whole prefill now (the blend pass or the
-             * exact one), under the lock, so the step loop finds it decoding */
-            ikv_blend_request br = {.segs = r->segs, .n_segs = r->nsegs, .tenant = r->scope,
-                                    .ratio = r->blend_ratio, .max_dev = -1,
-                                    .max_new = r->max_tokens};
-            rc = ikv_chunks_begin(s->chunks, &br, &seq, &r->blend);
-            info = r->blend.prefill;
-        } else
+        if (r->segs) /* a structured request: a chunks job (segments.c) */
+            rc = ikv__seg_admit(s, r, &seq, &info);
+        else
             rc = ikv_engine_admit(s->engine, &rq, &seq, &info);
         if (rc == IKV_EFULL || rc == IKV_EBUSY) break; /* wait for a sequence to end */
         queue_unlink(s, prev, r);
@@ -274,7 +269,7 @@ static void admit(ikv_serve *s) {
         r->state = SRQ_RUNNING;
         s->running[s->nrunning++] = r;
         if (r->preemptions) { /* re-admitted: its usage keeps the first admission's figures */
-            r->recomputed += info.computed_tokens + r->ntok;
+            r->recomputed += (r->segs ? 0 : info.computed_tokens) + r->ntok;
             continue;
         }
         rc = ikv_sampler_create(s->vocab, r->temperature, r->top_p, r->seed, &r->smp);
@@ -284,6 +279,7 @@ static void admit(ikv_serve *s) {
             s->nrunning--;
             ikv_sampler_destroy(r->smp);
             r->smp = NULL;
+            if (r->job) ikv__seg_end(s, r);
             ikv_engine_end(s->engine, seq);
             r->seq = NULL;
             fail_queued(s, r, 500, "out of memory (sampler)");
@@ -298,10 +294,6 @@ static void admit(ikv_serve *s) {
         r->tier_recomputed = info.recomputed_tier_tokens;
         r->lossy = info.lossy_tokens;
         r->prev = r->tokens[r->n - 1];
-        if (r->segs) { /* prefilled: its first token now */
-            memcpy(s->logit_scratch, ikv_seq_logits(seq), sizeof(float) * s->vocab);
-            take_token(s, s->nrunning - 1, ikv_sampler_sample(r->smp, s->logit_scratch));
-        }
     }
 }
 
@@ -311,6 +303,7 @@ static void admit(ikv_serve *s) {
  * them. */
 static void preempt(ikv_serve *s, size_t idx) {
     srq *r = s->running[idx];
+    if (r->job) ikv__seg_end(s, r); /* re-admitted with the segments it reused (segments.c) */
     ikv_engine_end(s->engine, r->seq);
     r->seq = NULL;
     r->replay = 0; /* generated tokens all[n..n+ntok) are fed again after re-admission */
@@ -333,18 +326,15 @@ static void preempt(ikv_serve *s, size_t idx) {
 static void reserve_decodes(ikv_serve *s) {
     for (size_t i = 0; i < s->nrunning; i++) {
         srq *r = s->running[i];
-        if (ikv_seq_pending(r->seq)) continue;
+        if (ikv_seq_pending(r->seq) || r->job) continue;
         while (ikv_seq_reserve_next(s->engine, r->seq) == IKV_EFULL) {
             if (s->nrunning == 1) { /* cannot happen (see above); end it rather than stall */
                 snprintf(r->err, sizeof r->err, "KV private budget exhausted");
                 finish_running(s, i, "length");
                 return;
             }
-            /* the newest that is not a structured (segments) request: those hold their whole
-             * reservation and are not re-admitted; r itself qualifies */
+            /* the newest (structured requests too: segments.c); r itself qualifies */
             size_t v = s->nrunning - 1;
-            while (v > i && s->running[v]->segs)
-                v--;
             preempt(s, v);
             if (v == i) break;
         }
@@ -446,10 +436,10 @@ void *ikv__serve_sched(void *arg) {
         size_t ni = 0, budget = s->opt.max_batch_tokens, prefill_tokens = 0;
         size_t rows_left = ikv_engine_max_rows(s->engine); /* decode rows the step takes */
         for (size_t i = 0; i < s->nrunning; i++)
-            rows_left -= !ikv_seq_pending(s->running[i]->seq);
+            rows_left -= !ikv_seq_pending(s->running[i]->seq) && !s->running[i]->job;
         for (size_t i = 0; i < s->nrunning; i++) {
             srq *r = s->running[i];
-            if (ikv_seq_pending(r->seq)) continue;
+            if (ikv_seq_pending(r->seq) || r->job) continue; /* prefilling or blending */
             items[ni] = (ikv_step_item){.seq = r->seq, .token = r->next, .sampler = r->smp};
             /* a draft (response cache or prompt lookup) as extra rows of this same step */
             if (r->spec.lookup || r->cand) {
@@ -483,10 +473,17 @@ void *ikv__serve_sched(void *arg) {
             budget = budget > cnt ? budget - cnt : 0;
             prefill_tokens += cnt;
         }
+        /* structured requests whose exact part is done: their blend pass's next unit after
+         * the step (segments.c), each decided now, run outside the lock */
+        size_t nb = 0;
+        for (size_t i = 0; i < s->nrunning; i++)
+            if (ikv__seg_waiting(s->running[i])) s->blend_list[nb++] = s->running[i];
         pthread_mutex_unlock(&s->mu);
         double cpu0 = ikv_cpu_now();
-        int rc = ikv_engine_step(s->engine, items, ni);
+        int rc = ni ? ikv_engine_step(s->engine, items, ni) : 0;
         IKV_ASSERT(rc == 0); /* items are built from running sequences within their limits */
+        for (size_t k = 0; k < nb; k++)
+            ikv__seg_advance(s, s->blend_list[k]);
         double cpu = ikv_cpu_now() - cpu0;
         ikv_engine_stats es;
         ikv_cache_stats cs;
@@ -511,7 +508,8 @@ void *ikv__serve_sched(void *arg) {
             map[k]->cpu_s += cpu * (double)items[k].done / (double)rows;
         for (size_t k = 0; k < ni; k++) {
             srq *r = map[k];
-            if (ikv_seq_pending(r->seq) || r->state != SRQ_RUNNING) continue;
+            if (ikv_seq_pending(r->seq) || r->state != SRQ_RUNNING || r->job)
+                continue; /* still prefilling; a chunks job samples when it is done (below) */
             if (r->replaying) { /* after a preemption: feed what it generated, as before */
                 r->next = r->all[r->n + r->replay++];
                 r->replaying = r->replay < r->ntok;
@@ -529,6 +527,37 @@ void *ikv__serve_sched(void *arg) {
                 continue;
             }
             take_step(s, r, &items[k]);
+        }
+        for (size_t k = 0; k < nb; k++) { /* structured requests that advanced */
+            srq *r = s->blend_list[k];
+            size_t idx = 0;
+            while (idx < s->nrunning && s->running[idx] != r)
+                idx++;
+            IKV_ASSERT(idx < s->nrunning);
+            if (r->job_rc == 0) continue; /* more units, or pending prefill again */
+            if (r->job_rc < 0) { /* re-admitted, and a segment it reused left the store */
+                snprintf(r->err, sizeof r->err, "preempted and cannot be re-admitted: %s",
+                         ikv_errdetail());
+                finish_running(s, idx, "length");
+                continue;
+            }
+            ikv_blend_info b;
+            ikv_chunks_job_info(r->job, &b);
+            ikv__seg_end(s, r);
+            if (r->preemptions) { /* usage keeps the first admission's figures */
+                r->recomputed += b.prefill.computed_tokens;
+            } else {
+                r->blend = b; /* reused chunk tokens count as cached, with the pool's */
+                r->cached = b.prefill.cached_tokens;
+                r->tier_tokens[0] += b.reused_tokens;
+            }
+            if (r->replaying) { /* after a preemption: feed what it generated, as before */
+                r->next = r->all[r->n + r->replay++];
+                r->replaying = r->replay < r->ntok;
+                continue;
+            }
+            memcpy(s->logit_scratch, ikv_seq_logits(r->seq), sizeof(float) * s->vocab);
+            take_token(s, idx, ikv_sampler_sample(r->smp, s->logit_scratch));
         }
     }
     /* stopping: whatever is left is cancelled */
