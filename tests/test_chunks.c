@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "isokv/model.h"
+#include "testutil.h"
 
 static ikv_model *tiny(void) {
     ikv_model_config c;
@@ -635,26 +636,13 @@ static void test_stories260k(void **st) {
 static int run_cli(const char *dir, char **argv, char *err, size_t errn) {
     char op[512], ep[512];
     snprintf(op, sizeof op, "%s/out", dir), snprintf(ep, sizeof ep, "%s/err", dir);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int o = open(op, O_WRONLY | O_CREAT | O_TRUNC, 0600),
-            e = open(ep, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (o < 0 || e < 0) _exit(126);
-        dup2(o, 1), dup2(e, 2);
-        const char *b = getenv("IKV_BIN");
-        argv[0] = (char *)(b && *b ? b : "build/isokv");
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int st;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
+    argv[0] = (char *)tu_bin();
+    int rc = tu_run((const char *const *)argv, op, ep, 120);
     FILE *f = fopen(ep, "rb");
     size_t k = f ? fread(err, 1, errn - 1, f) : 0;
     err[k] = 0;
     if (f) fclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return rc;
 }
 
 static void put(const char *path, const char *text) {
@@ -668,8 +656,8 @@ static void put(const char *path, const char *text) {
  * are refused naming the field (exit 1), bad flags are usage errors (exit 2). */
 static void test_cli_segments(void **st) {
     (void)st;
-    char dir[] = "/tmp/ikv_test_chunks_XXXXXX", path[600], err[8192];
-    assert_non_null(mkdtemp(dir));
+    char dir[64], path[600], err[8192];
+    assert_int_equal(tu_tmpdir(dir, sizeof dir, "chunks"), 0);
     snprintf(path, sizeof path, "%s/req.json", dir);
     put(path, "[{\"tenant\":\"u1\",\"segments\":[{\"kind\":\"system\",\"text\":\"A story.\","
               "\"public\":true},{\"kind\":\"doc\",\"text\":\"Lily went to the park with her mom. "
@@ -713,18 +701,15 @@ static void test_cli_segments(void **st) {
     char *a5[] = {NULL, "run", "--segments", "/nonexistent/req.json", NULL};
     assert_int_equal(run_cli(dir, a5, err, sizeof err), 1);
     assert_non_null(strstr(err, "cannot open"));
-    snprintf(err, sizeof err, "%s/out", dir), unlink(err);
-    snprintf(err, sizeof err, "%s/err", dir), unlink(err);
-    unlink(path);
-    rmdir(dir);
+    assert_int_equal(tu_rmtree(dir), 0);
 }
 
 /* bench engine --chunks on tiny: r = 1 is the exact prefill (agreement 1, KL 0 exactly); a
  * prompt that does not fit is a usage error. */
 static void test_cli_bench(void **st) {
     (void)st;
-    char dir[] = "/tmp/ikv_test_chunksb_XXXXXX", err[8192], path[600];
-    assert_non_null(mkdtemp(dir));
+    char dir[64], err[8192], path[600];
+    assert_int_equal(tu_tmpdir(dir, sizeof dir, "chunks"), 0);
     char *a[] = {NULL,        "bench", "engine",       "--chunks", "--model",   "tiny",
                  "--prompts", "2",     "--repeat",     "1",        "--next",    "4",
                  "--ratios",  "0,1",   "--doc-tokens", "40",       "--context", "16",
@@ -743,9 +728,19 @@ static void test_cli_bench(void **st) {
                  "tiny", "--doc-tokens", "100",    NULL};
     assert_int_equal(run_cli(dir, b, err, sizeof err), 2);
     assert_non_null(strstr(err, "exceed seq_len"));
-    unlink(path);
-    snprintf(path, sizeof path, "%s/err", dir), unlink(path);
-    rmdir(dir);
+    assert_int_equal(tu_rmtree(dir), 0);
+}
+
+/* One try of ikv_chunks_create for tu_alloc_fail_each. */
+typedef struct chunks_try {
+    ikv_engine *e;
+    ikv_chunks *c;
+} chunks_try;
+
+static int try_chunks(void *ctx) {
+    chunks_try *t = ctx;
+    t->c = NULL;
+    return ikv_chunks_create(t->e, NULL, &t->c);
 }
 
 /* Allocation failures: create fails cleanly at every allocation (ASan checks for leaks); a
@@ -754,30 +749,16 @@ static void test_alloc_failures(void **st) {
     (void)st;
     ikv_model *m = tiny();
     ikv_engine *e = mk_engine(m, 1);
-    ikv_chunks *c = NULL;
-    for (size_t k = 0;; k++) {
-        ikv_alloc_fail_after(k);
-        int rc = ikv_chunks_create(e, NULL, &c);
-        ikv_alloc_fail_after(SIZE_MAX);
-        if (rc == 0) break;
-        assert_int_equal(rc, IKV_ENOMEM);
-        assert_true(k < 100);
-    }
+    chunks_try t = {e, NULL};
+    tu_alloc_fail_each(try_chunks, &t, 100);
+    ikv_chunks *c = t.c;
     { /* an int8 model's create (its activation scratch too) */
         ikv_model *q8;
         assert_int_equal(ikv_model_quantize(m, 8, &q8), 0);
-        ikv_engine *e8 = mk_engine(q8, 1);
-        ikv_chunks *c8 = NULL;
-        for (size_t k = 0;; k++) {
-            ikv_alloc_fail_after(k);
-            int rc = ikv_chunks_create(e8, NULL, &c8);
-            ikv_alloc_fail_after(SIZE_MAX);
-            if (rc == 0) break;
-            assert_int_equal(rc, IKV_ENOMEM);
-            assert_true(k < 100);
-        }
-        ikv_chunks_destroy(c8);
-        ikv_engine_destroy(e8);
+        chunks_try t8 = {mk_engine(q8, 1), NULL};
+        tu_alloc_fail_each(try_chunks, &t8, 100);
+        ikv_chunks_destroy(t8.c);
+        ikv_engine_destroy(t8.e);
         ikv_model_destroy(q8);
     }
     uint32_t d[30], q[4];

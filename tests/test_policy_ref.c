@@ -26,7 +26,6 @@
 #include <cmocka.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,8 +35,7 @@
 #include <zlib.h>
 
 #include "isokv/sim.h"
-
-extern char **environ;
+#include "testutil.h"
 
 #define REF_FILE "tests/data/weka5_flat6000.oracleGeneral.gz"
 
@@ -538,24 +536,7 @@ static void test_oracle_reader_rejects(void **st) {
 
 /* Runs the isokv binary with argv (no shell); returns its exit status. */
 static int run_isokv(const char *const *args) {
-    const char *bin = getenv("IKV_BIN");
-    if (!bin) bin = "build/isokv";
-    const char *argv[16] = {bin};
-    size_t k = 1;
-    for (; args[k - 1] && k < 15; k++)
-        argv[k] = args[k - 1];
-    argv[k] = NULL;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-    pid_t pid;
-    int rc = posix_spawn(&pid, bin, &fa, NULL, (char *const *)argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    assert_int_equal(rc, 0);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return tu_run_isokv(args, NULL, NULL, 120);
 }
 
 /* export writes every block of every request in order: equal keys <-> equal ids, next access

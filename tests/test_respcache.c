@@ -31,6 +31,7 @@
 
 #include "isokv/model.h"
 #include "isokv/respcache.h"
+#include "testutil.h"
 
 /* ---- similarity, bounds, eviction, isolation --------------------------------------------- */
 
@@ -434,18 +435,7 @@ static void test_pairs_generated_model(void **st) {
 /* Runs the isokv binary with argv (no shell), stdout to `out` (a file); returns the exit
  * status. */
 static int run_cli(char *const argv[], const char *out) {
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600), nul = open("/dev/null", O_WRONLY);
-        if (fd < 0 || nul < 0) _exit(127);
-        dup2(fd, 1), dup2(nul, 2);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int stt;
-    assert_int_equal(waitpid(pid, &stt, 0), pid);
-    return WIFEXITED(stt) ? WEXITSTATUS(stt) : 128;
+    return tu_run((const char *const *)argv, out, NULL, 120);
 }
 
 static char *slurp(const char *path) {

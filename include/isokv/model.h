@@ -270,7 +270,16 @@ typedef struct ikv_prefill_info {
     size_t tier_tokens[IKV_MAX_TIERS]; /* prompt positions taken from each tier (0 = pool;
                                           1.. = the lower tiers, loaded) */
     size_t recomputed_tier_tokens;     /* positions found in a lower tier but recomputed
-                                          (cheaper, or the load failed) */
+                                          (for one of the four reasons below) */
+    /* recomputed_tier_tokens by tier (1.. as in tier_tokens; they add up to it) and why:
+     * cheaper: not loaded, recomputing was estimated cheaper (the split);
+     * failed: a load failed (miss, corrupt, mismatch, down): that block and the rest of its run;
+     * noroom: the pool had no free block to load into: that block and the rest of its run;
+     * dropped: loaded, then not kept for the request (recomputed into fresh blocks) */
+    size_t tier_cheaper_tokens[IKV_MAX_TIERS];
+    size_t tier_failed_tokens[IKV_MAX_TIERS];
+    size_t tier_noroom_tokens[IKV_MAX_TIERS];
+    size_t tier_dropped_tokens[IKV_MAX_TIERS];
     size_t lossy_tokens;               /* cached positions whose K/V went through a lossy (q8)
                                           tier, now or when a pool block was loaded */
     double seconds;         /* wall time of the call (measured) */
@@ -333,6 +342,18 @@ typedef struct ikv_step_item {
  * not allocate. */
 int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n);
 
+/* Threads the following forward passes (ikv_engine_step, _begin, _decode, _verify, the chunk
+ * store's) run on: 1..options.threads (0 = all of them, the default after create). The work
+ * stays cut into options.threads fixed shares; with k threads, thread t runs shares t, t + k,
+ * ... one after the other, so every result is the same bits at any k (tested), only slower;
+ * threads k.. sleep (no spinning). Call between steps. Returns 0 or IKV_EINVAL (k out of range;
+ * nothing changed). Does not allocate. */
+int ikv_engine_set_threads(ikv_engine *e, int k);
+/* Threads the next forward pass runs on. */
+int ikv_engine_threads(const ikv_engine *e);
+/* CPU seconds the engine's worker threads (threads 1.., not the calling thread) have used
+ * since create, from their CPU clocks (measured; spinning while they wait for work counts). */
+double ikv_engine_worker_cpu(const ikv_engine *e);
 /* Decode rows one ikv_engine_step can take: the sum over its decode items of 1 + k. */
 size_t ikv_engine_max_rows(const ikv_engine *e);
 
@@ -454,6 +475,10 @@ typedef struct ikv_engine_tier_stats {
     uint64_t loaded_blocks;   /* lower-tier hits loaded into the pool */
     uint64_t recomputed_blocks; /* lower-tier hits recomputed because that was cheaper */
     uint64_t failed_blocks;   /* loads that failed (miss, corrupt, mismatch, down): recomputed */
+    /* lower-tier hits recomputed for another reason than recomputed_blocks' (as the prefill
+     * info's tier_*_tokens): a load failed (that block and the rest of its run), no free pool
+     * block to load into, loaded then not kept */
+    uint64_t recomputed_failed_blocks, recomputed_noroom_blocks, recomputed_dropped_blocks;
     uint64_t probed_blocks;   /* blocks found by probing keys this index had never seen */
     uint64_t demoted_blocks;  /* blocks written into the tier */
     uint64_t deleted_blocks;  /* blocks deleted (dropped by the core, moved away) */

@@ -33,6 +33,7 @@ typedef struct ikv_serve_options {
     uint16_t port;             /* 0 = any free port (ikv_serve_port says which) */
     int threads;               /* engine forward threads (1) */
     uint64_t kv_mem;           /* KV pool bytes (0 = room for max_seqs full sequences + 4) */
+    uint32_t block_tokens;     /* tokens per KV block (0 = the engine's 16) */
     const char *policy;        /* eviction policy ("lru") */
     const char *api_keys;      /* JSON file {"KEY": "tenant", ...}; NULL = everyone is "default" */
     uint32_t max_seqs;         /* sequences running at once (32) */
@@ -54,6 +55,9 @@ typedef struct ikv_serve_options {
     const char *route_config, *route_model, *route_hw;
     const char *const *route_set;
     size_t n_route_set;
+    int route_frontier; /* 1: route on the efficient frontier of each class's levers
+                           (ikv_plan_route_frontier, as `isokv plan route --frontier`) instead
+                           of the seven-step walk */
     FILE *log;               /* one line per request (stderr) */
     uint32_t semantic_cache; /* response-cache entries (--semantic-cache[=SIZE]; 0 = off): a
                                 finished response is kept and the most similar one of the same

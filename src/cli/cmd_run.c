@@ -562,8 +562,14 @@ int ikv_cmd_run(int argc, char **argv) {
                         (unsigned long long)tot_req, info.tier_tokens[0]);
                 for (size_t t = 1; t <= tiers.n; t++)
                     fprintf(stderr, ", %s %zu", tiers.specs[t - 1], info.tier_tokens[t]);
-                fprintf(stderr, "; %zu tier tokens recomputed (cheaper or failed)",
-                        info.recomputed_tier_tokens);
+                size_t why[4] = {0};
+                for (size_t t = 1; t <= tiers.n; t++)
+                    why[0] += info.tier_cheaper_tokens[t], why[1] += info.tier_failed_tokens[t],
+                        why[2] += info.tier_noroom_tokens[t], why[3] += info.tier_dropped_tokens[t];
+                fprintf(stderr,
+                        "; %zu tier tokens recomputed (cheaper %zu, failed %zu, no room %zu, "
+                        "dropped %zu)",
+                        info.recomputed_tier_tokens, why[0], why[1], why[2], why[3]);
                 if (info.lossy_tokens)
                     fprintf(stderr, "; %zu cached tokens LOSSY (q8 tier)", info.lossy_tokens);
                 fprintf(stderr, "\n");

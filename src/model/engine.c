@@ -1064,6 +1064,18 @@ int ikv_seq_kv(const ikv_engine *e, const ikv_seq *s, size_t pos, int layer, flo
     return 0;
 }
 
+int ikv_engine_set_threads(ikv_engine *e, int k) {
+    return ikv__pool_set_active(e->pool, k ? k : e->nth);
+}
+
+int ikv_engine_threads(const ikv_engine *e) {
+    return ikv__pool_active(e->pool);
+}
+
+double ikv_engine_worker_cpu(const ikv_engine *e) {
+    return ikv__pool_worker_cpu(e->pool);
+}
+
 void ikv_engine_stats_get(const ikv_engine *e, ikv_engine_stats *st) {
     memset(st, 0, sizeof *st);
     st->pool_blocks = e->nblocks;

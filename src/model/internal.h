@@ -171,6 +171,15 @@ void ikv__pool_destroy(ikv__pool *p);
  * thread drives a pool. Does not allocate. */
 void ikv__pool_run(ikv__pool *p, ikv__task fn, void *ctx);
 int ikv__pool_size(const ikv__pool *p);
+/* Lets threads 0..k-1 run the following regions (thread t runs shares t, t + k, ...: the same
+ * bits at any k); the others park without spinning. Between regions only. Returns 0 or
+ * IKV_EINVAL (k outside 1..n; nothing changed). Does not allocate. */
+int ikv__pool_set_active(ikv__pool *p, int k);
+int ikv__pool_active(const ikv__pool *p);
+/* Regions thread t has run shares in since create (for tests). */
+uint64_t ikv__pool_ran(const ikv__pool *p, int t);
+/* CPU seconds the worker threads (not the caller) have used since they started. */
+double ikv__pool_worker_cpu(const ikv__pool *p);
 
 /* ---- engine internals (engine.c: pool and request flow; forward.c: the math) ------------ */
 

@@ -69,6 +69,8 @@ void ikv__metrics_request(ikv_serve *s, const srq *r) {
     m->route_n[r->cls]++;
     m->route_e2e_s[r->cls] += r->t_done - r->t_arrive;
     m->route_cpu_s[r->cls] += r->cpu_s;
+    m->route_thread_s[r->cls] += r->thread_s;
+    m->route_threads[r->cls][r->threads_max < SRV_MAX_THREADS ? r->threads_max : SRV_MAX_THREADS]++;
 }
 
 typedef struct buf {
@@ -233,14 +235,23 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
         put(&b, "isokv_tier_loads_total{tier=\"%s\"} %llu\n", s->tier_name[t + 1],
             (unsigned long long)m->tiers[t].loaded_blocks);
     head(&b, "isokv_tier_recomputes_total", "counter",
-         "lower-tier hits recomputed, by tier and why (cheaper: the measured choice; failed: "
-         "miss, corrupt, mismatch or down)");
-    for (size_t t = 0; t < s->n_tiers; t++)
+         "lower-tier hits recomputed, by tier and why (cheaper: the measured choice; failed: a "
+         "load failed, miss, corrupt, mismatch or down, and the rest of its run; no_room: no "
+         "free pool block to load into, and the rest of the run; dropped: loaded, then not "
+         "kept) (blocks)");
+    for (size_t t = 0; t < s->n_tiers; t++) {
+        const ikv_engine_tier_stats *x = &m->tiers[t];
+        const char *tn = s->tier_name[t + 1];
         put(&b,
             "isokv_tier_recomputes_total{tier=\"%s\",why=\"cheaper\"} %llu\n"
-            "isokv_tier_recomputes_total{tier=\"%s\",why=\"failed\"} %llu\n",
-            s->tier_name[t + 1], (unsigned long long)m->tiers[t].recomputed_blocks,
-            s->tier_name[t + 1], (unsigned long long)m->tiers[t].failed_blocks);
+            "isokv_tier_recomputes_total{tier=\"%s\",why=\"failed\"} %llu\n"
+            "isokv_tier_recomputes_total{tier=\"%s\",why=\"no_room\"} %llu\n"
+            "isokv_tier_recomputes_total{tier=\"%s\",why=\"dropped\"} %llu\n",
+            tn, (unsigned long long)x->recomputed_blocks, tn,
+            (unsigned long long)x->recomputed_failed_blocks, tn,
+            (unsigned long long)x->recomputed_noroom_blocks, tn,
+            (unsigned long long)x->recomputed_dropped_blocks);
+    }
     head(&b, "isokv_tier_resident_blocks", "gauge", "blocks the cache core holds in a lower tier");
     for (size_t t = 0; t < s->n_tiers; t++)
         put(&b, "isokv_tier_resident_blocks{tier=\"%s\"} %llu\n", s->tier_name[t + 1],
@@ -289,10 +300,30 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
         put(&b, "isokv_route_e2e_seconds_total{class=\"%s\"} %.6f\n",
             ikv_req_class_name((ikv_req_class)c), m->route_e2e_s[c]);
     head(&b, "isokv_route_cpu_seconds_total", "counter",
-         "process CPU seconds of the forward steps, shared by positions, summed by class");
+         "CPU seconds (scheduler thread + engine workers) of the forward steps, shared by "
+         "positions, summed by class");
     for (int c = 0; c < 3; c++)
         put(&b, "isokv_route_cpu_seconds_total{class=\"%s\"} %.6f\n",
             ikv_req_class_name((ikv_req_class)c), m->route_cpu_s[c]);
+    head(&b, "isokv_route_thread_seconds_total", "counter",
+         "thread-seconds (wall x threads) of the forward steps, shared by positions, by class");
+    for (int c = 0; c < 3; c++)
+        put(&b, "isokv_route_thread_seconds_total{class=\"%s\"} %.6f\n",
+            ikv_req_class_name((ikv_req_class)c), m->route_thread_s[c]);
+    head(&b, "isokv_route_threads_requests_total", "counter",
+         "completed requests by class and the most threads any of their steps ran on");
+    for (int c = 0; c < 3; c++)
+        for (int k = 0; k <= SRV_MAX_THREADS; k++)
+            if (m->route_threads[c][k])
+                put(&b, "isokv_route_threads_requests_total{class=\"%s\",threads=\"%d\"} %llu\n",
+                    ikv_req_class_name((ikv_req_class)c), k,
+                    (unsigned long long)m->route_threads[c][k]);
+    head(&b, "isokv_steps_by_threads_total", "counter",
+         "engine forward steps by the thread count they ran on (a mixed batch is one per count)");
+    for (int k = 0; k <= SRV_MAX_THREADS; k++)
+        if (m->steps_by_threads[k])
+            put(&b, "isokv_steps_by_threads_total{threads=\"%d\"} %llu\n", k,
+                (unsigned long long)m->steps_by_threads[k]);
     head(&b, "isokv_route_completed_total", "counter", "completed requests by class");
     for (int c = 0; c < 3; c++)
         put(&b, "isokv_route_completed_total{class=\"%s\"} %llu\n",

@@ -47,14 +47,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-/* Process CPU seconds (every thread: the engine's workers and the HTTP threads). */
-static double ikv_cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Appends len bytes to r's text (mu held). Returns 0 or IKV_ENOMEM. */
 static int text_append(srq *r, const char *p, size_t len) {
@@ -124,11 +116,12 @@ static void log_request(ikv_serve *s, const srq *r) {
                  r->lossy);
     fprintf(s->opt.log,
             "isokv serve: req=%llu tenant=%s status=%d prompt=%zu cached=%s partial=%zu%s "
-            "ttft_ms=%.2f tokens=%u finish=%s e2e_ms=%.2f class=%s step=%d cpu_ms=%.2f%s%s\n",
+            "ttft_ms=%.2f tokens=%u finish=%s e2e_ms=%.2f class=%s step=%d threads=%d "
+            "cpu_ms=%.2f%s%s\n",
             (unsigned long long)r->id, r->tenant, r->status, r->n, by, r->partial, extra, ttft,
             r->ntok, r->finish ? r->finish : (r->cancelled ? "cancelled" : "-"),
             (r->t_done - r->t_arrive) * 1e3, ikv_req_class_name((ikv_req_class)r->cls),
-            r->route.step, r->cpu_s * 1e3, r->err[0] ? " error=" : "", r->err);
+            r->route.step, r->threads_max, r->cpu_s * 1e3, r->err[0] ? " error=" : "", r->err);
     fflush(s->opt.log);
 }
 
@@ -286,6 +279,7 @@ static void admit(ikv_serve *s) {
             continue;
         }
         r->cached = info.cached_tokens;
+        r->t_admit = ikv_now();
         r->partial = info.partial_tokens;
         size_t lower = 0;
         for (size_t t = 1; t <= s->n_tiers; t++)
@@ -415,7 +409,8 @@ void *ikv__serve_sched(void *arg) {
     const uint32_t maxs = s->opt.max_seqs;
     ikv_step_item *items = ikv_calloc(maxs, sizeof *items);
     srq **map = ikv_calloc(maxs, sizeof *map);
-    IKV_ASSERT(items && map); /* allocated once; create checked the memory is there */
+    srv_acct *acct = ikv_calloc(maxs, sizeof *acct);
+    IKV_ASSERT(items && map && acct); /* allocated once; create checked the memory is there */
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
         for (size_t i = 0; i < s->nrunning;)
@@ -479,12 +474,16 @@ void *ikv__serve_sched(void *arg) {
         for (size_t i = 0; i < s->nrunning; i++)
             if (ikv__seg_waiting(s->running[i])) s->blend_list[nb++] = s->running[i];
         pthread_mutex_unlock(&s->mu);
-        double cpu0 = ikv_cpu_now();
-        int rc = ni ? ikv_engine_step(s->engine, items, ni) : 0;
-        IKV_ASSERT(rc == 0); /* items are built from running sequences within their limits */
-        for (size_t k = 0; k < nb; k++)
-            ikv__seg_advance(s, s->blend_list[k]);
-        double cpu = ikv_cpu_now() - cpu0;
+        /* one engine step per thread count the requests' routed steps give (route.c) */
+        ikv__route_step_run(s, items, map, ni, acct);
+        for (size_t k = 0; k < nb; k++) { /* at the request's routed thread count */
+            srq *r = s->blend_list[k];
+            IKV_ASSERT(ikv_engine_set_threads(s->engine, r->lv.threads) == 0);
+            const double t0 = ikv_now(), c0 = ikv__route_cpu_now(s);
+            ikv__seg_advance(s, r);
+            r->blend_cpu_s = ikv__route_cpu_now(s) - c0; /* charged below, mu held */
+            r->blend_thread_s = (ikv_now() - t0) * ikv_engine_threads(s->engine);
+        }
         ikv_engine_stats es;
         ikv_cache_stats cs;
         ikv_engine_stats_get(s->engine, &es);
@@ -500,12 +499,8 @@ void *ikv__serve_sched(void *arg) {
         s->met.steps++;
         s->met.step_rows += ni;
         s->met.step_prefill_tokens += prefill_tokens;
-        /* the step's CPU seconds, shared by positions: a decode row 1, a chunk its length */
-        size_t rows = 0;
-        for (size_t k = 0; k < ni; k++)
-            rows += items[k].done;
-        for (size_t k = 0; k < ni && rows; k++)
-            map[k]->cpu_s += cpu * (double)items[k].done / (double)rows;
+        /* each group's CPU and thread-seconds, shared by positions (route.c) */
+        ikv__route_step_account(s, map, ni, acct);
         for (size_t k = 0; k < ni; k++) {
             srq *r = map[k];
             if (ikv_seq_pending(r->seq) || r->state != SRQ_RUNNING || r->job)
@@ -534,6 +529,7 @@ void *ikv__serve_sched(void *arg) {
             while (idx < s->nrunning && s->running[idx] != r)
                 idx++;
             IKV_ASSERT(idx < s->nrunning);
+            r->cpu_s += r->blend_cpu_s, r->thread_s += r->blend_thread_s; /* its blend unit */
             if (r->job_rc == 0) continue; /* more units, or pending prefill again */
             if (r->job_rc < 0) { /* re-admitted, and a segment it reused left the store */
                 snprintf(r->err, sizeof r->err, "preempted and cannot be re-admitted: %s",
@@ -572,5 +568,6 @@ void *ikv__serve_sched(void *arg) {
     pthread_mutex_unlock(&s->mu);
     ikv_free(items);
     ikv_free(map);
+    ikv_free(acct);
     return NULL;
 }
