@@ -35,6 +35,7 @@
 
 #include "isokv/plan.h"
 #include "isokv/serve.h"
+#include "testutil.h"
 
 static ikv_serve *walk_srv, *front_srv;
 
@@ -69,35 +70,7 @@ static int teardown(void **st) {
 
 /* Sends a request (body NULL: GET) and returns the malloc'd response body. Bounded: 20 s. */
 static char *http(ikv_serve *s, const char *path, const char *body) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    assert_true(fd >= 0);
-    struct timeval tv = {20, 0};
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons(ikv_serve_port(s))};
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
-    char head[512];
-    int hn = snprintf(head, sizeof head,
-                      "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                      "Content-Length: %zu\r\nConnection: close\r\n\r\n",
-                      body ? "POST" : "GET", path, body ? strlen(body) : 0);
-    assert_int_equal(write(fd, head, (size_t)hn), hn);
-    if (body) assert_int_equal(write(fd, body, strlen(body)), (ssize_t)strlen(body));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    for (;;) {
-        if (n + 4096 > cap) buf = realloc(buf, cap *= 2);
-        ssize_t r = read(fd, buf + n, cap - n - 1);
-        if (r <= 0) break;
-        n += (size_t)r;
-    }
-    close(fd);
-    buf[n] = 0;
-    char *b = strstr(buf, "\r\n\r\n");
-    assert_non_null(b);
-    char *out = strdup(b + 4);
-    free(buf);
-    return out;
+    return tu_http_body(ikv_serve_port(s), path, NULL, body, 20);
 }
 
 /* A value of /metrics (-1 when the series is absent). */

@@ -24,6 +24,7 @@
 #include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -287,4 +288,43 @@ size_t tu_alloc_fail_each(int (*attempt)(void *ctx), void *ctx, size_t max) {
     }
     fail_msg("still failing with %zu allocations allowed", max);
     return max;
+}
+
+char *tu_http_body(int port, const char *path, const char *key, const char *body, int secs) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct timeval tv = {secs, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    assert_int_equal(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+    char head[512], auth[160] = "";
+    if (key) snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", key);
+    int hn = snprintf(head, sizeof head,
+                      "%s %s HTTP/1.1\r\nHost: 127.0.0.1\r\n%sContent-Type: application/json\r\n"
+                      "Content-Length: %zu\r\nConnection: close\r\n\r\n",
+                      body ? "POST" : "GET", path, auth, body ? strlen(body) : 0);
+    assert_true(hn > 0 && (size_t)hn < sizeof head);
+    assert_int_equal(write(fd, head, (size_t)hn), hn);
+    if (body) assert_int_equal(write(fd, body, strlen(body)), (ssize_t)strlen(body));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    assert_non_null(buf);
+    for (;;) {
+        if (n + 4096 > cap) {
+            buf = realloc(buf, cap *= 2);
+            assert_non_null(buf);
+        }
+        ssize_t r = read(fd, buf + n, cap - n - 1);
+        if (r <= 0) break;
+        n += (size_t)r;
+    }
+    close(fd);
+    buf[n] = 0;
+    char *b = strstr(buf, "\r\n\r\n");
+    assert_non_null(b);
+    char *out = strdup(b + 4);
+    free(buf);
+    assert_non_null(out);
+    return out;
 }

@@ -96,6 +96,13 @@ int tu_serve_start(tu_server *sv, const char *const *extra);
  * or -1 (not running, killed by a signal, or killed after the wait). */
 int tu_serve_stop(tu_server *sv, double secs);
 
+/* One HTTP/1.1 request to 127.0.0.1:port over a plain socket (Connection: close): method GET
+ * when body is NULL, else POST with a JSON body; an `Authorization: Bearer key` header when key
+ * is not NULL. Waits at most secs for each read. Returns the malloc'd response body (after the
+ * headers; the caller frees it); a failed connect, write or a reply without headers fails the
+ * test. */
+char *tu_http_body(int port, const char *path, const char *key, const char *body, int secs);
+
 /* The allocation-failure harness. Runs attempt(ctx) with ikv_alloc_fail_after(k) in force,
  * for k = 0, 1, ..., max - 1, resetting the seam after each run. A run that returns nonzero
  * must return IKV_ENOMEM (asserted) having freed what it made (ASan's leak check) and checked

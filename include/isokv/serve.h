@@ -66,7 +66,7 @@ typedef struct ikv_serve_options {
                                       --semantic-cache=64M): ikv_respcache_options.max_bytes */
     /* --spec lookup[:n=N,k=K,m=M]: prompt-lookup drafts (K tokens after the latest match of
      * the last N..M tokens) for every request routed to step >= 3 (spec_k = 0: off; a request
-     * may switch it with "isokv": {"spec": "lookup" | "off"}, which uses 3, 2, 2 here) */
+     * may switch it with "isokv": {"spec": "lookup" | "off"}, which uses 3, 1, 2 here) */
     uint32_t spec_ngram, spec_k, spec_min;
 } ikv_serve_options;
 

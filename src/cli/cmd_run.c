@@ -5,7 +5,7 @@
  *     isokv run [--model m.bin] [--tokenizer t.bin] [--prompt TEXT] [-n 64] [--temp 0] [--topp 0.9]
  *               [--seed S] [--threads T] [--kv-mem BYTES] [--policy lru] [--tenant NAME]
  *               [--public N] [--repeat R] [--stop-eos] [--raw-bytes] [--tier SPEC]...
- *               [--spec lookup[:n=3,k=2,m=2]] [--semantic-cache[=SIZE]] [--prompts FILE]
+ *               [--spec lookup[:n=3,k=1,m=2]] [--semantic-cache[=SIZE]] [--prompts FILE]
  *               [--max-draft N]
  *
  * --spec lookup decodes with prompt-lookup drafts verified by ikv_engine_verify (greedy output
@@ -58,7 +58,7 @@ static void help(FILE *f) {
         "                 [--topp 0.9] [--seed S] [--threads T] [--kv-mem BYTES]\n"
         "                 [--policy NAME] [--tenant NAME] [--public N] [--repeat R]\n"
         "                 [--stop-eos] [--raw-bytes] [--tier SPEC]... [--tier-dtype q8]\n"
-        "                 [--spec lookup[:n=3,k=2,m=2]] [--semantic-cache[=SIZE]]\n"
+        "                 [--spec lookup[:n=3,k=1,m=2]] [--semantic-cache[=SIZE]]\n"
         "                 [--prompts FILE] [--max-draft N]\n"
         "                 [--segments REQ.json [--layout as-given|shared-first]\n"
         "                  [--blend-ratio R] [--blend-max-dev D] [--chunk-mem BYTES]]\n\n"
@@ -80,7 +80,7 @@ static void help(FILE *f) {
         "sequences). Figures printed on stderr are measured wall-clock times.\n"
         "--spec lookup[:n=N,k=K,m=M] drafts K tokens from the latest match of the last N (..M)\n"
         "tokens in prompt + output and verifies them in one batched forward (greedy output is\n"
-        "identical to plain decoding; defaults n=3, k=2, m=2). --semantic-cache[=SIZE] keeps\n"
+        "identical to plain decoding; defaults n=3, k=1, m=2). --semantic-cache[=SIZE] keeps\n"
         "SIZE finished responses (digits: entries, 1024; k/M/G: bytes, 64M) and verifies the\n"
         "most similar one (MinHash/Jaccard over prompt 3-grams, same tenant or public) as a\n"
         "draft: only what the model itself would produce is served. Give it something to hit:\n"
@@ -257,7 +257,7 @@ int ikv_cmd_run(int argc, char **argv) {
     int shared_first = 0;
     double bratio = IKV_BLEND_RATIO, bmaxdev = IKV_BLEND_MAX_DEV;
     uint64_t chunkmem = 64ull << 20;
-    uint64_t spec_n = 0, spec_k = 2, spec_m = 2, semcache = 0, semcache_bytes = 0, max_draft = 0;
+    uint64_t spec_n = 0, spec_k = 1, spec_m = 2, semcache = 0, semcache_bytes = 0, max_draft = 0;
     const char *prompts_path = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;

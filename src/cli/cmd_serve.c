@@ -31,7 +31,7 @@ static void help(FILE *f) {
           "                   [--tier SPEC]... [--tier-dtype f32|q8] [--route-config FILE]\n"
           "                   [--route-set KEY=VALUE]... [--route-model M] [--route-hw H]\n"
           "                   [--route walk|frontier] [--semantic-cache[=SIZE]]\n"
-          "                   [--spec lookup[:n=3,k=2,m=2]] [--block-tokens N]\n\n"
+          "                   [--spec lookup[:n=3,k=1,m=2]] [--block-tokens N]\n\n"
           "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions,\n"
           "GET /v1/models, GET /health, GET /metrics (Prometheus). Continuous batching: one\n"
           "forward step serves every running sequence; prompts are prefilled in chunks within\n"
@@ -62,7 +62,7 @@ static void help(FILE *f) {
           "verified by the model as a draft inside the batched step and only what the model\n"
           "itself would produce is served (docs/semantic.md). --spec lookup[:n=N,k=K,m=M]:\n"
           "prompt-lookup drafts (K tokens after the latest match of the last N..M tokens;\n"
-          "3, 2, 2), verified in the same step. Both apply to requests routed to step 3 or above;\n"
+          "3, 1, 2), verified in the same step. Both apply to requests routed to step 3 or above;\n"
           "a request switches them with \"isokv\": {\"spec\": \"lookup\"|\"off\",\n"
           "\"semantic_cache\": true|false}. usage.isokv.speculative, usage.isokv.semantic_cache,\n"
           "isokv_spec_* and isokv_semcache_* metrics count them.\n",
@@ -119,7 +119,7 @@ int ikv_cmd_serve(int argc, char **argv) {
         const char *v = argv[++i];
         uint64_t u;
         if (!strcmp(a, "--spec")) {
-            uint64_t ng = 3, k = 2, mn = 2;
+            uint64_t ng = 3, k = 1, mn = 2;
             if (cli_parse_spec(v, &ng, &k, &mn) || mn > ng)
                 return cli_usage_error(cmd,
                                        "--spec '%s' is not lookup[:n=N,k=K,m=M] (1..256, "

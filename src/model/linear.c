@@ -159,20 +159,23 @@ __attribute__((target("avx2,fma"))) static void dot22_avx2(const float *w0, cons
     *y00 = o[0], *y01 = o[1], *y10 = o[2], *y11 = o[3];
 }
 
-/* Weight rows per block: as many as fit in 16 KiB (1..16), so a block stays in L1 while every
+/* Weight rows per block: as many as fit in 16 KiB (2..16), so a block stays in L1 while every
  * batch row passes over it, and each batch row is read from L2 once per block rather than
  * once per weight row. */
 static size_t row_block(size_t K) {
     size_t rb = 16384 / (K * sizeof(float) + 1);
-    return rb < 1 ? 1 : rb > 16 ? 16 : rb;
+    return rb < 2 ? 2 : rb > 16 ? 16 : rb; /* at least a pair for the two-row kernels */
 }
 
 /* Rows [r0, r1) of W against nx rows of X, AVX2 kernel: weight rows in blocks (each read from
- * memory once), batch rows two at a time over the block. */
+ * memory once), batch rows two at a time over the block (dot22_avx2 on two weight rows at a
+ * time), and an odd last batch row against two weight rows at a time: dot2_avx2 with the roles
+ * swapped (x shared, w0 and w1 the two "rows"), which gives each product exactly dot_avx2's
+ * bits, w[i] * x[i] and fma(w, x, a) being the same as with the operands exchanged. */
 __attribute__((target("avx2,fma"))) static void rows_avx2(const float *W, size_t K, size_t r0,
                                                           size_t r1, const float *X, size_t ldx,
                                                           size_t nx, float *Y, size_t ldy) {
-    const size_t rb = nx > 2 ? row_block(K) : 1;
+    const size_t rb = row_block(K);
     for (size_t q0 = r0; q0 < r1; q0 += rb) {
         const size_t q1 = q0 + rb < r1 ? q0 + rb : r1;
         size_t b = 0;
@@ -185,9 +188,14 @@ __attribute__((target("avx2,fma"))) static void rows_avx2(const float *W, size_t
                            &y1[r + 1]);
             if (r < q1) dot2_avx2(W + r * K, x0, x1, K, &y0[r], &y1[r]);
         }
-        if (b < nx)
-            for (size_t r = q0; r < q1; r++)
-                Y[b * ldy + r] = dot_avx2(W + r * K, X + b * ldx, K);
+        if (b < nx) {
+            const float *x = X + b * ldx;
+            float *y = Y + b * ldy;
+            size_t r = q0;
+            for (; r + 2 <= q1; r += 2)
+                dot2_avx2(x, W + r * K, W + (r + 1) * K, K, &y[r], &y[r + 1]);
+            if (r < q1) y[r] = dot_avx2(W + r * K, x, K);
+        }
     }
 }
 #endif

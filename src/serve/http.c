@@ -633,7 +633,7 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
      * (route.c: step 3 or above on the walk, a point with a draft on the frontier), then the
      * request's own switches, which may turn a lever off but never on past its step */
     r->spec.ngram = s->opt.spec_k ? s->opt.spec_ngram : 3;
-    r->spec.k = s->opt.spec_k ? s->opt.spec_k : 2;
+    r->spec.k = s->opt.spec_k ? s->opt.spec_k : 1;
     r->spec.min_ngram = s->opt.spec_k ? s->opt.spec_min : 2;
     r->spec.lookup = s->opt.spec_k > 0 && r->lv.spec;
     r->spec.semantic = r->lv.rcache;

@@ -431,7 +431,7 @@ void *ikv__serve_sched(void *arg) {
         size_t ni = 0, budget = s->opt.max_batch_tokens, prefill_tokens = 0;
         size_t rows_left = ikv_engine_max_rows(s->engine); /* decode rows the step takes */
         for (size_t i = 0; i < s->nrunning; i++)
-            rows_left -= !ikv_seq_pending(s->running[i]->seq);
+            rows_left -= !ikv_seq_pending(s->running[i]->seq) && !s->running[i]->job;
         for (size_t i = 0; i < s->nrunning; i++) {
             srq *r = s->running[i];
             if (ikv_seq_pending(r->seq) || r->job) continue; /* prefilling or blending */
