@@ -894,26 +894,48 @@ static void test_jump_effects(void **st) {
 
 /* Runs the isokv binary with args, capturing stdout into out (cap bytes); returns the exit
  * status, or -1 when IKV_BIN is not set (the test is then skipped). */
-static int run_cli(const char *args, char *out, size_t cap) {
-    const char *bin = getenv("IKV_BIN");
-    if (!bin || access(bin, X_OK)) return -1;
-    char cmd[2048];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>/tmp/ikv-plan-test.err", bin, args);
-    FILE *f = popen(cmd, "r");
+/* The CLI's stdout and stderr of the last run_cli, in a directory of this process's own (a
+ * fixed /tmp name was shared with every other test_plan running at once, and a concurrent run
+ * in another checkout could overwrite the stderr under test). */
+static char cli_dir[64];
+
+/* Runs `isokv ARGV...` (NULL-terminated; no shell) with a 120 s bound; its stdout into out
+ * (cap bytes with the NUL), its stderr kept for read_err. Returns the exit status, -1 when
+ * the binary is missing (the test skips), 255 when it was killed. */
+static int run_argv(const char *const *argv, char *out, size_t cap) {
+    if (access(tu_bin(), X_OK)) return -1;
+    if (!cli_dir[0]) assert_int_equal(tu_tmpdir(cli_dir, sizeof cli_dir, "plan_cli"), 0);
+    int st = tu_run_isokv(argv, tu_path(cli_dir, "out"), tu_path(cli_dir, "err"), 120);
+    FILE *f = fopen(tu_path(cli_dir, "out"), "r");
     assert_non_null(f);
     size_t n = fread(out, 1, cap - 1, f);
     out[n] = '\0';
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : 255;
+    fclose(f);
+    return st < 0 ? 255 : st;
 }
 
+/* run_argv of ARGS split at spaces (the arguments of these tests hold none). */
+static int run_cli(const char *args, char *out, size_t cap) {
+    static char buf[2048];
+    const char *argv[47];
+    size_t na = 0;
+    snprintf(buf, sizeof buf, "%s", args);
+    for (char *save = NULL, *t = strtok_r(buf, " ", &save); t; t = strtok_r(NULL, " ", &save)) {
+        assert_true(na < 46);
+        argv[na++] = t;
+    }
+    argv[na] = NULL;
+    return run_argv(argv, out, cap);
+}
+
+/* The stderr of the last run_cli. */
 static char *read_err(void) {
-    static char buf[4096];
-    FILE *f = fopen("/tmp/ikv-plan-test.err", "r");
-    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    static char ebuf[4096];
+    FILE *f = fopen(tu_path(cli_dir, "err"), "r");
+    size_t n = f ? fread(ebuf, 1, sizeof ebuf - 1, f) : 0;
     if (f) fclose(f);
-    buf[n] = '\0';
-    return buf;
+    ebuf[n] = '\0';
+    return ebuf;
 }
 
 static void test_cli_json(void **st) {
@@ -1085,8 +1107,9 @@ static void test_cli_frontier(void **st) {
     char args[512], svg[256], png[256];
     snprintf(svg, sizeof svg, "%s/it's \"a\" plot.svg", dir);
     snprintf(png, sizeof png, "%s/it's \"a\" plot.png", dir);
-    snprintf(args, sizeof args, "plan --frontier --plot '%s/it'\\''s \"a\" plot.svg'", dir);
-    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    assert_int_equal(run_argv((const char *[]){"plan", "--frontier", "--plot", svg, NULL}, out,
+                              sizeof out),
+                     0);
     assert_int_equal(access(svg, R_OK), 0);
     assert_int_equal(access(png, R_OK), 0);
     unlink(svg);
@@ -1100,8 +1123,11 @@ static void test_cli_frontier(void **st) {
     fclose(sf);
     snprintf(svg, sizeof svg, "%s/j.svg", dir);
     snprintf(png, sizeof png, "%s/j.png", dir);
-    snprintf(args, sizeof args, "plan --jump 'prefix:sim=%s/s'\\''i\nm.json' --plot %s", dir, svg);
-    assert_int_equal(run_cli(args, out, sizeof out), 0);
+    char jump[300];
+    snprintf(jump, sizeof jump, "prefix:sim=%s", simf);
+    assert_int_equal(
+        run_argv((const char *[]){"plan", "--jump", jump, "--plot", svg, NULL}, out, sizeof out),
+        0);
     assert_int_equal(access(svg, R_OK), 0);
     assert_int_equal(access(png, R_OK), 0);
     unlink(svg);
@@ -1238,5 +1264,7 @@ int main(void) {
         cmocka_unit_test(test_cli_frontier),
         cmocka_unit_test(test_cli_measured),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    if (cli_dir[0]) tu_rmtree(cli_dir);
+    return rc;
 }
