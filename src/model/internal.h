@@ -403,4 +403,11 @@ void ikv__simd_force(int avx2);
 /* Fills the RoPE tables. */
 void ikv__rope_init(struct ikv_engine *e);
 
+/* runq.c's arithmetic for int8 models (runq_ops.c): hb = silu(hb) * hb2 with libm's expf, and
+ * one query head's attention at position pos (keys/values 0..pos of kv head g, layer l, through
+ * s->table) into out[head_dim], att[pos + 1] being scratch. Bits depend only on the inputs. */
+void ikv__runq_swiglu(float *hb, const float *hb2, size_t n);
+void ikv__runq_attn_head(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g,
+                         const float *q, size_t pos, float *att, float *out);
+
 #endif
