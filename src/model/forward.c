@@ -1216,17 +1216,16 @@ static void pf_attn(void *vc, int t, int P) {
                    sizeof(float) * H);
         }
         if (m->gs) { /* int8 model: runq.c's attention, row by row (runq_ops.c) */
-            for (int i = 0; i < T; i++) {
-                const size_t p = t0 + (size_t)i;
-                for (int j = 0; j < kvmul; j++) {
-                    float *dst = att + (size_t)i * (size_t)qd + (size_t)(g * kvmul + j) * H;
-                    if (p < lo || p >= hi)
-                        memset(dst, 0, sizeof(float) * H);
-                    else
-                        ikv__runq_attn_head(e, c->s, l, g,
-                                            q + (size_t)i * (size_t)qd +
-                                                (size_t)(g * kvmul + j) * H,
-                                            p, S, dst);
+            for (int j = 0; j < kvmul; j++) {
+                const size_t hoff = (size_t)(g * kvmul + j) * H;
+                for (size_t i = 0; i < (size_t)T; i++)
+                    if (t0 + i < lo || t0 + i >= hi)
+                        memset(att + i * (size_t)qd + hoff, 0, sizeof(float) * H);
+                for (size_t p = lo; p < hi; p += 16) {
+                    const int nr = hi - p < 16 ? (int)(hi - p) : 16;
+                    ikv__runq_attn_rows(e, c->s, l, g, q + (p - t0) * (size_t)qd + hoff,
+                                        (size_t)qd, p, nr, att + (p - t0) * (size_t)qd + hoff,
+                                        (size_t)qd, S, e->S_rows * e->Lmax);
                 }
             }
             continue;

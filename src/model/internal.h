@@ -409,5 +409,14 @@ void ikv__rope_init(struct ikv_engine *e);
 void ikv__runq_swiglu(float *hb, const float *hb2, size_t n);
 void ikv__runq_attn_head(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g,
                          const float *q, size_t pos, float *att, float *out);
+/* ikv__runq_attn_head for nr <= 16 consecutive rows: query r at q + r ldq is at position p0 + r,
+ * its output goes to out + r ldo (the same bits as the row alone). sc: sc_floats of scratch. */
+void ikv__runq_attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g,
+                         const float *q, size_t ldq, size_t p0, int nr, float *out, size_t ldo,
+                         float *sc, size_t sc_floats);
+/* x[i] = expf(x[i]) by the path the functions above take (exp16 where the CPU has AVX-512, which
+ * must equal libm's expf on every input; tests), and whether that is the vector path. */
+void ikv__runq_expf_buf(float *x, size_t n);
+int ikv__runq_vector_exp(void);
 
 #endif

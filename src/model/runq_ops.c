@@ -19,12 +19,22 @@
  * scripts/parity_runc.sh, `cc -O2` without -march, has none either; this file is C11, so the
  * compiler contracts nothing). The scalar and the AVX2 versions give the same bits (tested).
  *
- * expf is libm's, called per element, as runq.c does (glibc picks one implementation per
- * process, for both programs alike). Nothing here allocates.
+ * expf: runq.c calls libm's per element. Here, where the CPU has AVX-512, 16 at a time by
+ * exp16 below, which gives libm's result for every input: it computes e^x in double precision
+ * to about 2^-45 relative, and the float nearest that is the correctly rounded e^x unless the
+ * double lies within 2^-31 (relative) of a midpoint between two floats; such lanes (about 1%)
+ * and any input outside [-87, 88] (subnormal, infinite or NaN results) are recomputed by libm's
+ * expf. That is libm's result because glibc's (and musl's) expf computes e^x in double with a
+ * relative error below 1.7 * 2^-34 before its one rounding to float, so away from those windows
+ * it returns the correctly rounded value too. tests/test_runq_ops.c compares exp16 with libm's
+ * expf on millions of inputs (every 61st float of [-104, 89] and more). Without AVX-512,
+ * libm's expf per element. Nothing here allocates.
  */
 #include "internal.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <stdint.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -32,8 +42,136 @@
 #define RQ_AVX2 1
 #endif
 
+/* Whether the 16-row AVX-512 prefill kernel is used: the AVX2 paths are (ikv__use_avx2, which
+ * tests may force off) and the CPU has AVX-512F. Decided once per process. */
+#ifdef RQ_AVX2
+static pthread_once_t rq_once = PTHREAD_ONCE_INIT;
+static int avx512_mode;
+static void exp_init(void);
+static void rq_init(void) {
+    exp_init();
+    avx512_mode = __builtin_cpu_supports("avx512f") ? 1 : 0;
+}
+#endif
+static int use_avx512(void) {
+#ifdef RQ_AVX2
+    pthread_once(&rq_once, rq_init);
+    return avx512_mode && ikv__use_avx2();
+#else
+    return 0;
+#endif
+}
+
+#ifdef RQ_AVX2
+static double exp_tab[32]; /* 2^(j/32) */
+static double exp_l1, exp_l2; /* ln2 / 32 = l1 + l2, l1 with its low 16 bits zero */
+
+/* Fills exp16's constants (once per process, by use_avx512). */
+static void exp_init(void) {
+    for (int j = 0; j < 32; j++)
+        exp_tab[j] = exp2((double)j / 32.0);
+    const double L = 0.693147180559945309417232121458176568 / 32.0;
+    uint64_t b;
+    memcpy(&b, &L, 8);
+    b &= ~(uint64_t)0xFFFF;
+    memcpy(&exp_l1, &b, 8);
+    exp_l2 = L - exp_l1;
+}
+
+/* e^x of 8 doubles (x in [-87, 88]) to about 2^-45 relative: x = (32 k + j) ln2/32 + r,
+ * |r| <= ln2/64, e^x = 2^k 2^(j/32) e^r, e^r by its degree-6 Taylor polynomial. */
+__attribute__((target("avx512f"))) static inline __m512d exp8d(__m512d x) {
+    const __m512d z = _mm512_mul_pd(x, _mm512_set1_pd(46.166241308446828384)); /* 32 / ln2 */
+    const __m512d n = _mm512_roundscale_pd(z, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(exp_l1), x);
+    r = _mm512_fnmadd_pd(n, _mm512_set1_pd(exp_l2), r);
+    __m512d p = _mm512_set1_pd(1.0 / 720.0);
+    p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 120.0));
+    p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 24.0));
+    p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0 / 6.0));
+    p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(0.5));
+    p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
+    p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
+    /* n = 32 k + j, 0 <= j < 32 (exact in double) */
+    const __m512d k = _mm512_roundscale_pd(_mm512_mul_pd(n, _mm512_set1_pd(0.03125)),
+                                           _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    const __m512i j = _mm512_cvtepi32_epi64(
+        _mm512_cvtpd_epi32(_mm512_sub_pd(n, _mm512_mul_pd(k, _mm512_set1_pd(32.0)))));
+    const __m512d t_lo = _mm512_permutex2var_pd(_mm512_loadu_pd(exp_tab), j,
+                                                _mm512_loadu_pd(exp_tab + 8)),
+                  t_hi = _mm512_permutex2var_pd(_mm512_loadu_pd(exp_tab + 16), j,
+                                                _mm512_loadu_pd(exp_tab + 24));
+    const __mmask8 hi = _mm512_test_epi64_mask(j, _mm512_set1_epi64(16));
+    const __m512d t = _mm512_mask_blend_pd(hi, t_lo, t_hi);
+    return _mm512_scalef_pd(_mm512_mul_pd(p, t), k);
+}
+
+/* The lanes of 8 doubles y (e^x to 2^-45) whose nearest float f may not be libm's: y within
+ * 2^-31 y of a midpoint (f + its neighbour) / 2. */
+__attribute__((target("avx512f"))) static inline __mmask8 near_mid(__m512d y, __m256 f) {
+    const __m256i fb = _mm256_castps_si256(f);
+    const __m512d fd = _mm512_cvtps_pd(f),
+                  up = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_add_epi32(fb, _mm256_set1_epi32(1)))),
+                  dn = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_sub_epi32(fb, _mm256_set1_epi32(1))));
+    const __m512d half = _mm512_set1_pd(0.5), tol = _mm512_mul_pd(y, _mm512_set1_pd(0x1p-31));
+    const __m512d dhi = _mm512_abs_pd(_mm512_sub_pd(y, _mm512_mul_pd(_mm512_add_pd(fd, up), half))),
+                  dlo = _mm512_abs_pd(_mm512_sub_pd(y, _mm512_mul_pd(_mm512_add_pd(fd, dn), half)));
+    return _mm512_cmp_pd_mask(dhi, tol, _CMP_LT_OQ) | _mm512_cmp_pd_mask(dlo, tol, _CMP_LT_OQ);
+}
+
+/* libm's expf of the 16 lanes of x (see the top of the file). */
+__attribute__((target("avx512f"))) static __m512 exp16(__m512 x) {
+    const __mmask16 ok = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_GE_OQ) &
+                         _mm512_cmp_ps_mask(x, _mm512_set1_ps(88.0f), _CMP_LE_OQ);
+    const __m512 xs = _mm512_maskz_mov_ps(ok, x); /* out-of-range lanes computed as 0 */
+    const __m256 x0 = _mm512_castps512_ps256(xs),
+                 x1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(xs), 1));
+    const __m512d y0 = exp8d(_mm512_cvtps_pd(x0)), y1 = exp8d(_mm512_cvtps_pd(x1));
+    const __m256 f0 = _mm512_cvtpd_ps(y0), f1 = _mm512_cvtpd_ps(y1);
+    const __mmask16 bad = (__mmask16)(~ok | near_mid(y0, f0) | ((unsigned)near_mid(y1, f1) << 8));
+    __m512 f = _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(f0)), _mm256_castps_pd(f1), 1));
+    if (bad) {
+        float xv[16], fv[16];
+        _mm512_storeu_ps(xv, x), _mm512_storeu_ps(fv, f);
+        for (int i = 0; i < 16; i++)
+            if (bad >> i & 1) fv[i] = expf(xv[i]);
+        f = _mm512_loadu_ps(fv);
+    }
+    return f;
+}
+
+__attribute__((target("avx512f"))) static size_t swiglu_avx512(float *hb, const float *hb2,
+                                                               size_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 val = _mm512_loadu_ps(hb + i);
+        const __m512 e = exp16(_mm512_castsi512_ps(
+            _mm512_xor_si512(_mm512_castps_si512(val), _mm512_set1_epi32((int)0x80000000u))));
+        val = _mm512_mul_ps(val, _mm512_div_ps(one, _mm512_add_ps(one, e)));
+        _mm512_storeu_ps(hb + i, _mm512_mul_ps(val, _mm512_loadu_ps(hb2 + i)));
+    }
+    return i;
+}
+
+/* att[0..n) = expf(att[i] - mx), 16 at a time; returns how many it did. */
+__attribute__((target("avx512f"))) static size_t exp_shift_avx512(float *att, size_t n,
+                                                                  float mx) {
+    const __m512 vm = _mm512_set1_ps(mx);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(att + i, exp16(_mm512_sub_ps(_mm512_loadu_ps(att + i), vm)));
+    return i;
+}
+#endif
+
 void ikv__runq_swiglu(float *hb, const float *hb2, size_t n) {
-    for (size_t i = 0; i < n; i++) {
+    size_t i0 = 0;
+#ifdef RQ_AVX2
+    if (use_avx512()) i0 = swiglu_avx512(hb, hb2, n);
+#endif
+    for (size_t i = i0; i < n; i++) {
         float val = hb[i];
         val *= (1.0f / (1.0f + expf(-val)));
         val *= hb2[i];
@@ -158,10 +296,14 @@ void ikv__runq_attn_head(const struct ikv_engine *e, const struct ikv_seq *s, in
     for (size_t i = 1; i < nk; i++)
         if (att[i] > mx) mx = att[i];
     float sum = 0.0f;
-    for (size_t i = 0; i < nk; i++) {
+    size_t i0 = 0;
+#ifdef RQ_AVX2
+    if (use_avx512()) i0 = exp_shift_avx512(att, nk, mx);
+#endif
+    for (size_t i = i0; i < nk; i++)
         att[i] = expf(att[i] - mx);
+    for (size_t i = 0; i < nk; i++)
         sum += att[i];
-    }
     for (size_t i = 0; i < nk; i++)
         att[i] /= sum;
     memset(out, 0, sizeof(float) * (size_t)hd);
@@ -176,4 +318,127 @@ void ikv__runq_attn_head(const struct ikv_engine *e, const struct ikv_seq *s, in
 #endif
         wsum_scalar(att + p0, vb, cnt, hd, out);
     }
+}
+
+#ifdef RQ_AVX2
+/* ikv__runq_attn_rows on AVX-512: lane r of every vector is row r. sc holds qT [hd][16] then
+ * S [nk][16] (nk = p0 + nr keys). Lane r takes key t only if t <= p0 + r (mask mk(t)); a
+ * masked-off lane is left as it is by every operation, so each lane runs exactly
+ * ikv__runq_attn_head's sequence for its row. */
+__attribute__((target("avx512f"))) static void
+attn_rows_avx512(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, const float *q,
+                 size_t ldq, size_t p0, int nr, float *out, size_t ldo, float *sc) {
+    const size_t H = (size_t)e->m->head_dim, bt = e->bt, nk = p0 + (size_t)nr;
+    const __mmask16 full = (__mmask16)((1u << nr) - 1u);
+#define MK(t) ((t) <= p0 ? full : (__mmask16)(full & (0xFFFFu << ((t) - p0))))
+    float *qT = sc, *S = sc + 16 * H;
+    for (size_t d = 0; d < H; d++)
+        for (int r = 0; r < 16; r++)
+            qT[d * 16 + (size_t)r] = r < nr ? q[(size_t)r * ldq + d] : 0.0f;
+    const __m512 vsq = _mm512_set1_ps(sqrtf((float)H));
+    /* scores, 8 keys at a time (a block's last group repeats its last key, not stored) */
+    for (size_t b0 = 0; b0 < nk; b0 += bt) {
+        const size_t cnt = nk - b0 < bt ? nk - b0 : bt;
+        const float *kb = ikv__kv_at(e, s->table[b0 / bt], l, 0, g, 0);
+        for (size_t j = 0; j < cnt; j += 8) {
+            const float *k[8];
+            for (size_t u = 0; u < 8; u++)
+                k[u] = kb + (j + u < cnt ? j + u : cnt - 1) * H;
+            __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
+                   a7 = a0;
+            for (size_t d = 0; d < H; d++) {
+                const __m512 qd = _mm512_loadu_ps(qT + d * 16);
+                a0 = _mm512_add_ps(a0, _mm512_mul_ps(qd, _mm512_set1_ps(k[0][d])));
+                a1 = _mm512_add_ps(a1, _mm512_mul_ps(qd, _mm512_set1_ps(k[1][d])));
+                a2 = _mm512_add_ps(a2, _mm512_mul_ps(qd, _mm512_set1_ps(k[2][d])));
+                a3 = _mm512_add_ps(a3, _mm512_mul_ps(qd, _mm512_set1_ps(k[3][d])));
+                a4 = _mm512_add_ps(a4, _mm512_mul_ps(qd, _mm512_set1_ps(k[4][d])));
+                a5 = _mm512_add_ps(a5, _mm512_mul_ps(qd, _mm512_set1_ps(k[5][d])));
+                a6 = _mm512_add_ps(a6, _mm512_mul_ps(qd, _mm512_set1_ps(k[6][d])));
+                a7 = _mm512_add_ps(a7, _mm512_mul_ps(qd, _mm512_set1_ps(k[7][d])));
+            }
+            __m512 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
+            for (size_t u = 0; u < 8 && j + u < cnt; u++)
+                _mm512_storeu_ps(S + (b0 + j + u) * 16, _mm512_div_ps(acc[u], vsq));
+        }
+    }
+    /* softmax per lane: max, libm expf, sum in key order, divide */
+    __m512 mx = _mm512_loadu_ps(S);
+    for (size_t t = 1; t < nk; t++)
+        mx = _mm512_mask_max_ps(mx, MK(t), mx, _mm512_loadu_ps(S + t * 16));
+    __m512 sum = _mm512_setzero_ps();
+    for (size_t t = 0; t < nk; t++) {
+        const __mmask16 m = MK(t);
+        const __m512 ex = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_loadu_ps(S + t * 16), mx)));
+        _mm512_storeu_ps(S + t * 16, ex);
+        sum = _mm512_mask_add_ps(sum, m, sum, ex);
+    }
+    for (size_t t = 0; t < nk; t++) {
+        const __m512 v = _mm512_loadu_ps(S + t * 16);
+        _mm512_storeu_ps(S + t * 16, _mm512_mask_div_ps(v, MK(t), v, sum));
+    }
+    /* weighted sums, 16 head dimensions at a time: acc[dd] lane r = out of row r, dim d + dd */
+    for (size_t d = 0; d < H; d += 16) {
+        __m512 c0 = _mm512_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0,
+               c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0, c12 = c0, c13 = c0, c14 = c0,
+               c15 = c0;
+        for (size_t b0 = 0; b0 < nk; b0 += bt) {
+            const size_t cnt = nk - b0 < bt ? nk - b0 : bt;
+            const float *vb = ikv__kv_at(e, s->table[b0 / bt], l, 1, g, 0) + d;
+            for (size_t j = 0; j < cnt; j++) {
+                const size_t t = b0 + j;
+                const __mmask16 m = MK(t);
+                const __m512 a = _mm512_loadu_ps(S + t * 16);
+                const float *v = vb + j * H;
+#define ACC(c, dd) c = _mm512_mask_add_ps(c, m, c, _mm512_mul_ps(a, _mm512_set1_ps(v[dd])))
+                ACC(c0, 0), ACC(c1, 1), ACC(c2, 2), ACC(c3, 3), ACC(c4, 4), ACC(c5, 5);
+                ACC(c6, 6), ACC(c7, 7), ACC(c8, 8), ACC(c9, 9), ACC(c10, 10), ACC(c11, 11);
+                ACC(c12, 12), ACC(c13, 13), ACC(c14, 14), ACC(c15, 15);
+#undef ACC
+            }
+        }
+        float tmp[16][16];
+        _mm512_storeu_ps(tmp[0], c0), _mm512_storeu_ps(tmp[1], c1);
+        _mm512_storeu_ps(tmp[2], c2), _mm512_storeu_ps(tmp[3], c3);
+        _mm512_storeu_ps(tmp[4], c4), _mm512_storeu_ps(tmp[5], c5);
+        _mm512_storeu_ps(tmp[6], c6), _mm512_storeu_ps(tmp[7], c7);
+        _mm512_storeu_ps(tmp[8], c8), _mm512_storeu_ps(tmp[9], c9);
+        _mm512_storeu_ps(tmp[10], c10), _mm512_storeu_ps(tmp[11], c11);
+        _mm512_storeu_ps(tmp[12], c12), _mm512_storeu_ps(tmp[13], c13);
+        _mm512_storeu_ps(tmp[14], c14), _mm512_storeu_ps(tmp[15], c15);
+        for (int r = 0; r < nr; r++)
+            for (int dd = 0; dd < 16; dd++)
+                out[(size_t)r * ldo + d + (size_t)dd] = tmp[dd][r];
+    }
+#undef MK
+}
+#endif
+
+void ikv__runq_attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g,
+                         const float *q, size_t ldq, size_t p0, int nr, float *out, size_t ldo,
+                         float *sc, size_t sc_floats) {
+    const size_t H = (size_t)e->m->head_dim;
+#ifdef RQ_AVX2
+    if (use_avx512() && H % 16 == 0 && 16 * (H + p0 + (size_t)nr) <= sc_floats) {
+        attn_rows_avx512(e, s, l, g, q, ldq, p0, nr, out, ldo, sc);
+        return;
+    }
+#endif
+    (void)sc_floats;
+    for (int r = 0; r < nr; r++)
+        ikv__runq_attn_head(e, s, l, g, q + (size_t)r * ldq, p0 + (size_t)r, sc,
+                            out + (size_t)r * ldo);
+}
+
+void ikv__runq_expf_buf(float *x, size_t n) {
+    size_t i = 0;
+#ifdef RQ_AVX2
+    if (use_avx512()) i = exp_shift_avx512(x, n, 0.0f);
+#endif
+    for (; i < n; i++)
+        x[i] = expf(x[i]);
+}
+
+int ikv__runq_vector_exp(void) {
+    return use_avx512();
 }
