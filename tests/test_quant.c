@@ -188,7 +188,7 @@ static void test_kernels_vs_oracle(void **st) {
         int8_t *aq = malloc(M * K);
         uint8_t *aa = malloc(M * K);
         float *as = malloc(sizeof(float) * M * K);
-        for (int lv = 0; lv <= 2; lv++) {
+        for (int lv = 0; lv <= 3; lv++) {
             ikv__q8_simd_force(lv);
             for (size_t i = 0; i < M; i++) {
                 ikv__q8act a = {aq + i * K, aa + i * K, as + i * K / (size_t)gs};
@@ -627,7 +627,7 @@ static void test_q8_levels_end_to_end(void **st) {
     uint32_t p[N];
     make_prompt(p, N, 3, (uint32_t)V);
     float *ref = NULL;
-    for (int lv = 2; lv >= 0; lv--) {
+    for (int lv = 3; lv >= 0; lv--) {
         ikv__q8_simd_force(lv);
         ikv_engine *e;
         assert_int_equal(ikv_engine_create(m, NULL, &e), 0);

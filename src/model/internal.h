@@ -131,13 +131,16 @@ void ikv__q8_prefill_force(int mode);
  * (runq.c's dequantize). Does not allocate. */
 void ikv__q8_dequant_rows(const struct ikv_model *m, int k, int l, size_t r0, size_t r1,
                           float *out);
-/* Forces the int8 kernels: 0 portable C, 1 AVX2, 2 AVX-512 VNNI (256-bit), or -1 detection
- * (the best the CPU has). A level the CPU lacks falls back to the best below it. Tests only,
- * before any engine runs. Not thread-safe. */
+/* Forces the int8 kernels: 0 portable C, 1 AVX2, 2 AVX-512 VNNI with 512-bit matrix-product
+ * kernels, 3 the same on 256-bit vectors, or -1 detection (the default width where the CPU has
+ * VNNI). A level the CPU lacks falls back to the best below it. Tests only, before any engine
+ * runs. Not thread-safe. */
 void ikv__q8_simd_force(int level);
-/* The kernel level in use (0, 1, 2) and its name ("portable", "avx2", "avx512-vnni"). */
+/* The kernel level in use (0..3) and its name ("portable", "avx2", "avx512-vnni",
+ * "avx512-vnni-256"); the highest level this CPU can take. */
 int ikv__q8_simd_level(void);
 const char *ikv__q8_simd_name(void);
+int ikv__q8_simd_max(void);
 
 /* One thread's packed share of a weight matrix: rows [n0, n1) at q8pack + off (n1 == n0: none). */
 typedef struct ikv__q8slice {

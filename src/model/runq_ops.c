@@ -21,7 +21,7 @@
  *
  * expf: runq.c calls libm's per element. Here, where the CPU has AVX-512, 16 at a time by
  * exp16 below, which gives libm's result for every input: it computes e^x in double precision
- * to about 2^-45 relative, and the float nearest that is the correctly rounded e^x unless the
+ * to about 2^-44 relative, and the float nearest that is the correctly rounded e^x unless the
  * double lies within 2^-31 (relative) of a midpoint between two floats; such lanes (about 1%)
  * and any input outside [-87, 88] (subnormal, infinite or NaN results) are recomputed by libm's
  * expf. That is libm's result because glibc's (and musl's) expf computes e^x in double with a
@@ -63,14 +63,14 @@ static int use_avx512(void) {
 }
 
 #ifdef RQ_AVX2
-static double exp_tab[32]; /* 2^(j/32) */
-static double exp_l1, exp_l2; /* ln2 / 32 = l1 + l2, l1 with its low 16 bits zero */
+static double exp_tab[8];   /* 2^(j/8) */
+static double exp_l1, exp_l2; /* ln2 / 8 = l1 + l2, l1 with its low 16 bits zero */
 
 /* Fills exp16's constants (once per process, by use_avx512). */
 static void exp_init(void) {
-    for (int j = 0; j < 32; j++)
-        exp_tab[j] = exp2((double)j / 32.0);
-    const double L = 0.693147180559945309417232121458176568 / 32.0;
+    for (int j = 0; j < 8; j++)
+        exp_tab[j] = exp2((double)j / 8.0);
+    const double L = 0.693147180559945309417232121458176568 / 8.0;
     uint64_t b;
     memcpy(&b, &L, 8);
     b &= ~(uint64_t)0xFFFF;
@@ -78,11 +78,15 @@ static void exp_init(void) {
     exp_l2 = L - exp_l1;
 }
 
-/* e^x of 8 doubles (x in [-87, 88]) to about 2^-45 relative: x = (32 k + j) ln2/32 + r,
- * |r| <= ln2/64, e^x = 2^k 2^(j/32) e^r, e^r by its degree-6 Taylor polynomial. */
+/* e^x of 8 doubles (x in [-87, 88]) to about 2^-44 relative: x = (8 k + j) ln2/8 + r,
+ * |r| <= ln2/16, e^x = 2^k 2^(j/8) e^r, e^r by its degree-6 Taylor polynomial (truncation
+ * r^7/7! < 2^-44). n = 8 k + j comes from the 1.5 * 2^52 shift: the low bits of z + shift are
+ * n + 2^51, so j is their low 3 bits and (their value >> 3) << 52, added to the bits of
+ * 2^(j/8) e^r, multiplies it by 2^k (mod 2^64 the 2^51 offset vanishes). */
 __attribute__((target("avx512f"))) static inline __m512d exp8d(__m512d x) {
-    const __m512d z = _mm512_mul_pd(x, _mm512_set1_pd(46.166241308446828384)); /* 32 / ln2 */
-    const __m512d n = _mm512_roundscale_pd(z, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m512d shift = _mm512_set1_pd(0x1.8p52);
+    const __m512d kd = _mm512_add_pd(_mm512_mul_pd(x, _mm512_set1_pd(11.541560327111707)), shift);
+    const __m512d n = _mm512_sub_pd(kd, shift); /* 8 / ln2 above */
     __m512d r = _mm512_fnmadd_pd(n, _mm512_set1_pd(exp_l1), x);
     r = _mm512_fnmadd_pd(n, _mm512_set1_pd(exp_l2), r);
     __m512d p = _mm512_set1_pd(1.0 / 720.0);
@@ -92,31 +96,19 @@ __attribute__((target("avx512f"))) static inline __m512d exp8d(__m512d x) {
     p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(0.5));
     p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
     p = _mm512_fmadd_pd(p, r, _mm512_set1_pd(1.0));
-    /* n = 32 k + j, 0 <= j < 32 (exact in double) */
-    const __m512d k = _mm512_roundscale_pd(_mm512_mul_pd(n, _mm512_set1_pd(0.03125)),
-                                           _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    const __m512i j = _mm512_cvtepi32_epi64(
-        _mm512_cvtpd_epi32(_mm512_sub_pd(n, _mm512_mul_pd(k, _mm512_set1_pd(32.0)))));
-    const __m512d t_lo = _mm512_permutex2var_pd(_mm512_loadu_pd(exp_tab), j,
-                                                _mm512_loadu_pd(exp_tab + 8)),
-                  t_hi = _mm512_permutex2var_pd(_mm512_loadu_pd(exp_tab + 16), j,
-                                                _mm512_loadu_pd(exp_tab + 24));
-    const __mmask8 hi = _mm512_test_epi64_mask(j, _mm512_set1_epi64(16));
-    const __m512d t = _mm512_mask_blend_pd(hi, t_lo, t_hi);
-    return _mm512_scalef_pd(_mm512_mul_pd(p, t), k);
+    const __m512i ni = _mm512_castpd_si512(kd);
+    const __m512d t = _mm512_permutexvar_pd(ni, _mm512_loadu_pd(exp_tab)); /* low 3 bits */
+    return _mm512_castsi512_pd(_mm512_add_epi64(_mm512_castpd_si512(_mm512_mul_pd(p, t)),
+                                                _mm512_slli_epi64(_mm512_srli_epi64(ni, 3), 52)));
 }
 
-/* The lanes of 8 doubles y (e^x to 2^-45) whose nearest float f may not be libm's: y within
- * 2^-31 y of a midpoint (f + its neighbour) / 2. */
-__attribute__((target("avx512f"))) static inline __mmask8 near_mid(__m512d y, __m256 f) {
-    const __m256i fb = _mm256_castps_si256(f);
-    const __m512d fd = _mm512_cvtps_pd(f),
-                  up = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_add_epi32(fb, _mm256_set1_epi32(1)))),
-                  dn = _mm512_cvtps_pd(_mm256_castsi256_ps(_mm256_sub_epi32(fb, _mm256_set1_epi32(1))));
-    const __m512d half = _mm512_set1_pd(0.5), tol = _mm512_mul_pd(y, _mm512_set1_pd(0x1p-31));
-    const __m512d dhi = _mm512_abs_pd(_mm512_sub_pd(y, _mm512_mul_pd(_mm512_add_pd(fd, up), half))),
-                  dlo = _mm512_abs_pd(_mm512_sub_pd(y, _mm512_mul_pd(_mm512_add_pd(fd, dn), half)));
-    return _mm512_cmp_pd_mask(dhi, tol, _CMP_LT_OQ) | _mm512_cmp_pd_mask(dlo, tol, _CMP_LT_OQ);
+/* The lanes of 8 doubles y (e^x to 2^-44, normal floats) whose nearest float may not be libm's:
+ * y within 2^21 units of its last place (at most 2^-31 y) of a midpoint between two floats,
+ * i.e. the 29 bits that the conversion to float drops within 2^21 of 2^28. */
+__attribute__((target("avx512f"))) static inline __mmask8 near_mid(__m512d y) {
+    const __m512i low = _mm512_and_si512(_mm512_castpd_si512(y), _mm512_set1_epi64(0x1FFFFFFF));
+    const __m512i d = _mm512_abs_epi64(_mm512_sub_epi64(low, _mm512_set1_epi64(0x10000000)));
+    return _mm512_cmplt_epu64_mask(d, _mm512_set1_epi64(1 << 21));
 }
 
 /* libm's expf of the 16 lanes of x (see the top of the file). */
@@ -128,7 +120,7 @@ __attribute__((target("avx512f"))) static __m512 exp16(__m512 x) {
                  x1 = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(xs), 1));
     const __m512d y0 = exp8d(_mm512_cvtps_pd(x0)), y1 = exp8d(_mm512_cvtps_pd(x1));
     const __m256 f0 = _mm512_cvtpd_ps(y0), f1 = _mm512_cvtpd_ps(y1);
-    const __mmask16 bad = (__mmask16)(~ok | near_mid(y0, f0) | ((unsigned)near_mid(y1, f1) << 8));
+    const __mmask16 bad = (__mmask16)(~ok | near_mid(y0) | ((unsigned)near_mid(y1) << 8));
     __m512 f = _mm512_castpd_ps(
         _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(f0)), _mm256_castps_pd(f1), 1));
     if (bad) {
