@@ -470,6 +470,9 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
     }
     if (segs) {
         if (chat) BAD("isokv.segments", "isokv.segments is for /v1/completions only");
+        if (!s->chunks)
+            BAD("isokv.segments", "isokv.segments needs fp32 weights; this server's model is "
+                                  "int8 (chunk reuse blends fp32 products)");
         if (cJSON_GetObjectItemCaseSensitive(j, "prompt"))
             BAD("isokv.segments", "isokv.segments replaces prompt: give one of them");
         char sm[256];
@@ -1373,7 +1376,11 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
                 break;
             }
     }
-    if ((rc = ikv_chunks_create(s->engine, NULL, &s->chunks))) goto fail;
+    /* chunk reuse (isokv.segments) blends fp32 products: fp32 models only; an int8 model's
+     * server answers such requests 400 */
+    if (!ikv_model_group(ikv_engine_model(s->engine)) &&
+        (rc = ikv_chunks_create(s->engine, NULL, &s->chunks)))
+        goto fail;
     s->running = ikv_calloc(o.max_seqs, sizeof *s->running);
     s->logit_scratch = ikv_calloc(s->vocab, sizeof(float));
     if (!s->running || !s->logit_scratch) {
