@@ -328,29 +328,29 @@ attn_rows_avx512(const struct ikv_engine *e, const struct ikv_seq *s, int l, int
         for (int r = 0; r < 16; r++)
             qT[d * 16 + (size_t)r] = r < nr ? q[(size_t)r * ldq + d] : 0.0f;
     const __m512 vsq = _mm512_set1_ps(sqrtf((float)H));
-    /* scores, 8 keys at a time (a block's last group repeats its last key, not stored) */
+    /* scores, 16 keys at a time (16 independent sums in flight; a block's last group repeats
+     * its last key, not stored) */
     for (size_t b0 = 0; b0 < nk; b0 += bt) {
         const size_t cnt = nk - b0 < bt ? nk - b0 : bt;
         const float *kb = ikv__kv_at(e, s->table[b0 / bt], l, 0, g, 0);
-        for (size_t j = 0; j < cnt; j += 8) {
-            const float *k[8];
-            for (size_t u = 0; u < 8; u++)
+        for (size_t j = 0; j < cnt; j += 16) {
+            const float *k[16];
+            for (size_t u = 0; u < 16; u++)
                 k[u] = kb + (j + u < cnt ? j + u : cnt - 1) * H;
             __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0,
-                   a7 = a0;
+                   a7 = a0, a8 = a0, a9 = a0, a10 = a0, a11 = a0, a12 = a0, a13 = a0, a14 = a0,
+                   a15 = a0;
             for (size_t d = 0; d < H; d++) {
                 const __m512 qd = _mm512_loadu_ps(qT + d * 16);
-                a0 = _mm512_add_ps(a0, _mm512_mul_ps(qd, _mm512_set1_ps(k[0][d])));
-                a1 = _mm512_add_ps(a1, _mm512_mul_ps(qd, _mm512_set1_ps(k[1][d])));
-                a2 = _mm512_add_ps(a2, _mm512_mul_ps(qd, _mm512_set1_ps(k[2][d])));
-                a3 = _mm512_add_ps(a3, _mm512_mul_ps(qd, _mm512_set1_ps(k[3][d])));
-                a4 = _mm512_add_ps(a4, _mm512_mul_ps(qd, _mm512_set1_ps(k[4][d])));
-                a5 = _mm512_add_ps(a5, _mm512_mul_ps(qd, _mm512_set1_ps(k[5][d])));
-                a6 = _mm512_add_ps(a6, _mm512_mul_ps(qd, _mm512_set1_ps(k[6][d])));
-                a7 = _mm512_add_ps(a7, _mm512_mul_ps(qd, _mm512_set1_ps(k[7][d])));
+#define SC(a, u) a = _mm512_add_ps(a, _mm512_mul_ps(qd, _mm512_set1_ps(k[u][d])))
+                SC(a0, 0), SC(a1, 1), SC(a2, 2), SC(a3, 3), SC(a4, 4), SC(a5, 5), SC(a6, 6);
+                SC(a7, 7), SC(a8, 8), SC(a9, 9), SC(a10, 10), SC(a11, 11), SC(a12, 12);
+                SC(a13, 13), SC(a14, 14), SC(a15, 15);
+#undef SC
             }
-            __m512 acc[8] = {a0, a1, a2, a3, a4, a5, a6, a7};
-            for (size_t u = 0; u < 8 && j + u < cnt; u++)
+            const __m512 acc[16] = {a0, a1, a2,  a3,  a4,  a5,  a6,  a7,
+                                    a8, a9, a10, a11, a12, a13, a14, a15};
+            for (size_t u = 0; u < 16 && j + u < cnt; u++)
                 _mm512_storeu_ps(S + (b0 + j + u) * 16, _mm512_div_ps(acc[u], vsq));
         }
     }
