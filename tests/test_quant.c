@@ -719,9 +719,9 @@ static void test_runq_expf(void **st) {
     enum { B = 4096 };
     static float in[B], out[B];
     size_t k = 0, total = 0;
-    const float special[] = {0.0f, -0.0f, INFINITY, -INFINITY, NAN, -87.0f, -87.00001f, -86.99999f,
-                             88.0f, 88.00001f, 87.99999f, -103.9f, -104.5f, 88.7f, 89.0f,
-                             1e-30f, -1e-30f, 1e-45f, -1e-45f};
+    const float special[] = {0.0f,       -0.0f,  INFINITY,  -INFINITY, NAN,     -87.0f,  -87.00001f,
+                             -86.99999f, 88.0f,  88.00001f, 87.99999f, -103.9f, -104.5f, 88.7f,
+                             89.0f,      1e-30f, -1e-30f,   1e-45f,    -1e-45f};
     for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
         in[k++] = special[i];
     for (int sign = 0; sign < 2; sign++)
@@ -793,7 +793,8 @@ static void test_q8_prefill_equals_decode(void **st) {
             assert_int_equal(ikv_engine_create(m, &o, &e), 0);
             size_t cached;
             float *pf = run_req(e, p, N, 1, 0, &cached);
-            if (!ref) ref = pf;
+            if (!ref)
+                ref = pf;
             else {
                 assert_memory_equal(pf, ref, sizeof(float) * N * (size_t)V);
                 free(pf);

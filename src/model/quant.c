@@ -525,7 +525,8 @@ gemm_vnni256(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ik
                 const __m256i u4 = _mm256_xor_si256(_mm256_set1_epi32(q4), flip);
                 const uint8_t *wk = w + k4 * 32;
 #define DP(a, b_)                                                                                  \
-    if (nb > (b_)) a = _mm256_dpbusd_epi32(a, u4, _mm256_loadu_si256((const __m256i *)(wk + (b_) * bs)))
+    if (nb > (b_))                                                                                 \
+    a = _mm256_dpbusd_epi32(a, u4, _mm256_loadu_si256((const __m256i *)(wk + (b_)*bs)))
                 DP(a0, 0);
                 DP(a1, 1);
                 DP(a2, 2);
@@ -543,8 +544,8 @@ gemm_vnni256(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ik
     v = _mm256_add_ps(                                                                             \
         v, _mm256_mul_ps(                                                                          \
                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(                                  \
-                                 a, _mm256_loadu_si256((const __m256i *)(w128 + (b_) * bs)))),     \
-                             _mm256_loadu_ps((const float *)(const void *)(ws + (b_) * bs))),      \
+                                 a, _mm256_loadu_si256((const __m256i *)(w128 + (b_)*bs)))),       \
+                             _mm256_loadu_ps((const float *)(const void *)(ws + (b_)*bs))),        \
                sx))
             EPI(v0, a0, 0);
             EPI(v1, a1, 1);

@@ -63,7 +63,7 @@ static int use_avx512(void) {
 }
 
 #ifdef RQ_AVX2
-static double exp_tab[8];   /* 2^(j/8) */
+static double exp_tab[8];     /* 2^(j/8) */
 static double exp_l1, exp_l2; /* ln2 / 8 = l1 + l2, l1 with its low 16 bits zero */
 
 /* Fills exp16's constants (once per process, by use_avx512). */
@@ -148,8 +148,7 @@ __attribute__((target("avx512f"))) static size_t swiglu_avx512(float *hb, const 
 }
 
 /* att[0..n) = expf(att[i] - mx), 16 at a time; returns how many it did. */
-__attribute__((target("avx512f"))) static size_t exp_shift_avx512(float *att, size_t n,
-                                                                  float mx) {
+__attribute__((target("avx512f"))) static size_t exp_shift_avx512(float *att, size_t n, float mx) {
     const __m512 vm = _mm512_set1_ps(mx);
     size_t i = 0;
     for (; i + 16 <= n; i += 16)
@@ -196,8 +195,8 @@ static void wsum_scalar(const float *a, const float *vb, size_t cnt, int hd, flo
 
 #ifdef RQ_AVX2
 /* scores_scalar, 8 keys per 8 lanes (hd a multiple of 8); the tail by the scalar loop. */
-__attribute__((target("avx2"))) static void scores_avx2(const float *q, const float *kb,
-                                                        size_t cnt, int hd, float sq, float *out) {
+__attribute__((target("avx2"))) static void scores_avx2(const float *q, const float *kb, size_t cnt,
+                                                        int hd, float sq, float *out) {
     const size_t H = (size_t)hd;
     const __m256 vsq = _mm256_set1_ps(sq);
     size_t j = 0;
@@ -241,8 +240,8 @@ __attribute__((target("avx2"))) static void scores_avx2(const float *q, const fl
 }
 
 /* wsum_scalar, 8 head dimensions per 8 lanes (hd a multiple of 8, at most 256). */
-__attribute__((target("avx2"))) static void wsum_avx2(const float *a, const float *vb,
-                                                      size_t cnt, int hd, float *out) {
+__attribute__((target("avx2"))) static void wsum_avx2(const float *a, const float *vb, size_t cnt,
+                                                      int hd, float *out) {
     const size_t H = (size_t)hd;
     for (size_t d0 = 0; d0 < H; d0 += 64) {
         const size_t nv = (H - d0) / 8 < 8 ? (H - d0) / 8 : 8;
@@ -322,7 +321,7 @@ attn_rows_avx512(const struct ikv_engine *e, const struct ikv_seq *s, int l, int
                  size_t ldq, size_t p0, int nr, float *out, size_t ldo, float *sc) {
     const size_t H = (size_t)e->m->head_dim, bt = e->bt, nk = p0 + (size_t)nr;
     const __mmask16 full = (__mmask16)((1u << nr) - 1u);
-#define MK(t) ((t) <= p0 ? full : (__mmask16)(full & (0xFFFFu << ((t) - p0))))
+#define MK(t) ((t) <= p0 ? full : (__mmask16)(full & (0xFFFFu << ((t)-p0))))
     float *qT = sc, *S = sc + 16 * H;
     for (size_t d = 0; d < H; d++)
         for (int r = 0; r < 16; r++)
@@ -361,7 +360,8 @@ attn_rows_avx512(const struct ikv_engine *e, const struct ikv_seq *s, int l, int
     __m512 sum = _mm512_setzero_ps();
     for (size_t t = 0; t < nk; t++) {
         const __mmask16 m = MK(t);
-        const __m512 ex = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_loadu_ps(S + t * 16), mx)));
+        const __m512 ex =
+            _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_loadu_ps(S + t * 16), mx)));
         _mm512_storeu_ps(S + t * 16, ex);
         sum = _mm512_mask_add_ps(sum, m, sum, ex);
     }
