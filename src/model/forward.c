@@ -1589,22 +1589,20 @@ static void dc_attn(void *vc, int t, int P) {
     }
 }
 
-/* Int8 model: (batch row, query head) items split; each runq.c's attention for its head
+/* Int8 model: query heads split (a thread's heads of every batch row), runq.c's attention
  * (runq_ops.c) straight into att[b] (no chunks, no merge). */
 static void dc_attn_runq(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
     const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, qd = (size_t)m->q_dim;
-    const size_t kvmul = nh / (size_t)m->cfg.n_kv_heads;
     float *sc = e->S + (size_t)t * e->S_rows * e->Lmax;
-    size_t i0, i1;
-    part(c->nb * nh, t, P, 1, &i0, &i1);
-    for (size_t i = i0; i < i1; i++) {
-        const size_t b = i / nh, h = i % nh;
-        ikv__runq_attn_head(e, e->dseq[b], c->l, (int)(h / kvmul), e->dq + b * qd + h * H,
-                            e->dpos[b], sc, e->datt + b * qd + h * H);
-    }
+    size_t h0, h1;
+    part(nh, t, P, 1, &h0, &h1);
+    IKV_ASSERT((h1 - h0) * e->Lmax <= e->S_rows * e->Lmax);
+    for (size_t b = 0; b < c->nb && h1 > h0; b++)
+        ikv__runq_attn_heads(e, e->dseq[b], c->l, (int)h0, (int)h1, e->dq + b * qd + h0 * H,
+                             e->dpos[b], sc, e->datt + b * qd + h0 * H);
 }
 
 /* att_h = sum_c O_c e^(M_c - M) / sum_c L_c e^(M_c - M), M = max_c M_c, over the chunks

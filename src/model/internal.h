@@ -412,6 +412,11 @@ void ikv__rope_init(struct ikv_engine *e);
 void ikv__runq_swiglu(float *hb, const float *hb2, size_t n);
 void ikv__runq_attn_head(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g,
                          const float *q, size_t pos, float *att, float *out);
+/* ikv__runq_attn_head for query heads [h0, h1) at q (head h0's query; head_dim apart) into out
+ * (likewise), reading each block's keys of all those heads in one run; att: (h1 - h0) (pos + 1)
+ * floats of scratch. The same bits per head as ikv__runq_attn_head. */
+void ikv__runq_attn_heads(const struct ikv_engine *e, const struct ikv_seq *s, int l, int h0,
+                          int h1, const float *q, size_t pos, float *att, float *out);
 /* ikv__runq_attn_head for nr <= 16 consecutive rows: query r at q + r ldq is at position p0 + r,
  * its output goes to out + r ldo (the same bits as the row alone). sc: sc_floats of scratch. */
 void ikv__runq_attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g,

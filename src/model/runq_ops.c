@@ -260,29 +260,106 @@ __attribute__((target("avx2"))) static void wsum_avx2(const float *a, const floa
 }
 #endif
 
-void ikv__runq_attn_head(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g,
-                         const float *q, size_t pos, float *att, float *out) {
-    const int hd = e->m->head_dim;
-    const size_t bt = e->bt, nk = pos + 1;
-    /* runq.c: score /= sqrtf(head_size), head_size an int */
-    const float sq = sqrtf((float)hd);
 #ifdef RQ_AVX2
-    const int vec = ikv__use_avx2() && hd % 8 == 0;
-#else
-    const int vec = 0;
-#endif
-    for (size_t p0 = 0; p0 < nk; p0 += bt) {
-        const size_t cnt = nk - p0 < bt ? nk - p0 : bt;
-        const float *kb = ikv__kv_at(e, s->table[p0 / bt], l, 0, g, 0);
-#ifdef RQ_AVX2
-        if (vec) {
-            scores_avx2(q, kb, cnt, hd, sq, att + p0);
-            continue;
+/* scores_scalar, 16 keys per 16 lanes (hd a multiple of 16): per 16 dimensions a 16 x 16
+ * transpose of the keys (4 stages of 16 shuffles), then q[i] * k[i] added in order of i in each
+ * lane; the tail (< 16 keys) by scores_avx2. */
+__attribute__((target("avx512f"))) static void
+scores_avx512(const float *q, const float *kb, size_t cnt, int hd, float sq, float *out) {
+    const size_t H = (size_t)hd;
+    const __m512 vsq = _mm512_set1_ps(sq);
+    size_t j = 0;
+    for (; j + 16 <= cnt; j += 16) {
+        const float *k = kb + j * H;
+        __m512 acc = _mm512_setzero_ps();
+        for (size_t d = 0; d < H; d += 16) {
+            __m512 r[16], t[16], u[16];
+            for (int i = 0; i < 16; i++)
+                r[i] = _mm512_loadu_ps(k + (size_t)i * H + d);
+            for (int i = 0; i < 16; i += 2) {
+                t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
+                t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
+            }
+            /* u[4G + c], 128-bit lane k: dimension 4k + c of keys 4G .. 4G + 3 */
+            for (int G = 0; G < 4; G++) {
+                u[4 * G] = _mm512_shuffle_ps(t[4 * G], t[4 * G + 2], 0x44);
+                u[4 * G + 1] = _mm512_shuffle_ps(t[4 * G], t[4 * G + 2], 0xEE);
+                u[4 * G + 2] = _mm512_shuffle_ps(t[4 * G + 1], t[4 * G + 3], 0x44);
+                u[4 * G + 3] = _mm512_shuffle_ps(t[4 * G + 1], t[4 * G + 3], 0xEE);
+            }
+            __m512 cI[16]; /* cI[i]: lane j = key j's dimension d + i */
+            for (int c = 0; c < 4; c++) {
+                const __m512 v0 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88),
+                             v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xDD),
+                             v2 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88),
+                             v3 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xDD);
+                cI[c] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+                cI[8 + c] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+                cI[4 + c] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+                cI[12 + c] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
+            }
+            for (int i = 0; i < 16; i++)
+                acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(q[d + (size_t)i]), cI[i]));
         }
-#endif
-        scores_scalar(q, kb, cnt, hd, sq, att + p0);
+        _mm512_storeu_ps(out + j, _mm512_div_ps(acc, vsq));
     }
-    /* runq.c's softmax over positions 0..pos */
+    if (j < cnt) scores_avx2(q, kb + j * H, cnt - j, hd, sq, out + j);
+}
+
+/* wsum_scalar, 16 head dimensions per 16 lanes (hd a multiple of 16). */
+__attribute__((target("avx512f"))) static void wsum_avx512(const float *a, const float *vb,
+                                                           size_t cnt, int hd, float *out) {
+    const size_t H = (size_t)hd;
+    for (size_t d0 = 0; d0 < H; d0 += 128) {
+        const size_t nv = (H - d0) / 16 < 8 ? (H - d0) / 16 : 8;
+        __m512 o[8];
+        for (size_t v = 0; v < nv; v++)
+            o[v] = _mm512_loadu_ps(out + d0 + 16 * v);
+        for (size_t j = 0; j < cnt; j++) {
+            const __m512 aj = _mm512_set1_ps(a[j]);
+            const float *v_ = vb + j * H + d0;
+            for (size_t v = 0; v < nv; v++)
+                o[v] = _mm512_add_ps(o[v], _mm512_mul_ps(aj, _mm512_loadu_ps(v_ + 16 * v)));
+        }
+        for (size_t v = 0; v < nv; v++)
+            _mm512_storeu_ps(out + d0 + 16 * v, o[v]);
+    }
+}
+#endif
+
+/* The kernels a head takes (by head_dim and CPU): 2 AVX-512, 1 AVX2, 0 scalar. */
+static int attn_path(int hd) {
+#ifdef RQ_AVX2
+    if (!ikv__use_avx2() || hd % 8) return 0;
+    return hd % 16 == 0 && use_avx512() ? 2 : 1;
+#else
+    (void)hd;
+    return 0;
+#endif
+}
+
+/* Scores of query q against the cnt keys at kb into out (runq.c's loop, see scores_scalar). */
+static void scores_any(int path, const float *q, const float *kb, size_t cnt, int hd, float sq,
+                       float *out) {
+#ifdef RQ_AVX2
+    if (path == 2) return scores_avx512(q, kb, cnt, hd, sq, out);
+    if (path == 1) return scores_avx2(q, kb, cnt, hd, sq, out);
+#endif
+    (void)path;
+    scores_scalar(q, kb, cnt, hd, sq, out);
+}
+
+static void wsum_any(int path, const float *a, const float *vb, size_t cnt, int hd, float *out) {
+#ifdef RQ_AVX2
+    if (path == 2) return wsum_avx512(a, vb, cnt, hd, out);
+    if (path == 1) return wsum_avx2(a, vb, cnt, hd, out);
+#endif
+    (void)path;
+    wsum_scalar(a, vb, cnt, hd, out);
+}
+
+/* runq.c's softmax over att[0..nk): max, expf(x - max), the sum in order, divide. */
+static void softmax_runq(float *att, size_t nk) {
     float mx = att[0];
     for (size_t i = 1; i < nk; i++)
         if (att[i] > mx) mx = att[i];
@@ -297,17 +374,49 @@ void ikv__runq_attn_head(const struct ikv_engine *e, const struct ikv_seq *s, in
         sum += att[i];
     for (size_t i = 0; i < nk; i++)
         att[i] /= sum;
+}
+
+void ikv__runq_attn_head(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g,
+                         const float *q, size_t pos, float *att, float *out) {
+    const int hd = e->m->head_dim, path = attn_path(hd);
+    const size_t bt = e->bt, nk = pos + 1;
+    /* runq.c: score /= sqrtf(head_size), head_size an int */
+    const float sq = sqrtf((float)hd);
+    for (size_t p0 = 0; p0 < nk; p0 += bt) {
+        const size_t cnt = nk - p0 < bt ? nk - p0 : bt;
+        scores_any(path, q, ikv__kv_at(e, s->table[p0 / bt], l, 0, g, 0), cnt, hd, sq, att + p0);
+    }
+    softmax_runq(att, nk);
     memset(out, 0, sizeof(float) * (size_t)hd);
     for (size_t p0 = 0; p0 < nk; p0 += bt) {
         const size_t cnt = nk - p0 < bt ? nk - p0 : bt;
-        const float *vb = ikv__kv_at(e, s->table[p0 / bt], l, 1, g, 0);
-#ifdef RQ_AVX2
-        if (vec) {
-            wsum_avx2(att + p0, vb, cnt, hd, out);
-            continue;
-        }
-#endif
-        wsum_scalar(att + p0, vb, cnt, hd, out);
+        wsum_any(path, att + p0, ikv__kv_at(e, s->table[p0 / bt], l, 1, g, 0), cnt, hd, out);
+    }
+}
+
+void ikv__runq_attn_heads(const struct ikv_engine *e, const struct ikv_seq *s, int l, int h0,
+                          int h1, const float *q, size_t pos, float *att, float *out) {
+    const struct ikv_model *m = e->m;
+    const int hd = m->head_dim, path = attn_path(hd), kvmul = m->cfg.n_heads / m->cfg.n_kv_heads;
+    const size_t H = (size_t)hd, bt = e->bt, nk = pos + 1;
+    const float sq = sqrtf((float)hd);
+    /* block by block, every head of the range (their keys are one run in the block) */
+    for (size_t p0 = 0; p0 < nk; p0 += bt) {
+        const size_t cnt = nk - p0 < bt ? nk - p0 : bt;
+        const uint32_t b = s->table[p0 / bt];
+        for (int h = h0; h < h1; h++)
+            scores_any(path, q + (size_t)(h - h0) * H, ikv__kv_at(e, b, l, 0, h / kvmul, 0), cnt,
+                       hd, sq, att + (size_t)(h - h0) * nk + p0);
+    }
+    for (int h = h0; h < h1; h++)
+        softmax_runq(att + (size_t)(h - h0) * nk, nk);
+    memset(out, 0, sizeof(float) * H * (size_t)(h1 - h0));
+    for (size_t p0 = 0; p0 < nk; p0 += bt) {
+        const size_t cnt = nk - p0 < bt ? nk - p0 : bt;
+        const uint32_t b = s->table[p0 / bt];
+        for (int h = h0; h < h1; h++)
+            wsum_any(path, att + (size_t)(h - h0) * nk + p0, ikv__kv_at(e, b, l, 1, h / kvmul, 0),
+                     cnt, hd, out + (size_t)(h - h0) * H);
     }
 }
 
