@@ -419,9 +419,10 @@ GEMM_KERNEL(gemm_avx2, "avx2", PDOT_AVX2)
 #undef GEMM_KERNEL
 
 /* The VNNI path on 512-bit vectors: blocks of 16 rows ([g][k4][16 rows][4 bytes], then the 16
- * rows' scales per group, then 128 * (sum of the group's weights) per row and group as int32),
- * and the unsigned operand is q + 128 (the activation byte with its top bit flipped), so no
- * sign step: sum((q + 128) w) - 128 sum(w) = sum(q w), exact in int32. */
+ * rows' scales per group, then -128 * (sum of the group's weights) per row and group as int32,
+ * where a group's accumulators start), and the unsigned operand is q + 128 (the activation byte
+ * with its top bit flipped), so no sign step: sum((q + 128) w) - 128 sum(w) = sum(q w), exact in
+ * int32. R = 16 for the 512-bit kernel, 8 for the 256-bit one. */
 static void pack_rows16(const int8_t *W, const uint8_t *S, size_t K, int gs, size_t n0, size_t n1,
                         uint8_t *pk, size_t R) {
     const size_t ng = K / (size_t)gs, nblk = (n1 - n0 + R - 1) / R, bs = R * K + 8 * R * ng;
@@ -442,7 +443,7 @@ static void pack_rows16(const int8_t *W, const uint8_t *S, size_t K, int gs, siz
                         memset(o + k4 * 4 * R + j * 4, 0, 4);
                     }
                 }
-                int32_t s128 = 128 * sum;
+                int32_t s128 = -128 * sum; /* the accumulators start from it */
                 if (r < n1)
                     memcpy(o + R * K + (g * R + j) * 4, S + 4 * (r * ng + g), 4);
                 else
@@ -468,7 +469,13 @@ gemm_vnni512(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ik
         const float *xs = x->s + i * ng;
         __m512 v0 = _mm512_setzero_ps(), v1 = v0, v2 = v0, v3 = v0;
         for (size_t g = 0; g < ng; g++) {
-            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+            /* each lane starts at -128 sum(w) of its row and group: after the steps it holds
+             * sum((q + 128) w) - 128 sum(w) = I exactly */
+            const uint8_t *ws = pk + 16 * K + g * 64, *w128 = pk + 16 * K + 64 * ng + g * 64;
+            __m512i a0 = _mm512_loadu_si512(w128), a1 = _mm512_setzero_si512(), a2 = a1, a3 = a1;
+            if (nb > 1) a1 = _mm512_loadu_si512(w128 + bs);
+            if (nb > 2) a2 = _mm512_loadu_si512(w128 + 2 * bs);
+            if (nb > 3) a3 = _mm512_loadu_si512(w128 + 3 * bs);
             const uint8_t *w = pk + g * G4 * 64;
             for (size_t k4 = 0; k4 < G4; k4++) {
                 int32_t q4;
@@ -481,12 +488,9 @@ gemm_vnni512(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ik
                 if (nb > 3) a3 = _mm512_dpbusd_epi32(a3, u4, _mm512_loadu_si512(wk + 3 * bs));
             }
             const __m512 sx = _mm512_set1_ps(xs[g]);
-            const uint8_t *ws = pk + 16 * K + g * 64, *w128 = pk + 16 * K + 64 * ng + g * 64;
 #define EPI(v, a, o)                                                                               \
-    v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(          \
-                                                         a, _mm512_loadu_si512(w128 + (o)))),      \
-                                                     _mm512_loadu_ps(ws + (o))),                   \
-                                       sx))
+    v = _mm512_add_ps(                                                                             \
+        v, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_loadu_ps(ws + (o))), sx))
             EPI(v0, a0, 0);
             if (nb > 1) EPI(v1, a1, bs);
             if (nb > 2) EPI(v2, a2, 2 * bs);
@@ -516,8 +520,20 @@ gemm_vnni256(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ik
         __m256 v0 = _mm256_setzero_ps(), v1 = v0, v2 = v0, v3 = v0, v4 = v0, v5 = v0, v6 = v0,
                v7 = v0;
         for (size_t g = 0; g < ng; g++) {
+            const uint8_t *ws = pk + 8 * K + g * 32, *w128 = pk + 8 * K + 32 * ng + g * 32;
             __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
                     a6 = a0, a7 = a0;
+#define INIT(a, b_)                                                                                \
+    if (nb > (b_)) a = _mm256_loadu_si256((const __m256i *)(w128 + (b_)*bs))
+            INIT(a0, 0);
+            INIT(a1, 1);
+            INIT(a2, 2);
+            INIT(a3, 3);
+            INIT(a4, 4);
+            INIT(a5, 5);
+            INIT(a6, 6);
+            INIT(a7, 7);
+#undef INIT
             const uint8_t *w = pk + g * G4 * 32;
             for (size_t k4 = 0; k4 < G4; k4++) {
                 int32_t q4;
@@ -538,15 +554,13 @@ gemm_vnni256(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ik
 #undef DP
             }
             const __m256 sx = _mm256_set1_ps(xs[g]);
-            const uint8_t *ws = pk + 8 * K + g * 32, *w128 = pk + 8 * K + 32 * ng + g * 32;
 #define EPI(v, a, b_)                                                                              \
     if (nb > (b_))                                                                                 \
     v = _mm256_add_ps(                                                                             \
-        v, _mm256_mul_ps(                                                                          \
-               _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(                                  \
-                                 a, _mm256_loadu_si256((const __m256i *)(w128 + (b_)*bs)))),       \
-                             _mm256_loadu_ps((const float *)(const void *)(ws + (b_)*bs))),        \
-               sx))
+        v,                                                                                         \
+        _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a),                                         \
+                                    _mm256_loadu_ps((const float *)(const void *)(ws + (b_)*bs))), \
+                      sx))
             EPI(v0, a0, 0);
             EPI(v1, a1, 1);
             EPI(v2, a2, 2);
