@@ -18,8 +18,10 @@
  * first. All figures are wall-clock measurements on this machine (core count printed).
  * --classes 1: request r of client k has class (k + r) % 3 (simple, medium, complex, as
  * isokv.class) and a table per class follows each round: the router's step, requests, mean and
- * p99 end-to-end latency (client side) and mean CPU ms (usage.isokv.cpu_ms: the process CPU of
- * the forward steps, shared by positions). --max-seqs caps the server's running sequences
+ * p99 end-to-end latency (client side), mean CPU ms (usage.isokv.cpu_ms: the CPU of the
+ * scheduler thread and the engine's workers over the forward steps, shared by positions), mean
+ * thread-ms (usage.isokv.route.thread_ms: wall x threads, shared likewise) and the most threads
+ * its steps ran on (route.threads_used). --max-seqs caps the server's running sequences
  * (default max(4, streams)), so the routing priority decides who is admitted.
  */
 #include <curl/curl.h>
@@ -44,6 +46,8 @@ typedef struct job {
     double *e2e;     /* [requests] */
     int *cls, *step; /* [requests] */
     double *cpu_ms;  /* [requests] */
+    double *thr_ms;  /* [requests] usage.isokv.route.thread_ms */
+    int *thr_used;   /* [requests] usage.isokv.route.threads_used */
 } job;
 
 static const char *const class_names[3] = {"simple", "medium", "complex"};
@@ -132,6 +136,8 @@ static void *client(void *arg) {
             j->cls[r] = cls;
             j->step[r] = (int)last_num(b.p, "\"step\":");
             j->cpu_ms[r] = last_dbl(b.p, "\"cpu_ms\":");
+            j->thr_ms[r] = last_dbl(b.p, "\"thread_ms\":");
+            j->thr_used[r] = (int)last_num(b.p, "\"threads_used\":");
         }
         free(b.p);
     }
@@ -148,23 +154,26 @@ static int cmp_d(const void *a, const void *b) {
 
 /* The per-class table of a round (--classes). */
 static void class_table(const job *jobs, int N, int requests) {
-    printf("  %-8s %5s %8s %12s %12s %12s\n", "class", "step", "requests", "e2e mean", "e2e p99",
-           "cpu/request");
+    printf("  %-8s %5s %8s %12s %12s %12s %12s %8s\n", "class", "step", "requests", "e2e mean",
+           "e2e p99", "cpu/request", "thread-ms/r", "threads");
     for (int c = 0; c < 3; c++) {
-        double *e = calloc((size_t)N * (size_t)requests, sizeof *e), cpu = 0, sum = 0;
+        double *e = calloc((size_t)N * (size_t)requests, sizeof *e), cpu = 0, sum = 0, thr = 0;
         size_t n = 0;
-        int step = -1;
+        int step = -1, tmax = 0;
         for (int k = 0; k < N; k++)
             for (int r = 0; r < requests; r++)
                 if (jobs[k].cls[r] == c && jobs[k].e2e[r] > 0) {
                     e[n++] = jobs[k].e2e[r], sum += jobs[k].e2e[r], cpu += jobs[k].cpu_ms[r];
+                    thr += jobs[k].thr_ms[r] > 0 ? jobs[k].thr_ms[r] : 0;
+                    if (jobs[k].thr_used[r] > tmax) tmax = jobs[k].thr_used[r];
                     step = jobs[k].step[r];
                 }
         if (n) {
             qsort(e, n, sizeof *e, cmp_d);
-            printf("  %-8s %5d %8zu %10.2fms %10.2fms %10.3fms\n", class_names[c], step, n,
-                   sum / (double)n * 1e3, e[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1] * 1e3,
-                   cpu / (double)n);
+            printf("  %-8s %5d %8zu %10.2fms %10.2fms %10.3fms %10.3fms %8d\n", class_names[c],
+                   step, n, sum / (double)n * 1e3,
+                   e[(n * 99) / 100 < n ? (n * 99) / 100 : n - 1] * 1e3, cpu / (double)n,
+                   thr / (double)n, tmax);
         }
         free(e);
     }
@@ -350,8 +359,9 @@ int main(int argc, char **argv) {
         pthread_t *th = calloc((size_t)N, sizeof *th);
         size_t nreq = (size_t)N * (size_t)requests;
         double *ttft = calloc(nreq, sizeof *ttft), *e2e = calloc(nreq, sizeof *e2e),
-               *cpu = calloc(nreq, sizeof *cpu);
-        int *cls = calloc(nreq, sizeof *cls), *step = calloc(nreq, sizeof *step);
+               *cpu = calloc(nreq, sizeof *cpu), *thr = calloc(nreq, sizeof *thr);
+        int *cls = calloc(nreq, sizeof *cls), *step = calloc(nreq, sizeof *step),
+            *thru = calloc(nreq, sizeof *thru);
         double t0 = ikv_now();
         for (int k = 0; k < N; k++) {
             jobs[k] = (job){.port = port,
@@ -366,7 +376,9 @@ int main(int argc, char **argv) {
                             .e2e = e2e + (size_t)k * requests,
                             .cls = cls + (size_t)k * requests,
                             .step = step + (size_t)k * requests,
-                            .cpu_ms = cpu + (size_t)k * requests};
+                            .cpu_ms = cpu + (size_t)k * requests,
+                            .thr_ms = thr + (size_t)k * requests,
+                            .thr_used = thru + (size_t)k * requests};
             pthread_create(&th[k], NULL, client, &jobs[k]);
         }
         long tokens = 0, cached = 0, failed = 0;
@@ -388,6 +400,7 @@ int main(int argc, char **argv) {
             waitpid(pid, NULL, 0);
         }
         free(jobs), free(th), free(ttft), free(e2e), free(cpu), free(cls), free(step);
+        free(thr), free(thru);
     }
     curl_global_cleanup();
     return 0;

@@ -9,7 +9,8 @@
 # configurations:
 #   lru            plain prefix cache, LRU
 #   lru+pin        --pin-public: each request's leading public blocks pinned
-#   lru+chunk      --chunk-reuse: doc blocks hit at any position (15% of their tokens recomputed)
+#   lru+chunk      --chunk-reuse: doc blocks hit at any position (R = 0.26 of their tokens
+#                  recomputed: the sim's default, the engine's measured figure, docs/chunks.md)
 #   value          --policy value: eviction by recompute value instead of recency
 #   value+pin+chunk  all three remedies
 #   unlimited      LRU with unlimited capacity: the ceiling of prefix reuse (no eviction)

@@ -144,6 +144,16 @@ check bench_batch_bad_config 2 "bad argument" "$BENCH_BATCH" nosuch
 check bench_q8_quality_few_args 2 "wants 3 to 5 arguments" "$BENCH_Q8_QUALITY" "$MODEL"
 check bench_q8_quality_missing_model 1 "" "$BENCH_Q8_QUALITY" "$TMP/none.bin" "$TMP/none.tok" 32
 
+# long-context checkpoints for scaled traces (docs/load.md): --seq-len sets the context only,
+# out of range is a usage error; serve --block-tokens is range-checked before the model loads
+check model_init_seq_len 0 "wrote" $BIN model init --config tiny --seq-len 4096 -o "$TMP/l.bin"
+check model_info_seq_len 0 "seq_len 4096" $BIN model info "$TMP/l.bin"
+check model_init_seq_len_zero 2 "--seq-len '0'" $BIN model init --config tiny --seq-len 0 -o "$TMP/z.bin"
+check serve_block_tokens_zero 2 "--block-tokens 0 is not in 1..4096" $BIN serve --block-tokens 0
+check sim_service_needs_timed 2 "--service trace needs --mode timed" $BIN sim $MOON --service trace
+check sim_service_bad 2 "--service must be trace or model" $BIN sim $MOON --mode timed --service x
+check sim_service_no_times 1 "no measured ttft_s" $BIN sim $MOON --mode timed --service trace
+
 if [ $fails -ne 0 ]; then
   echo "cli regressions: $fails FAILED"
   exit 1

@@ -1,6 +1,7 @@
 /*
- * Test helper: redis-server children on free loopback ports (never a shell: fork + execvp with
- * an argument vector), stopped with SIGKILL in teardown and, as a last resort, at exit.
+ * Test helper: redis-server children on free loopback ports (never a shell: testutil's tu_spawn,
+ * fork + execvp with an argument vector), stopped with SIGKILL in teardown and, as a last
+ * resort, at exit (testutil's atexit hook) or when the test process dies (PR_SET_PDEATHSIG).
  */
 #ifndef IKV_TEST_REDIS_HELPER_H
 #define IKV_TEST_REDIS_HELPER_H
@@ -20,48 +21,26 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "testutil.h"
+
+/* The children, ports and waits are testutil's (tu_spawn, tu_free_port, tu_kill_all); this file
+ * adds what is redis's own: readiness by PING, the server's flags, clusters. */
 #define RH_MAX 8
 static pid_t rh_pids[RH_MAX];
-static int rh_atexit_set;
 
 static void rh_kill_all(void) {
     for (int i = 0; i < RH_MAX; i++)
-        if (rh_pids[i] > 0) {
-            kill(rh_pids[i], SIGKILL);
-            waitpid(rh_pids[i], NULL, 0);
-            rh_pids[i] = 0;
-        }
-}
-
-/* 1 if a loopback TCP port can be bound right now. */
-static int rh_port_free(int port) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons((uint16_t)port);
-    int ok = fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0;
-    if (fd >= 0) close(fd);
-    return ok;
+        tu_kill(rh_pids[i]), rh_pids[i] = 0;
 }
 
 /* A loopback TCP port in 20000..29999 nobody listens on right now, whose cluster bus port
  * (+10000) is free too (ephemeral ports are too high for a bus port). */
 static int rh_free_port(void) {
-    static unsigned seed;
-    if (!seed) seed = (unsigned)getpid() * 2654435761u;
-    for (int i = 0; i < 1000; i++) {
-        seed = seed * 1103515245u + 12345u;
-        int port = 20000 + (int)((seed >> 8) % 10000);
-        if (rh_port_free(port) && rh_port_free(port + 10000)) return port;
-    }
-    return -1;
+    return tu_free_port(10000);
 }
 
 static void rh_sleep(double s) {
-    struct timespec ts = {(time_t)s, (long)((s - (double)(time_t)s) * 1e9)};
-    nanosleep(&ts, NULL);
+    tu_sleep(s);
 }
 
 /* Waits up to 10 s for PING to answer on port. 1 if it did. */
@@ -86,78 +65,46 @@ static int rh_wait_up(int port) {
 /* Starts redis-server on port (cluster mode with its own dir when cluster_dir != NULL) and
  * records it in slot `i`. Returns the pid, or -1. */
 static pid_t rh_start(int i, int port, const char *cluster_dir) {
-    if (!rh_atexit_set) atexit(rh_kill_all), rh_atexit_set = 1;
     char p[16];
     snprintf(p, sizeof p, "%d", port);
     char conf[64];
     snprintf(conf, sizeof conf, "nodes-%d.conf", port);
     if (cluster_dir) mkdir(cluster_dir, 0755);
-    pid_t pid = fork();
+    const char *argv[] = {"redis-server",
+                          "--port",
+                          p,
+                          "--bind",
+                          "127.0.0.1",
+                          "--save",
+                          "",
+                          "--appendonly",
+                          "no",
+                          "--daemonize",
+                          "no",
+                          cluster_dir ? "--dir" : NULL,
+                          cluster_dir,
+                          "--cluster-enabled",
+                          "yes",
+                          "--cluster-config-file",
+                          conf,
+                          "--cluster-node-timeout",
+                          "2000",
+                          NULL};
+    pid_t pid = tu_spawn(argv, NULL, NULL);
     if (pid < 0) return -1;
-    if (pid == 0) {
-        int devnull = open("/dev/null", 1);
-        if (devnull >= 0) dup2(devnull, 1), dup2(devnull, 2);
-        if (cluster_dir) {
-            const char *argv[] = {"redis-server",
-                                  "--port",
-                                  p,
-                                  "--bind",
-                                  "127.0.0.1",
-                                  "--save",
-                                  "",
-                                  "--appendonly",
-                                  "no",
-                                  "--daemonize",
-                                  "no",
-                                  "--dir",
-                                  cluster_dir,
-                                  "--cluster-enabled",
-                                  "yes",
-                                  "--cluster-config-file",
-                                  conf,
-                                  "--cluster-node-timeout",
-                                  "2000",
-                                  NULL};
-            execvp(argv[0], (char *const *)argv);
-        } else {
-            const char *argv[] = {"redis-server", "--port",      p,    "--bind",
-                                  "127.0.0.1",    "--save",      "",   "--appendonly",
-                                  "no",           "--daemonize", "no", NULL};
-            execvp(argv[0], (char *const *)argv);
-        }
-        _exit(127);
-    }
     rh_pids[i] = pid;
     if (!rh_wait_up(port)) return -1;
     return pid;
 }
 
 static void rh_stop(int i) {
-    if (rh_pids[i] > 0) {
-        kill(rh_pids[i], SIGKILL);
-        waitpid(rh_pids[i], NULL, 0);
-        rh_pids[i] = 0;
-    }
+    tu_kill(rh_pids[i]);
+    rh_pids[i] = 0;
 }
 
 /* Runs argv (no shell), waits up to `secs`; returns its exit status or -1. */
 static int rh_run(const char *const *argv, int secs) {
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        int devnull = open("/dev/null", 1);
-        if (devnull >= 0) dup2(devnull, 1), dup2(devnull, 2);
-        execvp(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    for (int i = 0; i < secs * 20; i++) {
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        rh_sleep(0.05);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    return -1;
+    return tu_run(argv, NULL, NULL, secs);
 }
 
 /* A command on a fresh connection (caller frees the reply); NULL if it failed. */

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include "isokv/base.h"
+#include "testutil.h"
 
 static void test_strerror(void **st) {
     (void)st;
@@ -159,20 +160,14 @@ static const char *op(const char *name) {
     return buf[k];
 }
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
 static int setup_odir(void **st) {
     (void)st;
-    snprintf(odir, sizeof odir, "/tmp/isokv_test_base_XXXXXX");
-    return mkdtemp(odir) ? 0 : -1;
+    return tu_tmpdir(odir, sizeof odir, "base");
 }
 
 static int teardown_odir(void **st) {
     (void)st;
-    return nftw(odir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return tu_rmtree(odir);
 }
 
 /* Entries in odir other than . and .. (temporaries included). */
@@ -365,30 +360,27 @@ static void test_outset_all_or_nothing(void **st) {
     unlink(op("a"));
 }
 
+/* One try of a two-file set for tu_alloc_fail_each: a failed one leaves nothing behind. */
+static int try_outset(void *ctx) {
+    (void)ctx;
+    ikv_outset *s = NULL;
+    FILE *f;
+    int rc = ikv_outset_create(&s);
+    if (!rc) rc = ikv_outset_add(s, op("m1"), &f, NULL);
+    if (!rc) fputs("1", f), rc = ikv_outset_add(s, op("m2"), &f, NULL);
+    if (!rc) fputs("2", f), rc = ikv_outset_commit(s);
+    ikv_outset_destroy(s);
+    if (rc) assert_int_equal(entries(), 0);
+    return rc;
+}
+
 /* Allocation failure at every point of a two-file set leaves nothing behind. */
 static void test_outset_oom(void **st) {
     (void)st;
-    for (size_t k = 0; k < 40; k++) {
-        ikv_alloc_fail_after(k);
-        ikv_outset *s = NULL;
-        FILE *f;
-        int rc = ikv_outset_create(&s);
-        if (!rc) rc = ikv_outset_add(s, op("m1"), &f, NULL);
-        if (!rc) fputs("1", f), rc = ikv_outset_add(s, op("m2"), &f, NULL);
-        if (!rc) fputs("2", f), rc = ikv_outset_commit(s);
-        ikv_outset_destroy(s);
-        ikv_alloc_fail_after(SIZE_MAX);
-        if (rc) {
-            assert_int_equal(rc, IKV_ENOMEM);
-            assert_int_equal(entries(), 0);
-        } else {
-            assert_string_equal(get(op("m1")), "1");
-            assert_string_equal(get(op("m2")), "2");
-            unlink(op("m1")), unlink(op("m2"));
-            return;
-        }
-    }
-    fail_msg("the set never succeeded");
+    tu_alloc_fail_each(try_outset, NULL, 40);
+    assert_string_equal(get(op("m1")), "1");
+    assert_string_equal(get(op("m2")), "2");
+    unlink(op("m1")), unlink(op("m2"));
 }
 
 int main(void) {

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "isokv/model.h"
+#include "testutil.h"
 
 static ikv_model *tiny(void) {
     ikv_model_config c;
@@ -275,6 +276,304 @@ static void test_errors_and_last(void **st) {
     ikv_model_destroy(m);
 }
 
+/* Leading segments in the prefix cache: a structured request whose system prompt (public) is
+ * cached takes its full blocks from the prefix cache (reported), the rest is blended; the
+ * blended logits are bit-identical to the same request on an engine whose prefix cache did not
+ * hold the system prompt (the leading part is prefilled exactly either way); r = 1 equals the
+ * full prefill bit for bit, with the same cached count. */
+static void test_prefix_cached_lead(void **st) {
+    (void)st;
+    ikv_model *m = tiny();
+    const size_t V = (size_t)ikv_model_cfg(m)->vocab_size;
+    uint32_t sys[40], m1[20], m2[24], d[50], q[8], all[256];
+    fill(sys, 40, 51), fill(m1, 20, 52), fill(m2, 24, 53), fill(d, 50, 54), fill(q, 8, 55);
+    ikv_prompt_seg a[4] = {{IKV_PSEG_SYSTEM, sys, 40, 1, 0, 0},
+                           {IKV_PSEG_MEMORY, m1, 20, 0, 0, 0},
+                           {IKV_PSEG_DOC, d, 50, 1, 1, 0},
+                           {IKV_PSEG_QUERY, q, 8, 0, 0, 0}};
+    ikv_prompt_seg b[4] = {a[0], {IKV_PSEG_MEMORY, m2, 24, 0, 0, 0}, a[2], a[3]};
+    float *lg1 = malloc(V * 4), *lg2 = malloc(V * 4), *ref = malloc(V * 4);
+    ikv_blend_info i1, i2;
+    for (int w = 0; w < 2; w++) {
+        ikv_engine *e = mk_engine(m, 2);
+        ikv_chunks *c;
+        assert_int_equal(ikv_chunks_create(e, NULL, &c), 0);
+        /* w = 0: request a fills the prefix cache (system prompt) and stores the doc; w = 1:
+         * the same doc K/V stored by a cold request that leaves the prefix cache empty */
+        ikv_blend_request ra = {
+            .segs = a, .n_segs = 4, .tenant = "u1", .ratio = -1, .max_dev = -1, .no_cache = w};
+        ikv_seq *s;
+        ikv_blend_info ia;
+        assert_int_equal(ikv_chunks_begin(c, &ra, &s, &ia), 0);
+        assert_int_equal(ia.stored_segments, 1);
+        ikv_engine_end(e, s);
+        /* another tenant, another memory: the public system prompt's 2 full blocks (32 of its
+         * 40 tokens; block 2 holds private tokens too) come from the prefix cache (w = 0) */
+        uint8_t hits[4] = {9, 9, 9, 9};
+        ikv_blend_request rb = {
+            .segs = b, .n_segs = 4, .tenant = "u2", .ratio = 0.2f, .max_dev = 0, .hits = hits};
+        ikv_blend_info *ib = w ? &i2 : &i1;
+        assert_int_equal(ikv_chunks_begin(c, &rb, &s, ib), 0);
+        memcpy(w ? lg2 : lg1, ikv_seq_logits(s), V * 4);
+        assert_true(ikv_engine_check(e));
+        ikv_engine_end(e, s);
+        assert_int_equal(ib->full, 0);
+        assert_int_equal(ib->hit_segments, 1);
+        assert_int_equal(hits[0] + hits[1] + hits[3], 0);
+        assert_int_equal(hits[2], 1);
+        assert_int_equal(ib->prefix_cached_tokens, w ? 0 : 32);
+        assert_int_equal(ib->prefill.cached_tokens, ib->prefix_cached_tokens + ib->reused_tokens);
+        assert_int_equal(ib->prefill.computed_tokens + ib->prefill.cached_tokens, 40 + 24 + 50 + 8);
+        if (!w) {
+            /* r = 1: the full prefill, bit for bit; the blended request's exact leading part
+             * (system + u2's memory, 64 tokens = 4 blocks) went into the prefix cache */
+            ikv_blend_info ir = run(e, c, b, 4, "u2", 1.0f, 0, ref);
+            assert_int_equal(ir.full, 1);
+            assert_int_equal(ir.prefill.cached_tokens, 64);
+            float *exact = malloc(V * 4);
+            ref_logits(m, 2, all, concat(b, 4, all), exact);
+            assert_memory_equal(ref, exact, V * 4);
+            free(exact);
+        }
+        ikv_chunks_destroy(c);
+        ikv_engine_destroy(e);
+    }
+    assert_int_equal(i1.reused_tokens, i2.reused_tokens);
+    assert_memory_equal(lg1, lg2, V * 4);
+    free(lg1), free(lg2), free(ref);
+    ikv_model_destroy(m);
+}
+
+/* int8 weights: the blend pass runs the int8 products (the KV stays fp32): r = 1 and a guard
+ * below every deviation are bit-identical to the int8 model's full prefill; a blend at r = 0.5
+ * is near it (the same model; a wrong int8 product would be far) and differs from the fp32
+ * model's blend. */
+static void test_int8(void **st) {
+    (void)st;
+    ikv_model *f = tiny(), *m;
+    assert_int_equal(ikv_model_quantize(f, 8, &m), 0);
+    assert_int_equal(ikv_model_group(m), 8);
+    const size_t V = (size_t)ikv_model_cfg(m)->vocab_size;
+    uint32_t sys[20], d[2][60], q[8], all[256];
+    fill(sys, 20, 61), fill(d[0], 60, 62), fill(d[1], 60, 63), fill(q, 8, 64);
+    ikv_prompt_seg g1[4] = {{IKV_PSEG_SYSTEM, sys, 20, 1, 0, 0},
+                            {IKV_PSEG_DOC, d[0], 60, 1, 1, 1},
+                            {IKV_PSEG_DOC, d[1], 60, 1, 1, 1},
+                            {IKV_PSEG_QUERY, q, 8, 0, 0, 0}};
+    ikv_prompt_seg g2[4] = {g1[0], g1[2], g1[1], g1[3]};
+    const size_t n2 = concat(g2, 4, all);
+    float *lg = malloc(V * 4), *ref = malloc(V * 4), *lf = malloc(V * 4), *lq = malloc(V * 4);
+    ref_logits(m, 2, all, n2, ref);
+    float spread = 0;
+    for (size_t i = 0; i < V; i++)
+        spread = fmaxf(spread, fabsf(ref[i] - ref[0]));
+    for (int z = 0; z < 2; z++) {
+        ikv_model *mm = z ? f : m;
+        ikv_engine *e = mk_engine(mm, 2);
+        ikv_chunks *c;
+        assert_int_equal(ikv_chunks_create(e, NULL, &c), 0);
+        ikv_blend_info inf = run(e, c, g1, 4, NULL, -1, -1, NULL);
+        assert_int_equal(inf.stored_segments, 2);
+        inf = run(e, c, g2, 4, NULL, 0.5f, 0, z ? lf : lg);
+        assert_int_equal(inf.full, 0);
+        assert_int_equal(inf.hit_segments, 2);
+        assert_true(inf.reused_tokens > 0);
+        if (!z) {
+            memcpy(lq, lg, V * 4);
+            double dmax = 0;
+            for (size_t i = 0; i < V; i++)
+                dmax = fmax(dmax, fabs(lg[i] - ref[i]));
+            assert_true(dmax > 0);
+            assert_true(dmax < 0.25 * spread + 1e-3);
+            inf = run(e, c, g2, 4, NULL, 1.0f, 0, lg); /* r = 1 */
+            assert_int_equal(inf.full, 1);
+            assert_memory_equal(lg, ref, V * 4);
+            inf = run(e, c, g2, 4, NULL, 0.1f, 1e-9f, lg); /* the guard: up to full, exact */
+            assert_int_equal(inf.full, 1);
+            assert_memory_equal(lg, ref, V * 4);
+        }
+        ikv_chunks_destroy(c);
+        ikv_engine_destroy(e);
+    }
+    assert_memory_not_equal(lq, lf, V * 4); /* the int8 blend is not the fp32 one */
+    free(lg), free(ref), free(lf), free(lq);
+    ikv_model_destroy(m);
+    ikv_model_destroy(f);
+}
+
+/* Regression: the int8 blend pass's activation scratch was indexed by row x the projection's
+ * input width, so two threads at different projections (dim vs hidden wide) overlapped and the
+ * blended logits came out different from run to run. The int8 products give every row the
+ * same bits whatever rows share a call and the attention is split by fixed chunks, so the blend
+ * must be bit-identical at 1 and 2 threads, every time. */
+static void test_int8_threads_regression(void **st) {
+    (void)st;
+    ikv_model *f = tiny(), *m;
+    assert_int_equal(ikv_model_quantize(f, 8, &m), 0);
+    const size_t V = (size_t)ikv_model_cfg(m)->vocab_size;
+    uint32_t ctx[30], d[2][70], q[6];
+    fill(ctx, 30, 91), fill(d[0], 70, 92), fill(d[1], 70, 93), fill(q, 6, 94);
+    ikv_prompt_seg g1[3] = {{IKV_PSEG_DOC, d[0], 70, 1, 1, 1},
+                            {IKV_PSEG_DOC, d[1], 70, 1, 1, 1},
+                            {IKV_PSEG_QUERY, q, 6, 0, 0, 0}};
+    ikv_prompt_seg g2[4] = {{IKV_PSEG_MEMORY, ctx, 30, 0, 0, 0}, g1[1], g1[0], g1[2]};
+    float *lg[2] = {malloc(V * 4), malloc(V * 4)};
+    for (int rep = 0; rep < 8; rep++) /* the race showed in about one run of 8 */
+        for (int t = 0; t < 2; t++) {
+            ikv_engine *e = mk_engine(m, t + 1);
+            ikv_chunks *c;
+            assert_int_equal(ikv_chunks_create(e, NULL, &c), 0);
+            run(e, c, g1, 3, NULL, -1, -1, NULL);
+            ikv_blend_info inf = run(e, c, g2, 4, NULL, 0.3f, 0, lg[t]);
+            assert_int_equal(inf.full, 0);
+            ikv_chunks_destroy(c);
+            ikv_engine_destroy(e);
+            if (t) assert_memory_equal(lg[0], lg[1], V * 4);
+        }
+    free(lg[0]), free(lg[1]);
+    ikv_model_destroy(m);
+    ikv_model_destroy(f);
+}
+
+/* The job API as the server drives it: the exact part prefilled in chunks of 7 positions
+ * inside steps that also decode another sequence, the blend pass in units of 8 rows with the
+ * invariants checked between; the logits equal the same job's driven alone bit for bit
+ * (prefill and decode are chunk- and batch-invariant, the units the same), and
+ * ikv_chunks_begin's (one unit per stage) within 1e-4 of the logit spread. A job ended half way
+ * releases the pass to the next; the guard's abandon makes the rest pending prefill, exact. */
+static void test_job_steps(void **st) {
+    (void)st;
+    ikv_model *m = tiny();
+    const size_t V = (size_t)ikv_model_cfg(m)->vocab_size;
+    ikv_engine_options o;
+    ikv_engine_options_default(&o);
+    o.threads = 2, o.max_seqs = 3;
+    ikv_engine *e;
+    assert_int_equal(ikv_engine_create(m, &o, &e), 0);
+    ikv_chunks *c;
+    assert_int_equal(ikv_chunks_create(e, NULL, &c), 0);
+    uint32_t ctx[37], d[2][40], q[5], all[256];
+    fill(ctx, 37, 101), fill(d[0], 40, 102), fill(d[1], 40, 103), fill(q, 5, 104);
+    ikv_prompt_seg g1[3] = {{IKV_PSEG_DOC, d[0], 40, 1, 1, 1},
+                            {IKV_PSEG_DOC, d[1], 40, 1, 1, 1},
+                            {IKV_PSEG_QUERY, q, 5, 0, 0, 0}};
+    ikv_prompt_seg g2[4] = {{IKV_PSEG_MEMORY, ctx, 37, 0, 0, 0}, g1[1], g1[0], g1[2]};
+    float *ref = malloc(V * 4), *exact = malloc(V * 4);
+    run(e, c, g1, 3, NULL, -1, -1, NULL);                         /* stores both documents */
+    ikv_blend_info rinf = run(e, c, g2, 4, "t", 0.25f, 0, exact); /* all at once */
+    assert_int_equal(rinf.full, 0);
+    { /* the reference: the same job alone, units of 8 rows */
+        ikv_blend_request br = {
+            .segs = g2, .n_segs = 4, .tenant = "t", .ratio = 0.25f, .no_cache = 1};
+        ikv_blend_job *j;
+        assert_int_equal(ikv_chunks_admit(c, &br, &j), 0);
+        ikv_seq *s = ikv_chunks_job_seq(j);
+        int rc;
+        while ((rc = ikv_chunks_advance(c, j, 8)) == 0)
+            if (ikv_seq_pending(s)) {
+                ikv_step_item it = {.seq = s};
+                assert_int_equal(ikv_engine_step(e, &it, 1), 0);
+            }
+        assert_int_equal(rc, 1);
+        memcpy(ref, ikv_seq_logits(s), V * 4);
+        ikv_chunks_job_end(c, j);
+        ikv_engine_end(e, s);
+        /* split into units the bits may differ (which rows share a product), not the result */
+        float spread = 0, dmax = 0;
+        for (size_t i = 0; i < V; i++)
+            spread = fmaxf(spread, fabsf(exact[i] - exact[0])),
+            dmax = fmaxf(dmax, fabsf(exact[i] - ref[i]));
+        assert_true(dmax <= 1e-4f * spread);
+    }
+    /* another sequence decoding all along */
+    uint32_t other[9];
+    fill(other, 9, 105);
+    ikv_request orq = {.tokens = other, .n = 9};
+    ikv_seq *os;
+    assert_int_equal(ikv_engine_begin(e, &orq, &os, NULL), 0);
+    for (int abort_first = 1; abort_first >= 0; abort_first--) {
+        /* no_cache: the exact part computed here (the run above cached it), in chunks */
+        ikv_blend_request br = {
+            .segs = g2, .n_segs = 4, .tenant = "t", .ratio = 0.25f, .no_cache = 1};
+        ikv_blend_job *j, *j2 = NULL;
+        assert_int_equal(ikv_chunks_admit(c, &br, &j), 0);
+        ikv_seq *s = ikv_chunks_job_seq(j);
+        assert_int_equal(ikv_seq_pending(s), 37); /* the exact part: the memory */
+        if (abort_first) {                        /* a second job waits for the pass */
+            assert_int_equal(ikv_chunks_admit(c, &br, &j2), 0);
+        }
+        int rc, layers = 0, decodes = 0;
+        while ((rc = ikv_chunks_advance(c, j, 8)) == 0) {
+            assert_true(ikv_chunks_check(c));
+            if (!ikv_seq_pending(s)) {
+                layers++;
+                if (abort_first && layers == 3) break;
+                if (!j2) continue;
+            }
+            ikv_step_item it[3] = {{.seq = os, .token = 7}, {.seq = s, .n = 7}};
+            size_t ni = 1;
+            if (ikv_seq_pending(s)) ni = 2;
+            if (j2 && ikv_seq_pending(ikv_chunks_job_seq(j2)))
+                it[ni++] = (ikv_step_item){.seq = ikv_chunks_job_seq(j2), .n = 7};
+            assert_int_equal(ikv_engine_step(e, it, ni), 0);
+            decodes++;
+            if (j2 && layers >= 1 && !ikv_seq_pending(ikv_chunks_job_seq(j2)))
+                assert_int_equal(ikv_chunks_advance(c, j2, 8), 0); /* j holds the pass */
+        }
+        if (abort_first) { /* end it half way: j2 takes the pass */
+            ikv_chunks_job_end(c, j);
+            ikv_engine_end(e, s);
+            assert_true(ikv_chunks_check(c));
+            j = j2, s = ikv_chunks_job_seq(j2);
+            while ((rc = ikv_chunks_advance(c, j, 8)) == 0)
+                if (ikv_seq_pending(s)) {
+                    ikv_step_item it = {.seq = s};
+                    assert_int_equal(ikv_engine_step(e, &it, 1), 0);
+                }
+        }
+        assert_int_equal(rc, 1);
+        assert_true(decodes >= 6); /* 37 positions in chunks of 7, each step with a decode */
+        ikv_blend_info inf;
+        ikv_chunks_job_info(j, &inf);
+        assert_int_equal(inf.blend_layers, ikv_model_cfg(m)->n_layers);
+        assert_int_equal(inf.reused_tokens, rinf.reused_tokens);
+        assert_memory_equal(ikv_seq_logits(s), ref, V * 4);
+        ikv_chunks_job_end(c, j);
+        ikv_engine_end(e, s);
+        assert_true(ikv_chunks_check(c));
+        assert_true(ikv_engine_check(e));
+    }
+    /* the guard selects every reused token: the rest becomes pending, then exact */
+    ikv_blend_request br = {
+        .segs = g2, .n_segs = 4, .tenant = "t", .ratio = 0.1f, .max_dev = 1e-9f};
+    ikv_blend_job *j;
+    assert_int_equal(ikv_chunks_admit(c, &br, &j), 0);
+    ikv_seq *s = ikv_chunks_job_seq(j);
+    int rc, pending_again = 0;
+    while ((rc = ikv_chunks_advance(c, j, 8)) == 0)
+        if (ikv_seq_pending(s)) {
+            pending_again += ikv_seq_len(s) >= 37;
+            ikv_step_item it = {.seq = s, .n = 11};
+            assert_int_equal(ikv_engine_step(e, &it, 1), 0);
+        }
+    assert_int_equal(rc, 1);
+    assert_true(pending_again > 0);
+    ikv_blend_info inf;
+    ikv_chunks_job_info(j, &inf);
+    assert_int_equal(inf.full, 1);
+    ref_logits(m, 2, all, concat(g2, 4, all), exact);
+    assert_memory_equal(ikv_seq_logits(s), exact, V * 4);
+    ikv_chunks_job_end(c, j);
+    ikv_engine_end(e, s);
+    ikv_engine_end(e, os);
+    assert_true(ikv_chunks_check(c));
+    assert_true(ikv_engine_check(e));
+    free(ref), free(exact);
+    ikv_chunks_destroy(c);
+    ikv_engine_destroy(e);
+    ikv_model_destroy(m);
+}
+
 static void test_shared_first(void **st) {
     (void)st;
     uint32_t t[1] = {5};
@@ -337,26 +636,13 @@ static void test_stories260k(void **st) {
 static int run_cli(const char *dir, char **argv, char *err, size_t errn) {
     char op[512], ep[512];
     snprintf(op, sizeof op, "%s/out", dir), snprintf(ep, sizeof ep, "%s/err", dir);
-    fflush(NULL);
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int o = open(op, O_WRONLY | O_CREAT | O_TRUNC, 0600),
-            e = open(ep, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-        if (o < 0 || e < 0) _exit(126);
-        dup2(o, 1), dup2(e, 2);
-        const char *b = getenv("IKV_BIN");
-        argv[0] = (char *)(b && *b ? b : "build/isokv");
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int st;
-    assert_int_equal(waitpid(pid, &st, 0), pid);
+    argv[0] = (char *)tu_bin();
+    int rc = tu_run((const char *const *)argv, op, ep, 120);
     FILE *f = fopen(ep, "rb");
     size_t k = f ? fread(err, 1, errn - 1, f) : 0;
     err[k] = 0;
     if (f) fclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return rc;
 }
 
 static void put(const char *path, const char *text) {
@@ -370,8 +656,8 @@ static void put(const char *path, const char *text) {
  * are refused naming the field (exit 1), bad flags are usage errors (exit 2). */
 static void test_cli_segments(void **st) {
     (void)st;
-    char dir[] = "/tmp/ikv_test_chunks_XXXXXX", path[600], err[8192];
-    assert_non_null(mkdtemp(dir));
+    char dir[64], path[600], err[8192];
+    assert_int_equal(tu_tmpdir(dir, sizeof dir, "chunks"), 0);
     snprintf(path, sizeof path, "%s/req.json", dir);
     put(path, "[{\"tenant\":\"u1\",\"segments\":[{\"kind\":\"system\",\"text\":\"A story.\","
               "\"public\":true},{\"kind\":\"doc\",\"text\":\"Lily went to the park with her mom. "
@@ -415,18 +701,15 @@ static void test_cli_segments(void **st) {
     char *a5[] = {NULL, "run", "--segments", "/nonexistent/req.json", NULL};
     assert_int_equal(run_cli(dir, a5, err, sizeof err), 1);
     assert_non_null(strstr(err, "cannot open"));
-    snprintf(err, sizeof err, "%s/out", dir), unlink(err);
-    snprintf(err, sizeof err, "%s/err", dir), unlink(err);
-    unlink(path);
-    rmdir(dir);
+    assert_int_equal(tu_rmtree(dir), 0);
 }
 
 /* bench engine --chunks on tiny: r = 1 is the exact prefill (agreement 1, KL 0 exactly); a
  * prompt that does not fit is a usage error. */
 static void test_cli_bench(void **st) {
     (void)st;
-    char dir[] = "/tmp/ikv_test_chunksb_XXXXXX", err[8192], path[600];
-    assert_non_null(mkdtemp(dir));
+    char dir[64], err[8192], path[600];
+    assert_int_equal(tu_tmpdir(dir, sizeof dir, "chunks"), 0);
     char *a[] = {NULL,        "bench", "engine",       "--chunks", "--model",   "tiny",
                  "--prompts", "2",     "--repeat",     "1",        "--next",    "4",
                  "--ratios",  "0,1",   "--doc-tokens", "40",       "--context", "16",
@@ -445,9 +728,19 @@ static void test_cli_bench(void **st) {
                  "tiny", "--doc-tokens", "100",    NULL};
     assert_int_equal(run_cli(dir, b, err, sizeof err), 2);
     assert_non_null(strstr(err, "exceed seq_len"));
-    unlink(path);
-    snprintf(path, sizeof path, "%s/err", dir), unlink(path);
-    rmdir(dir);
+    assert_int_equal(tu_rmtree(dir), 0);
+}
+
+/* One try of ikv_chunks_create for tu_alloc_fail_each. */
+typedef struct chunks_try {
+    ikv_engine *e;
+    ikv_chunks *c;
+} chunks_try;
+
+static int try_chunks(void *ctx) {
+    chunks_try *t = ctx;
+    t->c = NULL;
+    return ikv_chunks_create(t->e, NULL, &t->c);
 }
 
 /* Allocation failures: create fails cleanly at every allocation (ASan checks for leaks); a
@@ -456,14 +749,17 @@ static void test_alloc_failures(void **st) {
     (void)st;
     ikv_model *m = tiny();
     ikv_engine *e = mk_engine(m, 1);
-    ikv_chunks *c = NULL;
-    for (size_t k = 0;; k++) {
-        ikv_alloc_fail_after(k);
-        int rc = ikv_chunks_create(e, NULL, &c);
-        ikv_alloc_fail_after(SIZE_MAX);
-        if (rc == 0) break;
-        assert_int_equal(rc, IKV_ENOMEM);
-        assert_true(k < 100);
+    chunks_try t = {e, NULL};
+    tu_alloc_fail_each(try_chunks, &t, 100);
+    ikv_chunks *c = t.c;
+    { /* an int8 model's create (its activation scratch too) */
+        ikv_model *q8;
+        assert_int_equal(ikv_model_quantize(m, 8, &q8), 0);
+        chunks_try t8 = {mk_engine(q8, 1), NULL};
+        tu_alloc_fail_each(try_chunks, &t8, 100);
+        ikv_chunks_destroy(t8.c);
+        ikv_engine_destroy(t8.e);
+        ikv_model_destroy(q8);
     }
     uint32_t d[30], q[4];
     fill(d, 30, 41), fill(q, 4, 42);
@@ -492,7 +788,9 @@ int main(void) {
         cmocka_unit_test(test_scopes),         cmocka_unit_test(test_errors_and_last),
         cmocka_unit_test(test_shared_first),   cmocka_unit_test(test_stories260k),
         cmocka_unit_test(test_cli_segments),   cmocka_unit_test(test_cli_bench),
-        cmocka_unit_test(test_alloc_failures),
+        cmocka_unit_test(test_alloc_failures), cmocka_unit_test(test_prefix_cached_lead),
+        cmocka_unit_test(test_int8),           cmocka_unit_test(test_int8_threads_regression),
+        cmocka_unit_test(test_job_steps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -16,6 +16,7 @@
 #include <xxhash.h>
 
 #include "isokv/gen.h"
+#include "testutil.h"
 
 /* ---- helpers ----------------------------------------------------------------------------- */
 
@@ -752,23 +753,23 @@ static void test_docs_distinct(void **st) {
     free(buf);
 }
 
+/* One try of ikv_gen_write into memory for tu_alloc_fail_each. */
+static int try_gen_write(void *ctx) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    int rc = ikv_gen_write(ctx, f, NULL, NULL);
+    fclose(f);
+    free(buf);
+    return rc;
+}
+
 static void test_gen_alloc_failure(void **st) {
     (void)st;
     ikv_gen_opts o;
     small_opts(&o);
     o.requests = 50;
-    for (size_t n = 0;; n++) {
-        char *buf = NULL;
-        size_t len = 0;
-        FILE *f = open_memstream(&buf, &len);
-        ikv_alloc_fail_after(n);
-        int rc = ikv_gen_write(&o, f, NULL, NULL);
-        ikv_alloc_fail_after(SIZE_MAX);
-        fclose(f);
-        free(buf);
-        if (rc == 0) break;
-        assert_int_equal(rc, IKV_ENOMEM);
-    }
+    tu_alloc_fail_each(try_gen_write, &o, SIZE_MAX);
 }
 
 static void test_write_file_atomic(void **st) {
@@ -968,6 +969,26 @@ static void test_malformed_lines(void **st) {
     unlink(p);
 }
 
+/* One try of opening and reading a whole trace for tu_alloc_fail_each; got counts requests. */
+typedef struct read_try {
+    const char *path;
+    uint64_t got;
+} read_try;
+
+static int try_read(void *ctx) {
+    read_try *r = ctx;
+    ikv_trace *t = NULL;
+    ikv_trace_request q;
+    r->got = 0;
+    int rc = ikv_trace_open(r->path, NULL, &t);
+    while (rc == 0 && (rc = ikv_trace_next(t, &q)) == 1) {
+        r->got++;
+        rc = 0;
+    }
+    ikv_trace_close(t);
+    return rc;
+}
+
 /* Every allocation failure while opening or reading gives IKV_ENOMEM (never a crash, never a
  * wrong request), and a run with memory reads everything. */
 static void test_reader_alloc_failure(void **st) {
@@ -977,55 +998,33 @@ static void test_reader_alloc_failure(void **st) {
     o.requests = 40;
     const char *p = tmp_path("oom.jsonl");
     assert_int_equal(ikv_gen_write_file(&o, p, NULL, NULL), 0);
-    for (size_t n = 0;; n++) {
-        ikv_trace *t = NULL;
-        ikv_trace_request q;
-        uint64_t got = 0, tokens = 0;
-        ikv_alloc_fail_after(n);
-        int rc = ikv_trace_open(p, NULL, &t);
-        while (rc == 0 && (rc = ikv_trace_next(t, &q)) == 1) {
-            got++;
-            tokens += q.input_tokens;
-            rc = 0;
-        }
-        ikv_alloc_fail_after(SIZE_MAX);
-        ikv_trace_close(t);
-        if (rc == 0) {
-            assert_int_equal(got, 40);
-            assert_true(n > 3);
-            break;
-        }
-        assert_int_equal(rc, IKV_ENOMEM);
-    }
+    read_try r = {p, 0};
+    size_t n = tu_alloc_fail_each(try_read, &r, SIZE_MAX);
+    assert_int_equal(r.got, 40);
+    assert_true(n > 3);
     unlink(p);
 }
 
 /* ---- CLI --------------------------------------------------------------------------------- */
 
-static int run_cli(const char *args) {
-    const char *bin = getenv("IKV_BIN");
-    if (!bin) bin = "build/isokv";
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "%s %s >/dev/null 2>&1", bin, args);
-    int st = system(cmd);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+/* Runs isokv (IKV_BIN) with the arguments, no shell, output to /dev/null; returns its exit
+ * status. */
+#define run_cli(...) tu_run_isokv((const char *const[]){__VA_ARGS__, NULL}, NULL, NULL, 60)
 
 static void test_cli(void **st) {
     (void)st;
     const char *p = tmp_path("cli.jsonl");
-    char args[512];
-    assert_int_equal(run_cli("gen --help"), 0);
-    assert_int_equal(run_cli("gen"), 2);                          /* no -o */
-    assert_int_equal(run_cli("gen -o /tmp/x --users"), 2);        /* missing value */
-    assert_int_equal(run_cli("gen -o /tmp/x --users 12x"), 2);    /* bad number */
-    assert_int_equal(run_cli("gen -o /tmp/x --frobnicate 3"), 2); /* unknown knob */
-    assert_int_equal(run_cli("gen -o /tmp/x --drift 2"), 2);      /* out of range */
-    assert_int_equal(run_cli("gen -o /tmp/x --layout sideways"), 2);
-    assert_int_equal(run_cli("gen -q -o /nonexistent-dir/x.jsonl --requests 5"), 1);
-    snprintf(args, sizeof args,
-             "gen -q -o %s --users 1k --requests 50 --layout=shared-first --private-docs", p);
-    assert_int_equal(run_cli(args), 0);
+    assert_int_equal(run_cli("gen", "--help"), 0);
+    assert_int_equal(run_cli("gen"), 2);                                      /* no -o */
+    assert_int_equal(run_cli("gen", "-o", "/tmp/x", "--users"), 2);           /* missing value */
+    assert_int_equal(run_cli("gen", "-o", "/tmp/x", "--users", "12x"), 2);    /* bad number */
+    assert_int_equal(run_cli("gen", "-o", "/tmp/x", "--frobnicate", "3"), 2); /* unknown knob */
+    assert_int_equal(run_cli("gen", "-o", "/tmp/x", "--drift", "2"), 2);      /* out of range */
+    assert_int_equal(run_cli("gen", "-o", "/tmp/x", "--layout", "sideways"), 2);
+    assert_int_equal(run_cli("gen", "-q", "-o", "/nonexistent-dir/x.jsonl", "--requests", "5"), 1);
+    assert_int_equal(run_cli("gen", "-q", "-o", p, "--users", "1k", "--requests", "50",
+                             "--layout=shared-first", "--private-docs"),
+                     0);
     /* the file is what the library writes for the same knobs */
     ikv_gen_opts o;
     ikv_gen_opts_default(&o);

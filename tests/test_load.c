@@ -18,6 +18,7 @@
 #include <cmocka.h>
 
 #include "isokv/load.h"
+#include "testutil.h"
 
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
@@ -47,30 +48,18 @@ static int setup_all(void **state) {
     (void)state;
     const char *src = getenv("IKV_SOURCE_DIR");
     if (src && chdir(src) != 0) return -1;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/ikv_test_load.XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return tu_tmpdir(tmpdir, sizeof tmpdir, "load");
 }
 
-/* Runs argv (no shell), stdout to out_path (may be NULL), waits; returns the exit status. */
+/* Runs argv (no shell), stdout to out_path (may be NULL), waits (at most 300 s); returns the
+ * exit status. */
 static int run_prog(char *const argv[], const char *out_path) {
-    pid_t pid = fork();
-    if (pid == 0) {
-        int nul = open("/dev/null", O_WRONLY);
-        int fd = out_path ? open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0644) : nul;
-        if (fd >= 0) dup2(fd, 1);
-        if (nul >= 0) dup2(nul, 2);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int st = 0;
-    waitpid(pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return tu_run((const char *const *)argv, out_path, NULL, 300);
 }
 
 static int teardown_all(void **state) {
     (void)state;
-    char *const argv[] = {"/bin/rm", "-rf", tmpdir, NULL};
-    return run_prog(argv, NULL) == 0 ? 0 : -1;
+    return tu_rmtree(tmpdir);
 }
 
 static char *slurp(const char *path) {
@@ -989,8 +978,11 @@ static void test_open_loop(void **state) {
         assert_true(r.records[i].send + 1e-9 >= r.records[i].trace_time / 20);
     assert_true(r.records[29].send >= 0.45);
     ikv_load_result_free(&r);
-    /* stop after 0.2 s: the requests due at 0 and 0.15 s are sent, those at 0.3 and 0.45 s not */
-    o.duration = 0.2;
+    /* at rate 2 the requests are due at 0, 1.5, 3 and 4.5 s: stopping after 2.2 s sends those
+     * due at 0 and 1.5 s and not the rest, with 0.7 s of slack either side for a busy machine
+     * (the stop is a wall-clock rule; at rate 20 the same cut left 0.05 s and once failed) */
+    o.rate = 2;
+    o.duration = 2.2;
     run_load(MOONCAKE, 30, 32, &o, &r);
     assert_int_equal(r.ok, 26);
     assert_int_equal(r.errors_by[IKV_LOAD_NOT_SENT], 4);
@@ -1141,7 +1133,7 @@ static void test_cli(void **state) {
 /* ---- against the real server (isokv serve), when this build has it --------------------------- */
 
 typedef struct live {
-    pid_t pid;
+    tu_server sv;
     uint16_t port;
     uint64_t cache_blocks;
     char trace[512];
@@ -1206,11 +1198,10 @@ static int live_start(const char *policy) {
 
 static int live_start_keys(const char *policy, int keys) {
     memset(&lv, 0, sizeof lv);
-    lv.pid = -1;
     lv.policy = policy;
     const char *bin = getenv("IKV_BIN");
     if (!bin || !have_serve(bin)) return 0; /* the test skips */
-    char b[512], log[600];
+    char b[512];
     snprintf(b, sizeof b, "%s", bin);
     snprintf(lv.trace, sizeof lv.trace, "%s/live_%s.jsonl", tmpdir, policy);
     char *const gen[] = {b,        "gen",
@@ -1239,54 +1230,26 @@ static int live_start_keys(const char *policy, int keys) {
         char *const wk[] = {b, "load", lv.trace, "--write-keys", keyfile, NULL};
         if (run_prog(wk, NULL) != 0) return -1;
     }
-    snprintf(log, sizeof log, "%s/serve_%s.out", tmpdir, policy);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        int nul = open("/dev/null", O_WRONLY);
-        if (fd >= 0) dup2(fd, 1);
-        if (nul >= 0) dup2(nul, 2);
-        char pol[64];
-        snprintf(pol, sizeof pol, "%s", policy);
-        char *const argv[] = {b,
-                              "serve",
-                              "--model",
-                              "data/models/stories260K/stories260K.bin",
-                              "--tokenizer",
-                              "data/models/stories260K/tok512.bin",
-                              "--port",
-                              "0",
-                              "--threads",
-                              "1",
-                              "--kv-mem",
-                              "2M",
-                              "--policy",
-                              pol,
-                              keys ? "--api-keys" : NULL,
-                              keyfile,
-                              NULL};
-        execv(b, argv);
-        _exit(127);
-    }
-    lv.pid = pid;
-    for (int i = 0; i < 300 && (!lv.port || !lv.cache_blocks); i++) { /* at most 30 s */
-        struct timespec ts = {0, 100 * 1000000L};
-        nanosleep(&ts, NULL);
-        char *out = slurp(log);
-        const char *p = out ? strstr(out, "http://127.0.0.1:") : NULL;
-        const char *c = out ? strstr(out, "cache ") : NULL;
-        if (p) lv.port = (uint16_t)atoi(p + strlen("http://127.0.0.1:"));
-        while (c && !(c[6] >= '0' && c[6] <= '9'))
-            c = strstr(c + 1, "cache ");
-        if (c) lv.cache_blocks = strtoull(c + 6, NULL, 10);
-        free(out);
-        int st;
-        if (waitpid(pid, &st, WNOHANG) == pid) {
-            lv.pid = -1;
-            return -1;
-        }
-    }
-    return lv.port && lv.cache_blocks ? 0 : -1;
+    const char *argv[] = {"--model",
+                          "data/models/stories260K/stories260K.bin",
+                          "--tokenizer",
+                          "data/models/stories260K/tok512.bin",
+                          "--threads",
+                          "1",
+                          "--kv-mem",
+                          "2M",
+                          "--policy",
+                          policy,
+                          keys ? "--api-keys" : NULL,
+                          keyfile,
+                          NULL};
+    if (tu_serve_start(&lv.sv, argv)) return -1;
+    lv.port = (uint16_t)lv.sv.port;
+    const char *c = strstr(lv.sv.banner, "cache ");
+    while (c && !(c[6] >= '0' && c[6] <= '9'))
+        c = strstr(c + 1, "cache ");
+    if (c) lv.cache_blocks = strtoull(c + 6, NULL, 10);
+    return lv.cache_blocks ? 0 : -1;
 }
 
 static int live_lru(void **state) {
@@ -1307,21 +1270,8 @@ static int live_value(void **state) {
 /* SIGTERM (the server drains and exits 0), SIGKILL after 15 s; also runs when the test failed. */
 static int live_stop(void **state) {
     (void)state;
-    if (lv.pid <= 0) return 0;
-    kill(lv.pid, SIGTERM);
-    int st = 0;
-    for (int i = 0; i < 150; i++) {
-        if (waitpid(lv.pid, &st, WNOHANG) == lv.pid) {
-            lv.pid = -1;
-            return WIFEXITED(st) && WEXITSTATUS(st) == 0 ? 0 : -1;
-        }
-        struct timespec ts = {0, 100 * 1000000L};
-        nanosleep(&ts, NULL);
-    }
-    kill(lv.pid, SIGKILL);
-    waitpid(lv.pid, &st, 0);
-    lv.pid = -1;
-    return -1;
+    if (lv.sv.pid <= 0) return 0;
+    return tu_serve_stop(&lv.sv, 15) == 0 ? 0 : -1;
 }
 
 /* A small load against the real server: every request succeeds, the cached tokens the answers
@@ -1395,6 +1345,29 @@ static void live_body(void) {
         /* the cache really was too small: the simulator evicted */
         const cJSON *ev = cJSON_GetObjectItemCaseSensitive(j, "evictions");
         assert_true(cJSON_IsNumber(ev) && ev->valuedouble > 0);
+        /* the timed mode on the measured service times (ttft_s, latency_s and the server's
+         * queue_s in sent.jsonl): one request in flight never overlaps another, so locks and
+         * pending blocks change nothing and it equals order mode to the token */
+        for (size_t i = 0; i < r.n; i++)
+            assert_true(r.records[i].server_queue >= 0);
+        char *sj = slurp(path);
+        assert_non_null(strstr(sj, "\"queue_s\": "));
+        assert_non_null(strstr(sj, "\"ttft_s\": "));
+        free(sj);
+        char out2[512];
+        snprintf(out2, sizeof out2, "%s/live_sim_timed_%s.json", tmpdir, lv.policy);
+        char *const argv2[] = {
+            b,           "sim",          path,       "--mode", "timed",
+            "--service", "trace",        "--policy", pol,      "--capacity-tokens",
+            cap,         "--pin-public", "--json",   NULL};
+        assert_int_equal(run_prog(argv2, out2), 0);
+        char *js2 = slurp(out2);
+        cJSON *j2 = cJSON_Parse(js2);
+        const cJSON *h2 = cJSON_GetObjectItemCaseSensitive(j2, "hit_tokens");
+        assert_true(cJSON_IsNumber(h2));
+        assert_true(h2->valuedouble == h->valuedouble);
+        cJSON_Delete(j2);
+        free(js2);
         cJSON_Delete(j);
         free(js);
         ikv_load_result_free(&r);

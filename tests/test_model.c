@@ -23,28 +23,22 @@
 
 #include "isokv/model.h"
 #include "model/internal.h"
+#include "testutil.h"
 
 static char tmpdir[256];
 
 static const char *tmp_path(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
-    return buf[k];
+    return tu_path(tmpdir, name);
 }
 
 static int setup_all(void **st) {
     (void)st;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/ikv_test_model_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return tu_tmpdir(tmpdir, sizeof tmpdir, "model");
 }
 
 static int teardown_all(void **st) {
     (void)st;
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_rmtree(tmpdir);
 }
 
 static ikv_model_config tiny(void) {
@@ -1461,6 +1455,30 @@ static void test_batch_invariance(void **st) {
     ikv_model_destroy(m);
 }
 
+/* Tries of ikv_engine_create and ikv_tokenizer_load for tu_alloc_fail_each. */
+typedef struct af_try {
+    ikv_model *m;
+    int threads;
+    const char *tok_path;
+    ikv_engine *e;
+    ikv_tokenizer *t;
+} af_try;
+
+static int try_engine(void *ctx) {
+    af_try *a = ctx;
+    ikv_engine_options o;
+    ikv_engine_options_default(&o);
+    o.threads = a->threads; /* 3: the worker pool's allocations fail too */
+    a->e = NULL;
+    return ikv_engine_create(a->m, &o, &a->e);
+}
+
+static int try_tokenizer(void *ctx) {
+    af_try *a = ctx;
+    a->t = NULL;
+    return ikv_tokenizer_load(a->tok_path, 512, &a->t);
+}
+
 static void test_alloc_failure(void **st) {
     (void)st;
     ikv_model_config c = tiny();
@@ -1468,35 +1486,14 @@ static void test_alloc_failure(void **st) {
     assert_int_equal(ikv_model_random(&c, 6, &m), 0);
     const char *tp = tmp_path("tok_af.bin");
     assert_int_equal(ikv_tokenizer_write_synthetic(tp, 512, 3), 0);
-    for (int threads = 0; threads <= 3; threads += 3)
-        for (size_t k = 0;; k++) {
-            ikv_engine_options o;
-            ikv_engine_options_default(&o);
-            o.threads = threads; /* 3: the worker pool's allocations fail too */
-            ikv_alloc_fail_after(k);
-            ikv_engine *e = NULL;
-            int rc = ikv_engine_create(m, &o, &e);
-            ikv_alloc_fail_after(SIZE_MAX);
-            if (rc == 0) {
-                ikv_engine_destroy(e);
-                break;
-            }
-            assert_int_equal(rc, IKV_ENOMEM);
-            assert_true(k < 200);
-        }
-    openblas_set_num_threads(1);
-    for (size_t k = 0;; k++) {
-        ikv_alloc_fail_after(k);
-        ikv_tokenizer *t = NULL;
-        int rc = ikv_tokenizer_load(tp, 512, &t);
-        ikv_alloc_fail_after(SIZE_MAX);
-        if (rc == 0) {
-            ikv_tokenizer_destroy(t);
-            break;
-        }
-        assert_int_equal(rc, IKV_ENOMEM);
-        assert_true(k < 50);
+    af_try a = {.m = m, .tok_path = tp};
+    for (a.threads = 0; a.threads <= 3; a.threads += 3) {
+        tu_alloc_fail_each(try_engine, &a, 200);
+        ikv_engine_destroy(a.e);
     }
+    openblas_set_num_threads(1);
+    tu_alloc_fail_each(try_tokenizer, &a, 50);
+    ikv_tokenizer_destroy(a.t);
     ikv_model *m2 = NULL;
     ikv_alloc_fail_after(1);
     assert_int_equal(ikv_model_random(&c, 1, &m2), IKV_ENOMEM);

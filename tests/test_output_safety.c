@@ -30,6 +30,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "testutil.h"
+
 static char dir[256], src[4096], outp[512], errp[512];
 
 static const char *bin(void) {
@@ -435,11 +437,6 @@ static void test_outputs_all_or_nothing(void **st) {
 
 /* ---- setup --------------------------------------------------------------------------------- */
 
-static int rm_entry(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
 static int setup(void **st) {
     (void)st;
     const char *s = getenv("IKV_SOURCE_DIR");
@@ -447,8 +444,7 @@ static int setup(void **st) {
         snprintf(src, sizeof src, "%s", s);
     else if (!getcwd(src, sizeof src))
         return -1;
-    snprintf(dir, sizeof dir, "/tmp/isokv_test_output_safety_XXXXXX");
-    if (!mkdtemp(dir)) return -1;
+    if (tu_tmpdir(dir, sizeof dir, "output_safety")) return -1;
     snprintf(outp, sizeof outp, "%s.out", dir);
     snprintf(errp, sizeof errp, "%s.err", dir);
     return 0;
@@ -458,7 +454,7 @@ static int teardown(void **st) {
     (void)st;
     unlink(outp);
     unlink(errp);
-    return nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return tu_rmtree(dir);
 }
 
 int main(void) {

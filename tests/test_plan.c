@@ -19,6 +19,7 @@
 #include "isokv/base.h"
 #include "isokv/cost.h"
 #include "isokv/plan.h"
+#include "testutil.h"
 
 static void walk(const ikv_plan_params *p, const char *model, const char *hw, ikv_plan_result *r) {
     const ikv_model_spec *m;
@@ -603,6 +604,22 @@ static void test_frontier_knee(void **st) {
     ikv_plan_frontier_free(&f);
 }
 
+/* One try of ikv_plan_frontier_build for tu_alloc_fail_each: a failed build leaves nothing
+ * to free. */
+typedef struct frontier_try {
+    const ikv_plan_params *p;
+    const ikv_model_spec *m;
+    const ikv_hw_spec *h;
+    ikv_plan_frontier *f;
+} frontier_try;
+
+static int try_frontier(void *ctx) {
+    frontier_try *t = ctx;
+    int rc = ikv_plan_frontier_build(t->p, t->m, t->h, 7, t->f);
+    if (rc) assert_null(t->f->cloud), assert_null(t->f->hull);
+    return rc;
+}
+
 /* The router on the frontier: the class cap holds for every candidate, the SLO picks the
  * cheapest point meeting it, the budget caps, and a frontier with too many levers is refused. */
 static void test_route_frontier(void **st) {
@@ -662,22 +679,10 @@ static void test_route_frontier(void **st) {
     const ikv_hw_spec *h;
     ikv_model_lookup("llama3-70b", &m);
     ikv_hw_lookup("h100", &h);
-    int ok = 0;
-    for (size_t k = 0; k < 16 && !ok; k++) {
-        ikv_alloc_fail_after(k);
-        int rc = ikv_plan_frontier_build(&p, m, h, 7, &f);
-        ikv_alloc_fail_after(SIZE_MAX);
-        if (rc == 0) {
-            ok = 1;
-            assert_true(k >= 3); /* cloud, scratch, hull indices, hull, configurations */
-            ikv_plan_frontier_free(&f);
-        } else {
-            assert_int_equal(rc, IKV_ENOMEM);
-            assert_null(f.cloud);
-            assert_null(f.hull);
-        }
-    }
-    assert_true(ok);
+    frontier_try t = {&p, m, h, &f};
+    size_t k = tu_alloc_fail_each(try_frontier, &t, 16);
+    assert_true(k >= 3); /* cloud, scratch, hull indices, hull, configurations */
+    ikv_plan_frontier_free(&f);
 }
 
 /* With a utility curve the knee is the hull point of highest u(L) - price C (the MRTS crossing
@@ -1112,13 +1117,18 @@ static void test_cli_frontier(void **st) {
     assert_int_equal(rmdir(dir), 0);
 }
 
-/* --measured on a tiny generated model: four points, hits take tokens from the cache, misses
- * none, every figure positive, the frontier's points undominated among the four. */
+/* --measured on a tiny generated model: per thread count a prefix miss and hit, a batch of 3,
+ * lookup speculation on a miss and a hit and a response-cache hit (12 points); hits take
+ * tokens from the cache, misses none; speculation drafts tokens and every accepted one was
+ * drafted; the response-cache hit accepts its whole stored answer (greedy: the same tokens)
+ * in fewer forward passes than tokens; a batch's C per request is threads x L / 3; every
+ * figure positive; the frontier's points undominated among all; the walk has 5 steps.
+ * --spec none and --batch 1 leave those points out. */
 static void test_cli_measured(void **st) {
     (void)st;
     static char out[1 << 18];
-    int rc = run_cli("plan --measured --engine-config tiny --prompt 128 --output 4 --repeat 1 "
-                     "--json",
+    int rc = run_cli("plan --measured --engine-config tiny --prompt 128 --output 6 --repeat 1 "
+                     "--batch 3 --json",
                      out, sizeof out);
     if (rc < 0) skip();
     assert_int_equal(rc, 0);
@@ -1126,31 +1136,70 @@ static void test_cli_measured(void **st) {
     assert_non_null(j);
     assert_non_null(strstr(cJSON_GetObjectItem(j, "what")->valuestring, "measured"));
     cJSON *pts = cJSON_GetObjectItem(j, "points");
-    assert_int_equal(cJSON_GetArraySize(pts), 4);
-    double c[4], l[4];
-    for (int i = 0; i < 4; i++) {
+    const int n = cJSON_GetArraySize(pts);
+    assert_int_equal(n, 12);
+    double c[12], l[12];
+    int seen_batch = 0, seen_spec = 0, seen_rc = 0;
+    for (int i = 0; i < n; i++) {
         cJSON *q = cJSON_GetArrayItem(pts, i);
         double cached = cJSON_GetObjectItem(q, "cached_tokens")->valuedouble;
-        if (i < 2)
-            assert_true(cached == 0);
-        else
-            assert_true(cached >= 64 && cached <= 112); /* 0.875 x 128, whole blocks */
+        const char *dec = cJSON_GetObjectItem(q, "decode")->valuestring;
+        int hit = cJSON_IsTrue(cJSON_GetObjectItem(q, "prefix_hit"));
+        double batch = cJSON_GetObjectItem(q, "batch")->valuedouble;
+        double threads = cJSON_GetObjectItem(q, "threads")->valuedouble;
+        double drafted = cJSON_GetObjectItem(q, "draft_tokens")->valuedouble;
+        double accepted = cJSON_GetObjectItem(q, "accepted_tokens")->valuedouble;
+        double fw = cJSON_GetObjectItem(q, "forwards")->valuedouble;
         l[i] = cJSON_GetObjectItem(q, "latency_ms")->valuedouble;
         c[i] = cJSON_GetObjectItem(q, "compute_cpu_s")->valuedouble;
         assert_true(l[i] > 0 && c[i] > 0);
         assert_true(cJSON_GetObjectItem(q, "predicted_latency_ms")->valuedouble > 0);
+        assert_true(accepted <= drafted);
+        if (!strcmp(dec, "response_cache")) {
+            seen_rc++;
+            assert_true(cached >= 112); /* the same prompt: all its full blocks */
+            assert_true(accepted >= 5); /* the stored greedy answer (6 tokens; the last is
+                                           sampled after the accepted draft) */
+            assert_true(fw < 6);
+        } else if (hit) {
+            assert_true(cached >= 64 && cached <= 112); /* 0.875 x 128, whole blocks */
+        } else {
+            assert_true(cached == 0);
+        }
+        if (!strcmp(dec, "lookup")) seen_spec++;
+        if (!strcmp(dec, "plain")) assert_true(drafted == 0 && fw == 6);
+        if (batch > 1) {
+            seen_batch++;
+            assert_true(batch == 3);
+            assert_true(fabs(c[i] - threads * l[i] / 1e3 / 3) <= 1e-9 + 1e-6 * c[i]);
+        }
     }
+    assert_int_equal(seen_batch, 2);
+    assert_int_equal(seen_spec, 4);
+    assert_int_equal(seen_rc, 2);
     cJSON *fr = cJSON_GetObjectItem(j, "frontier");
     assert_true(cJSON_GetArraySize(fr) >= 1);
     cJSON *e;
     cJSON_ArrayForEach(e, fr) {
         double fc = cJSON_GetObjectItem(e, "compute_gpu_s")->valuedouble;
         double fl = cJSON_GetObjectItem(e, "latency_ms")->valuedouble;
-        for (int i = 0; i < 4; i++)
+        for (int i = 0; i < n; i++)
             assert_false(dominated(fc, fl, c[i], l[i]));
     }
-    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "steps")), 3);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "steps")), 5);
     cJSON_Delete(j);
+    rc = run_cli("plan --measured --engine-config tiny --prompt 64 --output 2 --repeat 1 "
+                 "--batch 1 --spec none --json",
+                 out, sizeof out);
+    assert_int_equal(rc, 0);
+    j = cJSON_Parse(out);
+    assert_non_null(j);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "points")), 6);
+    assert_int_equal(cJSON_GetArraySize(cJSON_GetObjectItem(j, "steps")), 4);
+    cJSON_Delete(j);
+    assert_int_equal(run_cli("plan --measured --spec draft", out, sizeof out), 2);
+    assert_int_equal(run_cli("plan --measured --batch 9", out, sizeof out), 2);
+    assert_int_equal(run_cli("plan --spec lookup", out, sizeof out), 2);
     assert_int_equal(run_cli("plan --measured --engine-config huge", out, sizeof out), 1);
     assert_int_equal(run_cli("plan --measured --engine-model /nonexistent.bin", out, sizeof out),
                      1);

@@ -26,7 +26,6 @@
 #include <cmocka.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,8 +35,7 @@
 #include <zlib.h>
 
 #include "isokv/sim.h"
-
-extern char **environ;
+#include "testutil.h"
 
 #define REF_FILE "tests/data/weka5_flat6000.oracleGeneral.gz"
 
@@ -413,6 +411,33 @@ static void test_weka_slice_vs_model_and_libcachesim(void **st) {
     stream_free(&s);
 }
 
+/* value's class split keyed by recency in both classes is ARC: on the slice it must give the
+ * brute-force ARC model's and libCacheSim's ARC misses, and on the Zipf streams the model's. */
+#define VALUE_AS_ARC "value:split=1,t1key=0,new=0,lru2=0,cost=0"
+static stream zipf_stream(size_t n, size_t ids, uint64_t seed);
+static void test_value_split_is_arc_ref(void **st) {
+    (void)st;
+    stream s = load(REF_FILE);
+    for (size_t k = 0; k < NCAP; k++) {
+        uint64_t got = core(REF_FILE, CAPS[k], VALUE_AS_ARC, s.n);
+        if (got != model(&s, CAPS[k], "arc") || got != RECORDED[5][k])
+            fail_msg("%s at %zu blocks: %llu misses, arc (model, libCacheSim) %llu", VALUE_AS_ARC,
+                     CAPS[k], (unsigned long long)got, (unsigned long long)RECORDED[5][k]);
+    }
+    stream_free(&s);
+    char path[] = "/tmp/isokv_zipfv_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    stream z = zipf_stream(20000, 5000, 3);
+    write_og(&z, path);
+    static const size_t caps[] = {100, 500, 1500};
+    for (size_t k = 0; k < 3; k++)
+        assert_int_equal(core(path, caps[k], VALUE_AS_ARC, z.n), model(&z, caps[k], "arc"));
+    stream_free(&z);
+    unlink(path);
+}
+
 /* A seeded Zipf(0.9) stream: popular ids come back at every distance, so the policies part
  * (lru from fifo, lfu from sieve), and one-hit ids exercise the ghosts. */
 static stream zipf_stream(size_t n, size_t ids, uint64_t seed) {
@@ -538,24 +563,7 @@ static void test_oracle_reader_rejects(void **st) {
 
 /* Runs the isokv binary with argv (no shell); returns its exit status. */
 static int run_isokv(const char *const *args) {
-    const char *bin = getenv("IKV_BIN");
-    if (!bin) bin = "build/isokv";
-    const char *argv[16] = {bin};
-    size_t k = 1;
-    for (; args[k - 1] && k < 15; k++)
-        argv[k] = args[k - 1];
-    argv[k] = NULL;
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
-    pid_t pid;
-    int rc = posix_spawn(&pid, bin, &fa, NULL, (char *const *)argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    assert_int_equal(rc, 0);
-    int status;
-    assert_int_equal(waitpid(pid, &status, 0), pid);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return tu_run_isokv(args, NULL, NULL, 120);
 }
 
 /* export writes every block of every request in order: equal keys <-> equal ids, next access
@@ -625,6 +633,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_weka_slice_vs_model_and_libcachesim),
         cmocka_unit_test(test_zipf_vs_model),
+        cmocka_unit_test(test_value_split_is_arc_ref),
         cmocka_unit_test(test_oracle_reader_rejects),
         cmocka_unit_test(test_export),
     };

@@ -20,28 +20,22 @@
 
 #include "isokv/model.h"
 #include "model/internal.h"
+#include "testutil.h"
 
 static char tmpdir[256];
 
 static const char *tmp_path(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
-    return buf[k];
+    return tu_path(tmpdir, name);
 }
 
 static int setup_all(void **st) {
     (void)st;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/ikv_test_quant_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return tu_tmpdir(tmpdir, sizeof tmpdir, "quant");
 }
 
 static int teardown_all(void **st) {
     (void)st;
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_rmtree(tmpdir);
 }
 
 static uint64_t rng(uint64_t *s) {

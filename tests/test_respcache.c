@@ -13,6 +13,8 @@
  *     every other response in the cache too, the greedy output with the cache is byte-identical
  *     to the output without it; prompt-lookup decoding likewise; a sampled request through a
  *     candidate stays valid (tokens in the vocabulary, the pool invariant);
+ *   - the byte budget (max_bytes): accounted bytes never above it, eviction by the policy,
+ *     refusal of an entry too big alone;
  *   - the CLI: `isokv run --semantic-cache --prompts FILE` and `--spec lookup` print what plain
  *     runs print; bad flags exit 2, a missing prompts file 1.
  */
@@ -29,6 +31,7 @@
 
 #include "isokv/model.h"
 #include "isokv/respcache.h"
+#include "testutil.h"
 
 /* ---- similarity, bounds, eviction, isolation --------------------------------------------- */
 
@@ -176,6 +179,79 @@ static void test_bounds_and_eviction(void **st) {
     assert_int_equal(ikv_respcache_create(&o, &rc), IKV_EPOLICY);
     o.policy = "sieve";
     assert_int_equal(ikv_respcache_create(&o, &rc), 0);
+    ikv_respcache_destroy(rc);
+}
+
+/* The byte budget: entries of 1264 accounted bytes (32 + 32 tokens, 30 shingles) under 5000
+ * bytes: at most 3 at a time, evicted by the policy (LRU: the entry in use stays); the count
+ * is the sum over the entries (ikv_respcache_check); a replacement that grows its entry over
+ * the budget evicts others, never itself; an entry above the budget alone is refused, nothing
+ * changed; mixed sizes never exceed the budget. */
+static void test_byte_budget(void **st) {
+    (void)st;
+    ikv_respcache_options o;
+    ikv_respcache_options_default(&o);
+    o.capacity = 1000;
+    o.max_bytes = 5000;
+    ikv_respcache *rc;
+    assert_int_equal(ikv_respcache_create(&o, &rc), 0);
+    const uint64_t one = IKV_RESPCACHE_ENTRY_BYTES + 4 * 64 + 8 * 30;
+    uint32_t p[32], out[1200];
+    for (int j = 0; j < 1200; j++)
+        out[j] = (uint32_t)j;
+    ikv_respcache_hit h[2];
+    uint32_t keep = UINT32_MAX;
+    ikv_respcache_stats s;
+    for (uint32_t i = 0; i < 20; i++) {
+        for (int j = 0; j < 32; j++)
+            p[j] = i * 1000 + (uint32_t)j;
+        assert_int_equal(ikv_respcache_put(rc, "T", 0, p, 32, out, 32, NULL), 0);
+        if (i == 0) {
+            assert_int_equal(ikv_respcache_lookup(rc, "T", p, 32, h, 2), 1);
+            keep = h[0].id;
+        }
+        ikv_respcache_used(rc, keep, 5);
+        assert_true(ikv_respcache_check(rc));
+        ikv_respcache_stats_get(rc, &s);
+        assert_int_equal(s.entries, i < 3 ? i + 1 : 3);
+        assert_int_equal(s.bytes, s.entries * one);
+        assert_true(s.bytes <= 5000);
+    }
+    assert_int_equal(s.evictions, 20 - 3);
+    assert_int_equal(s.max_bytes, 5000);
+    for (int j = 0; j < 32; j++)
+        p[j] = (uint32_t)j;
+    assert_int_equal(ikv_respcache_lookup(rc, "T", p, 32, h, 2), 1);
+    assert_int_equal(h[0].id, keep);
+    /* the kept entry grows to 32 + 500 tokens (3136 bytes): one other goes, it stays */
+    assert_int_equal(ikv_respcache_put(rc, "T", 0, p, 32, out, 500, NULL), 0);
+    assert_true(ikv_respcache_check(rc));
+    ikv_respcache_stats_get(rc, &s);
+    assert_int_equal(s.entries, 2);
+    assert_int_equal(s.bytes, IKV_RESPCACHE_ENTRY_BYTES + 4 * 532 + 8 * 30 + one);
+    assert_int_equal(ikv_respcache_lookup(rc, "T", p, 32, h, 2), 1);
+    assert_int_equal(h[0].n_output, 500);
+    /* alone above the budget: refused, nothing changed */
+    p[0] = 777777;
+    const uint64_t puts = s.puts, bytes = s.bytes;
+    assert_int_equal(ikv_respcache_put(rc, "T", 0, p, 32, out, 1200, NULL), IKV_EFULL);
+    ikv_respcache_stats_get(rc, &s);
+    assert_int_equal(s.puts, puts);
+    assert_int_equal(s.bytes, bytes);
+    assert_int_equal(s.too_big, 1);
+    /* mixed sizes, pseudo-random: always within the budget and consistent */
+    uint64_t x = 12345;
+    for (uint32_t i = 0; i < 300; i++) {
+        x = x * 6364136223846793005u + 1442695040888963407u;
+        size_t np = 1 + (x >> 33) % 32, no = 1 + (x >> 45) % 200;
+        for (size_t j = 0; j < np; j++)
+            p[j] = 50000 + i * 40 + (uint32_t)j;
+        int r = ikv_respcache_put(rc, "T", 0, p, np, out, no, NULL);
+        assert_true(r == 0 || r == IKV_EFULL);
+        assert_true(ikv_respcache_check(rc));
+        ikv_respcache_stats_get(rc, &s);
+        assert_true(s.bytes <= 5000);
+    }
     ikv_respcache_destroy(rc);
 }
 
@@ -359,18 +435,7 @@ static void test_pairs_generated_model(void **st) {
 /* Runs the isokv binary with argv (no shell), stdout to `out` (a file); returns the exit
  * status. */
 static int run_cli(char *const argv[], const char *out) {
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int fd = open(out, O_WRONLY | O_CREAT | O_TRUNC, 0600), nul = open("/dev/null", O_WRONLY);
-        if (fd < 0 || nul < 0) _exit(127);
-        dup2(fd, 1), dup2(nul, 2);
-        execv(argv[0], argv);
-        _exit(127);
-    }
-    int stt;
-    assert_int_equal(waitpid(pid, &stt, 0), pid);
-    return WIFEXITED(stt) ? WEXITSTATUS(stt) : 128;
+    return tu_run((const char *const *)argv, out, NULL, 120);
 }
 
 static char *slurp(const char *path) {
@@ -407,6 +472,12 @@ static void test_cli(void **st) {
     char *a = slurp(o1), *b = slurp(o2);
     assert_true(strlen(a) > 200);
     assert_string_equal(a, b);
+    /* a byte budget (64k): the same text as plain */
+    char *plain_text = strdup(a);
+    char *bytes[] = {(char *)bin, "run", "-n", "80", "--prompts", pf, "--semantic-cache=64k", NULL};
+    assert_int_equal(run_cli(bytes, o1), 0);
+    assert_string_equal(slurp(o1), plain_text);
+    free(plain_text);
     char *lk[] = {(char *)bin, "run", "-n", "200", "--spec", "lookup:n=2,k=6", NULL};
     char *pl[] = {(char *)bin, "run", "-n", "200", NULL};
     assert_int_equal(run_cli(lk, o1), 0);
@@ -416,6 +487,14 @@ static void test_cli(void **st) {
     char *bad1[] = {(char *)bin, "run", "--spec", "tree", NULL};
     char *bad2[] = {(char *)bin, "run", "--spec", "lookup:n=0", NULL};
     char *bad3[] = {(char *)bin, "run", "--semantic-cache=x", NULL};
+    char *bad4[] = {(char *)bin, "run", "--semantic-cache=2k", NULL};
+    char *bad5[] = {(char *)bin, "serve", "--semantic-cache=2k", NULL};
+    char *bad6[] = {(char *)bin, "serve", "--spec", "lookup:k=0", NULL};
+    char *bad7[] = {(char *)bin, "serve", "--semantic-cache=", NULL};
+    assert_int_equal(run_cli(bad4, o1), 2);
+    assert_int_equal(run_cli(bad5, o1), 2);
+    assert_int_equal(run_cli(bad6, o1), 2);
+    assert_int_equal(run_cli(bad7, o1), 2);
     char *miss[] = {(char *)bin, "run", "--prompts", "/nonexistent/prompts.txt", NULL};
     assert_int_equal(run_cli(bad1, o1), 2);
     assert_int_equal(run_cli(bad2, o1), 2);
@@ -428,6 +507,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_similarity),
         cmocka_unit_test(test_bounds_and_eviction),
+        cmocka_unit_test(test_byte_budget),
         cmocka_unit_test(test_tenant_isolation),
         cmocka_unit_test(test_pairs_real_model),
         cmocka_unit_test(test_pairs_generated_model),

@@ -27,13 +27,11 @@
 
 #include <cmocka.h>
 
+#include "testutil.h"
+
 /* ---- the server under test -------------------------------------------------------------- */
 
-typedef struct server {
-    pid_t pid;
-    int port;
-    char dir[64];
-} server;
+typedef tu_server server; /* pid, port, dir (the test's own files), banner */
 
 static server S1; /* tenants, public prefix */
 
@@ -50,73 +48,12 @@ static void write_file(const char *path, const char *text) {
 
 /* Starts isokv serve with extra arguments; fills sv. */
 static int server_start(server *sv, const char *const *extra) {
-    const char *bin = getenv("IKV_BIN");
-    if (!bin) {
-        fprintf(stderr, "IKV_BIN is not set (run through ctest)\n");
-        return -1;
-    }
-    int pfd[2];
-    if (pipe(pfd)) return -1;
-    const char *argv[40];
-    int n = 0;
-    argv[n++] = bin, argv[n++] = "serve", argv[n++] = "--port", argv[n++] = "0";
-    for (int i = 0; extra && extra[i]; i++)
-        argv[n++] = extra[i];
-    argv[n] = NULL;
-    pid_t pid = fork();
-    if (pid < 0) return -1;
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        dup2(pfd[1], 1);
-        close(pfd[0]), close(pfd[1]);
-        if (!getenv("IKV_SERVE_LOG")) {
-            FILE *null = fopen("/dev/null", "w");
-            if (null) dup2(fileno(null), 2);
-        }
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    close(pfd[1]);
-    sv->pid = pid, sv->port = 0;
-    char buf[4096];
-    size_t len = 0;
-    for (int waited = 0; waited < 600 && !sv->port; waited++) { /* at most 60 s */
-        struct pollfd p = {.fd = pfd[0], .events = POLLIN};
-        if (poll(&p, 1, 100) <= 0) continue;
-        ssize_t k = read(pfd[0], buf + len, sizeof buf - 1 - len);
-        if (k <= 0) break;
-        len += (size_t)k;
-        buf[len] = 0;
-        char *at = strstr(buf, "listening on http://127.0.0.1:");
-        if (at && strchr(at, '\n')) sv->port = atoi(at + strlen("listening on http://127.0.0.1:"));
-    }
-    close(pfd[0]); /* the server's later stdout writes go nowhere: it prints only at start */
-    if (!sv->port) {
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        sv->pid = 0;
-        return -1;
-    }
-    return 0;
+    return tu_serve_start(sv, extra);
 }
 
 /* SIGTERM, then waits (at most 30 s, then SIGKILL); returns the exit status or -1. */
 static int server_stop(server *sv) {
-    if (!sv->pid) return -1;
-    kill(sv->pid, SIGTERM);
-    int st = 0;
-    for (int i = 0; i < 300; i++) {
-        pid_t r = waitpid(sv->pid, &st, WNOHANG);
-        if (r == sv->pid) {
-            sv->pid = 0;
-            return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        }
-        usleep(100 * 1000);
-    }
-    kill(sv->pid, SIGKILL);
-    waitpid(sv->pid, NULL, 0);
-    sv->pid = 0;
-    return -1;
+    return tu_serve_stop(sv, 30);
 }
 
 static long rss_kib(pid_t pid) {
@@ -333,8 +270,7 @@ static void parse_sse(const char *body, sse *o) {
 static int setup(void **st) {
     (void)st;
     curl_global_init(CURL_GLOBAL_ALL);
-    snprintf(S1.dir, sizeof S1.dir, "/tmp/ikv_serve_testXXXXXX");
-    if (!mkdtemp(S1.dir)) return -1;
+    if (tu_tmpdir(S1.dir, sizeof S1.dir, "serve")) return -1;
     char keys[128], pub[128];
     snprintf(keys, sizeof keys, "%s/keys.json", S1.dir);
     snprintf(pub, sizeof pub, "%s/public.txt", S1.dir);
@@ -349,12 +285,7 @@ static int setup(void **st) {
 static int teardown(void **st) {
     (void)st;
     int rc = server_stop(&S1);
-    char cmd[160];
-    snprintf(cmd, sizeof cmd, "%s/keys.json", S1.dir);
-    unlink(cmd);
-    snprintf(cmd, sizeof cmd, "%s/public.txt", S1.dir);
-    unlink(cmd);
-    rmdir(S1.dir);
+    tu_rmtree(S1.dir);
     curl_global_cleanup();
     if (rc != 0) fprintf(stderr, "server exit status %d after SIGTERM (expected 0)\n", rc);
     return rc == 0 ? 0 : -1;
@@ -747,6 +678,10 @@ static void test_segments(void **st) {
         assert_true(reus > 20 && reused + rec == reus);
         assert_true(hits[i] ? reused > 0 : reused == 0);
         assert_true(cJSON_IsTrue(path_get(j, "usage", "isokv", "blended", NULL)) == (hits[i] > 0));
+        /* the blend pass ran one unit per scheduler turn, each after a batched step of the
+         * other sequences, never all in one: stories260K has 5 layers, and these prompts'
+         * rows fit one unit per stage (Q/K/V; attention + FFN), so 2 x 5 turns */
+        assert_true(num(j, "usage", "isokv", "blend_turns", NULL) == (hits[i] ? 10 : 0));
         assert_true(strlen(str(j, "choices", "0", "text", NULL)) > 0);
         cJSON_Delete(j), free(r.body);
     }
@@ -762,6 +697,156 @@ static void test_segments(void **st) {
     expect_error(http(S1.port, "POST", "/v1/completions", "key-a",
                       "{\"isokv\":{\"blend_ratio\":3,\"segments\":[{\"kind\":\"doc\",\"text\":\"a\"}]}}"),
                  400, "isokv.blend_ratio", NULL);
+}
+
+/* A JSON list of n token ids from seed (ids 3..502: below stories260K's vocab of 512). */
+static void ids_json(char *out, size_t cap, size_t n, unsigned seed) {
+    size_t k = (size_t)snprintf(out, cap, "[");
+    unsigned x = seed * 2654435761u + 1;
+    for (size_t i = 0; i < n && k < cap; i++) {
+        x = x * 1103515245u + 12345u;
+        k += (size_t)snprintf(out + k, cap - k, "%s%u", i ? "," : "", 3 + (x >> 8) % 500);
+    }
+    snprintf(out + k, cap - k, "]");
+}
+
+/* Leading segments in the prefix cache: a public system prompt (48 tokens) before a private
+ * memory and a reused document comes from the prefix cache for another tenant, reported in
+ * usage (prefix_cached_tokens, and cached_tokens = prefix-cached + reused); at blend_ratio 1
+ * the structured request answers exactly what the plain prompt of the same tokens answers. */
+static void test_segments_prefix(void **st) {
+    (void)st;
+    char sys[600], m1[300], m2[300], doc[600], q[100], plain[2100], b[4][2400];
+    ids_json(sys, sizeof sys, 48, 71), ids_json(m1, sizeof m1, 20, 72);
+    ids_json(m2, sizeof m2, 20, 73), ids_json(doc, sizeof doc, 60, 74),
+        ids_json(q, sizeof q, 6, 75);
+    const char *mem[4] = {m1, m2, m2, m2};
+    const char *ratio[4] = {"0.2", "0.2", "1", "0.2"};
+    for (int i = 0; i < 4; i++)
+        snprintf(b[i], sizeof b[i],
+                 "{\"max_tokens\":8,\"temperature\":0,\"isokv\":{\"blend_ratio\":%s,\"segments\":["
+                 "{\"kind\":\"system\",\"tokens\":%s,\"public\":true},"
+                 "{\"kind\":\"memory\",\"tokens\":%s},"
+                 "{\"kind\":\"doc\",\"tokens\":%s,\"reusable\":true,\"public\":true},"
+                 "{\"kind\":\"query\",\"tokens\":%s}]}}",
+                 ratio[i], sys, mem[i], doc, q);
+    /* the plain prompt of request 2's tokens */
+    char all[2000];
+    snprintf(all, sizeof all, "%.*s,%.*s,%.*s,%s", (int)strlen(sys) - 1, sys, (int)strlen(m2) - 2,
+             m2 + 1, (int)strlen(doc) - 2, doc + 1, q + 1);
+    snprintf(plain, sizeof plain, "{\"max_tokens\":8,\"temperature\":0,\"prompt\":%s}", all);
+    const char *who[4] = {"key-a", "key-b", "key-b", "key-b"};
+    char *text[4] = {0};
+    for (int i = 0; i < 4; i++) {
+        resp r = http(S1.port, "POST", "/v1/completions", who[i], b[i]);
+        if (r.status != 200) fail_msg("request %d: status %ld: %s", i, r.status, r.body);
+        cJSON *j = json_of(&r);
+        double pc = num(j, "usage", "isokv", "prefix_cached_tokens", NULL),
+               reused = num(j, "usage", "isokv", "reused_tokens", NULL),
+               cached = num(j, "usage", "prompt_tokens_details", "cached_tokens", NULL);
+        int blended = cJSON_IsTrue(path_get(j, "usage", "isokv", "blended", NULL));
+        if (i == 0 && (blended || reused != 0)) fail_msg("request 0: %s", r.body);
+        if (i == 1 && !(blended && pc >= 32 && reused > 0 && cached == pc + reused))
+            fail_msg("request 1 (bob, the doc reused, system from the prefix cache): %s", r.body);
+        if (i == 2 && (blended || cached < 48 + 20))
+            fail_msg("request 2 (r = 1: exact, bob's system + memory cached): %s", r.body);
+        if (i == 3 && !(blended && pc >= 48 + 16)) fail_msg("request 3: %s", r.body);
+        text[i] = strdup(str(j, "choices", "0", "text", NULL));
+        cJSON_Delete(j), free(r.body);
+    }
+    resp r = http(S1.port, "POST", "/v1/completions", "key-b", plain);
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    assert_string_equal(str(j, "choices", "0", "text", NULL), text[2]);
+    cJSON_Delete(j), free(r.body);
+    assert_string_equal(text[1], text[3]); /* the same blend, whatever was cached before it */
+    for (int i = 0; i < 4; i++)
+        free(text[i]);
+}
+
+/* Chat messages as segments: a document message flagged reusable is stored, then reused by
+ * another tenant's chat behind another history (usage.isokv reports it); the mapping renders
+ * each message as the chat template does (the same answer as the explicit segments list of
+ * those texts); an explicit isokv.segments list works in chat too; bad flags are 400s naming
+ * the message. */
+static void test_chat_segments(void **st) {
+    (void)st;
+    const char *doc = "{\"role\":\"user\",\"content\":\"Lily went to the park with her mom. She "
+                      "saw a big red ball under a tree and a dog that liked to run.\","
+                      "\"isokv\":{\"kind\":\"doc\",\"reusable\":true,\"public\":true}}";
+    char b1[1024], b2[1024];
+    snprintf(b1, sizeof b1,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"Tell a story.\"},"
+             "%s,{\"role\":\"user\",\"content\":\"What did Lily see?\"}],\"max_tokens\":6,"
+             "\"temperature\":0,\"isokv\":{\"blend_ratio\":0.2}}",
+             doc);
+    snprintf(b2, sizeof b2,
+             "{\"messages\":[{\"role\":\"system\",\"content\":\"Tell a story.\"},"
+             "{\"role\":\"user\",\"content\":\"I like cats.\"},{\"role\":\"assistant\","
+             "\"content\":\"Cats are nice.\"},%s,{\"role\":\"user\",\"content\":\"What did "
+             "Lily see?\"}],\"max_tokens\":6,\"temperature\":0,\"isokv\":{\"blend_ratio\":0.2}}",
+             doc);
+    const char *who[2] = {"key-a", "key-b"}, *body[2] = {b1, b2};
+    for (int i = 0; i < 2; i++) {
+        resp r = http(S1.port, "POST", "/v1/chat/completions", who[i], body[i]);
+        if (r.status != 200) fail_msg("chat %d: status %ld: %s", i, r.status, r.body);
+        cJSON *j = json_of(&r);
+        assert_string_equal(str(j, "object", NULL), "chat.completion");
+        assert_true(num(j, "usage", "isokv", "reusable_tokens", NULL) > 20);
+        if (num(j, "usage", "isokv", "chunk_hits", NULL) != i ||
+            (num(j, "usage", "isokv", "reused_tokens", NULL) > 0) != i)
+            fail_msg("chat %d: %s", i, r.body);
+        assert_true(strlen(str(j, "choices", "0", "message", "content", NULL)) > 0);
+        cJSON_Delete(j), free(r.body);
+    }
+    /* the mapping's texts, as an explicit list on /v1/completions: the same answer */
+    const char *mapped = "{\"messages\":[{\"role\":\"system\",\"content\":\"Be brief.\"},"
+                         "{\"role\":\"user\",\"content\":\"A dog\"}],\"max_tokens\":8,"
+                         "\"temperature\":0,\"isokv\":{\"segments\":\"messages\"}}",
+               *listed = "{\"max_tokens\":8,\"temperature\":0,\"isokv\":{\"segments\":["
+                         "{\"kind\":\"system\",\"text\":\"Be brief.\\n\\n\"},"
+                         "{\"kind\":\"query\",\"text\":\"User: A dog\\nAssistant:\"}]}}";
+    resp r = http(S1.port, "POST", "/v1/chat/completions", "key-a", mapped);
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    char *a = strdup(str(j, "choices", "0", "message", "content", NULL));
+    assert_true(num(j, "usage", "isokv", "reusable_tokens", NULL) == 0); /* a structured one */
+    cJSON_Delete(j), free(r.body);
+    r = http(S1.port, "POST", "/v1/completions", "key-a", listed);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    assert_string_equal(str(j, "choices", "0", "text", NULL), a);
+    cJSON_Delete(j), free(r.body);
+    /* the explicit list on chat: a chat answer */
+    char lc[512];
+    snprintf(lc, sizeof lc, "%s", listed);
+    r = http(S1.port, "POST", "/v1/chat/completions", "key-a", lc);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    assert_string_equal(str(j, "choices", "0", "message", "content", NULL), a);
+    cJSON_Delete(j), free(r.body), free(a);
+    expect_error(http(S1.port, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],"
+                      "\"isokv\":{\"segments\":\"msgs\"}}"),
+                 400, "isokv.segments", "\"messages\"");
+    expect_error(http(S1.port, "POST", "/v1/completions", "key-a",
+                      "{\"prompt\":\"a\",\"isokv\":{\"segments\":\"messages\"}}"),
+                 400, "isokv.segments", "list of segments");
+    expect_error(http(S1.port, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"},{\"role\":\"user\","
+                      "\"content\":\"b\",\"isokv\":{\"kind\":\"dox\"}}]}"),
+                 400, "messages.isokv", "messages[1].isokv");
+    expect_error(http(S1.port, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\",\"isokv\":"
+                      "{\"reusable\":1}}]}"),
+                 400, "messages.isokv", "messages[0].isokv.reusable");
+    expect_error(http(S1.port, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"robot\",\"content\":\"a\",\"isokv\":{}}]}"),
+                 400, "messages", "messages[0].role");
+    expect_error(http(S1.port, "POST", "/v1/chat/completions", "key-a",
+                      "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"isokv\":"
+                      "{\"segments\":[{\"kind\":\"doc\",\"text\":\"a\"}]}}"),
+                 400, "isokv.segments", "replaces messages");
 }
 
 /* A client that goes away mid-stream cancels its request and releases its sequence. */
@@ -860,8 +945,7 @@ static server S2;
 
 static int setup_load(void **st) {
     (void)st;
-    snprintf(S2.dir, sizeof S2.dir, "/tmp/ikv_serve_loadXXXXXX");
-    if (!mkdtemp(S2.dir)) return -1;
+    if (tu_tmpdir(S2.dir, sizeof S2.dir, "serve_load")) return -1;
     char keys[128], pub[128];
     snprintf(keys, sizeof keys, "%s/keys.json", S2.dir);
     snprintf(pub, sizeof pub, "%s/public.txt", S2.dir);
@@ -879,12 +963,7 @@ static int S2_exit = -1; /* set by test_drain, which stops S2 itself */
 static int teardown_load(void **st) {
     (void)st;
     int rc = S2.pid ? server_stop(&S2) : S2_exit;
-    char p[160];
-    snprintf(p, sizeof p, "%s/keys.json", S2.dir);
-    unlink(p);
-    snprintf(p, sizeof p, "%s/public.txt", S2.dir);
-    unlink(p);
-    rmdir(S2.dir);
+    tu_rmtree(S2.dir);
     return rc == 0 ? 0 : -1;
 }
 
@@ -1038,16 +1117,8 @@ static void test_drain(void **st) {
         free(r[i].body);
     }
     curl_multi_cleanup(m);
-    int status = 0;
-    for (int k = 0; k < 300 && S2.pid; k++) {
-        if (waitpid(S2.pid, &status, WNOHANG) == S2.pid)
-            S2.pid = 0;
-        else
-            usleep(100 * 1000);
-    }
-    assert_int_equal(S2.pid, 0);
-    assert_true(WIFEXITED(status));
-    S2_exit = WEXITSTATUS(status);
+    S2_exit = tu_wait(S2.pid, 30); /* -1: killed by a signal, or still running after 30 s */
+    S2.pid = 0;
     assert_int_equal(S2_exit, 0);
 }
 
@@ -1058,8 +1129,7 @@ static char tier_dir[64] = "", tier_file[128];
 
 static int setup_tiers(void **st) {
     (void)st;
-    snprintf(tier_dir, sizeof tier_dir, "/tmp/ikv_serve_tiersXXXXXX");
-    if (!mkdtemp(tier_dir)) return -1;
+    if (tu_tmpdir(tier_dir, sizeof tier_dir, "serve_tiers")) return -1;
     char spec[192];
     snprintf(tier_file, sizeof tier_file, "%s/kv.store", tier_dir);
     snprintf(spec, sizeof spec, "file:%s:4M", tier_file);
@@ -1078,8 +1148,7 @@ static int teardown_tiers(void **st) {
     server *all[] = {&TREF, &TMEM, &TF1, &TF2};
     for (int i = 0; i < 4; i++)
         if (all[i]->pid && server_stop(all[i]) != 0) bad = 1;
-    unlink(tier_file);
-    if (tier_dir[0]) rmdir(tier_dir);
+    tu_rmtree(tier_dir);
     return bad ? -1 : 0;
 }
 
@@ -1163,6 +1232,8 @@ static void test_tier_mem(void **st) {
     cJSON *j = tier_complete(TMEM.port, 0);
     assert_string_equal(str(j, "choices", "0", "text", NULL), REF_TEXT[0]);
     assert_true(num(j, "usage", "isokv", "cached_tokens_by_tier", "mem", NULL) == 0);
+    /* the answers' tier_recomputed_tokens, over every request to TMEM */
+    double recomputed = num(j, "usage", "isokv", "tier_recomputed_tokens", NULL);
     cJSON_Delete(j);
     char *bodies[3] = {tier_body(1), tier_body(2), tier_body(0)};
     resp r[3];
@@ -1171,10 +1242,12 @@ static void test_tier_mem(void **st) {
         assert_int_equal(r[i].status, 200);
         cJSON *a = json_of(&r[i]);
         assert_string_equal(str(a, "choices", "0", "text", NULL), REF_TEXT[i + 1]);
+        recomputed += num(a, "usage", "isokv", "tier_recomputed_tokens", NULL);
         cJSON_Delete(a), free(r[i].body);
     }
     j = tier_complete(TMEM.port, 0);
     assert_string_equal(str(j, "choices", "0", "text", NULL), REF_TEXT[0]);
+    recomputed += num(j, "usage", "isokv", "tier_recomputed_tokens", NULL);
     double mem = num(j, "usage", "isokv", "cached_tokens_by_tier", "mem", NULL);
     if (mem < 16) fail_msg("prompt 0 again took %g tokens from the mem tier", mem);
     cJSON_Delete(j);
@@ -1184,6 +1257,7 @@ static void test_tier_mem(void **st) {
             assert_int_equal(r[i].status, 200);
             cJSON *a = json_of(&r[i]);
             assert_string_equal(str(a, "choices", "0", "text", NULL), REF_TEXT[(i + 1) % 3]);
+            recomputed += num(a, "usage", "isokv", "tier_recomputed_tokens", NULL);
             cJSON_Delete(a), free(r[i].body);
         }
     }
@@ -1196,6 +1270,26 @@ static void test_tier_mem(void **st) {
                                   "tier=\"mem\"}") >= mem);
     assert_true(metric(TMEM.port, "isokv_tier_recomputes_total{tier=\"mem\",why=\"failed\"}") ==
                 0);
+    /* one family, labelled by tier and why; its blocks are the tokens the answers reported */
+    double by_why = 0;
+    const char *why[] = {"cheaper", "failed", "no_room", "dropped"};
+    for (int w = 0; w < 4; w++) {
+        char series[128];
+        snprintf(series, sizeof series, "isokv_tier_recomputes_total{tier=\"mem\",why=\"%s\"}",
+                 why[w]);
+        double v = metric(TMEM.port, series);
+        if (v < 0) fail_msg("no series %s", series);
+        by_why += v;
+    }
+    if (by_why * 16 != recomputed)
+        fail_msg("%g blocks recomputed by why, %g tokens in the answers", by_why, recomputed);
+    resp mt = http(TMEM.port, "GET", "/metrics", NULL, NULL);
+    const char *p = mt.body, *type = "# TYPE isokv_tier_recomputes_total counter\n";
+    int types = 0;
+    while ((p = strstr(p, type)))
+        types++, p++;
+    assert_int_equal(types, 1);
+    free(mt.body);
     /* the reference server has no lower tier: no tier series, pool only */
     assert_true(metric(TREF.port, "isokv_blocks_demoted_total{tier=\"mem\"}") == -1);
     assert_true(metric(TREF.port, "isokv_cached_prompt_tokens_total{tenant=\"default\","
@@ -1224,30 +1318,14 @@ static void test_tier_file_shared(void **st) {
 /* Runs `isokv serve --port 0 ARGS...` to its exit (it must fail before listening, within
  * 30 s); returns the exit status. */
 static int serve_exit_code(const char *const *args) {
-    const char *bin = getenv("IKV_BIN");
-    assert_non_null(bin);
-    const char *argv[16] = {bin, "serve", "--port", "0"};
-    int n = 4;
+    const char *argv[16] = {"serve", "--port", "0"};
+    int n = 3;
     for (int i = 0; args[i] && n < 15; i++)
         argv[n++] = args[i];
     argv[n] = NULL;
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        FILE *null = fopen("/dev/null", "w");
-        if (null) dup2(fileno(null), 1), dup2(fileno(null), 2);
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    int status = 0;
-    for (int k = 0; k < 300; k++) {
-        if (waitpid(pid, &status, WNOHANG) == pid) return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-        usleep(100 * 1000);
-    }
-    kill(pid, SIGKILL), waitpid(pid, NULL, 0);
-    fail_msg("serve %s did not exit", args[0]);
-    return -1;
+    int rc = tu_run_isokv(argv, NULL, NULL, 30);
+    if (rc < 0) fail_msg("serve %s did not exit", args[0]);
+    return rc;
 }
 
 /* Bad --tier values: a malformed spec is a usage error (2), an unwritable file a failure (1),
@@ -1541,6 +1619,124 @@ static void test_preempt_same_text(void **st) {
         free(bodies[i]), free(ref[i]);
 }
 
+/* Structured requests are preempted like plain ones (admitted with the same headroom) and
+ * re-admitted with the chunks they reused: four requests reusing one stored document, each
+ * behind its own memory, 100 tokens each on the budget of 10 private blocks, answer exactly
+ * what they answer one at a time on a server with room; preemptions among them are counted. */
+static void test_preempt_segments(void **st) {
+    (void)st;
+    char doc[300], q[60], mem[5][120], bodies[5][1200];
+    ids_json(doc, sizeof doc, 24, 81), ids_json(q, sizeof q, 4, 82);
+    for (int i = 0; i < 5; i++) {
+        ids_json(mem[i], sizeof mem[i], 8, 83 + (unsigned)i);
+        snprintf(bodies[i], sizeof bodies[i],
+                 "{\"max_tokens\":100,\"ignore_eos\":true,\"temperature\":0,\"isokv\":{"
+                 "\"blend_ratio\":0.2,\"segments\":[{\"kind\":\"memory\",\"tokens\":%s},"
+                 "{\"kind\":\"doc\",\"tokens\":%s,\"reusable\":true,\"public\":true},"
+                 "{\"kind\":\"query\",\"tokens\":%s}]}}",
+                 mem[i], doc, q);
+    }
+    char *ref[4];
+    const server *sv[2] = {&TPREF, &TP};
+    for (int k = 0; k < 2; k++) { /* request 4 stores the document on both servers */
+        resp r = http(sv[k]->port, "POST", "/v1/completions", NULL, bodies[4]);
+        if (r.status != 200) fail_msg("warm-up: status %ld: %s", r.status, r.body);
+        free(r.body);
+    }
+    for (int i = 0; i < 4; i++) { /* alone, on the reference server */
+        resp r = http(TPREF.port, "POST", "/v1/completions", NULL, bodies[i]);
+        if (r.status != 200) fail_msg("reference: status %ld: %s", r.status, r.body);
+        cJSON *j = json_of(&r);
+        assert_true(cJSON_IsTrue(path_get(j, "usage", "isokv", "blended", NULL)));
+        ref[i] = strdup(str(j, "choices", "0", "text", NULL));
+        cJSON_Delete(j), free(r.body);
+    }
+    char *b[4] = {bodies[0], bodies[1], bodies[2], bodies[3]};
+    resp r[4];
+    post_all(TP.port, b, 4, r);
+    int preemptions = 0;
+    for (int i = 0; i < 4; i++) {
+        if (r[i].status != 200) fail_msg("status %ld: %s", r[i].status, r[i].body);
+        cJSON *j = json_of(&r[i]);
+        assert_true(cJSON_IsTrue(path_get(j, "usage", "isokv", "blended", NULL)));
+        assert_string_equal(str(j, "choices", "0", "text", NULL), ref[i]);
+        assert_int_equal((int)num(j, "usage", "completion_tokens", NULL), 100);
+        preemptions += (int)num(j, "usage", "isokv", "preemptions", NULL);
+        cJSON_Delete(j), free(r[i].body);
+    }
+    if (preemptions < 1) fail_msg("no structured request was preempted");
+    for (int i = 0; i < 4; i++)
+        free(ref[i]);
+}
+
+/* The error object of a request refused before anything started: status 400 with a JSON body
+ * (not a 200 event stream carrying an error event), OpenAI's invalid_request_error naming
+ * param, code context_length_exceeded, and a message containing has. */
+static void expect_never_fits(resp r, const char *param, const char *has) {
+    assert_non_null(strstr(r.ctype, "application/json"));
+    assert_null(strstr(r.body ? r.body : "", "data:"));
+    cJSON *j = json_of(&r);
+    assert_string_equal(str(j, "error", "type", NULL), "invalid_request_error");
+    assert_string_equal(str(j, "error", "code", NULL), "context_length_exceeded");
+    cJSON_Delete(j);
+    expect_error(r, 400, param, has);
+}
+
+/* A request that could never fit (prompt + max_tokens beyond the private KV budget, 160
+ * positions on TP, or beyond the model's context of 512 on TPREF) is a 400 before any stream
+ * starts, for plain and streamed requests alike; defaults are cut to what fits instead; nothing
+ * was queued or reserved for a refused request. */
+static void test_never_fits_400(void **st) {
+    (void)st;
+    double before = metric(TP.port, "isokv_requests_total{tenant=\"default\",status=\"400\"}");
+    if (before < 0) before = 0; /* no 400 yet: no series */
+    expect_never_fits(http(TP.port, "POST", "/v1/completions", NULL,
+                           "{\"prompt\":\"Once\",\"max_tokens\":200,\"stream\":true}"),
+                      "max_tokens", "private blocks");
+    expect_never_fits(http(TP.port, "POST", "/v1/chat/completions", NULL,
+                           "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],"
+                           "\"max_completion_tokens\":300,\"stream\":true}"),
+                      "max_completion_tokens", "at most 160 positions");
+    /* a prompt alone of 160 token ids leaves no room for a generated token */
+    char body[2048];
+    int k = snprintf(body, sizeof body, "{\"stream\":true,\"prompt\":[1");
+    for (int i = 1; i < 160; i++)
+        k += snprintf(body + k, sizeof body - (size_t)k, ",%d", 300 + i % 100);
+    snprintf(body + k, sizeof body - (size_t)k, "]}");
+    expect_never_fits(http(TP.port, "POST", "/v1/completions", NULL, body), "prompt", "160 tokens");
+    /* beyond the model's context on a server whose budget is larger */
+    expect_never_fits(http(TPREF.port, "POST", "/v1/completions", NULL,
+                           "{\"prompt\":\"Once\",\"max_tokens\":511,\"stream\":true}"),
+                      "max_tokens", "the model's context");
+    /* exactly what fits is served: the prompt and max_tokens fill the 160 positions */
+    resp r = http(TP.port, "POST", "/v1/completions", NULL,
+                  "{\"prompt\":\"Once\",\"max_tokens\":1,\"temperature\":0}");
+    assert_int_equal(r.status, 200);
+    cJSON *j = json_of(&r);
+    double pt = num(j, "usage", "prompt_tokens", NULL);
+    cJSON_Delete(j), free(r.body);
+    snprintf(body, sizeof body,
+             "{\"prompt\":\"Once\",\"max_tokens\":%d,\"temperature\":0,\"ignore_eos\":true}",
+             160 - (int)pt);
+    r = http(TP.port, "POST", "/v1/completions", NULL, body);
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    assert_true(num(j, "usage", "total_tokens", NULL) == 160);
+    cJSON_Delete(j), free(r.body);
+    /* a chat request without a limit gets the rest of what fits, not a refusal */
+    r = http(TP.port, "POST", "/v1/chat/completions", NULL,
+             "{\"messages\":[{\"role\":\"user\",\"content\":\"Hi\"}],\"temperature\":0,"
+             "\"ignore_eos\":true}");
+    assert_int_equal(r.status, 200);
+    j = json_of(&r);
+    assert_true(num(j, "usage", "total_tokens", NULL) == 160);
+    cJSON_Delete(j), free(r.body);
+    /* the refusals were counted as 400s, and nothing stayed queued or reserved */
+    assert_true(metric(TP.port, "isokv_requests_total{tenant=\"default\",status=\"400\"}") >=
+                before + 3);
+    assert_true(metric(TP.port, "isokv_queued_requests") == 0);
+}
+
 /* Bad routing flags: an unknown or out-of-range plan key, an unknown model or GPU are usage
  * errors (2); a missing config file a failure (1). */
 static void test_route_flags(void **st) {
@@ -1549,13 +1745,15 @@ static void test_route_flags(void **st) {
                *c2[] = {"--route-set", "no.such=1", NULL}, *c3[] = {"--route-set", "x", NULL},
                *c4[] = {"--route-model", "no-such-model", NULL},
                *c5[] = {"--route-hw", "no-such-gpu", NULL},
-               *c6[] = {"--route-config", "/nonexistent-dir/route.json", NULL};
+               *c6[] = {"--route-config", "/nonexistent-dir/route.json", NULL},
+               *c7[] = {"--route", "shortest", NULL};
     assert_int_equal(serve_exit_code(c1), 2);
     assert_int_equal(serve_exit_code(c2), 2);
     assert_int_equal(serve_exit_code(c3), 2);
     assert_int_equal(serve_exit_code(c4), 2);
     assert_int_equal(serve_exit_code(c5), 2);
     assert_int_equal(serve_exit_code(c6), 1);
+    assert_int_equal(serve_exit_code(c7), 2); /* --route is walk or frontier */
     /* a config file (nested keys, as `isokv plan --config`) sets the caps */
     char path[64];
     snprintf(path, sizeof path, "/tmp/ikv_route_%d.json", (int)getpid());
@@ -1685,6 +1883,7 @@ int main(void) {
         cmocka_unit_test(test_stream_completions),    cmocka_unit_test(test_errors),
         cmocka_unit_test(test_tenant_isolation),      cmocka_unit_test(test_disconnect_cancels),
         cmocka_unit_test(test_queue_full_429),        cmocka_unit_test(test_segments),
+        cmocka_unit_test(test_segments_prefix),       cmocka_unit_test(test_chat_segments),
     };
     const struct CMUnitTest load[] = {cmocka_unit_test(test_load), cmocka_unit_test(test_drain)};
     int rc = cmocka_run_group_tests_name("serve_api", api, setup, teardown);
@@ -1698,7 +1897,9 @@ int main(void) {
                                        cmocka_unit_test(test_route_priority),
                                        cmocka_unit_test(test_route_flags)};
     rc |= cmocka_run_group_tests_name("serve_route", route, setup_route, teardown_route);
-    const struct CMUnitTest preempt[] = {cmocka_unit_test(test_preempt_same_text)};
+    const struct CMUnitTest preempt[] = {cmocka_unit_test(test_preempt_same_text),
+                                         cmocka_unit_test(test_preempt_segments),
+                                         cmocka_unit_test(test_never_fits_400)};
     rc |= cmocka_run_group_tests_name("serve_preempt", preempt, setup_preempt, teardown_preempt);
     const struct CMUnitTest q8[] = {cmocka_unit_test(test_serve_q8)};
     rc |= cmocka_run_group_tests_name("serve_q8", q8, setup_q8, teardown_q8);

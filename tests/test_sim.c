@@ -20,6 +20,7 @@
 
 #include "isokv/gen.h"
 #include "isokv/sim.h"
+#include "testutil.h"
 
 #include <cjson/cJSON.h>
 #include <math.h>
@@ -39,15 +40,12 @@ static int setup_all(void **state) {
     (void)state;
     const char *src = getenv("IKV_SOURCE_DIR");
     if (src && chdir(src) != 0) return -1;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/ikv_test_sim.XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return tu_tmpdir(tmpdir, sizeof tmpdir, "sim");
 }
 
 static int teardown_all(void **state) {
     (void)state;
-    char cmd[512];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_rmtree(tmpdir);
 }
 
 static void tmp_path(char *buf, size_t n, const char *name) {
@@ -589,10 +587,141 @@ static void test_timed_invariants(void **state) {
         /* more servers never increase the median TTFT on a fixed trace */
         assert_true(r.ttft_p50 <= prev_p50 + 1e-12);
         prev_p50 = r.ttft_p50;
-        /* locks never cost hits here: the cache sees the same accesses as in order mode */
-        assert_int_equal(r.prefix_hit_tokens, hits_order);
+        /* with one server every prefill ends before the next starts, so the cache sees the
+         * accesses of order mode; with more, requests that meet a block another one is still
+         * computing (pending cuts) lose those hits (on this trace and capacity, never more
+         * than the evictions they avoid give back) */
+        if (s == 1) {
+            assert_int_equal(r.pending_cuts, 0);
+            assert_int_equal(r.prefix_hit_tokens, hits_order);
+        } else {
+            assert_true(r.prefix_hit_tokens <= hits_order);
+            assert_true(r.prefix_hit_tokens == hits_order || r.pending_cuts > 0);
+        }
         ikv_replay_result_free(&r);
     }
+}
+
+/* ---- timed mode with measured service times: locks held and blocks pending --------------- */
+
+typedef struct matched_log {
+    size_t n, matched[8];
+} matched_log;
+
+static void on_matched(void *ctx, const ikv_trace_request *q, const ikv_request_outcome *o) {
+    (void)q;
+    matched_log *m = ctx;
+    if (m->n < 8) m->matched[m->n] = o->matched;
+    m->n++;
+}
+
+/* Replays `path` (one-token blocks, `cap` blocks) in order mode or timed mode with the trace's
+ * service times; fills the per-request matched blocks and returns the result. */
+static void replay_live(const char *path, uint64_t cap, int timed, matched_log *m,
+                        ikv_replay_result *r) {
+    ikv_trace_opts to = {0};
+    ikv_replay_opts ro;
+    ikv_replay_opts_default(&ro);
+    ro.capacity_tokens = cap;
+    ro.check_every = 1;
+    ro.mode = timed ? IKV_REPLAY_TIMED : IKV_REPLAY_ORDER;
+    ro.service_trace = timed;
+    memset(m, 0, sizeof *m);
+    ro.on_request = on_matched;
+    ro.on_request_ctx = m;
+    assert_int_equal(replay_file(path, &to, &ro, r), 0);
+    assert_int_equal(m->n, 3);
+}
+
+#define SEGREQ(t, sess, ttft, lat, segs)                                                        \
+    "{\"time\":" #t ",\"tenant\":\"u\",\"session\":" #sess ",\"output\":1,\"ttft_s\":" #ttft     \
+    ",\"latency_s\":" #lat ",\"segments\":[" segs "]}\n"
+#define SEG(id) "{\"kind\":\"history\",\"id\":\"" id "\",\"tokens\":1}"
+
+static void test_timed_locks_and_pending(void **state) {
+    (void)state;
+    char path[512];
+    matched_log m;
+    ikv_replay_result r;
+    /* Locks: A runs until t = 10 holding [a, ab] in a 3-block cache. B's insertion finds one
+     * free block (the rest of its prompt is not cached: insert_full) instead of evicting A's
+     * prefix, so C, sharing A's prefix, hits both blocks. In order mode B evicts part of A's
+     * chain and C hits less. */
+    tmp_path(path, sizeof path, "locks.jsonl");
+    write_file(path, "{\"format\":\"isokv-segments\",\"version\":1,\"block_tokens\":1}\n"
+                     SEGREQ(0, 1, 0.1, 10, SEG("a") "," SEG("b"))
+                     SEGREQ(1, 2, 0.1, 0.2, SEG("c") "," SEG("d"))
+                     SEGREQ(2, 3, 0.1, 0.2, SEG("a") "," SEG("b") "," SEG("e")));
+    replay_live(path, 3, 0, &m, &r);
+    size_t order_c = m.matched[2];
+    assert_true(order_c < 2);
+    ikv_replay_result_free(&r);
+    replay_live(path, 3, 1, &m, &r);
+    assert_int_equal(m.matched[2], 2);
+    assert_int_equal(r.insert_full, 1);
+    assert_int_equal(r.pending_cuts, 0);
+    ikv_replay_result_free(&r);
+    /* Pending: B arrives while A (same prefix) is still in prefill (A's first token at t = 5):
+     * A's blocks are in the cache but not computed, so B hits nothing and inserts nothing; C,
+     * after both, hits A's 3 blocks but not B's fourth (never cached). Order mode: 3 and 4. */
+    tmp_path(path, sizeof path, "pending.jsonl");
+    write_file(path, "{\"format\":\"isokv-segments\",\"version\":1,\"block_tokens\":1}\n"
+                     SEGREQ(0, 1, 5, 6, SEG("x") "," SEG("y") "," SEG("z"))
+                     SEGREQ(1, 2, 0.5, 1, SEG("x") "," SEG("y") "," SEG("z") "," SEG("w"))
+                     SEGREQ(7, 3, 0.5, 1,
+                            SEG("x") "," SEG("y") "," SEG("z") "," SEG("w") "," SEG("v")));
+    replay_live(path, 100, 0, &m, &r);
+    assert_int_equal(m.matched[1], 3);
+    assert_int_equal(m.matched[2], 4);
+    ikv_replay_result_free(&r);
+    replay_live(path, 100, 1, &m, &r);
+    assert_int_equal(m.matched[1], 0);
+    assert_int_equal(m.matched[2], 3);
+    assert_int_equal(r.pending_cuts, 1);
+    assert_true(fabs(r.ttft_p99 - 5) < 1e-9); /* the trace's measured TTFTs */
+    ikv_replay_result_free(&r);
+    /* once A's prefill is done (B at t = 5.5 instead of 1), B hits A's blocks */
+    tmp_path(path, sizeof path, "ready.jsonl");
+    write_file(path, "{\"format\":\"isokv-segments\",\"version\":1,\"block_tokens\":1}\n"
+                     SEGREQ(0, 1, 5, 6, SEG("x") "," SEG("y") "," SEG("z"))
+                     SEGREQ(5.5, 2, 0.5, 1, SEG("x") "," SEG("y") "," SEG("z") "," SEG("w"))
+                     SEGREQ(7, 3, 0.5, 1,
+                            SEG("x") "," SEG("y") "," SEG("z") "," SEG("w") "," SEG("v")));
+    replay_live(path, 100, 1, &m, &r);
+    assert_int_equal(m.matched[1], 3);
+    assert_int_equal(m.matched[2], 4);
+    assert_int_equal(r.pending_cuts, 0);
+    ikv_replay_result_free(&r);
+    /* the same when B arrived at t = 1 but the server admitted it (looked its prefix up) only
+     * after A's prefill: queue_s 4.6 of its ttft_s 5 */
+    write_file(path, "{\"format\":\"isokv-segments\",\"version\":1,\"block_tokens\":1}\n"
+                     SEGREQ(0, 1, 5, 6, SEG("x") "," SEG("y") "," SEG("z"))
+                     "{\"time\":1,\"tenant\":\"u\",\"session\":2,\"output\":1,\"ttft_s\":5,"
+                     "\"latency_s\":5.5,\"queue_s\":4.6,\"segments\":[" SEG("x") "," SEG("y") ","
+                     SEG("z") "," SEG("w") "]}\n"
+                     SEGREQ(7, 3, 0.5, 1,
+                            SEG("x") "," SEG("y") "," SEG("z") "," SEG("w") "," SEG("v")));
+    replay_live(path, 100, 1, &m, &r);
+    assert_int_equal(m.matched[1], 3);
+    assert_int_equal(m.matched[2], 4);
+    assert_true(fabs(r.queue_p99 - 4.6) < 1e-9);
+    ikv_replay_result_free(&r);
+    /* a request without measured times is an error naming it; half a pair is malformed */
+    tmp_path(path, sizeof path, "notimes.jsonl");
+    write_file(path, "{\"time\":0,\"tenant\":\"u\",\"segments\":[" SEG("x") "]}\n");
+    ikv_trace_opts to = {0};
+    ikv_replay_opts ro;
+    ikv_replay_opts_default(&ro);
+    ro.mode = IKV_REPLAY_TIMED;
+    ro.service_trace = 1;
+    assert_int_equal(replay_file(path, &to, &ro, &r), IKV_EFORMAT);
+    assert_non_null(strstr(ikv_errdetail(), "request 0 has no measured"));
+    write_file(path, "{\"time\":0,\"tenant\":\"u\",\"ttft_s\":1,\"segments\":[" SEG("x") "]}\n"
+                     "{\"time\":1,\"tenant\":\"u\",\"ttft_s\":2,\"latency_s\":1,\"segments\":["
+                     SEG("x") "]}\n");
+    to.strict = 1;
+    assert_int_equal(replay_file(path, &to, &ro, &r), IKV_EFORMAT);
+    assert_non_null(strstr(ikv_errdetail(), "come together"));
 }
 
 /* Lower-tier hits: loaded when loading beats recomputing on the cost model, counted both ways. */
@@ -807,7 +936,7 @@ static void test_cli_sweep(void **state) {
     assert_int_equal(st, 2);
     assert_non_null(strstr(out, "unknown eviction policy 'nosuch'"));
     free(out);
-    if (system("command -v gnuplot >/dev/null 2>&1") == 0) {
+    if (tu_in_path("gnuplot")) {
         snprintf(args, sizeof args, "sim sweep " WEKA " --vary conversations=1,5 --capacity-tokens 50k --out %s",
                  dir);
         out = run_cmd(args, &st);
@@ -1188,6 +1317,7 @@ int main(void) {
         cmocka_unit_test(test_golden_lru_weka),
         cmocka_unit_test(test_policies),
         cmocka_unit_test(test_timed_invariants),
+        cmocka_unit_test(test_timed_locks_and_pending),
         cmocka_unit_test(test_load_vs_recompute),
         cmocka_unit_test(test_tiers_order),
         cmocka_unit_test(test_cli_json),

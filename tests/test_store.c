@@ -25,29 +25,23 @@
 #include "isokv/store.h"
 #include "redis_helper.h"
 #include "store/internal.h"
+#include "testutil.h"
 
 static char tmpdir[256];
 
 static const char *tmp_path(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
-    return buf[k];
+    return tu_path(tmpdir, name);
 }
 
 static int setup_all(void **st) {
     (void)st;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/ikv_test_store_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return tu_tmpdir(tmpdir, sizeof tmpdir, "store");
 }
 
 static int teardown_all(void **st) {
     (void)st;
     rh_kill_all();
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_rmtree(tmpdir);
 }
 
 static int teardown_redis(void **st) {
@@ -531,6 +525,21 @@ static void test_fuzz_against_oracle(void **st) {
     fuzz_one(spec, 1);
 }
 
+/* One try of ikv_store_open for tu_alloc_fail_each: a failed open leaves *s NULL. */
+typedef struct open_try {
+    const char *spec;
+    const ikv_store_params *p;
+    ikv_store *s;
+} open_try;
+
+static int try_open(void *ctx) {
+    open_try *t = ctx;
+    t->s = NULL;
+    int rc = ikv_store_open(t->spec, t->p, &t->s);
+    if (rc) assert_null(t->s);
+    return rc;
+}
+
 /* Every allocation failing in turn while opening a store: a clean IKV_ENOMEM, nothing left
  * behind (ASan's leak check), and a store that works once it succeeds. */
 static void test_alloc_failure(void **st) {
@@ -540,22 +549,10 @@ static void test_alloc_failure(void **st) {
     snprintf(spec[0], sizeof spec[0], "mem:1M");
     snprintf(spec[1], sizeof spec[1], "file:%s:1M", tmp_path("oom.store"));
     for (int b = 0; b < 2; b++) {
-        int ok = 0;
-        for (size_t k = 0; k < 20 && !ok; k++) {
-            ikv_store *s = NULL;
-            ikv_alloc_fail_after(k);
-            int rc = ikv_store_open(spec[b], &p, &s);
-            ikv_alloc_fail_after(SIZE_MAX);
-            if (rc == 0) {
-                ok = 1;
-                roundtrip(s, 0, 4, 1);
-                ikv_store_close(s);
-            } else {
-                assert_int_equal(rc, IKV_ENOMEM);
-                assert_null(s);
-            }
-        }
-        assert_true(ok);
+        open_try t = {spec[b], &p, NULL};
+        tu_alloc_fail_each(try_open, &t, 20);
+        roundtrip(t.s, 0, 4, 1);
+        ikv_store_close(t.s);
     }
 }
 

@@ -25,22 +25,18 @@
 #include "isokv/store.h"
 #include "model/internal.h"
 #include "redis_helper.h"
+#include "testutil.h"
 
 static char tmpdir[256];
 static ikv_model *M;
 
 static const char *tmp_path(const char *name) {
-    static char buf[4][512];
-    static int k;
-    k = (k + 1) % 4;
-    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
-    return buf[k];
+    return tu_path(tmpdir, name);
 }
 
 static int setup_all(void **st) {
     (void)st;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/ikv_test_tiers_XXXXXX");
-    if (!mkdtemp(tmpdir)) return -1;
+    if (tu_tmpdir(tmpdir, sizeof tmpdir, "tiers")) return -1;
     const char *src = getenv("IKV_SOURCE_DIR");
     char path[600];
     snprintf(path, sizeof path, "%s/data/models/stories260K/stories260K.bin", src ? src : ".");
@@ -51,9 +47,7 @@ static int teardown_all(void **st) {
     (void)st;
     rh_kill_all();
     ikv_model_destroy(M);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    return tu_rmtree(tmpdir);
 }
 
 static int teardown_redis(void **st) {
@@ -85,6 +79,19 @@ typedef struct out {
     ikv_prefill_info info;
 } out;
 
+/* The lower-tier hits recomputed, by tier and why, add up to recomputed_tier_tokens (none for
+ * the pool, index 0). */
+static void check_recomputed_by_why(const ikv_prefill_info *i) {
+    size_t sum = 0;
+    assert_int_equal(i->tier_cheaper_tokens[0] + i->tier_failed_tokens[0] +
+                         i->tier_noroom_tokens[0] + i->tier_dropped_tokens[0],
+                     0);
+    for (size_t t = 1; t < IKV_MAX_TIERS; t++)
+        sum += i->tier_cheaper_tokens[t] + i->tier_failed_tokens[t] + i->tier_noroom_tokens[t] +
+               i->tier_dropped_tokens[t];
+    assert_int_equal(sum, i->recomputed_tier_tokens);
+}
+
 /* Runs a request (prefill, DEC greedy decode steps); the engine must stay consistent. */
 static void run(ikv_engine *e, const uint32_t *t, size_t n, const char *tenant, size_t pub,
                 int no_cache, out *o) {
@@ -98,6 +105,7 @@ static void run(ikv_engine *e, const uint32_t *t, size_t n, const char *tenant, 
                       .logits_all = o->logits};
     ikv_seq *s;
     assert_int_equal(ikv_engine_begin(e, &rq, &s, &o->info), 0);
+    check_recomputed_by_why(&o->info);
     assert_true(ikv_engine_check(e));
     assert_true(ikv_cache_check(ikv_engine_cache(e)));
     uint32_t next = argmax(ikv_seq_logits(s), V);
@@ -216,12 +224,19 @@ static void test_load_or_recompute(void **st) {
     run(e, a, 100, NULL, 0, 0, &x);
     assert_int_equal(x.info.tier_tokens[1], 0);
     assert_int_equal(x.info.recomputed_tier_tokens, 64);
+    assert_int_equal(x.info.tier_cheaper_tokens[1], 64); /* why: the estimate, nothing failed */
+    assert_int_equal(x.info.tier_failed_tokens[1] + x.info.tier_noroom_tokens[1] +
+                         x.info.tier_dropped_tokens[1],
+                     0);
     assert_int_equal(x.info.computed_tokens, 68); /* A's first two blocks are in the pool */
     same(&x, &ref, 100, 32);
     ikv_engine_tier_stats ts;
     ikv_engine_tier_stats_get(e, 1, &ts);
     assert_int_equal(ts.recomputed_blocks, 4);
     assert_int_equal(ts.loaded_blocks, 0);
+    assert_int_equal(ts.failed_blocks + ts.recomputed_failed_blocks + ts.recomputed_noroom_blocks +
+                         ts.recomputed_dropped_blocks,
+                     0);
     /* recomputed blocks went back to the pool; B's now in the tier; a fast tier is loaded */
     run(e, b, 100, NULL, 0, 0, &y), freeo(&y);
     run(e, a, 100, NULL, 0, 0, &y), freeo(&y); /* pushes B down */
@@ -340,32 +355,34 @@ static void test_q8_tier(void **st) {
     freeo(&ref);
 }
 
+/* One try of ikv_engine_create for tu_alloc_fail_each: a failed create leaves *e NULL. */
+typedef struct engine_try {
+    const ikv_engine_options *o;
+    ikv_engine *e;
+} engine_try;
+
+static int try_engine(void *ctx) {
+    engine_try *t = ctx;
+    t->e = NULL;
+    int rc = ikv_engine_create(M, t->o, &t->e);
+    if (rc) assert_null(t->e);
+    return rc;
+}
+
 /* Every allocation failing in turn while creating an engine with a tier: a clean IKV_ENOMEM,
  * nothing left behind (ASan's leak check), and an engine that works once it succeeds. */
 static void test_alloc_failure(void **st) {
     (void)st;
     ikv_store *s = open_store("mem:1M");
     ikv_engine_options o = opts(8, &s, 1);
-    int ok = 0;
-    for (size_t k = 0; k < 400 && !ok; k++) {
-        ikv_engine *e = NULL;
-        ikv_alloc_fail_after(k);
-        int rc = ikv_engine_create(M, &o, &e);
-        ikv_alloc_fail_after(SIZE_MAX);
-        if (rc == 0) {
-            ok = 1;
-            uint32_t a[40];
-            make_prompt(a, 40, 14);
-            out x;
-            run(e, a, 40, NULL, 0, 0, &x);
-            freeo(&x);
-            ikv_engine_destroy(e);
-        } else {
-            assert_int_equal(rc, IKV_ENOMEM);
-            assert_null(e);
-        }
-    }
-    assert_true(ok);
+    engine_try t = {&o, NULL};
+    tu_alloc_fail_each(try_engine, &t, 400);
+    uint32_t a[40];
+    make_prompt(a, 40, 14);
+    out x;
+    run(t.e, a, 40, NULL, 0, 0, &x);
+    freeo(&x);
+    ikv_engine_destroy(t.e);
     ikv_store_close(s);
 }
 
@@ -539,6 +556,11 @@ static void test_two_processes_file(void **st) {
     ikv_engine_tier_stats_get(e, 1, &ts);
     assert_int_equal(ts.store.corrupt, 6); /* every block of the run is verified */
     assert_int_equal(ts.failed_blocks, 1);
+    /* the failed load and the five after it are recomputed because of it, not as cheaper */
+    assert_int_equal(x.info.recomputed_tier_tokens, 96);
+    assert_int_equal(x.info.tier_failed_tokens[1], 96);
+    assert_int_equal(ts.recomputed_failed_blocks, 6);
+    assert_int_equal(ts.recomputed_blocks + ts.recomputed_noroom_blocks, 0);
     freeo(&x), freeo(&ref);
     ikv_engine_destroy(e);
     ikv_store_close(s);
@@ -670,27 +692,7 @@ static void test_cluster_tier(void **st) {
 
 /* Runs isokv (IKV_BIN) with argv, stdout and stderr to files; returns the exit status. */
 static int run_cli(const char *const *args, const char *outp, const char *errp) {
-    const char *bin = getenv("IKV_BIN");
-    assert_non_null(bin);
-    const char *argv[32];
-    argv[0] = bin;
-    size_t n = 1;
-    for (; args[n - 1]; n++)
-        argv[n] = args[n - 1];
-    argv[n] = NULL;
-    pid_t pid = fork();
-    assert_true(pid >= 0);
-    if (pid == 0) {
-        int o = open(outp, O_WRONLY | O_CREAT | O_TRUNC, 0644),
-            e = open(errp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (o < 0 || e < 0) _exit(126);
-        dup2(o, 1), dup2(e, 2);
-        execv(bin, (char *const *)argv);
-        _exit(127);
-    }
-    int st;
-    waitpid(pid, &st, 0);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return tu_run_isokv(args, outp, errp, 120);
 }
 
 static char *slurp(const char *path) {

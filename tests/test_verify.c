@@ -7,6 +7,8 @@
  *     that are right, wrong at every index, and wrong at the first token; after a verify,
  *     decoding continues with the reference's tokens and logits; rolled-back positions leave
  *     the pool as plain decoding to the same length would (ikv_engine_check, block counts);
+ *   - drafts inside ikv_engine_step: several sequences in one step, with right, wrong and
+ *     no drafts, each bit-identical to its own sequential decode;
  *   - errors: bad tokens, a draft longer than max_draft, one past the sequence's limit change
  *     nothing;
  *   - the rule's arithmetic with its coins given (acceptance exactly below p(x); the rejection
@@ -230,6 +232,141 @@ static void test_verify_exact_generated(void **st) {
     ikv_model_destroy(m);
 }
 
+/* Drafts inside the batched step: three sequences decode together, one with a draft that is
+ * right (all accepted), one with a draft wrong at a moving index, one plain; at every step
+ * each sequence's logits are bit-identical to its own sequential greedy decode, the accepted
+ * counts are the right prefix, `next` is the reference's next token, and the pool stays
+ * consistent. A step with more rows than the engine takes is refused and changes nothing. */
+static void test_step_drafts_mixed(void **st) {
+    (void)st;
+    ikv_model_config c;
+    assert_int_equal(ikv_model_config_named("tiny", &c), 0);
+    ikv_model *m;
+    assert_int_equal(ikv_model_random(&c, 11, &m), 0);
+    const int V = c.vocab_size;
+    enum { NS = 3, DEC = 40, K = 7, NP = 21 };
+    for (int th = 1; th <= 2; th++) {
+        ikv_engine_options o;
+        ikv_engine_options_default(&o);
+        o.threads = th;
+        o.max_seqs = NS;
+        o.tile = 16;
+        o.max_draft = 2 * (K + 1);
+        uint32_t P[NS][NP], gen[NS][DEC + K + 2];
+        float *ref[NS];
+        for (int q = 0; q < NS; q++) {
+            for (int i = 0; i < NP; i++)
+                P[q][i] = (uint32_t)(3 + (i * 37 + q * 101) % 400);
+            ref[q] = malloc(sizeof(float) * (size_t)V * (DEC + K + 3));
+            greedy_ref(m, &o, P[q], NP, DEC + K + 2, ref[q], gen[q]);
+        }
+        ikv_engine *e;
+        assert_int_equal(ikv_engine_create(m, &o, &e), 0);
+        assert_true(ikv_engine_max_rows(e) >= 2 * (K + 1) + 1);
+        ikv_seq *sq[NS];
+        size_t done[NS] = {0}; /* tokens of gen[q] in the sequence */
+        for (int q = 0; q < NS; q++) {
+            ikv_request rq = {.tokens = P[q], .n = NP, .tenant = "T", .max_new = DEC + 3 * K};
+            assert_int_equal(ikv_engine_begin(e, &rq, &sq[q], NULL), 0);
+        }
+        uint32_t bad[K];
+        int steps = 0;
+        while (done[0] < DEC || done[1] < DEC || done[2] < DEC) {
+            ikv_step_item it[NS];
+            size_t ni = 0, want[NS];
+            int qi[NS];
+            for (int q = 0; q < NS; q++) {
+                if (done[q] >= DEC) continue;
+                it[ni] = (ikv_step_item){.seq = sq[q], .token = gen[q][done[q]]};
+                if (q == 0) { /* right draft */
+                    it[ni].draft = &gen[q][done[q] + 1], it[ni].k = K, want[ni] = K;
+                } else if (q == 1) { /* wrong at index steps % (K + 1) (K: none wrong) */
+                    size_t w = (size_t)(steps % (K + 1));
+                    memcpy(bad, &gen[q][done[q] + 1], sizeof bad);
+                    if (w < K) bad[w] = (bad[w] + 1) % (uint32_t)V;
+                    it[ni].draft = bad, it[ni].k = K, want[ni] = w;
+                } else
+                    want[ni] = 0;
+                qi[ni++] = q;
+            }
+            assert_int_equal(ikv_engine_step(e, it, ni), 0);
+            for (size_t i = 0; i < ni; i++) {
+                const int q = qi[i];
+                assert_int_equal(it[i].done, 1 + want[i]);
+                if (it[i].k) {
+                    assert_int_equal(it[i].accepted, want[i]);
+                    assert_int_equal(it[i].next, gen[q][done[q] + 1 + want[i]]);
+                }
+                done[q] += 1 + want[i];
+                assert_int_equal(ikv_seq_len(sq[q]), NP + done[q]);
+                assert_memory_equal(ikv_seq_logits(sq[q]), ref[q] + done[q] * (size_t)V,
+                                    sizeof(float) * (size_t)V);
+            }
+            assert_true(ikv_engine_check(e));
+            steps++;
+        }
+        /* too many rows: refused, nothing changed */
+        uint32_t many[64] = {0};
+        ikv_step_item big[NS];
+        size_t rows = 0;
+        for (int q = 0; q < NS; q++) {
+            const size_t k = ikv_seq_room(sq[q]) - 1; /* each fits its sequence alone */
+            assert_true(k >= K);
+            big[q] = (ikv_step_item){.seq = sq[q], .token = 1, .draft = many, .k = k};
+            rows += 1 + k;
+        }
+        assert_true(rows > ikv_engine_max_rows(e));
+        const size_t len0 = ikv_seq_len(sq[0]);
+        assert_int_equal(ikv_engine_step(e, big, NS), IKV_EINVAL);
+        assert_int_equal(ikv_seq_len(sq[0]), len0);
+        big[0].k = o.max_draft + 1; /* more than max_draft */
+        assert_int_equal(ikv_engine_step(e, big, 1), IKV_EINVAL);
+        big[0].k = 1, many[0] = (uint32_t)V; /* a draft token outside the vocabulary */
+        assert_int_equal(ikv_engine_step(e, big, 1), IKV_EINVAL);
+        assert_true(ikv_engine_check(e));
+        for (int q = 0; q < NS; q++) {
+            ikv_engine_end(e, sq[q]);
+            free(ref[q]);
+        }
+        assert_true(ikv_engine_check(e));
+        ikv_engine_destroy(e);
+    }
+    ikv_model_destroy(m);
+}
+
+/* ikv_lookup_draft against a brute-force oracle on random histories over a small alphabet
+ * (many matches): the longest suffix length m in [min_ngram, ngram] that occurs earlier with
+ * a token after it, its latest such occurrence, the up to k tokens after it. */
+static void test_lookup_draft_oracle(void **st) {
+    (void)st;
+    uint64_t x = 99;
+    uint32_t h[64], out[16], want[16];
+    for (int it = 0; it < 4000; it++) {
+        x = x * 6364136223846793005u + 1442695040888963407u;
+        const size_t len = (size_t)(x >> 33) % 40, k = (size_t)(x >> 20) % 9;
+        const uint32_t ng = 1 + (uint32_t)((x >> 12) % 5), mn = (uint32_t)((x >> 8) % (ng + 1));
+        const uint32_t alpha = 2 + (uint32_t)((x >> 4) % 3);
+        for (size_t i = 0; i < len; i++) {
+            x = x * 6364136223846793005u + 1442695040888963407u;
+            h[i] = (uint32_t)(x >> 40) % alpha;
+        }
+        size_t wn = 0;
+        if (k && len >= 2)
+            for (size_t m = 1; m <= ng && m < len; m++) {
+                if (m < (mn ? mn : 1)) continue;
+                size_t best = SIZE_MAX;
+                for (size_t i = 0; i + m < len; i++) /* starts with a token after the match */
+                    if (!memcmp(h + i, h + len - m, sizeof(uint32_t) * m)) best = i;
+                if (best == SIZE_MAX) continue;
+                wn = len - (best + m) < k ? len - (best + m) : k;
+                memcpy(want, h + best + m, sizeof(uint32_t) * wn); /* longer m wins: later */
+            }
+        size_t got = ikv_lookup_draft(h, len, ng, mn, k, out);
+        assert_int_equal(got, wn);
+        if (wn) assert_memory_equal(out, want, sizeof(uint32_t) * wn);
+    }
+}
+
 /* The rule's arithmetic with the coins given. */
 static void test_accept_rule_arithmetic(void **st) {
     (void)st;
@@ -439,6 +576,8 @@ int main(void) {
         cmocka_unit_test(test_accept_rule_statistics),
         cmocka_unit_test(test_verify_exact_generated),
         cmocka_unit_test(test_verify_exact_real),
+        cmocka_unit_test(test_step_drafts_mixed),
+        cmocka_unit_test(test_lookup_draft_oracle),
         cmocka_unit_test(test_verify_sampling_distribution),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

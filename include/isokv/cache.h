@@ -121,6 +121,12 @@ int ikv_cache_hit(ikv_cache *c, const uint32_t *nodes, size_t n, const ikv_acces
 int ikv_cache_insert(ikv_cache *c, const ikv_key *keys, size_t n, size_t start,
                      const ikv_access *a, int lock, uint32_t *nodes, size_t *inserted);
 
+/* Evicts one block from tier t: the victim its policy picks among the evictable blocks
+ * (demoted to t + 1 or dropped, as a full tier would; on_evict is called). For a caller that
+ * bounds something the core does not count (the response cache's bytes). Returns 0, IKV_EFULL
+ * (no evictable block in tier t), IKV_EINVAL (no tier t). */
+int ikv_cache_evict(ikv_cache *c, size_t t);
+
 /* Lock / unlock a path of blocks (counted: a block locked twice needs two unlocks). A locked
  * block is never evicted or demoted. unlock returns IKV_ENOTLOCKED, changing nothing, if any of
  * the blocks is not locked. */

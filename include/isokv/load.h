@@ -88,6 +88,8 @@ typedef struct ikv_load_reply {
     int64_t completion_tokens; /* usage.completion_tokens (-1 = absent) */
     int64_t cached_tokens;     /* see cached_src (-1 = absent) */
     ikv_cached_src cached_src;
+    double queue_s;      /* usage.isokv.queue_ms / 1000: isokv serve's wait for admission
+                            (-1 = absent) */
     int64_t text_chunks; /* chunks that carried text */
     char error[160];     /* "": fine; else what was wrong with the body */
 } ikv_load_reply;
@@ -182,7 +184,8 @@ typedef struct ikv_load_record {
     uint32_t full_blocks, block_tokens, public_tokens, max_tokens;
     int64_t server_prompt_tokens, cached_tokens, completion_tokens; /* -1 = not reported */
     ikv_cached_src cached_src;
-    long status; /* HTTP status (0: none) */
+    double server_queue; /* seconds the server said it waited before admitting it (-1: none) */
+    long status;         /* HTTP status (0: none) */
     ikv_load_err err;
     char detail[200]; /* error detail ("" when fine) */
     /* the trace request (owned by the result): its block keys, kept to build the prompt when

@@ -270,7 +270,16 @@ typedef struct ikv_prefill_info {
     size_t tier_tokens[IKV_MAX_TIERS]; /* prompt positions taken from each tier (0 = pool;
                                           1.. = the lower tiers, loaded) */
     size_t recomputed_tier_tokens;     /* positions found in a lower tier but recomputed
-                                          (cheaper, or the load failed) */
+                                          (for one of the four reasons below) */
+    /* recomputed_tier_tokens by tier (1.. as in tier_tokens; they add up to it) and why:
+     * cheaper: not loaded, recomputing was estimated cheaper (the split);
+     * failed: a load failed (miss, corrupt, mismatch, down): that block and the rest of its run;
+     * noroom: the pool had no free block to load into: that block and the rest of its run;
+     * dropped: loaded, then not kept for the request (recomputed into fresh blocks) */
+    size_t tier_cheaper_tokens[IKV_MAX_TIERS];
+    size_t tier_failed_tokens[IKV_MAX_TIERS];
+    size_t tier_noroom_tokens[IKV_MAX_TIERS];
+    size_t tier_dropped_tokens[IKV_MAX_TIERS];
     size_t lossy_tokens;               /* cached positions whose K/V went through a lossy (q8)
                                           tier, now or when a pool block was loaded */
     double seconds;         /* wall time of the call (measured) */
@@ -305,7 +314,17 @@ typedef struct ikv_step_item {
     ikv_seq *seq;
     uint32_t token; /* decode: the token appended */
     size_t n;       /* prefill: positions of the prompt to compute (0 = all remaining) */
-    size_t done;    /* out: positions computed by this step */
+    size_t done;    /* out: positions computed by this step (decode: 1 + accepted) */
+    /* decode with a draft (speculative decoding inside the batched step): k tokens proposed for
+     * the positions after `token`, verified in this same step as extra rows of the batch, with
+     * ikv_engine_verify's arithmetic and acceptance (has_lead = 1). NULL / 0: a plain decode. */
+    const uint32_t *draft;
+    size_t k; /* 0..max_draft; the step's rows (1 + k per decode) <= ikv_engine_max_rows */
+    ikv_sampler *sampler; /* the acceptance rule: NULL or temperature 0 greedy, else
+                             ikv_sampler_accept's (its coins are drawn) */
+    size_t accepted;      /* out (k > 0): leading draft tokens accepted, kept in the sequence */
+    uint32_t next;        /* out (k > 0): the token for the position after them, not in the
+                             sequence yet (ikv_verify.next); k = 0: untouched, sample the logits */
 } ikv_step_item;
 
 /* Runs ONE forward step for items[0..n) (distinct sequences): each prefill chunk on its
@@ -313,11 +332,30 @@ typedef struct ikv_step_item {
  * batched product (ikv__linear_rows). Afterwards ikv_seq_logits() of a sequence with nothing
  * pending is its last position's logits. A sequence's tokens, K/V and logits are bit-identical
  * whatever else is in the step and however its prompt was chunked or cached
- * (docs/engine.md, "Batches"). Returns 0, IKV_EFULL (a decode whose new block is not reserved:
- * see ikv_seq_reserve_next; nothing runs), IKV_EINVAL (a sequence not in flight or twice, a
- * token >= vocab; nothing runs), IKV_ETOOLONG (a decode past the sequence's limit; nothing
- * runs). Does not allocate. */
+ * (docs/engine.md, "Batches"). A decode with a draft (k > 0) runs 1 + k rows of its sequence
+ * and keeps 1 + accepted positions: its tokens, logits and K/V are those of ikv_engine_verify
+ * of the same lead and draft, and of decoding the kept tokens one by one; the rest is rolled
+ * back. Returns 0, IKV_EFULL (a decode whose new blocks are not reserved: see
+ * ikv_seq_reserve_next / ikv_seq_reserve; nothing runs), IKV_EINVAL (a sequence not in flight
+ * or twice, a token >= vocab, k > max_draft, more rows than ikv_engine_max_rows; nothing
+ * runs), IKV_ETOOLONG (a decode, or its draft, past the sequence's limit; nothing runs). Does
+ * not allocate. */
 int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n);
+
+/* Threads the following forward passes (ikv_engine_step, _begin, _decode, _verify, the chunk
+ * store's) run on: 1..options.threads (0 = all of them, the default after create). The work
+ * stays cut into options.threads fixed shares; with k threads, thread t runs shares t, t + k,
+ * ... one after the other, so every result is the same bits at any k (tested), only slower;
+ * threads k.. sleep (no spinning). Call between steps. Returns 0 or IKV_EINVAL (k out of range;
+ * nothing changed). Does not allocate. */
+int ikv_engine_set_threads(ikv_engine *e, int k);
+/* Threads the next forward pass runs on. */
+int ikv_engine_threads(const ikv_engine *e);
+/* CPU seconds the engine's worker threads (threads 1.., not the calling thread) have used
+ * since create, from their CPU clocks (measured; spinning while they wait for work counts). */
+double ikv_engine_worker_cpu(const ikv_engine *e);
+/* Decode rows one ikv_engine_step can take: the sum over its decode items of 1 + k. */
+size_t ikv_engine_max_rows(const ikv_engine *e);
 
 /* Pins the cached blocks wholly inside the first n_public tokens of `tokens` (the public
  * scope: a shared system prompt) for ttl requests (0 = until the engine ends), so eviction
@@ -383,10 +421,10 @@ typedef struct ikv_verify {
 int ikv_engine_verify(ikv_engine *e, ikv_seq *s, ikv_verify *v);
 
 /* A prompt-lookup draft: the up to k tokens that followed the latest earlier occurrence of
- * the last m tokens of hist[0..len), for the largest m in ngram..1 that has one; written to
- * out, returns how many (0: no match). Does not allocate. */
-size_t ikv_lookup_draft(const uint32_t *hist, size_t len, uint32_t ngram, size_t k,
-                        uint32_t *out);
+ * the last m tokens of hist[0..len), for the largest m in ngram..min_ngram (0 counts as 1)
+ * that has one; written to out, returns how many (0: no match). Does not allocate. */
+size_t ikv_lookup_draft(const uint32_t *hist, size_t len, uint32_t ngram, uint32_t min_ngram,
+                        size_t k, uint32_t *out);
 
 /* Positions the sequence may still add (its limit minus its length). */
 size_t ikv_seq_room(const ikv_seq *s);
@@ -437,6 +475,10 @@ typedef struct ikv_engine_tier_stats {
     uint64_t loaded_blocks;   /* lower-tier hits loaded into the pool */
     uint64_t recomputed_blocks; /* lower-tier hits recomputed because that was cheaper */
     uint64_t failed_blocks;   /* loads that failed (miss, corrupt, mismatch, down): recomputed */
+    /* lower-tier hits recomputed for another reason than recomputed_blocks' (as the prefill
+     * info's tier_*_tokens): a load failed (that block and the rest of its run), no free pool
+     * block to load into, loaded then not kept */
+    uint64_t recomputed_failed_blocks, recomputed_noroom_blocks, recomputed_dropped_blocks;
     uint64_t probed_blocks;   /* blocks found by probing keys this index had never seen */
     uint64_t demoted_blocks;  /* blocks written into the tier */
     uint64_t deleted_blocks;  /* blocks deleted (dropped by the core, moved away) */
@@ -522,9 +564,13 @@ typedef struct ikv_blend_request {
     float ratio;        /* < 0: the store's default; 1: full prefill */
     float max_dev;      /* < 0: the store's default */
     size_t max_new;     /* as ikv_request.max_new */
+    size_t reserve_new; /* as ikv_request.reserve_new (0: blocks up to max_new reserved now) */
     int no_store;       /* 1: do not put this request's missing reusable segments in the store */
-    int no_cache;       /* 1: the exact path neither uses nor fills the prefix cache (a cold
-                           reference; the blend path never uses it) */
+    int no_cache;       /* 1: neither use nor fill the prefix cache (a cold reference) */
+    uint8_t *hits;      /* optional [n_segs]: out, 1 for each segment whose stored K/V were
+                           reused; with hits_in, in: reuse exactly these (IKV_ENOENT if one is
+                           no longer stored), so a re-admitted request gets the same K/V */
+    int hits_in;
 } ikv_blend_request;
 
 typedef struct ikv_blend_info {
@@ -537,17 +583,47 @@ typedef struct ikv_blend_info {
     double deviation_max;  /* selection layer: largest deviation among tokens left reused */
     double deviation_mean; /* mean over the hit segments' tokens */
     int full;              /* 1: ran the ordinary exact prefill (no hit, r = 1, or the guard) */
-    ikv_prefill_info prefill; /* of the ordinary prefill when full; else cached/computed counts */
+    size_t prefix_cached_tokens; /* leading positions found in the exact prefix cache */
+    size_t blend_layers;         /* layers the blend pass ran (0 on the exact path) */
+    size_t blend_units;          /* its units (ikv_chunks_advance: a stage of a row range) */
+    ikv_prefill_info prefill; /* of the exact prefill; cached_tokens = prefix-cached + reused,
+                                 computed_tokens = the rest */
     double seconds;           /* wall time (measured), time to the first token's logits */
 } ikv_blend_info;
 
-/* Starts a structured request: concatenates the segments, looks up each reusable one in the
- * store; with no hit (or r >= 1) runs ikv_engine_begin (exact, prefix cache as usual); else
- * admits the prompt without the prefix cache, places the hit segments' K/V re-rotated to their
- * offsets and runs the blend forward pass. Then stores the missing reusable segments' K/V. On
- * success *seq is in flight as after ikv_engine_begin (decode, ikv_engine_end). Returns 0,
- * IKV_EINVAL (no segment, empty segment, token >= vocab, bad kind), IKV_ETOOLONG, or an engine
- * error. Allocates only when storing a segment. */
+/* A structured request in flight, from admission to its first token's logits (chunks.c owns
+ * it; one per engine sequence). */
+typedef struct ikv_blend_job ikv_blend_job;
+
+/* Admits a structured request: concatenates the segments, looks up each reusable one in the
+ * store. With no hit (or r >= 1) the whole prompt is admitted as an ordinary request (exact,
+ * prefix cache as usual); else the positions before the first hit are (token-exact prefix
+ * blocks with their scopes, the leading public segments public), and the rest waits for the
+ * blend pass. Either way the admitted positions are pending prefill, run by ikv_engine_step in
+ * chunks like any prompt (ikv_chunks_job_seq). Returns 0, IKV_EINVAL (no segment, empty
+ * segment, token >= vocab, bad kind), IKV_ETOOLONG, IKV_ENOENT (hits_in: a segment to reuse is
+ * gone), IKV_EBUSY / IKV_EFULL (as ikv_engine_admit: retry later), nothing admitted on error.
+ * The request's segs, tenant and hits stay the caller's and must live until job_end. */
+int ikv_chunks_admit(ikv_chunks *c, const ikv_blend_request *r, ikv_blend_job **job);
+ikv_seq *ikv_chunks_job_seq(const ikv_blend_job *job);
+/* Advances a job once its sequence has no pending prefill: starts the blend pass (places the
+ * hit segments' K/V re-rotated to their offsets), then runs ONE unit of it: a layer's Q/K/V
+ * stage for up to 8 x max_rows active rows, or its attention + FFN stage for up to max_rows
+ * (max_rows = 0: the whole pass in this call). Returns 1 when the first token's logits are in
+ * the sequence (the missing reusable segments then stored), 0 when more is to do (more units;
+ * prefill positions pending again — the guard abandoned the pass for the exact prefill of the
+ * rest; or another job's pass holds the scratch: call again after a step), IKV_ENOENT
+ * (hits_in, a segment was dropped meanwhile). One blend pass runs at a time. The result's bits
+ * depend on max_rows (which rows share a product), never on other sequences. Allocates only
+ * when storing a segment. */
+int ikv_chunks_advance(ikv_chunks *c, ikv_blend_job *job, size_t max_rows);
+/* What the job did so far (final once advance returned 1). */
+void ikv_chunks_job_info(const ikv_blend_job *job, ikv_blend_info *info);
+/* Frees the job (its sequence is the caller's to end, before or after). Takes NULL. */
+void ikv_chunks_job_end(ikv_chunks *c, ikv_blend_job *job);
+
+/* admit + the prefill steps + advance to the end: on success *seq is in flight as after
+ * ikv_engine_begin (decode, ikv_engine_end). Errors as ikv_chunks_admit. */
 int ikv_chunks_begin(ikv_chunks *c, const ikv_blend_request *r, ikv_seq **seq,
                      ikv_blend_info *info);
 

@@ -19,9 +19,12 @@
  * tenants never see each other's private responses (tests/test_respcache.c).
  *
  * Bounds: at most `capacity` entries, prompt and output each at most max_tokens tokens (longer
- * ones are cut); entries are evicted by a policy of the cache core's registry (cache.h): each
- * entry is one first-level block of an ikv_cache of that capacity, a put is an insert, a use
- * of a candidate is a hit, and the core's on_evict frees the entry. Memory is bounded by
+ * ones are cut), and, with max_bytes, at most max_bytes accounted bytes (each entry: a fixed
+ * IKV_RESPCACHE_ENTRY_BYTES, 4 per prompt and output token, 8 per prompt shingle); entries are
+ * evicted by a policy of the cache core's registry (cache.h): each entry is one first-level
+ * block of an ikv_cache of that capacity, a put is an insert, a use of a candidate is a hit,
+ * a put over the byte budget first evicts the policy's victims (ikv_cache_evict) until the new
+ * entry fits, and the core's on_evict frees the entry. Without max_bytes memory is bounded by
  * capacity x (2 max_tokens x 4 + max_tokens x 8 + 64 x 8) bytes.
  *
  * Allocation: create sizes the lookup scratch; a put allocates its entry's token and shingle
@@ -42,6 +45,9 @@ typedef struct ikv_respcache ikv_respcache;
 
 typedef struct ikv_respcache_options {
     uint32_t capacity;     /* entries (1024) */
+    uint64_t max_bytes;    /* bytes of entries at most (0 = entries bound alone): an entry
+                              counts IKV_RESPCACHE_ENTRY_BYTES + 4 per prompt and output token +
+                              8 per prompt shingle; puts evict (policy) until under it */
     const char *policy;    /* eviction policy of the cache core's registry, "NAME[:k=v]" ("lru") */
     uint32_t ngram;        /* shingle length in tokens (3; 1..16) */
     uint32_t max_tokens;   /* longest prompt and output kept, tokens (4096) */
@@ -64,8 +70,9 @@ void ikv_respcache_destroy(ikv_respcache *rc); /* takes NULL */
 
 /* Stores a finished response of `tenant` (NULL or "" = the public scope; public = 1 makes it
  * visible to every tenant). An entry with the same scope, prompt and parameters is replaced.
- * May evict (policy). Returns 0, IKV_EINVAL (empty prompt or output), IKV_ENOMEM (nothing
- * changed). */
+ * May evict (policy; by entries and by bytes). Returns 0, IKV_EINVAL (empty prompt or output),
+ * IKV_ENOMEM (nothing changed), IKV_EFULL (the entry alone is above max_bytes: not stored,
+ * nothing changed; or no evictable entry). */
 int ikv_respcache_put(ikv_respcache *rc, const char *tenant, int public_, const uint32_t *prompt,
                       size_t np, const uint32_t *output, size_t no,
                       const ikv_respcache_params *params);
@@ -92,7 +99,13 @@ void ikv_respcache_used(ikv_respcache *rc, uint32_t id, size_t accepted);
 
 typedef struct ikv_respcache_stats {
     uint64_t entries, capacity, puts, replaced, evictions, lookups, candidates, used_hits;
+    uint64_t bytes, max_bytes; /* accounted bytes of the entries held; the bound (0: none) */
+    uint64_t too_big;          /* puts refused: one entry above max_bytes alone */
 } ikv_respcache_stats;
+
+/* The fixed bytes one entry counts: its record (ids, scope, key, 64 MinHash values, params)
+ * plus the cache core's node and hash slot. */
+#define IKV_RESPCACHE_ENTRY_BYTES 768
 void ikv_respcache_stats_get(const ikv_respcache *rc, ikv_respcache_stats *s);
 
 /* Walks the invariants (every entry is a resident core block with its key, shingles sorted and
@@ -114,6 +127,7 @@ typedef struct ikv_gen_options {
     size_t n_cands;
     uint32_t lookup_ngram; /* prompt-lookup drafts: n-gram length (0 = off) */
     uint32_t lookup_k;     /* ... draft tokens per verify */
+    uint32_t lookup_min;   /* ... shortest match that drafts (0 = 1) */
     uint32_t max_draft;    /* the engine's max_draft */
     /* called with each burst of emitted tokens (accepted drafts come as one burst) */
     void (*emit)(void *ctx, const uint32_t *toks, size_t n);
@@ -129,6 +143,9 @@ typedef struct ikv_gen_result {
     size_t cache_rejected; /* candidate tokens proposed and not accepted */
     size_t lookup_drafted, lookup_accepted;
     double seconds; /* measured wall time of the generation (after the prefill) */
+    double cpu_seconds; /* CPU time of the calling thread meanwhile (with one engine thread:
+                           all of the generation's compute; unlike wall time, not inflated
+                           while the thread waits for a CPU on a shared machine) */
 } ikv_gen_result;
 
 /* Generates after the prompt of s (prefilled, logits ready) with sampler sp: first, when

@@ -33,6 +33,7 @@ typedef struct ikv_serve_options {
     uint16_t port;             /* 0 = any free port (ikv_serve_port says which) */
     int threads;               /* engine forward threads (1) */
     uint64_t kv_mem;           /* KV pool bytes (0 = room for max_seqs full sequences + 4) */
+    uint32_t block_tokens;     /* tokens per KV block (0 = the engine's 16) */
     const char *policy;        /* eviction policy ("lru") */
     const char *api_keys;      /* JSON file {"KEY": "tenant", ...}; NULL = everyone is "default" */
     uint32_t max_seqs;         /* sequences running at once (32) */
@@ -54,10 +55,19 @@ typedef struct ikv_serve_options {
     const char *route_config, *route_model, *route_hw;
     const char *const *route_set;
     size_t n_route_set;
+    int route_frontier; /* 1: route on the efficient frontier of each class's levers
+                           (ikv_plan_route_frontier, as `isokv plan route --frontier`) instead
+                           of the seven-step walk */
     FILE *log;               /* one line per request (stderr) */
     uint32_t semantic_cache; /* response-cache entries (--semantic-cache[=SIZE]; 0 = off): a
                                 finished response is kept and the most similar one of the same
                                 tenant (or public) is verified as a draft for a new request */
+    uint64_t semantic_cache_bytes; /* and at most these bytes of entries (0 = no byte bound;
+                                      --semantic-cache=64M): ikv_respcache_options.max_bytes */
+    /* --spec lookup[:n=N,k=K,m=M]: prompt-lookup drafts (K tokens after the latest match of
+     * the last N..M tokens) for every request routed to step >= 3 (spec_k = 0: off; a request
+     * may switch it with "isokv": {"spec": "lookup" | "off"}, which uses 3, 1, 2 here) */
+    uint32_t spec_ngram, spec_k, spec_min;
 } ikv_serve_options;
 
 void ikv_serve_options_default(ikv_serve_options *o);

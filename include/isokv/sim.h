@@ -56,6 +56,13 @@ typedef struct ikv_trace_request {
     size_t n_chunks;
     const ikv_chunk *chunks;
     size_t n_public_blocks;   /* leading blocks that are public (pinnable shared prefix) */
+    /* Measured service (segments "ttft_s" and "latency_s": what a live server took, as
+     * `isokv load` writes them to sent.jsonl): seconds after `time` to the first token and to
+     * the end. has_service = 0 when the record has none. */
+    int has_service;
+    double service_ttft, service_latency;
+    double service_queue;     /* "queue_s" (optional, <= ttft_s): the server's wait before it
+                                 admitted the request (looked its prefix up); 0 if absent */
 } ikv_trace_request;
 
 typedef struct ikv_trace_opts {
@@ -127,6 +134,9 @@ typedef struct ikv_replay_opts {
     uint32_t gpus;            /* GPUs per server (tensor parallel; default 8) */
     uint32_t servers;         /* timed: prefill servers (default 4) */
     uint32_t decode_batch;    /* timed: decode batch the per-token time assumes (default 16) */
+    int service_trace;        /* timed: each request starts at its arrival + queue_s and takes
+                                 the trace's measured ttft_s / latency_s (no servers, no cost
+                                 model times); every request must have them */
     int pin_public;           /* pin each request's leading public blocks after insertion */
     double pin_budget;        /* fraction of tier 0 that may be pinned (default 0.5) */
     double chunk_reuse;       /* < 0: off; else R: doc chunks hit anywhere, R recomputed */
@@ -204,6 +214,8 @@ typedef struct ikv_replay_result {
     double prefill_mean, decode_mean, makespan;
     uint64_t lower_loaded_blocks, lower_recomputed_blocks; /* lower-tier hits: loaded / not */
     uint64_t lock_failures;
+    uint64_t pending_cuts;          /* requests whose match stopped at a block another running
+                                       request was still computing (no insertion then) */
 
     /* per tenant (segments: tenants; weka: conversations); arrays of n_tenants, owned */
     uint32_t n_tenants;

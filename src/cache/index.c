@@ -415,6 +415,13 @@ static int make_room(ikv_cache *c, size_t t) {
     return 0;
 }
 
+int ikv_cache_evict(ikv_cache *c, size_t t) {
+    if (t >= c->n_tiers) return ikv_error(IKV_EINVAL, "evict: no tier %zu", t);
+    uint32_t v = c->tiers[t].ops->victim(c->tiers[t].pol);
+    if (v == IKV_NIL) return ikv_error(IKV_EFULL, "evict: tier %zu has no evictable block", t);
+    return evict_one(c, v) ? ikv_error(IKV_EFULL, "evict: the victim cannot leave tier %zu", t) : 0;
+}
+
 /* Moves node id (in a tier > 0, parent already in tier 0) to tier 0. The caller holds it
  * locked, so it is not queued. */
 static int promote_one(ikv_cache *c, uint32_t id) {

@@ -25,6 +25,14 @@ int cli_fail(const char *cmd, const char *fmt, ...) __attribute__((format(printf
  * Returns 0 on success, -1 if the text is not a whole non-negative number. cli_parse_u64 is
  * the same parser (ikv_parse_count): every count flag takes the suffixes. */
 int cli_parse_count(const char *s, uint64_t *out);
+/* "lookup[:n=N,k=K,m=M]" (--spec of isokv run and serve): sets *ng, *k and *mn (the shortest
+ * match that drafts) when given (1..256 each). Returns 0, or -1 for anything else; the caller
+ * checks m <= n. (cmd_run.c) */
+int cli_parse_spec(const char *v, uint64_t *ng, uint64_t *k, uint64_t *mn);
+/* --semantic-cache=SIZE: digits alone are entries (1..1000000; *bytes = 0); a k/M/G/T suffix
+ * makes it a byte budget of at least 4k (*bytes; *entries then room for 2 KiB entries, 16 ..
+ * 1000000). Returns 0 or -1. (cli_util.c) */
+int cli_parse_semcache(const char *v, uint64_t *entries, uint64_t *bytes);
 
 /* Parse a finite double / a non-negative integer that must use the whole string. */
 int cli_parse_double(const char *s, double *out);

@@ -74,19 +74,24 @@ void cli_tiers_report(const cli_tiers *t, const ikv_engine *e, const char *cmd) 
     for (size_t i = 0; i < t->n && e; i++) {
         ikv_engine_tier_stats s;
         if (ikv_engine_tier_stats_get(e, i + 1, &s)) continue;
-        fprintf(stderr,
-                "[%s] tier %zu %s: %llu of %llu blocks; loaded %llu, recomputed %llu (cheaper), "
-                "failed %llu (miss/corrupt/mismatch/down), probed %llu, written %llu; store: "
-                "%llu hits, %llu misses, %llu corrupt, %llu mismatch, %llu down, %llu "
-                "recovered at open; measured %.1f us/block get, %.1f us/block put\n",
-                cmd, i + 1, s.spec, (unsigned long long)s.resident, (unsigned long long)s.capacity,
-                (unsigned long long)s.loaded_blocks, (unsigned long long)s.recomputed_blocks,
-                (unsigned long long)s.failed_blocks, (unsigned long long)s.probed_blocks,
-                (unsigned long long)s.demoted_blocks, (unsigned long long)s.store.hits,
-                (unsigned long long)s.store.misses, (unsigned long long)s.store.corrupt,
-                (unsigned long long)s.store.mismatch, (unsigned long long)s.store.down,
-                (unsigned long long)s.store.recovered, s.load_s_per_block * 1e6,
-                s.put_s_per_block * 1e6);
+        fprintf(
+            stderr,
+            "[%s] tier %zu %s: %llu of %llu blocks; loaded %llu, recomputed %llu (cheaper), "
+            "failed %llu (miss/corrupt/mismatch/down; %llu recomputed for it), %llu recomputed "
+            "for want of a free pool block, %llu loaded and dropped, probed %llu, written %llu; "
+            "store: "
+            "%llu hits, %llu misses, %llu corrupt, %llu mismatch, %llu down, %llu "
+            "recovered at open; measured %.1f us/block get, %.1f us/block put\n",
+            cmd, i + 1, s.spec, (unsigned long long)s.resident, (unsigned long long)s.capacity,
+            (unsigned long long)s.loaded_blocks, (unsigned long long)s.recomputed_blocks,
+            (unsigned long long)s.failed_blocks, (unsigned long long)s.recomputed_failed_blocks,
+            (unsigned long long)s.recomputed_noroom_blocks,
+            (unsigned long long)s.recomputed_dropped_blocks, (unsigned long long)s.probed_blocks,
+            (unsigned long long)s.demoted_blocks, (unsigned long long)s.store.hits,
+            (unsigned long long)s.store.misses, (unsigned long long)s.store.corrupt,
+            (unsigned long long)s.store.mismatch, (unsigned long long)s.store.down,
+            (unsigned long long)s.store.recovered, s.load_s_per_block * 1e6,
+            s.put_s_per_block * 1e6);
     }
 }
 

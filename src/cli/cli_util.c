@@ -58,6 +58,22 @@ int cli_parse_count(const char *s, uint64_t *out) {
     return ikv_parse_count(s, out);
 }
 
+int cli_parse_semcache(const char *v, uint64_t *entries, uint64_t *bytes) {
+    uint64_t x;
+    const size_t L = strlen(v);
+    *bytes = 0;
+    if (L && strchr("kKmMgGtT", v[L - 1])) { /* a byte budget */
+        if (ikv_parse_count(v, &x) || x < 4096) return -1;
+        *bytes = x;
+        /* entries: room for entries of 2 KiB on average, 16 .. 1000000 */
+        *entries = x / 2048 < 16 ? 16 : x / 2048 > 1000000 ? 1000000 : x / 2048;
+        return 0;
+    }
+    if (ikv_parse_count(v, &x) || x == 0 || x > 1000000) return -1;
+    *entries = x;
+    return 0;
+}
+
 int cli_wants_help(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) return 1;

@@ -187,20 +187,22 @@ static void help(FILE *f) {
     fputs("usage: isokv bench engine --chunks [--model stories260K|CONFIG] [--docs 4]\n"
           "         [--doc-tokens 920] [--context 256] [--query 16] [--prompts 3] [--next 32]\n"
           "         [--ratios 0,0.05,0.1,0.15,0.2,0.3,0.5,1] [--max-dev D] [--threads 2]\n"
-          "         [--repeat 3] [--seed 1] [--json]\n\n"
+          "         [--repeat 3] [--seed 1] [--q8 GROUP] [--json]\n\n"
           "Chunk reuse against the exact prefill (docs/chunks.md): documents stored once, then\n"
           "reused in permuted orders behind a private context; per blend ratio r: greedy\n"
           "agreement and mean KL over the next --next tokens (teacher-forced), TTFT (best of\n"
           "--repeat, measured) blended vs exact. stories260K: the bundled model, story\n"
           "passages (3 or 4 per prompt, alternating); CONFIG: random weights, random documents.\n"
-          "--max-dev: the quality guard for every point (default 0: off, the raw curve).\n",
+          "--max-dev: the quality guard for every point (default 0: off, the raw curve).\n"
+          "--q8 GROUP: the model quantized to int8 in groups of GROUP (as `isokv model\n"
+          "quantize`): the blend pass and the reference both run the int8 weights.\n",
           f);
 }
 
 int ikv_cmd_bench_chunks(int argc, char **argv) {
     const char *model = "small";
     uint64_t ndocs = 4, dtok = 920, ctx = 256, qtok = 16, prompts = 3, next = 32, threads = 2,
-             repeat = 3, seed = 1;
+             repeat = 3, seed = 1, q8 = 0;
     double max_dev = 0, ratios[32] = {0, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5, 1};
     size_t nr = 8;
     int json = 0;
@@ -234,6 +236,8 @@ int ikv_cmd_bench_chunks(int argc, char **argv) {
             bad = cli_parse_u64(v, &repeat) || repeat == 0 || repeat > 100;
         else if (!strcmp(a, "--seed"))
             bad = cli_parse_u64(v, &seed);
+        else if (!strcmp(a, "--q8"))
+            bad = cli_parse_u64(v, &q8) || q8 == 0 || q8 > 4096;
         else if (!strcmp(a, "--max-dev"))
             bad = cli_parse_double(v, &max_dev) || !(max_dev >= 0);
         else if (!strcmp(a, "--ratios")) {
@@ -275,6 +279,17 @@ int ikv_cmd_bench_chunks(int argc, char **argv) {
             return cli_usage_error("bench", "--model: '%s' is stories260K or one of %s", model,
                                    ikv_model_config_names());
         if ((rc = ikv_model_random(&cf, seed, &m))) return cli_fail("bench", "%s", ikv_errdetail());
+    }
+    if (q8) { /* int8 weights: the same model quantized, as `isokv model quantize` writes it */
+        ikv_model *q = NULL;
+        if (ikv_model_q8_group_check(ikv_model_cfg(m), (int)q8) ||
+            ikv_model_quantize(m, (int)q8, &q)) {
+            ikv_model_destroy(m), ikv_tokenizer_destroy(tk);
+            return cli_usage_error("bench", "--q8 %llu: %s", (unsigned long long)q8,
+                                   ikv_errdetail());
+        }
+        ikv_model_destroy(m);
+        m = q;
     }
     const ikv_model_config *cf = ikv_model_cfg(m);
     const size_t V = (size_t)cf->vocab_size, L = (size_t)cf->seq_len;

@@ -20,7 +20,7 @@ static void help(FILE *f) {
     fprintf(
         f,
         "usage: isokv model init --config NAME [--seed S] -o MODEL.bin [--tokenizer-out TOK.bin]\n"
-        "                        [--classifier tied|separate]\n"
+        "                        [--classifier tied|separate] [--seq-len N]\n"
         "       isokv model quantize IN.bin -o OUT.bin [--group G]\n"
         "       isokv model info MODEL.bin\n\n"
         "init  writes a llama2.c-format checkpoint with deterministic random weights (same seed,\n"
@@ -28,7 +28,9 @@ static void help(FILE *f) {
         "      Configs: %s. --tokenizer-out also writes a matching synthetic\n"
         "      tokenizer.bin (llama2.c format) of the model's vocabulary size. --classifier\n"
         "      separate stores its own classifier matrix (negative vocab_size in the header)\n"
-        "      instead of tying it to the token embedding (the configs' default). Both files\n"
+        "      instead of tying it to the token embedding (the configs' default). --seq-len N\n"
+        "      sets the context (the weights are the same; e.g. a tiny model for long traces).\n"
+        "      Both files\n"
         "      are written to temporaries and renamed together: a failure leaves neither, and\n"
         "      a device, directory or the same file named twice is refused.\n"
         "quantize  writes an fp32 checkpoint as llama2.c's int8 version-2 format (what its\n"
@@ -41,7 +43,7 @@ static void help(FILE *f) {
 
 static int init(int argc, char **argv) {
     const char *cfgname = NULL, *out = NULL, *tok = NULL, *cls = NULL;
-    uint64_t seed = 1;
+    uint64_t seed = 1, seq_len = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--config") && v)
@@ -56,9 +58,13 @@ static int init(int argc, char **argv) {
             if (cli_parse_u64(v, &seed))
                 return cli_usage_error("model", "--seed '%s' is not a number", v);
             i++;
+        } else if (!strcmp(a, "--seq-len") && v) {
+            if (cli_parse_u64(v, &seq_len) || seq_len < 1 || seq_len > 1u << 20)
+                return cli_usage_error("model", "--seq-len '%s' is not a number in 1..1048576", v);
+            i++;
         } else if (!strcmp(a, "--config") || !strcmp(a, "-o") || !strcmp(a, "--output") ||
                    !strcmp(a, "--tokenizer-out") || !strcmp(a, "--classifier") ||
-                   !strcmp(a, "--seed"))
+                   !strcmp(a, "--seed") || !strcmp(a, "--seq-len"))
             return cli_usage_error("model", "option '%s' needs a value", a);
         else
             return cli_usage_error("model", "unknown option '%s'", a);
@@ -71,6 +77,7 @@ static int init(int argc, char **argv) {
     if (cls && strcmp(cls, "tied") && strcmp(cls, "separate"))
         return cli_usage_error("model", "--classifier '%s': expected tied or separate", cls);
     if (cls) c.shared_classifier = !strcmp(cls, "tied");
+    if (seq_len) c.seq_len = (int32_t)seq_len; /* context only: the weights do not change */
     /* both files in one atomic set: they appear together or not at all, and -o and
      * --tokenizer-out naming the same file (by any path) is refused before anything is written */
     ikv_outset *set = NULL;

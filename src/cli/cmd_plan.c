@@ -74,10 +74,11 @@ static void usage(FILE *f) {
             "                    the isoquant before and after, and the compute the same\n"
             "                    latency costs after\n"
             "measured (isokv's own engine on this machine, wall clock):\n"
-            "  --measured        threads 1/2 x prefix-cache miss/hit, measured walk and\n"
-            "                    frontier, and the roofline's prediction from the engine's own\n"
-            "                    sgemm and bandwidth probes; --prompt/--output set the request\n"
-            "                    (384 and 16 by default)\n"
+            "  --measured        threads 1/2 x prefix-cache miss/hit, a batch (--batch B, 4),\n"
+            "                    prompt-lookup speculation (--spec lookup|none) and a\n"
+            "                    response-cache hit: measured walk and frontier, and the\n"
+            "                    roofline's prediction from the engine's own sgemm and\n"
+            "                    bandwidth probes; --prompt/--output set the request (384, 16)\n"
             "  --engine-model F  a llama2.c checkpoint (default: a generated model)\n"
             "  --engine-config C generated model shape (tiny, stories15m, small, base; small)\n"
             "  --repeat N        measurements per point, best kept (2)\n"
@@ -99,7 +100,7 @@ typedef struct opts {
     const char *model, *hw, *plot, *jump;
     int json, params, route, allow_poll, have_class, frontier, measured;
     plan_measured_opts mo;
-    int prompt_set, output_set;
+    int prompt_set, output_set, batch_set, spec_set;
     ikv_req_class cls;
     double slo_ms, budget;
 } opts;
@@ -354,6 +355,7 @@ int ikv_cmd_plan(int argc, char **argv) {
             if (!v) return cli_usage_error(CMD, "%s needs a value", a);
             o.prompt_set |= !strcmp(key, "prompt");
             o.output_set |= !strcmp(key, "output");
+            o.batch_set |= !strcmp(key, "batch");
             if (ikv_plan_param_set(&p, key, v))
                 return cli_usage_error(CMD, "%s: %s", a, ikv_errdetail());
             i++;
@@ -390,6 +392,12 @@ int ikv_cmd_plan(int argc, char **argv) {
             i++;
         } else if (!o.route && !strcmp(a, "--measured")) {
             o.measured = 1;
+        } else if (!o.route && !strcmp(a, "--spec")) {
+            if (!v || (strcmp(v, "lookup") && strcmp(v, "none")))
+                return cli_usage_error(CMD, "--spec needs lookup or none");
+            o.mo.spec = strcmp(v, "lookup") ? -1 : 0;
+            o.spec_set = 1;
+            i++;
         } else if (!o.route && (!strcmp(a, "--engine-model") || !strcmp(a, "--engine-config"))) {
             if (!v) return cli_usage_error(CMD, "%s needs a value", a);
             if (!strcmp(a, "--engine-model"))
@@ -441,14 +449,18 @@ int ikv_cmd_plan(int argc, char **argv) {
     if (o.route && o.plot) return cli_usage_error(CMD, "--plot is for the walk, not route");
     if (o.frontier + o.measured + (o.jump != NULL) > 1)
         return cli_usage_error(CMD, "--frontier, --jump and --measured are separate reports");
-    if (!o.measured && (o.mo.engine_model || o.mo.engine_config || o.mo.repeat || o.mo.hit))
-        return cli_usage_error(CMD, "--engine-model, --engine-config, --repeat and --hit go "
-                                    "with --measured");
+    if (!o.measured && (o.mo.engine_model || o.mo.engine_config || o.mo.repeat || o.mo.hit ||
+                        o.spec_set))
+        return cli_usage_error(CMD, "--engine-model, --engine-config, --repeat, --hit and --spec "
+                                    "go with --measured");
     if (o.measured) {
         if (o.mo.engine_model && o.mo.engine_config)
             return cli_usage_error(CMD, "--engine-model or --engine-config, not both");
         o.mo.prompt = o.prompt_set ? (uint32_t)p.prompt : 0;
         o.mo.output = o.output_set ? (uint32_t)p.output : 0;
+        if (o.batch_set && (p.batch < 1 || p.batch > 8 || p.batch != floor(p.batch)))
+            return cli_usage_error(CMD, "--measured: --batch must be a whole number in 1..8");
+        o.mo.batch = o.batch_set ? (uint32_t)p.batch : 0;
         return plan_measured_main(CMD, &o.mo, o.json, o.plot);
     }
 

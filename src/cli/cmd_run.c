@@ -5,7 +5,7 @@
  *     isokv run [--model m.bin] [--tokenizer t.bin] [--prompt TEXT] [-n 64] [--temp 0] [--topp 0.9]
  *               [--seed S] [--threads T] [--kv-mem BYTES] [--policy lru] [--tenant NAME]
  *               [--public N] [--repeat R] [--stop-eos] [--raw-bytes] [--tier SPEC]...
- *               [--spec lookup[:n=3,k=8]] [--semantic-cache[=SIZE]] [--prompts FILE]
+ *               [--spec lookup[:n=3,k=1,m=2]] [--semantic-cache[=SIZE]] [--prompts FILE]
  *               [--max-draft N]
  *
  * --spec lookup decodes with prompt-lookup drafts verified by ikv_engine_verify (greedy output
@@ -58,7 +58,7 @@ static void help(FILE *f) {
         "                 [--topp 0.9] [--seed S] [--threads T] [--kv-mem BYTES]\n"
         "                 [--policy NAME] [--tenant NAME] [--public N] [--repeat R]\n"
         "                 [--stop-eos] [--raw-bytes] [--tier SPEC]... [--tier-dtype q8]\n"
-        "                 [--spec lookup[:n=3,k=8]] [--semantic-cache[=SIZE]]\n"
+        "                 [--spec lookup[:n=3,k=1,m=2]] [--semantic-cache[=SIZE]]\n"
         "                 [--prompts FILE] [--max-draft N]\n"
         "                 [--segments REQ.json [--layout as-given|shared-first]\n"
         "                  [--blend-ratio R] [--blend-max-dev D] [--chunk-mem BYTES]]\n\n"
@@ -78,14 +78,14 @@ static void help(FILE *f) {
         "scoped to --tenant. --repeat R runs the request R times on one engine (the later runs\n"
         "hit the cache). --kv-mem sizes the KV pool (k/M/G suffixes; default: 5 full-length\n"
         "sequences). Figures printed on stderr are measured wall-clock times.\n"
-        "--spec lookup[:n=N,k=K] drafts K tokens from the latest match of the last N (..1)\n"
+        "--spec lookup[:n=N,k=K,m=M] drafts K tokens from the latest match of the last N (..M)\n"
         "tokens in prompt + output and verifies them in one batched forward (greedy output is\n"
-        "identical to plain decoding; defaults n=3, k=8). --semantic-cache[=SIZE] keeps up to\n"
-        "SIZE (1024) finished responses and verifies the most similar one (MinHash/Jaccard over\n"
-        "prompt 3-grams, same tenant or public) as a draft: only what the model itself would\n"
-        "produce is served. Give it something to hit: --repeat R or --prompts FILE (one prompt\n"
-        "per line, each a request). --max-draft N: draft tokens per verify (64; 256 with\n"
-        "--semantic-cache).\n"
+        "identical to plain decoding; defaults n=3, k=1, m=2). --semantic-cache[=SIZE] keeps\n"
+        "SIZE finished responses (digits: entries, 1024; k/M/G: bytes, 64M) and verifies the\n"
+        "most similar one (MinHash/Jaccard over prompt 3-grams, same tenant or public) as a\n"
+        "draft: only what the model itself would produce is served. Give it something to hit:\n"
+        "--repeat R or --prompts FILE (one prompt per line, each a request). --max-draft N:\n"
+        "draft tokens per verify (64; 256 with --semantic-cache).\n"
         "--segments REQ.json: structured requests (one object or an array, run in order on one\n"
         "engine; docs/chunks.md): segments with kind, text or tokens, public, reusable, movable.\n"
         "Reusable segments' KV is kept by content and reused at any offset, recomputing a\n"
@@ -127,20 +127,20 @@ static void emit(void *vc, const uint32_t *t, size_t n) {
     fflush(stdout);
 }
 
-/* Parses "lookup[:n=N,k=K]". Returns 0 or -1. */
-static int parse_spec(const char *v, uint64_t *ng, uint64_t *k) {
+/* Parses "lookup[:n=N,k=K,m=M]" (cli.h; isokv run and serve). Returns 0 or -1. */
+int cli_parse_spec(const char *v, uint64_t *ng, uint64_t *k, uint64_t *mn) {
     if (strncmp(v, "lookup", 6) || (v[6] && v[6] != ':')) return -1;
     const char *p = v[6] ? v + 7 : v + 6;
     while (*p) {
         char key = *p;
-        if ((key != 'n' && key != 'k') || p[1] != '=') return -1;
+        if ((key != 'n' && key != 'k' && key != 'm') || p[1] != '=') return -1;
         char buf[32];
         size_t L = strcspn(p + 2, ",");
         if (L == 0 || L >= sizeof buf) return -1;
         memcpy(buf, p + 2, L), buf[L] = 0;
         uint64_t x;
         if (cli_parse_u64(buf, &x) || x == 0 || x > 256) return -1;
-        *(key == 'n' ? ng : k) = x;
+        *(key == 'n' ? ng : key == 'k' ? k : mn) = x;
         p += 2 + L;
         if (*p == ',') p++;
     }
@@ -257,16 +257,18 @@ int ikv_cmd_run(int argc, char **argv) {
     int shared_first = 0;
     double bratio = IKV_BLEND_RATIO, bmaxdev = IKV_BLEND_MAX_DEV;
     uint64_t chunkmem = 64ull << 20;
-    uint64_t spec_n = 0, spec_k = 8, semcache = 0, max_draft = 0;
+    uint64_t spec_n = 0, spec_k = 1, spec_m = 2, semcache = 0, semcache_bytes = 0, max_draft = 0;
     const char *prompts_path = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int bad = 0;
         if (!strncmp(a, "--semantic-cache", 16) && (a[16] == 0 || a[16] == '=')) {
             semcache = 1024;
-            if (a[16] == '=' &&
-                (cli_parse_count(a + 17, &semcache) || semcache == 0 || semcache > 1000000))
-                return cli_usage_error("run", "bad value '%s' for --semantic-cache", a + 17);
+            if (a[16] == '=' && cli_parse_semcache(a + 17, &semcache, &semcache_bytes))
+                return cli_usage_error("run",
+                                       "bad value '%s' for --semantic-cache (entries "
+                                       "1..1000000, or bytes with k/M/G: 64M)",
+                                       a + 17);
             continue;
         }
         if (!strcmp(a, "--stop-eos") || !strcmp(a, "--raw-bytes")) {
@@ -323,7 +325,7 @@ int ikv_cmd_run(int argc, char **argv) {
             bad = cli_parse_u64(v, &repeat) || repeat == 0 || repeat > 1000;
         else if (!strcmp(a, "--spec")) {
             spec_n = 3;
-            bad = parse_spec(v, &spec_n, &spec_k);
+            bad = cli_parse_spec(v, &spec_n, &spec_k, &spec_m) || spec_m > spec_n;
         } else if (!strcmp(a, "--prompts"))
             prompts_path = v;
         else if (!strcmp(a, "--max-draft"))
@@ -451,6 +453,7 @@ int ikv_cmd_run(int argc, char **argv) {
         ikv_respcache_options ro;
         ikv_respcache_options_default(&ro);
         ro.capacity = (uint32_t)semcache;
+        ro.max_bytes = semcache_bytes;
         ro.max_tokens = (uint32_t)c->seq_len;
         if (ikv_respcache_create(&ro, &rcache)) {
             cli_fail("run", "%s", ikv_errdetail());
@@ -507,6 +510,7 @@ int ikv_cmd_run(int argc, char **argv) {
                                   .n_cands = nh,
                                   .lookup_ngram = (uint32_t)spec_n,
                                   .lookup_k = (uint32_t)spec_k,
+                                  .lookup_min = (uint32_t)spec_m,
                                   .max_draft = eo.max_draft,
                                   .emit = emit,
                                   .emit_ctx = &ec};
@@ -558,8 +562,14 @@ int ikv_cmd_run(int argc, char **argv) {
                         (unsigned long long)tot_req, info.tier_tokens[0]);
                 for (size_t t = 1; t <= tiers.n; t++)
                     fprintf(stderr, ", %s %zu", tiers.specs[t - 1], info.tier_tokens[t]);
-                fprintf(stderr, "; %zu tier tokens recomputed (cheaper or failed)",
-                        info.recomputed_tier_tokens);
+                size_t why[4] = {0};
+                for (size_t t = 1; t <= tiers.n; t++)
+                    why[0] += info.tier_cheaper_tokens[t], why[1] += info.tier_failed_tokens[t],
+                        why[2] += info.tier_noroom_tokens[t], why[3] += info.tier_dropped_tokens[t];
+                fprintf(stderr,
+                        "; %zu tier tokens recomputed (cheaper %zu, failed %zu, no room %zu, "
+                        "dropped %zu)",
+                        info.recomputed_tier_tokens, why[0], why[1], why[2], why[3]);
                 if (info.lossy_tokens)
                     fprintf(stderr, "; %zu cached tokens LOSSY (q8 tier)", info.lossy_tokens);
                 fprintf(stderr, "\n");

@@ -30,14 +30,16 @@ static void help(FILE *f) {
           "                   [--public-prefix FILE] [--public-system] [--drain-s S]\n"
           "                   [--tier SPEC]... [--tier-dtype f32|q8] [--route-config FILE]\n"
           "                   [--route-set KEY=VALUE]... [--route-model M] [--route-hw H]\n"
-          "                   [--semantic-cache[=SIZE]]\n\n"
+          "                   [--route walk|frontier] [--semantic-cache[=SIZE]]\n"
+          "                   [--spec lookup[:n=3,k=1,m=2]] [--block-tokens N]\n\n"
           "An OpenAI-compatible HTTP server: POST /v1/completions, POST /v1/chat/completions,\n"
           "GET /v1/models, GET /health, GET /metrics (Prometheus). Continuous batching: one\n"
           "forward step serves every running sequence; prompts are prefilled in chunks within\n"
           "--max-batch-tokens positions per step (256); at most --max-seqs sequences run (32),\n"
           "--max-queue wait (4 x max-seqs; more get 429 with Retry-After). Defaults: the bundled\n"
           "model data/models/stories260K/{stories260K.bin,tok512.bin} on 127.0.0.1:8000\n"
-          "(--port 0: any free port, printed). --kv-mem sizes the KV pool (k/M/G suffixes;\n"
+          "(--port 0: any free port, printed). --block-tokens: tokens per KV block (16; fewer\n"
+          "for scaled traces, docs/load.md). --kv-mem sizes the KV pool (k/M/G suffixes;\n"
           "default room for max-seqs full sequences plus 4). --api-keys FILE: a JSON object\n"
           "{\"KEY\": \"tenant\"}; requests need Authorization: Bearer KEY (else 401); without it\n"
           "every request is tenant 'default'. --public-prefix FILE: prompts starting with its\n"
@@ -49,12 +51,21 @@ static void help(FILE *f) {
           "(default), complex) and latency target (isokv.slo_ms, X-Isokv-Slo-Ms) go to the\n"
           "planner's router (ikv_plan_route) on the walk of --route-model (llama3-70b) on\n"
           "--route-hw (h100); class caps and prices are plan parameters (--route-config FILE\n"
-          "as `isokv plan --config`, --route-set route.simple=1 as `isokv plan --set`). The\n"
-          "step is the request's scheduling priority (docs/serve.md, \"Routing\").\n"
-          "--semantic-cache[=SIZE]: keep up to SIZE (1024) finished responses; a new request's\n"
-          "most similar one (same tenant, or public) is verified by the model as a draft and\n"
-          "only what the model itself would produce is served (docs/semantic.md); usage.isokv\n"
-          "and isokv_semcache_* metrics count it.\n",
+          "as `isokv plan --config`, --route-set route.simple=1 as `isokv plan --set`);\n"
+          "--route frontier routes on each class's efficient frontier instead (knee, SLO,\n"
+          "as `isokv plan route --frontier`). The step sets the request's priority, its\n"
+          "forward threads (1 below step 2, --threads from it) and, from step 3,\n"
+          "speculation: --spec and --semantic-cache (docs/serve.md, \"Routing\").\n"
+          "--semantic-cache[=SIZE]: keep finished responses, SIZE entries (digits: 1024 by\n"
+          "default) or SIZE bytes (a k/M/G suffix: 64M; prompt and output tokens and a fixed\n"
+          "part per entry count); a new request's most similar one (same tenant, or public) is\n"
+          "verified by the model as a draft inside the batched step and only what the model\n"
+          "itself would produce is served (docs/semantic.md). --spec lookup[:n=N,k=K,m=M]:\n"
+          "prompt-lookup drafts (K tokens after the latest match of the last N..M tokens;\n"
+          "3, 1, 2), verified in the same step. Both apply to requests routed to step 3 or above;\n"
+          "a request switches them with \"isokv\": {\"spec\": \"lookup\"|\"off\",\n"
+          "\"semantic_cache\": true|false}. usage.isokv.speculative, usage.isokv.semantic_cache,\n"
+          "isokv_spec_* and isokv_semcache_* metrics count them.\n",
           f);
     fputs(cli_tiers_help, f);
 }
@@ -94,16 +105,29 @@ int ikv_cmd_serve(int argc, char **argv) {
             continue;
         }
         if (!strncmp(a, "--semantic-cache", 16) && (a[16] == 0 || a[16] == '=')) {
-            uint64_t sz = 1024;
-            if (a[16] == '=' && (cli_parse_count(a + 17, &sz) || sz == 0 || sz > 1000000))
-                return cli_usage_error(cmd, "--semantic-cache=%s is not a size in 1..1000000",
+            uint64_t sz = 1024, by = 0;
+            if (a[16] == '=' && cli_parse_semcache(a + 17, &sz, &by))
+                return cli_usage_error(cmd,
+                                       "--semantic-cache=%s is not a number of entries in "
+                                       "1..1000000 or a byte size of at least 4k (64M)",
                                        a + 17);
+            o.semantic_cache_bytes = by;
             o.semantic_cache = (uint32_t)sz;
             continue;
         }
         if (i + 1 >= argc) return cli_usage_error(cmd, "%s needs a value (see --help)", a);
         const char *v = argv[++i];
         uint64_t u;
+        if (!strcmp(a, "--spec")) {
+            uint64_t ng = 3, k = 1, mn = 2;
+            if (cli_parse_spec(v, &ng, &k, &mn) || mn > ng)
+                return cli_usage_error(cmd,
+                                       "--spec '%s' is not lookup[:n=N,k=K,m=M] (1..256, "
+                                       "m <= n)",
+                                       v);
+            o.spec_ngram = (uint32_t)ng, o.spec_k = (uint32_t)k, o.spec_min = (uint32_t)mn;
+            continue;
+        }
         if (!strcmp(a, "--model"))
             o.model = v;
         else if (!strcmp(a, "--tokenizer"))
@@ -122,6 +146,11 @@ int ikv_cmd_serve(int argc, char **argv) {
             o.route_model = v;
         else if (!strcmp(a, "--route-hw"))
             o.route_hw = v;
+        else if (!strcmp(a, "--route")) {
+            if (strcmp(v, "walk") && strcmp(v, "frontier"))
+                return cli_usage_error(cmd, "--route '%s': walk or frontier", v);
+            o.route_frontier = !strcmp(v, "frontier");
+        }
         else if (!strcmp(a, "--route-set")) {
             if (o.n_route_set == sizeof route_set / sizeof route_set[0])
                 return cli_usage_error(cmd, "at most 32 --route-set options");
@@ -140,7 +169,8 @@ int ikv_cmd_serve(int argc, char **argv) {
             if (cli_parse_double(v, &drain) || drain < 0)
                 return cli_usage_error(cmd, "--drain-s '%s' is not a non-negative number", v);
         } else if (!strcmp(a, "--port") || !strcmp(a, "--threads") || !strcmp(a, "--max-seqs") ||
-                   !strcmp(a, "--max-batch-tokens") || !strcmp(a, "--max-queue")) {
+                   !strcmp(a, "--max-batch-tokens") || !strcmp(a, "--max-queue") ||
+                   !strcmp(a, "--block-tokens")) {
             if (cli_parse_u64(v, &u)) return cli_usage_error(cmd, "%s '%s' is not a number", a, v);
             if (!strcmp(a, "--port")) {
                 if (u > 65535) return cli_usage_error(cmd, "--port %s is not in 0..65535", v);
@@ -153,6 +183,10 @@ int ikv_cmd_serve(int argc, char **argv) {
                 if (u < 1 || u > 1024)
                     return cli_usage_error(cmd, "--max-seqs %s is not in 1..1024", v);
                 o.max_seqs = (uint32_t)u;
+            } else if (!strcmp(a, "--block-tokens")) {
+                if (u < 1 || u > 4096)
+                    return cli_usage_error(cmd, "--block-tokens %s is not in 1..4096", v);
+                o.block_tokens = (uint32_t)u;
             } else if (!strcmp(a, "--max-batch-tokens")) {
                 if (u < 1 || u > 1u << 20)
                     return cli_usage_error(cmd, "--max-batch-tokens %s is not in 1..1048576", v);

@@ -88,6 +88,9 @@ static void usage(FILE *f) {
             "  --mode order|timed    order (default): trace order, no timing (Mooncake method);\n"
             "                        timed: arrivals at trace times, prefill servers, locks\n"
             "  --servers S           timed: prefill servers (default 4)\n"
+            "  --service trace|model timed: times from the cost model (default) or each\n"
+            "                        request's measured ttft_s / latency_s (a live run's\n"
+            "                        sent.jsonl from isokv load: starts at arrival, no servers)\n"
             "  --decode-batch B      timed: decode batch for the per-token time (default 16)\n"
             "  --model M             cost model (default llama3-70b)\n"
             "  --hw H                hardware (default h100)\n"
@@ -283,6 +286,11 @@ static int parse_args(int argc, char **argv, int first, sim_args *a, sweep_args 
             if (!strcmp(v, "order")) a->ro.mode = IKV_REPLAY_ORDER;
             else if (!strcmp(v, "timed")) a->ro.mode = IKV_REPLAY_TIMED;
             else return cli_usage_error(CMD, "--mode must be order or timed, not '%s'", v);
+        } else if (OPT("--service")) {
+            NEED("--service");
+            if (!strcmp(v, "trace")) a->ro.service_trace = 1;
+            else if (!strcmp(v, "model")) a->ro.service_trace = 0;
+            else return cli_usage_error(CMD, "--service must be trace or model, not '%s'", v);
         } else if (OPT("--capacity-tokens")) {
             NEED("--capacity-tokens");
             if (sw) {
@@ -391,6 +399,8 @@ static int parse_args(int argc, char **argv, int first, sim_args *a, sweep_args 
     if (!a->trace) return cli_usage_error(CMD, "no trace file given");
     if (a->ro.n_tiers && a->ro.capacity_tokens)
         return cli_usage_error(CMD, "--capacity-tokens and --tiers are exclusive");
+    if (a->ro.service_trace && a->ro.mode != IKV_REPLAY_TIMED)
+        return cli_usage_error(CMD, "--service trace needs --mode timed");
     const ikv_model_spec *m;
     const ikv_hw_spec *h;
     if (ikv_model_lookup(a->ro.model, &m)) return cli_usage_error(CMD, "%s", ikv_errdetail());
@@ -483,6 +493,8 @@ static cJSON *result_json(const sim_args *a, const ikv_trace *t, const ikv_repla
         cJSON_AddNumberToObject(tm, "lower_tier_loaded_blocks", (double)r->lower_loaded_blocks);
         cJSON_AddNumberToObject(tm, "lower_tier_recomputed_blocks", (double)r->lower_recomputed_blocks);
         cJSON_AddNumberToObject(tm, "lock_failures", (double)r->lock_failures);
+        cJSON_AddNumberToObject(tm, "pending_cuts", (double)r->pending_cuts);
+        cJSON_AddStringToObject(tm, "service", a->ro.service_trace ? "trace" : "model");
     }
     if (a->per_tenant || ikv_trace_format_of(t) == IKV_TRACE_SEGMENTS) {
         cJSON *ta = cJSON_AddArrayToObject(o, "tenants");
@@ -548,7 +560,11 @@ static void print_table(const sim_args *a, const ikv_trace *t, const ikv_replay_
     if (r->skipped_lines)
         printf("  skipped lines        %llu (first: %s)\n", (unsigned long long)r->skipped_lines,
                ikv_trace_first_error(t) ? ikv_trace_first_error(t) : "?");
-    if (r->mode == IKV_REPLAY_TIMED) {
+    if (r->mode == IKV_REPLAY_TIMED && a->ro.service_trace)
+        printf("  MEASURED service times from the trace (ttft_s, latency_s); %llu requests met a "
+               "block still being computed\n",
+               (unsigned long long)r->pending_cuts);
+    else if (r->mode == IKV_REPLAY_TIMED) {
         printf("  SIMULATED times: %s on %u x %s per server, %u prefill servers, decode batch %u\n",
                r->model, r->gpus, r->hw, r->servers, a->ro.decode_batch);
         printf("    TTFT p50/p90/p99   %.3f / %.3f / %.3f s (mean %.3f)\n", r->ttft_p50, r->ttft_p90,

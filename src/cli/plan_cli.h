@@ -29,6 +29,8 @@ typedef struct plan_measured_opts {
     uint32_t prompt, output;   /* request shape */
     uint32_t repeat;           /* measurements per point; the best is kept */
     double hit;                /* prefix-cache hit ratio of the "hit" configurations */
+    uint32_t batch;            /* batch of the batched configurations (0 = 4; 1 = none) */
+    int spec;                  /* 0: prompt-lookup speculation measured; -1: not (--spec none) */
 } plan_measured_opts;
 
 /* isokv plan --measured [--json] [--plot FILE]. */

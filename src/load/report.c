@@ -409,10 +409,19 @@ char *ikv_load_sent_trace(const ikv_load_result *r) {
     for (size_t i = 0; i < ns; i++) {
         const ikv_load_record *e = order[i];
         uint32_t pub_blocks = e->public_tokens / bs;
+        /* measured service: first token and end, from the send (for `isokv sim --mode timed
+         * --service trace`); a reply without a first text token counts its end as both */
+        double lat = e->end - e->send, ttft = e->first_token >= 0 ? e->first_token - e->send : lat;
+        if (lat < 0) lat = 0;
+        if (ttft < 0) ttft = 0;
+        if (ttft > lat) ttft = lat;
         sb_printf(&b,
                   "{\"time\": %.6f, \"tenant\": \"t%u\", \"session\": %llu, \"output\": %u, "
-                  "\"segments\": [",
-                  e->send, e->tenant, (unsigned long long)e->session, e->max_tokens);
+                  "\"ttft_s\": %.6f, \"latency_s\": %.6f, ",
+                  e->send, e->tenant, (unsigned long long)e->session, e->max_tokens, ttft, lat);
+        if (e->server_queue >= 0) /* isokv serve: the wait before admission, within ttft */
+            sb_printf(&b, "\"queue_s\": %.6f, ", e->server_queue < ttft ? e->server_queue : ttft);
+        sb_printf(&b, "\"segments\": [");
         for (uint32_t j = 0; j < e->full_blocks; j++) {
             int pub = j < pub_blocks;
             sb_printf(&b, "%s{\"kind\": \"%s\", \"id\": \"b%llu\", \"tokens\": %u, \"public\": %s}",

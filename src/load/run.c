@@ -234,6 +234,7 @@ static int read_trace(run *u, ikv_trace *t) {
         e->trace_time = q.time;
         e->first_token = -1;
         e->server_prompt_tokens = e->cached_tokens = e->completion_tokens = -1;
+        e->server_queue = -1;
         e->n_keys = (uint32_t)q.n_blocks;
         e->input_tokens = q.input_tokens;
         e->output_tokens = q.output_tokens;
@@ -501,6 +502,7 @@ static void finish(run *u, slot *s, CURLcode cc) {
         e->completion_tokens = rp->completion_tokens;
         e->cached_tokens = rp->cached_tokens;
         e->cached_src = rp->cached_src;
+        e->server_queue = rp->queue_s;
         e->first_token = rp->first_token_seen ? rp->first_token_time - u->t0 : -1;
     }
     curl_multi_remove_handle(u->multi, s->easy);

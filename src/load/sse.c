@@ -185,6 +185,7 @@ const char *ikv_cached_src_name(ikv_cached_src s) {
 void ikv_load_reply_init(ikv_load_reply *r) {
     memset(r, 0, sizeof *r);
     r->prompt_tokens = r->completion_tokens = r->cached_tokens = -1;
+    r->queue_s = -1;
 }
 
 /* A non-negative integral JSON number, or -1. */
@@ -255,6 +256,11 @@ int ikv_load_reply_chunk(ikv_load_reply *r, const char *data, size_t len, double
         int64_t v;
         if ((v = count_of(usage, "prompt_tokens")) >= 0) r->prompt_tokens = v;
         if ((v = count_of(usage, "completion_tokens")) >= 0) r->completion_tokens = v;
+        const cJSON *ix = cJSON_GetObjectItemCaseSensitive(usage, "isokv");
+        const cJSON *qm =
+            cJSON_IsObject(ix) ? cJSON_GetObjectItemCaseSensitive(ix, "queue_ms") : NULL;
+        if (cJSON_IsNumber(qm) && qm->valuedouble >= 0 && qm->valuedouble < 1e12)
+            r->queue_s = qm->valuedouble / 1e3;
         const cJSON *d = cJSON_GetObjectItemCaseSensitive(usage, "prompt_tokens_details");
         if (cJSON_IsObject(d) && (v = count_of(d, "cached_tokens")) >= 0) {
             r->cached_tokens = v;

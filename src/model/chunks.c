@@ -16,18 +16,35 @@
  * rotation per reused key, far cheaper than the projections it saves. Rounding: fresh keys use
  * the float tables at b; re-rotated ones differ by a few ulps (tested).
  *
- * Blend forward pass (ikv_chunks_begin, hits present, r < 1). The prompt is admitted without
- * the prefix cache (blended K/V are approximate: they never enter the exact prefix cache); the
- * hit segments' K/V are written into the sequence's blocks, re-rotated. Layer 0 runs on every
- * position (its K/V depend only on token and position, so the reused ones equal fresh ones up to
- * rounding; its outputs are the next layer's inputs). Layer 1, the selection layer, computes
- * fresh K/V for every position; for each reused position the relative deviation
- * |[K;V]fresh - [K;V]reused| / |[K;V]fresh| is measured. Kept active: every non-reused
- * position, each hit segment's first `first_tokens`, the ceil(r x reused) most deviating
- * ones, and any whose deviation exceeds max_dev (the guard). The other reused positions keep
- * their stored K/V and leave the pass; from there on only active rows run, in every layer,
- * attending to all positions. If every reused position ends up active, the pass is abandoned
- * and the ordinary exact prefill runs instead (so the guard's "up to full" is exact).
+ * Jobs (ikv_chunks_admit / _advance / _job_end; ikv_chunks_begin runs them in a row). With no
+ * hit, or r >= 1, the whole prompt is admitted as an ordinary request (exact, prefix cache as
+ * usual). Else the exact part — the positions before the first hit segment, at least one — is
+ * admitted through the prefix cache (token-exact blocks, the leading public segments public)
+ * and prefilled by the engine (ikv_engine_step, in chunks if the caller likes), so a cached
+ * system prompt is taken from the cache and the blended request's K/V there are exact (its full
+ * blocks are inserted as any prefill's). Then the blend pass, in units (a stage of a layer over a
+ * row range) if asked:
+ *
+ *      [ exact part: prefix cache + engine prefill ][ hit doc | computed | hit doc | query ]
+ *                                                   ^ blend pass: every row on layer 0 and the
+ *                                                     selection layer, then the selected rows
+ *
+ * The rest's blocks are taken (private: blended K/V never enter the prefix cache) and the hit
+ * segments' K/V written there, re-rotated. Layer 0 runs on every row of the rest (its K/V depend
+ * only on token and position, so the reused ones equal fresh ones up to rounding; its outputs
+ * are the next layer's inputs). Layer 1, the selection layer, computes fresh K/V for every row;
+ * for each reused position the relative deviation |[K;V]fresh - [K;V]reused| / |[K;V]fresh| is
+ * measured. Kept active: every non-reused position, each hit segment's first `first_tokens`,
+ * the ceil(r x reused) most deviating ones, and any whose deviation exceeds max_dev (the
+ * guard). The other reused positions keep their stored K/V and leave the pass; from there on
+ * only active rows run, in every layer, attending to all positions. If every reused position
+ * ends up active, the pass is abandoned: the rest becomes pending prompt positions for the
+ * ordinary exact prefill (chunk-invariant, so "up to full" is exact). One pass at a time holds
+ * the scratch (c->owner).
+ *
+ * int8 models: the projections run ikv__q8_gemm (each row quantized per group, runq.c's
+ * arithmetic) on rows of a per-row activation scratch; the embedding is dequantized; K/V stay
+ * fp32.
  *
  * Threads: the engine's worker pool; projections split by rows (one single-threaded sgemm per
  * thread), attention by (head, 64-row chunk). Scratch is allocated at create for seq_len rows.
@@ -70,7 +87,32 @@ struct ikv_chunks {
     float *kvtmp;                               /* [2][kv_dim] */
     devpair *dp;                                /* [seq_len] */
     double *rc, *rs;                            /* [head_dim / 2] */
-    size_t seg_hit[256];
+    /* int8 models: activation rows quantized for ikv__q8_gemm, [seq_len][max(dim, hidden)] */
+    ikv__q8act act;
+    size_t act_cols;
+    ikv_blend_job *jobs; /* [max_seqs] */
+    size_t n_jobs;
+    ikv_blend_job *owner; /* the job whose blend pass holds the scratch (one at a time) */
+};
+
+enum { JOB_FREE = 0, JOB_LEAD, JOB_BLEND, JOB_EXACT, JOB_DONE };
+
+/* One structured request from admission to its first token's logits. */
+struct ikv_blend_job {
+    int state;
+    ikv_seq *s;
+    ikv_blend_request r; /* segs, tenant and hits are the caller's, alive until job_end */
+    size_t n, lead;      /* prompt positions; [0, lead) prefilled exactly (prefix cache) */
+    size_t pub;          /* leading public tokens */
+    uint64_t tsalt;
+    float ratio, max_dev;
+    int l;      /* blend pass: layer */
+    int stage;  /* 0: Q/K/V of the active rows, 1: attention and FFN */
+    size_t row; /* next active row of the stage */
+    size_t na;  /* blend pass: active rows */
+    double t0;
+    ikv_blend_info inf;
+    uint8_t hit[256]; /* segment i was found in the store at admission */
     long seg_off[256];
 };
 
@@ -79,7 +121,8 @@ typedef struct bctx {
     ikv_chunks *c;
     ikv_seq *s;
     int l, phase;
-    size_t na, n; /* active rows, prompt positions */
+    size_t na, n;  /* active rows, prompt positions */
+    size_t lo, hi; /* the active rows [lo, hi) this region computes */
 } bctx;
 
 static const char *const kind_names[IKV_PSEG_KINDS] = {"system", "tool",    "memory",
@@ -133,6 +176,7 @@ void ikv_chunks_destroy(ikv_chunks *c) {
     ikv_free(c->x), ikv_free(c->xb), ikv_free(c->q), ikv_free(c->k), ikv_free(c->v),
         ikv_free(c->att), ikv_free(c->hb), ikv_free(c->hb2), ikv_free(c->Kc), ikv_free(c->Vc),
         ikv_free(c->S), ikv_free(c->kvtmp), ikv_free(c->dp), ikv_free(c->rc), ikv_free(c->rs);
+    ikv_free(c->act.q), ikv_free(c->act.a), ikv_free(c->act.s), ikv_free(c->jobs);
     ikv_free(c);
 }
 
@@ -142,10 +186,6 @@ int ikv_chunks_create(ikv_engine *e, const ikv_chunks_options *o, ikv_chunks **o
     if (!o) o = &d;
     if (!e || o->ratio < 0 || o->ratio > 1 || !(o->max_dev == o->max_dev))
         return ikv_error(IKV_EINVAL, "chunks: ratio must be in [0, 1] and max_dev a number");
-    if (e->m->gs) /* the blend pass multiplies the fp32 weights itself */
-        return ikv_error(IKV_EINVAL, "chunks: chunk reuse needs fp32 weights; this model is int8 "
-                                     "(group %d)",
-                         e->m->gs);
     const ikv_model *m = e->m;
     const size_t L = (size_t)m->cfg.seq_len, D = (size_t)m->cfg.dim, H = (size_t)m->cfg.hidden_dim,
                  QD = (size_t)m->q_dim, KD = (size_t)m->kv_dim, hd = (size_t)m->head_dim;
@@ -164,9 +204,20 @@ int ikv_chunks_create(ikv_engine *e, const ikv_chunks_options *o, ikv_chunks **o
     c->S = ikv_malloc((size_t)e->nth * CH_ROWS * L * 4), c->kvtmp = ikv_malloc(2 * KD * 4);
     c->dp = ikv_malloc(L * sizeof *c->dp);
     c->rc = ikv_malloc(hd / 2 * sizeof(double)), c->rs = ikv_malloc(hd / 2 * sizeof(double));
-    if (!c->ent || !c->tok || !c->pos || !c->reused || !c->x || !c->xb || !c->q || !c->k || !c->v ||
-        !c->att || !c->hb || !c->hb2 || !c->Kc || !c->Vc || !c->S || !c->kvtmp || !c->dp ||
-        !c->rc || !c->rs) {
+    c->n_jobs = e->opt.max_seqs;
+    c->jobs = ikv_calloc(c->n_jobs, sizeof *c->jobs);
+    int q8ok = 1;
+    if (m->gs) { /* int8 weights: the projections quantize their input rows (runq.c's way) */
+        size_t w = D > H ? D : H;
+        w = w > QD ? w : QD;
+        c->act_cols = w;
+        c->act.q = ikv_malloc(L * w), c->act.a = ikv_malloc(L * w);
+        c->act.s = ikv_malloc(L * w / (size_t)m->gs * sizeof(float));
+        q8ok = c->act.q && c->act.a && c->act.s;
+    }
+    if (!q8ok || !c->jobs || !c->ent || !c->tok || !c->pos || !c->reused || !c->x || !c->xb ||
+        !c->q || !c->k || !c->v || !c->att || !c->hb || !c->hb2 || !c->Kc || !c->Vc || !c->S ||
+        !c->kvtmp || !c->dp || !c->rc || !c->rs) {
         ikv_chunks_destroy(c);
         return ikv_error(IKV_ENOMEM, "chunks: out of memory for the blend scratch");
     }
@@ -192,12 +243,30 @@ int ikv_chunks_check(const ikv_chunks *c) {
                          (unsigned long long)b, (unsigned long long)c->bytes),
                0;
     if (c->n_ent > c->cap_ent) return ikv_error(IKV_EINVAL, "chunks: entry count"), 0;
+    for (size_t i = 0; i < c->n_jobs; i++) {
+        const ikv_blend_job *j = &c->jobs[i];
+        if (j->state == JOB_FREE) {
+            if (c->owner == j) return ikv_error(IKV_EINVAL, "chunks: a free job holds the pass"), 0;
+            continue;
+        }
+        if (!j->s || j->lead == 0 || j->lead > j->n || j->n > (size_t)c->e->m->cfg.seq_len)
+            return ikv_error(IKV_EINVAL, "chunks: job %zu malformed", i), 0;
+        if ((c->owner == j) != (j->state == JOB_BLEND))
+            return ikv_error(IKV_EINVAL, "chunks: job %zu: state %d, %s the pass", i, j->state,
+                             c->owner == j ? "holds" : "does not hold"),
+                   0;
+    }
     return 1;
 }
 
 void ikv_chunks_dump(const ikv_chunks *c, FILE *f) {
     fprintf(f, "chunk store: %zu entries, %llu of %llu bytes\n", c->n_ent,
             (unsigned long long)c->bytes, (unsigned long long)c->o.mem);
+    for (size_t i = 0; i < c->n_jobs; i++)
+        if (c->jobs[i].state != JOB_FREE)
+            fprintf(f, "  job %zu: state %d, %zu positions, exact part %zu, layer %d, %zu rows%s\n",
+                    i, c->jobs[i].state, c->jobs[i].n, c->jobs[i].lead, c->jobs[i].l, c->jobs[i].na,
+                    c->owner == &c->jobs[i] ? " (holds the pass)" : "");
     for (size_t i = 0; i < c->n_ent; i++) {
         const chunk *h = &c->ent[i];
         fprintf(f,
@@ -294,13 +363,14 @@ static float *kvp(const ikv_chunks *c, const ikv_seq *s, size_t p, int l, int kv
     return ikv__kv_at(e, s->table[p / e->bt], l, kv, g, (uint32_t)(p % e->bt));
 }
 
-/* Writes entry h's K/V, re-rotated from h->off to off, into positions [off, off + n) of s. */
-static void place(ikv_chunks *c, ikv_seq *s, const chunk *h, size_t off) {
+/* Writes entry h's K/V, re-rotated from h->off to off, into positions [off, off + n) of s,
+ * those from `from` on (the ones before were prefilled exactly and stay). */
+static void place(ikv_chunks *c, ikv_seq *s, const chunk *h, size_t off, size_t from) {
     const ikv_model *m = c->e->m;
     const size_t KD = (size_t)m->kv_dim, hd = (size_t)m->head_dim, n = h->n;
     rot_set(c, (long)off - (long)h->off);
     for (int l = 0; l < m->cfg.n_layers; l++)
-        for (size_t p = 0; p < n; p++) {
+        for (size_t p = from > off ? from - off : 0; p < n; p++) {
             float *kt = c->kvtmp;
             memcpy(kt, h->kv + (((size_t)l * 2) * n + p) * KD, KD * 4);
             if (off != h->off) rot_apply(c, kt, KD);
@@ -328,6 +398,25 @@ static void mm(const float *X, size_t a, size_t b, const float *W, int N, int K,
                 X + a * (size_t)K, K, W, K, 0.0f, Y + a * (size_t)N, N);
 }
 
+/* Y[a:b] = X[a:b] W^T for matrix kind `kind` of layer l, W [N][K]: the fp32 sgemm, or on an
+ * int8 model the int8 product of the engine's arithmetic (runq.c's: each row quantized per
+ * group into its own slice of the activation scratch). */
+static void lin(const ikv_chunks *c, int kind, int l, const float *W, const float *X, size_t a,
+                size_t b, int N, int K, float *Y) {
+    const ikv_model *m = c->e->m;
+    if (b <= a) return;
+    if (!m->gs) {
+        mm(X, a, b, W + (size_t)l * (size_t)N * (size_t)K, N, K, Y);
+        return;
+    }
+    /* rows [a, b) own [a, b) x act_cols of the scratch whatever K: threads at different
+     * projections (different K) never overlap */
+    const size_t k = (size_t)K, w = c->act_cols;
+    ikv__q8act act = {c->act.q + a * w, c->act.a + a * w, c->act.s + a * w / (size_t)m->gs};
+    ikv__q8_gemm(m, kind, l, X + a * k, b - a, &act, NULL, Y + a * (size_t)N, (size_t)N, 0,
+                 (size_t)N);
+}
+
 static void rows_of(size_t n, int t, int P, size_t *a, size_t *b) {
     *a = n * (size_t)t / (size_t)P, *b = n * (size_t)(t + 1) / (size_t)P;
 }
@@ -342,13 +431,14 @@ static void rows_task(void *vc, int t, int P) {
     const int D = m->cfg.dim, H = m->cfg.hidden_dim, QD = m->q_dim, KD = m->kv_dim, l = b->l;
     const struct ikv_engine *e = c->e;
     size_t r0, r1;
-    rows_of(b->na, t, P, &r0, &r1);
+    rows_of(b->hi - b->lo, t, P, &r0, &r1);
+    r0 += b->lo, r1 += b->lo;
     if (b->phase == 0) {
         for (size_t i = r0; i < r1; i++)
             rmsnorm(c->xb + i * D, c->x + i * D, w->rms_att + (size_t)l * D, D);
-        mm(c->xb, r0, r1, w->wq + (size_t)l * QD * D, QD, D, c->q);
-        mm(c->xb, r0, r1, w->wk + (size_t)l * KD * D, KD, D, c->k);
-        mm(c->xb, r0, r1, w->wv + (size_t)l * KD * D, KD, D, c->v);
+        lin(c, IKV__QM_Q, l, w->wq, c->xb, r0, r1, QD, D, c->q);
+        lin(c, IKV__QM_K, l, w->wk, c->xb, r0, r1, KD, D, c->k);
+        lin(c, IKV__QM_V, l, w->wv, c->xb, r0, r1, KD, D, c->v);
         const size_t h2 = (size_t)m->head_dim / 2;
         for (size_t i = r0; i < r1; i++) {
             const float *cs = e->rope_cos + c->pos[i] * h2, *sn = e->rope_sin + c->pos[i] * h2;
@@ -364,18 +454,18 @@ static void rows_task(void *vc, int t, int P) {
             }
         }
     } else {
-        mm(c->att, r0, r1, w->wo + (size_t)l * D * QD, D, QD, c->xb);
+        lin(c, IKV__QM_O, l, w->wo, c->att, r0, r1, D, QD, c->xb);
         for (size_t i = r0 * D; i < r1 * D; i++)
             c->x[i] += c->xb[i];
         for (size_t i = r0; i < r1; i++)
             rmsnorm(c->xb + i * D, c->x + i * D, w->rms_ffn + (size_t)l * D, D);
-        mm(c->xb, r0, r1, w->w1 + (size_t)l * H * D, H, D, c->hb);
-        mm(c->xb, r0, r1, w->w3 + (size_t)l * H * D, H, D, c->hb2);
+        lin(c, IKV__QM_1, l, w->w1, c->xb, r0, r1, H, D, c->hb);
+        lin(c, IKV__QM_3, l, w->w3, c->xb, r0, r1, H, D, c->hb2);
         for (size_t i = r0 * H; i < r1 * H; i++) {
             float a = c->hb[i];
             c->hb[i] = a / (1.0f + expf(-a)) * c->hb2[i];
         }
-        mm(c->hb, r0, r1, w->w2 + (size_t)l * D * H, D, H, c->xb);
+        lin(c, IKV__QM_2, l, w->w2, c->hb, r0, r1, D, H, c->xb);
         for (size_t i = r0 * D; i < r1 * D; i++)
             c->x[i] += c->xb[i];
     }
@@ -389,7 +479,8 @@ static void kv_task(void *vc, int t, int P) {
     const ikv_model *m = c->e->m;
     const size_t hd = (size_t)m->head_dim, KD = (size_t)m->kv_dim, NKV = (size_t)m->cfg.n_kv_heads;
     size_t r0, r1;
-    rows_of(b->na, t, P, &r0, &r1);
+    rows_of(b->hi - b->lo, t, P, &r0, &r1);
+    r0 += b->lo, r1 += b->lo;
     for (size_t i = r0; i < r1; i++)
         for (size_t g = 0; g < NKV; g++) {
             memcpy(kvp(c, b->s, c->pos[i], b->l, 0, (int)g), c->k + i * KD + g * hd, hd * 4);
@@ -417,12 +508,12 @@ static void attn_task(void *vc, int t, int P) {
     const ikv_model *m = c->e->m;
     const size_t hd = (size_t)m->head_dim, QD = (size_t)m->q_dim, L = (size_t)m->cfg.seq_len,
                  NH = (size_t)m->cfg.n_heads, kvmul = NH / (size_t)m->cfg.n_kv_heads,
-                 nch = (b->na + CH_ROWS - 1) / CH_ROWS;
+                 nch = (b->hi - b->lo + CH_ROWS - 1) / CH_ROWS;
     float *S = c->S + (size_t)t * CH_ROWS * L;
     const float scale = 1.0f / sqrtf((float)hd);
     for (size_t it = (size_t)t; it < NH * nch; it += (size_t)P) {
-        size_t h = it / nch, i0 = (it % nch) * CH_ROWS,
-               i1 = i0 + CH_ROWS < b->na ? i0 + CH_ROWS : b->na, g = h / kvmul;
+        size_t h = it / nch, i0 = b->lo + (it % nch) * CH_ROWS,
+               i1 = i0 + CH_ROWS < b->hi ? i0 + CH_ROWS : b->hi, g = h / kvmul;
         size_t span = (size_t)c->pos[i1 - 1] + 1, rows = i1 - i0;
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)rows, (int)span, (int)hd, scale,
                     c->q + i0 * QD + h * hd, (int)QD, c->Kc + g * L * hd, (int)hd, 0.0f, S,
@@ -463,14 +554,15 @@ static int select_rows(ikv_chunks *c, bctx *b, float ratio, float max_dev, ikv_b
                  QD = (size_t)m->q_dim, NKV = (size_t)m->cfg.n_kv_heads;
     size_t nd = 0, nreused = 0;
     double dsum = 0;
-    for (size_t p = 0; p < b->n; p++) {
+    for (size_t i = 0; i < b->na; i++) { /* active row i is position c->pos[i] */
+        const size_t p = c->pos[i];
         if (!c->reused[p]) continue;
         nreused++;
         double num = 0, den = 0;
         for (size_t g = 0; g < NKV; g++)
             for (int kv = 0; kv < 2; kv++) {
                 const float *st = kvp(c, b->s, p, b->l, kv, (int)g),
-                            *fr = (kv ? c->v : c->k) + p * KD + g * hd;
+                            *fr = (kv ? c->v : c->k) + i * KD + g * hd;
                 for (size_t z = 0; z < hd; z++) {
                     double dd = (double)fr[z] - st[z];
                     num += dd * dd, den += (double)fr[z] * fr[z];
@@ -506,7 +598,7 @@ static int select_rows(ikv_chunks *c, bctx *b, float ratio, float max_dev, ikv_b
     inf->deviation_max = dmax;
     inf->reused_tokens = left;
     if (left == 0) return 1;
-    /* compact: keep rows whose position is computed (positions = rows here) */
+    /* compact: keep the rows whose position is computed */
     size_t w = 0;
     for (size_t i = 0; i < b->na; i++) {
         if (c->reused[c->pos[i]]) continue;
@@ -523,44 +615,135 @@ static int select_rows(ikv_chunks *c, bctx *b, float ratio, float max_dev, ikv_b
     return 0;
 }
 
-/* The blend pass over s (admitted, nothing computed, hit K/V placed). Returns 1 when it was
- * abandoned for a full prefill (the guard or r selected every reused position). */
-static int blend(ikv_chunks *c, ikv_seq *s, size_t n, float ratio, float max_dev,
-                 ikv_blend_info *inf) {
+/* The embedding row of token t into x (dequantized on an int8 model). */
+static void embed(const ikv_chunks *c, uint32_t t, float *x) {
+    const ikv_model *m = c->e->m;
+    const size_t D = (size_t)m->cfg.dim;
+    if (m->gs)
+        ikv__q8_dequant_rows(m, IKV__QM_EMB, 0, t, (size_t)t + 1, x);
+    else
+        memcpy(x, m->w.emb + (size_t)t * D, D * 4);
+}
+
+/* The segments of j concatenated into c->tok (validated at admission). */
+static void job_tokens(ikv_chunks *c, const ikv_blend_job *j) {
+    size_t n = 0;
+    for (size_t i = 0; i < j->r.n_segs; i++)
+        memcpy(c->tok + n, j->r.segs[i].tokens, j->r.segs[i].n * 4), n += j->r.segs[i].n;
+}
+
+static uint64_t seg_salt(const ikv_blend_job *j, size_t i) {
+    return j->r.segs[i].is_public ? IKV_SCOPE_PUBLIC : j->tsalt;
+}
+
+/* Starts the blend pass of j (its leading positions prefilled): takes the blocks of the rest,
+ * places the hit segments still in the store (re-rotated), sets the active rows to every
+ * position from j->lead on. Returns 0, or IKV_ENOENT when a segment the request must reuse
+ * (r.hits_in) is no longer stored. Does not allocate. */
+static int blend_start(ikv_chunks *c, ikv_blend_job *j) {
+    ikv_engine *e = c->e;
+    const size_t D = (size_t)e->m->cfg.dim, n = j->n, K = j->lead;
+    ikv_seq *s = j->s;
+    job_tokens(c, j);
+    int rc = ikv__seq_extend(e, s, c->tok, n);
+    IKV_ASSERT(rc == 0); /* admission reserved the blocks up to n + max_new */
+    memset(c->reused, 0, n * sizeof *c->reused);
+    size_t hits = 0;
+    for (size_t i = 0; i < j->r.n_segs; i++) {
+        if (!j->hit[i]) continue;
+        const ikv_prompt_seg *g = &j->r.segs[i];
+        long h = find(c, g->tokens, g->n, seg_salt(j, i));
+        if (h < 0) { /* dropped by another request's store since admission */
+            if (j->r.hits_in)
+                return ikv_error(IKV_ENOENT,
+                                 "segments[%zu] (%s): its stored K/V, reused at admission, are "
+                                 "no longer in the chunk store",
+                                 i, ikv_pseg_kind_name(g->kind));
+            j->hit[i] = 0;
+            continue;
+        }
+        hits++;
+        place(c, s, &c->ent[h], (size_t)j->seg_off[i], K);
+        for (size_t q = 0; q < g->n; q++)
+            if ((size_t)j->seg_off[i] + q >= K)
+                c->reused[(size_t)j->seg_off[i] + q] = (uint32_t)q + 1;
+    }
+    j->inf.hit_segments = hits;
+    if (j->r.hits)
+        for (size_t i = 0; i < j->r.n_segs; i++)
+            j->r.hits[i] = j->hit[i];
+    for (size_t p = K; p < n; p++) {
+        c->pos[p - K] = (uint32_t)p;
+        embed(c, c->tok[p], c->x + (p - K) * D);
+    }
+    j->na = n - K, j->l = 0, j->stage = 0, j->row = 0;
+    return 0;
+}
+
+/* Runs the next unit of j's blend pass: stage 0 (Q/K/V, RoPE, and K/V into the blocks) of the
+ * next rows of layer j->l, or stage 1 (attention over every position, output projection, FFN)
+ * of the next rows; at most `rows` active rows per unit for stage 1 and 8 x rows for stage 0
+ * (about a sixth of the work per row; 0: all). On the selection layer, once stage 0 is done for
+ * every row, the selection compacts the rows before their K/V are written. Returns 0 (more
+ * units), 1 (the last layer ran: logits set), 2 (the selection recomputes every reused token:
+ * abandoned). Rows are independent within a stage, so the split changes no result's meaning;
+ * its bits depend on the split only through which rows share a product. Does not allocate. */
+static int blend_unit(ikv_chunks *c, ikv_blend_job *j, size_t rows) {
     ikv_engine *e = c->e;
     const ikv_model *m = e->m;
     const size_t D = (size_t)m->cfg.dim;
     const int NL = m->cfg.n_layers, sel_layer = NL > 1 ? 1 : 0;
-    bctx b = {.c = c, .s = s, .n = n, .na = n};
-    for (size_t p = 0; p < n; p++) {
-        c->pos[p] = (uint32_t)p;
-        memcpy(c->x + p * D, m->w.emb + (size_t)c->tok[p] * D, D * 4);
-    }
-    for (int l = 0; l < NL; l++) {
-        b.l = l, b.phase = 0;
+    bctx b = {.c = c, .s = j->s, .n = j->n, .na = j->na, .l = j->l};
+    j->inf.blend_units++;
+    size_t R = rows ? (j->stage ? rows : 8 * rows) : j->na;
+    b.lo = j->row, b.hi = j->row + R < j->na ? j->row + R : j->na;
+    if (j->stage == 0) {
+        b.phase = 0;
         ikv__pool_run(e->pool, rows_task, &b);
-        if (l == sel_layer && select_rows(c, &b, ratio, max_dev, inf)) return 1;
-        ikv__pool_run(e->pool, kv_task, &b);
+        if (j->l != sel_layer) ikv__pool_run(e->pool, kv_task, &b);
+        if ((j->row = b.hi) < j->na) return 0;
+        if (j->l == sel_layer) {
+            if (select_rows(c, &b, j->ratio, j->max_dev, &j->inf)) return 2;
+            j->na = b.na, b.lo = 0, b.hi = b.na;
+            ikv__pool_run(e->pool, kv_task, &b);
+        }
+        b.hi = j->na;
         ikv__pool_run(e->pool, gather_task, &b);
-        ikv__pool_run(e->pool, attn_task, &b);
-        b.phase = 1;
-        ikv__pool_run(e->pool, rows_task, &b);
+        j->stage = 1, j->row = 0;
+        return 0;
     }
-    /* the last position is never reused (see ikv_chunks_begin), so it is the last active row */
-    ikv__logits_row(e, c->x + (b.na - 1) * D, s->logits);
-    s->n = (uint32_t)n;
-    e->n_computed_tokens += b.na;
-    return 0;
+    ikv__pool_run(e->pool, attn_task, &b);
+    b.phase = 1;
+    ikv__pool_run(e->pool, rows_task, &b);
+    if ((j->row = b.hi) < j->na) return 0;
+    j->stage = 0, j->row = 0;
+    j->inf.blend_layers++;
+    if (j->l == NL - 1) e->n_computed_tokens += j->na;
+    if (++j->l < NL) return 0;
+    /* the last position is never reused (see admission), so it is the last active row */
+    ikv__logits_row(e, c->x + (j->na - 1) * D, j->s->logits);
+    j->s->n = (uint32_t)j->n;
+    return 1;
 }
 
-int ikv_chunks_begin(ikv_chunks *c, const ikv_blend_request *r, ikv_seq **seq,
-                     ikv_blend_info *info) {
+/* Stores the reusable segments of j that missed (j's sequence holds their K/V). */
+static void job_store(ikv_chunks *c, ikv_blend_job *j) {
+    if (j->r.no_store) return;
+    for (size_t i = 0; i < j->r.n_segs; i++) {
+        const ikv_prompt_seg *g = &j->r.segs[i];
+        if (!g->reusable || j->hit[i] || (size_t)j->seg_off[i] + g->n >= j->n) continue;
+        uint64_t salt = seg_salt(j, i);
+        if (find(c, g->tokens, g->n, salt) < 0 &&
+            !store(c, j->s, g->tokens, (size_t)j->seg_off[i], g->n, salt))
+            j->inf.stored_segments++;
+    }
+}
+
+int ikv_chunks_admit(ikv_chunks *c, const ikv_blend_request *r, ikv_blend_job **out) {
     ikv_engine *e = c->e;
     const ikv_model *m = e->m;
     const size_t L = (size_t)m->cfg.seq_len;
     double t0 = ikv_now();
-    ikv_blend_info inf;
-    memset(&inf, 0, sizeof inf);
     if (!r || !r->segs || r->n_segs == 0)
         return ikv_error(IKV_EINVAL, "a structured request needs at least one segment");
     if (r->n_segs > 256)
@@ -569,6 +752,11 @@ int ikv_chunks_begin(ikv_chunks *c, const ikv_blend_request *r, ikv_seq **seq,
     float max_dev = r->max_dev < 0 ? c->o.max_dev : r->max_dev;
     if (!(ratio >= 0 && ratio <= 1))
         return ikv_error(IKV_EINVAL, "blend ratio %g is not in [0, 1]", (double)ratio);
+    ikv_blend_job *j = NULL;
+    for (size_t i = 0; i < c->n_jobs && !j; i++)
+        if (c->jobs[i].state == JOB_FREE) j = &c->jobs[i];
+    if (!j) return ikv_error(IKV_EBUSY, "all %zu structured requests are in flight", c->n_jobs);
+    memset(&j->inf, 0, sizeof j->inf);
     size_t n = 0, pub = 0;
     int lead_pub = 1;
     for (size_t i = 0; i < r->n_segs; i++) {
@@ -583,82 +771,151 @@ int ikv_chunks_begin(ikv_chunks *c, const ikv_blend_request *r, ikv_seq **seq,
                              "the segments exceed the model's seq_len %zu at "
                              "segments[%zu]",
                              L, i);
-        for (size_t j = 0; j < g->n; j++)
-            if (g->tokens[j] >= (uint32_t)m->cfg.vocab_size)
-                return ikv_error(IKV_EINVAL, "segments[%zu] token %zu: id %u >= vocab %d", i, j,
-                                 g->tokens[j], (int)m->cfg.vocab_size);
+        for (size_t q = 0; q < g->n; q++)
+            if (g->tokens[q] >= (uint32_t)m->cfg.vocab_size)
+                return ikv_error(IKV_EINVAL, "segments[%zu] token %zu: id %u >= vocab %d", i, q,
+                                 g->tokens[q], (int)m->cfg.vocab_size);
         memcpy(c->tok + n, g->tokens, g->n * 4);
         if (lead_pub && g->is_public)
             pub += g->n;
         else
             lead_pub = 0;
-        c->seg_off[i] = (long)n;
+        j->seg_off[i] = (long)n;
         n += g->n;
     }
-    inf.prompt_tokens = n;
+    j->r = *r, j->n = n, j->pub = pub, j->ratio = ratio, j->max_dev = max_dev, j->t0 = t0;
+    j->tsalt = ikv_scope_salt(e->opt.key_seed, r->tenant);
+    j->inf.prompt_tokens = n;
     /* look up the reusable segments (never the one holding the last position: its logits must
-     * be computed, and a final reusable segment is recomputed in full) */
-    const uint64_t tsalt = ikv_scope_salt(e->opt.key_seed, r->tenant);
-    size_t hits = 0;
+     * be computed, and a final reusable segment is recomputed in full); with hits_in, exactly
+     * the segments given */
+    size_t hits = 0, first_hit = n;
     for (size_t i = 0; i < r->n_segs; i++) {
         const ikv_prompt_seg *g = &r->segs[i];
-        c->seg_hit[i] = 0;
+        j->hit[i] = 0;
         if (!g->reusable) continue;
-        inf.reusable_tokens += g->n;
-        uint64_t salt = g->is_public ? IKV_SCOPE_PUBLIC : tsalt;
-        long h = (size_t)c->seg_off[i] + g->n < n ? find(c, g->tokens, g->n, salt) : -1;
-        if (h >= 0)
-            c->seg_hit[i] = (size_t)h + 1, hits++, c->ent[h].stamp = ++c->clock;
-        else
-            inf.miss_segments++;
-    }
-    inf.hit_segments = hits;
-    ikv_seq *s = NULL;
-    int rc, full = hits == 0 || ratio >= 1.0f;
-    if (!full) {
-        ikv_request rq = {
-            .tokens = c->tok, .n = n, .tenant = r->tenant, .no_cache = 1, .max_new = r->max_new};
-        if ((rc = ikv_engine_admit(e, &rq, &s, &inf.prefill))) return rc;
-        memset(c->reused, 0, n * sizeof *c->reused);
-        for (size_t i = 0; i < r->n_segs; i++)
-            if (c->seg_hit[i]) {
-                const chunk *h = &c->ent[c->seg_hit[i] - 1];
-                place(c, s, h, (size_t)c->seg_off[i]);
-                for (size_t j = 0; j < h->n; j++)
-                    c->reused[(size_t)c->seg_off[i] + j] = (uint32_t)j + 1;
-            }
-        if (blend(c, s, n, ratio, max_dev, &inf)) {
-            ikv_engine_end(e, s);
-            s = NULL, full = 1;
+        j->inf.reusable_tokens += g->n;
+        int want = r->hits_in ? r->hits[i] != 0 : 1;
+        long h = want && (size_t)j->seg_off[i] + g->n < n ? find(c, g->tokens, g->n, seg_salt(j, i))
+                                                          : -1;
+        if (h >= 0) {
+            j->hit[i] = 1, hits++, c->ent[h].stamp = ++c->clock;
+            if ((size_t)j->seg_off[i] < first_hit) first_hit = (size_t)j->seg_off[i];
+        } else if (want && r->hits_in) {
+            return ikv_error(IKV_ENOENT,
+                             "segments[%zu] (%s): its K/V, reused at the first admission, are "
+                             "no longer in the chunk store",
+                             i, ikv_pseg_kind_name(g->kind));
         } else {
-            inf.recomputed_tokens = inf.reusable_tokens - inf.reused_tokens;
-            inf.prefill.computed_tokens = n - inf.reused_tokens;
-            inf.prefill.cached_tokens = inf.reused_tokens;
+            j->inf.miss_segments++;
         }
     }
-    if (full) {
-        size_t g = inf.guard_tokens;
-        ikv_request rq = {.tokens = c->tok,
-                          .n = n,
-                          .tenant = r->tenant,
-                          .public_tokens = pub,
-                          .max_new = r->max_new,
-                          .no_cache = r->no_cache};
-        if ((rc = ikv_engine_begin(e, &rq, &s, &inf.prefill))) return rc;
-        inf.full = 1, inf.reused_tokens = 0, inf.recomputed_tokens = inf.reusable_tokens;
-        inf.deviation_max = 0, inf.guard_tokens = g;
+    j->inf.hit_segments = hits;
+    const int full = hits == 0 || ratio >= 1.0f;
+    /* exact part: the whole prompt (full), else the positions before the first hit (at least
+     * one, so the sequence exists), through the prefix cache and the engine's chunked prefill */
+    size_t lead = full ? n : (first_hit ? first_hit : 1);
+    ikv_request rq = {.tokens = c->tok,
+                      .n = lead,
+                      .tenant = r->tenant,
+                      .public_tokens = pub < lead ? pub : lead,
+                      .max_new = r->max_new ? r->max_new + (n - lead) : 0,
+                      .reserve_new = r->reserve_new ? r->reserve_new + (n - lead) : 0,
+                      .no_cache = r->no_cache};
+    int rc = ikv_engine_admit(e, &rq, &j->s, &j->inf.prefill);
+    if (rc) return rc;
+    j->lead = lead;
+    j->state = full ? JOB_EXACT : JOB_LEAD;
+    j->inf.full = full;
+    if (r->hits && !full)
+        for (size_t i = 0; i < r->n_segs; i++)
+            r->hits[i] = j->hit[i];
+    if (r->hits && full) memset(r->hits, 0, r->n_segs);
+    *out = j;
+    return 0;
+}
+
+ikv_seq *ikv_chunks_job_seq(const ikv_blend_job *j) {
+    return j->s;
+}
+
+void ikv_chunks_job_info(const ikv_blend_job *j, ikv_blend_info *info) {
+    *info = j->inf;
+}
+
+int ikv_chunks_advance(ikv_chunks *c, ikv_blend_job *j, size_t max_rows) {
+    if (j->state == JOB_DONE) return 1;
+    if (ikv_seq_pending(j->s)) return 0; /* the caller's prefill steps first */
+    if (j->state == JOB_EXACT) {         /* the exact prefill is done (or abandoned blend's) */
+        j->inf.reused_tokens = 0, j->inf.recomputed_tokens = j->inf.reusable_tokens;
+        j->inf.deviation_max = 0;
+        j->inf.prefix_cached_tokens = j->inf.prefill.cached_tokens;
+        j->inf.prefill.computed_tokens = j->n - j->inf.prefill.cached_tokens;
+        j->inf.seconds = ikv_now() - j->t0;
+        job_store(c, j);
+        j->state = JOB_DONE;
+        return 1;
     }
-    inf.seconds = ikv_now() - t0;
-    if (!r->no_store)
-        for (size_t i = 0; i < r->n_segs; i++) {
-            const ikv_prompt_seg *g = &r->segs[i];
-            if (!g->reusable || c->seg_hit[i] || (size_t)c->seg_off[i] + g->n >= n) continue;
-            uint64_t salt = g->is_public ? IKV_SCOPE_PUBLIC : tsalt;
-            if (find(c, g->tokens, g->n, salt) < 0 &&
-                !store(c, s, g->tokens, (size_t)c->seg_off[i], g->n, salt))
-                inf.stored_segments++;
+    if (j->state == JOB_LEAD) {                  /* leading positions exact: the blend pass next */
+        if (c->owner && c->owner != j) return 0; /* another request's pass holds the scratch */
+        c->owner = j;
+        int rc = blend_start(c, j);
+        if (rc) {
+            c->owner = NULL;
+            return rc;
         }
-    if (info) *info = inf;
-    *seq = s;
+        j->state = JOB_BLEND;
+    }
+    for (;;) {
+        int rc = blend_unit(c, j, max_rows);
+        if (rc == 0) {
+            if (max_rows) return 0; /* one unit per call */
+            continue;
+        }
+        c->owner = NULL;
+        if (rc == 2) { /* every reused token selected: the exact prefill of the rest */
+            j->s->n_prompt = (uint32_t)j->n; /* [lead, n) pending, prefilled like any prompt */
+            j->state = JOB_EXACT;
+            j->inf.full = 1;
+            return 0;
+        }
+        j->inf.recomputed_tokens = j->inf.reusable_tokens - j->inf.reused_tokens;
+        j->inf.prefix_cached_tokens = j->inf.prefill.cached_tokens;
+        j->inf.prefill.computed_tokens = j->n - j->inf.prefix_cached_tokens - j->inf.reused_tokens;
+        j->inf.prefill.cached_tokens = j->inf.prefix_cached_tokens + j->inf.reused_tokens;
+        j->inf.seconds = ikv_now() - j->t0;
+        job_store(c, j);
+        j->state = JOB_DONE;
+        return 1;
+    }
+    return 0;
+}
+
+void ikv_chunks_job_end(ikv_chunks *c, ikv_blend_job *j) {
+    if (!j) return;
+    if (c->owner == j) c->owner = NULL;
+    j->state = JOB_FREE;
+    j->s = NULL;
+}
+
+int ikv_chunks_begin(ikv_chunks *c, const ikv_blend_request *r, ikv_seq **seq,
+                     ikv_blend_info *info) {
+    ikv_blend_job *j;
+    int rc = ikv_chunks_admit(c, r, &j);
+    if (rc) return rc;
+    while ((rc = ikv_chunks_advance(c, j, 0)) == 0)
+        if (ikv_seq_pending(j->s)) {
+            ikv_step_item it = {.seq = j->s};
+            rc = ikv_engine_step(c->e, &it, 1);
+            IKV_ASSERT(rc == 0); /* a pending prefill within its limits */
+        }
+    if (rc < 0) {
+        ikv_engine_end(c->e, j->s);
+        ikv_chunks_job_end(c, j);
+        return rc;
+    }
+    if (info) ikv_chunks_job_info(j, info);
+    *seq = j->s;
+    ikv_chunks_job_end(c, j);
     return 0;
 }

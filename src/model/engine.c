@@ -412,6 +412,24 @@ static int add_private(ikv_engine *e, ikv_seq *s, uint32_t j) {
     return 0;
 }
 
+int ikv__seq_extend(ikv_engine *e, ikv_seq *s, const uint32_t *tokens, size_t n) {
+    IKV_ASSERT(s->active && s->n == s->n_prompt && n <= s->limit);
+    const uint32_t bt = e->bt, nblk = (uint32_t)((n + bt - 1) / bt);
+    if (nblk > s->n_blocks && seq_private(e, s) + (nblk - s->n_blocks) > s->reserve)
+        return ikv_error(IKV_EFULL, "extending to %zu positions exceeds the reservation", n);
+    for (uint32_t j = s->n_blocks; j < nblk; j++) {
+        int rc = add_private(e, s, j);
+        if (rc) return rc;
+    }
+    for (size_t p = s->n; p < n; p++) {
+        uint32_t b = s->table[p / bt];
+        IKV_ASSERT(e->state[b] == IKV__BLK_PRIVATE);
+        e->btokens[(size_t)b * bt + p % bt] = tokens[p];
+        s->tok[p] = tokens[p];
+    }
+    return 0;
+}
+
 /* Is the cached block b exactly block j of this prompt, following block `parent`? */
 static int block_matches(const ikv_engine *e, uint32_t b, uint32_t j, uint32_t parent,
                          const uint32_t *tokens) {
@@ -768,8 +786,79 @@ static void prefill_chunk(ikv_engine *e, ikv_seq *s, size_t cnt, float *logits_a
     e->n_computed_tokens += cnt;
 }
 
+/* The greedy token: argmax, the lowest index on ties (as ikv_sampler_sample). */
+static uint32_t argmax_row(const float *x, size_t n) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < (uint32_t)n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+size_t ikv_engine_max_rows(const ikv_engine *e) {
+    return e->dmax;
+}
+
+/* Puts token t at the next row of the decode batch: position pos of s (its block taken if
+ * new, the block's token id saved into e->vsave[row] and overwritten). */
+static void place_row(ikv_engine *e, ikv_seq *s, size_t row, size_t pos, uint32_t t) {
+    const uint32_t j = (uint32_t)(pos / e->bt);
+    if (j >= s->n_blocks) {
+        int rc = add_private(e, s, j);
+        IKV_ASSERT(rc == 0); /* the reservation guarantees a block */
+    }
+    IKV_ASSERT(e->state[s->table[j]] == IKV__BLK_PRIVATE);
+    uint32_t *slot = &e->btokens[(size_t)s->table[j] * e->bt + pos % e->bt];
+    e->vsave[row] = *slot;
+    *slot = t;
+    s->tok[pos] = t;
+    e->dseq[row] = s, e->dpos[row] = pos, e->dtok[row] = t;
+}
+
+/* After the batch: the draft of item `it`, whose rows start at r0 (its lead) of e->dlog, is
+ * accepted in order (draft[a] against row r0 + a, the logits after the lead and a accepted);
+ * the sequence keeps the lead and the accepted tokens, takes the logits after the last of
+ * them, and rows past them are rolled back (token ids restored, blocks that hold no kept
+ * position returned to the pool: their K/V is stale but never read, attention reads
+ * positions below the length and the next decode overwrites a slot first). */
+static void accept_rows(ikv_engine *e, ikv_step_item *it, size_t r0) {
+    ikv_seq *s = it->seq;
+    const size_t V = (size_t)e->m->cfg.vocab_size, bt = e->bt, R = 1 + it->k, n = s->n;
+    ikv_sampler *sp =
+        it->sampler && ikv_sampler_temperature(it->sampler) > 0.0f ? it->sampler : NULL;
+    uint32_t tok = 0;
+    size_t a = 0;
+    int mismatch = 0;
+    for (; a < it->k; a++) {
+        const float *row = e->dlog + (r0 + a) * V;
+        int ok = sp ? ikv_sampler_accept(sp, row, it->draft[a], &tok)
+                    : (tok = argmax_row(row, V)) == it->draft[a];
+        if (!ok) {
+            mismatch = 1;
+            break;
+        }
+    }
+    const size_t keep = 1 + a;
+    float *last = e->dlog + (r0 + keep - 1) * V;
+    memcpy(s->logits, last, sizeof(float) * V);
+    it->accepted = a;
+    it->next = mismatch ? tok : sp ? ikv_sampler_sample(sp, last) : argmax_row(last, V);
+    for (size_t r = R; r-- > keep;) {
+        const size_t pos = n + r;
+        e->btokens[(size_t)s->table[pos / bt] * bt + pos % bt] = e->vsave[r0 + r];
+    }
+    const uint32_t need = (uint32_t)((n + keep + bt - 1) / bt);
+    while (s->n_blocks > s->vnb0 && s->n_blocks > need) {
+        uint32_t j = --s->n_blocks;
+        pool_push(e, s->table[j]);
+        s->table[j] = IKV_NIL;
+    }
+    s->n = (uint32_t)(n + keep);
+    it->done = keep;
+}
+
 int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n) {
     const ikv_model_config *c = &e->m->cfg;
+    size_t rows = 0;
     /* check everything first: a rejected step runs nothing */
     for (size_t i = 0; i < n; i++) {
         ikv_seq *s = items[i].seq;
@@ -779,18 +868,41 @@ int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n) {
             if (items[j].seq == s)
                 return ikv_error(IKV_EINVAL, "step items %zu and %zu: the same sequence", j, i);
         if (ikv_seq_pending(s)) continue;
+        const size_t k = items[i].draft ? items[i].k : 0;
         if (items[i].token >= (uint32_t)c->vocab_size)
             return ikv_error(IKV_EINVAL, "step item %zu: token %u outside the vocabulary of %d", i,
                              items[i].token, (int)c->vocab_size);
+        if (k > e->max_draft)
+            return ikv_error(IKV_EINVAL,
+                             "step item %zu: draft of %zu tokens, more than "
+                             "max_draft %u",
+                             i, k, e->max_draft);
+        for (size_t d = 0; d < k; d++)
+            if (items[i].draft[d] >= (uint32_t)c->vocab_size)
+                return ikv_error(IKV_EINVAL,
+                                 "step item %zu: draft token %zu is %u, outside the "
+                                 "vocabulary of %d",
+                                 i, d, items[i].draft[d], (int)c->vocab_size);
         if (s->n >= s->limit)
             return ikv_error(
                 IKV_ETOOLONG, "step item %zu: sequence reached its limit of %u positions%s", i,
                 s->limit, s->limit == (uint32_t)c->seq_len ? " (the model's seq_len)" : "");
-        if (needs_block(e, s))
+        if (1 + k > ikv_seq_room(s))
+            return ikv_error(IKV_ETOOLONG,
+                             "step item %zu: 1 + %zu draft positions after %u do "
+                             "not fit the sequence's limit of %u",
+                             i, k, s->n, s->limit);
+        if (k ? blocks_short(e, s, 1 + k) > 0 : needs_block(e, s))
             return ikv_error(IKV_EFULL,
-                             "step item %zu: its next decode needs a block it has not reserved "
-                             "(ikv_seq_reserve_next)",
-                             i);
+                             "step item %zu: its next %zu positions need blocks it has not "
+                             "reserved (ikv_seq_reserve_next / ikv_seq_reserve)",
+                             i, 1 + k);
+        rows += 1 + k;
+        if (rows > e->dmax)
+            return ikv_error(IKV_EINVAL,
+                             "step item %zu: %zu decode rows, more than the %u the "
+                             "engine takes (ikv_engine_max_rows)",
+                             i, rows, e->dmax);
     }
     size_t nd = 0;
     for (size_t i = 0; i < n; i++) {
@@ -803,25 +915,25 @@ int ikv_engine_step(ikv_engine *e, ikv_step_item *items, size_t n) {
             items[i].done = cnt;
             continue;
         }
-        size_t pos = s->n;
-        uint32_t j = (uint32_t)(pos / e->bt);
-        if (j >= s->n_blocks) {
-            int rc = add_private(e, s, j);
-            IKV_ASSERT(rc == 0); /* the reservation guarantees a block */
-        }
-        IKV_ASSERT(e->state[s->table[j]] == IKV__BLK_PRIVATE);
-        e->btokens[(size_t)s->table[j] * e->bt + pos % e->bt] = items[i].token;
-        s->tok[pos] = items[i].token;
-        e->dseq[nd] = s, e->dpos[nd] = pos, e->dtok[nd] = items[i].token;
-        nd++;
+        const size_t k = items[i].draft ? items[i].k : 0;
+        s->vnb0 = s->n_blocks;
+        place_row(e, s, nd++, s->n, items[i].token);
+        for (size_t d = 0; d < k; d++)
+            place_row(e, s, nd++, s->n + 1 + d, items[i].draft[d]);
     }
     if (nd) ikv__decode_batch(e, nd);
-    for (size_t i = 0, k = 0; i < n && k < nd; i++)
-        if (items[i].seq == e->dseq[k]) {
-            items[i].seq->n++;
-            items[i].done = 1;
-            k++;
+    for (size_t i = 0, r0 = 0; i < n && r0 < nd; i++) {
+        ikv_step_item *it = &items[i];
+        if (it->seq != e->dseq[r0]) continue;
+        const size_t k = it->draft ? it->k : 0;
+        if (k)
+            accept_rows(e, it, r0);
+        else {
+            it->seq->n++;
+            it->done = 1;
         }
+        r0 += 1 + k;
+    }
     return 0;
 }
 
@@ -847,33 +959,20 @@ int ikv_engine_decode(ikv_engine *e, ikv_seq *s, uint32_t token, const float **l
     return 0;
 }
 
-/* The greedy token: argmax, the lowest index on ties (as ikv_sampler_sample). */
-static uint32_t argmax_row(const float *x, size_t n) {
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < (uint32_t)n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
-/* Draft verification.
+/* Draft verification: one ikv_engine_step item with a draft.
  *
  * Rows: r = 0 .. R-1 (R = has_lead + k) are the tokens [lead,] draft[0..k) at positions
- * n .. n + R - 1, n = s->n. Their blocks are taken and token ids written as decode would
- * (the ids they overwrite saved in e->vsave), then ikv__decode_batch runs all R rows of the one
- * sequence as one batch: layer by layer it writes every row's K/V before any row's attention,
- * and row r's attention covers positions [0, n + r], so it sees exactly the K/V sequential
- * decode would have written before it, and every weight product is per-row exact
- * (ikv__linear_rows). Row r's logits are therefore those of decoding rows 0..r one by one.
+ * n .. n + R - 1, n = s->n. ikv__decode_batch runs all R rows of the one sequence as one
+ * batch: layer by layer it writes every row's K/V before any row's attention, and row r's
+ * attention covers positions [0, n + r], so it sees exactly the K/V sequential decode would
+ * have written before it, and every weight product is per-row exact (ikv__linear_rows). Row
+ * r's logits are therefore those of decoding rows 0..r one by one.
  *
- * Acceptance: draft[i] is checked against row i - 1 + has_lead (row -1: the current logits)
- * by ikv_sampler_accept (greedy: argmax equality). Without a lead, draft[0] is checked first,
- * before any forward, so a wrong first token costs no compute. With `a` accepted, positions
- * n .. n + has_lead + a - 1 stay; the others are rolled back: token ids restored, blocks that
- * hold no kept position returned to the pool (their K/V is stale but never read: attention
- * reads positions below the length only, and the next decode overwrites the slot first). */
+ * Without a lead, draft[0] is checked against the current logits first, before any forward
+ * (a wrong first token costs no compute), and once accepted it leads the step's item. */
 int ikv_engine_verify(ikv_engine *e, ikv_seq *s, ikv_verify *v) {
     const ikv_model_config *c = &e->m->cfg;
-    const size_t V = (size_t)c->vocab_size, bt = e->bt;
+    const size_t V = (size_t)c->vocab_size;
     if (!v || !s || s < e->seqs || s >= e->seqs + e->opt.max_seqs || !s->active ||
         ikv_seq_pending(s))
         return ikv_error(IKV_EINVAL, "verify: not a sequence in flight with its prompt computed");
@@ -915,58 +1014,21 @@ int ikv_engine_verify(ikv_engine *e, ikv_seq *s, ikv_verify *v) {
             return 0;
         }
     }
-    /* rows: blocks, token ids (saved), the batch */
-    const uint32_t nb0 = s->n_blocks;
-    for (size_t r = 0; r < R; r++) {
-        const size_t pos = n + r;
-        const uint32_t j = (uint32_t)(pos / bt);
-        const uint32_t t = r < lead ? v->lead : v->draft[r - lead];
-        if (j >= s->n_blocks) {
-            int rc = add_private(e, s, j);
-            IKV_ASSERT(rc == 0); /* the reservation guarantees a block */
-        }
-        IKV_ASSERT(e->state[s->table[j]] == IKV__BLK_PRIVATE);
-        uint32_t *bt_slot = &e->btokens[(size_t)s->table[j] * bt + pos % bt];
-        e->vsave[r] = *bt_slot;
-        *bt_slot = t;
-        s->tok[pos] = t;
-        e->dseq[r] = s, e->dpos[r] = pos, e->dtok[r] = t;
-    }
-    ikv__decode_batch(e, R);
+    ikv_step_item it = {.seq = s,
+                        .token = lead ? v->lead : v->draft[0],
+                        .draft = v->draft + (1 - lead),
+                        .k = R - 1,
+                        .sampler = v->sampler};
+    int rc = ikv_engine_step(e, &it, 1);
+    IKV_ASSERT(rc == 0); /* checked above */
     v->rows = R;
-    if (v->logits_all) memcpy(v->logits_all, e->dlog, sizeof(float) * V * R);
-    /* acceptance, in order; row -1 (draft[0] without a lead) was checked above */
-    size_t a = lead ? 0 : 1;
-    int mismatch = 0;
-    for (; a < v->k; a++) {
-        const float *row = e->dlog + (a - 1 + lead) * V;
-        int ok = sp ? ikv_sampler_accept(sp, row, v->draft[a], &tok)
-                    : (tok = argmax_row(row, V)) == v->draft[a];
-        if (!ok) {
-            mismatch = 1;
-            break;
-        }
+    v->accepted = it.accepted + (1 - lead);
+    if (v->logits_all) { /* a sample after a full acceptance overwrote the last kept row with
+                            probabilities: that row is the sequence's logits */
+        memcpy(v->logits_all, e->dlog, sizeof(float) * V * R);
+        memcpy(v->logits_all + (lead + v->accepted - 1) * V, s->logits, sizeof(float) * V);
     }
-    v->accepted = a;
-    const size_t keep = lead + a; /* >= 1 */
-    float *last = e->dlog + (keep - 1) * V;
-    memcpy(s->logits, last, sizeof(float) * V);
-    if (mismatch)
-        v->next = tok;
-    else
-        v->next = sp ? ikv_sampler_sample(sp, last) : argmax_row(last, V);
-    /* roll back rows [keep, R): token ids, then blocks holding no kept position */
-    for (size_t r = R; r-- > keep;) {
-        const size_t pos = n + r;
-        e->btokens[(size_t)s->table[pos / bt] * bt + pos % bt] = e->vsave[r];
-    }
-    const uint32_t need = (uint32_t)((n + keep + bt - 1) / bt);
-    while (s->n_blocks > nb0 && s->n_blocks > need) {
-        uint32_t j = --s->n_blocks;
-        pool_push(e, s->table[j]);
-        s->table[j] = IKV_NIL;
-    }
-    s->n = (uint32_t)(n + keep);
+    v->next = it.k ? it.next : sp ? ikv_sampler_sample(sp, e->dlog) : argmax_row(e->dlog, V);
     return 0;
 }
 
@@ -1000,6 +1062,18 @@ int ikv_seq_kv(const ikv_engine *e, const ikv_seq *s, size_t pos, int layer, flo
         memcpy(v + (size_t)g * hd, ikv__kv_at(e, b, layer, 1, g, slot), sizeof(float) * hd);
     }
     return 0;
+}
+
+int ikv_engine_set_threads(ikv_engine *e, int k) {
+    return ikv__pool_set_active(e->pool, k ? k : e->nth);
+}
+
+int ikv_engine_threads(const ikv_engine *e) {
+    return ikv__pool_active(e->pool);
+}
+
+double ikv_engine_worker_cpu(const ikv_engine *e) {
+    return ikv__pool_worker_cpu(e->pool);
 }
 
 void ikv_engine_stats_get(const ikv_engine *e, ikv_engine_stats *st) {

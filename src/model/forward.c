@@ -1700,12 +1700,34 @@ static void dc_logits(void *vc, int t, int P) {
     linear(e, t, IKV__QM_CLS, 0, e->dxn, D, &xa, c->nb, e->dlog, V, a, b);
 }
 
+/* Steps of fewer multiply-adds than this (rows x (weights + attention)) run on the calling
+ * thread alone: on the bundled 260K-weight model a one-row decode step is about 0.3M of them,
+ * split into 42 regions of a few microseconds each, where a region's wake and join (about
+ * 1.3 us on 2 idle cores, far more on a loaded machine where the worker is off-CPU) cost more
+ * than the second thread saves (measured: 128 decode steps took 6 ms on 1 thread and 1.1 s on
+ * 2 busy cores). Larger steps (verifies, batches, bigger models) use the pool. */
+#define DC_INLINE_MACS (UINT64_C(1) << 20)
+
+/* Runs region fn: inline on the calling thread (inl) or on the pool. */
+static void region(struct ikv_engine *e, int inl, ikv__task fn, fwd *c) {
+    if (inl)
+        fn(c, 0, 1);
+    else
+        ikv__pool_run(e->pool, fn, c);
+}
+
 void ikv__decode_batch(struct ikv_engine *e, size_t nb) {
     const struct ikv_model *m = e->m;
     const size_t D = (size_t)m->cfg.dim, V = (size_t)m->cfg.vocab_size;
     const size_t bt = e->bt;
     fwd c = {.e = e, .nb = nb};
     IKV_ASSERT(nb >= 1 && nb <= e->dmax);
+    /* a small step runs on the calling thread alone (same bits: no output depends on the
+     * partition); fp32 only, int8 products use per-thread packed weight shares */
+    const int inl = !m->gs && (uint64_t)nb * (ikv_model_params(&m->cfg) +
+                                              (uint64_t)m->cfg.n_layers * e->dpos[nb - 1] *
+                                                  (uint64_t)m->q_dim * 2) <
+                                  DC_INLINE_MACS;
     e->dcoff[0] = 0;
     for (size_t i = 0; i < nb; i++) {
         const size_t nblk = (e->dpos[i] + 1 + bt - 1) / bt;
@@ -1714,23 +1736,23 @@ void ikv__decode_batch(struct ikv_engine *e, size_t nb) {
     }
     for (c.l = 0; c.l < m->cfg.n_layers; c.l++) {
         c.xrow = m->w.rms_att + (size_t)c.l * D;
-        ikv__pool_run(e->pool, dc_norm, &c);
-        ikv__pool_run(e->pool, dc_qkv, &c);
+        region(e, inl, dc_norm, &c);
+        region(e, inl, dc_qkv, &c);
         if (m->gs) {
-            ikv__pool_run(e->pool, dc_attn_runq, &c);
+            region(e, inl, dc_attn_runq, &c);
         } else {
-            ikv__pool_run(e->pool, dc_attn, &c);
-            ikv__pool_run(e->pool, dc_merge, &c);
+            region(e, inl, dc_attn, &c);
+            region(e, inl, dc_merge, &c);
         }
-        ikv__pool_run(e->pool, dc_wo, &c);
+        region(e, inl, dc_wo, &c);
         c.xrow = m->w.rms_ffn + (size_t)c.l * D;
-        ikv__pool_run(e->pool, dc_norm, &c);
-        ikv__pool_run(e->pool, dc_ffn13, &c);
-        ikv__pool_run(e->pool, dc_w2, &c);
+        region(e, inl, dc_norm, &c);
+        region(e, inl, dc_ffn13, &c);
+        region(e, inl, dc_w2, &c);
     }
     c.xrow = m->w.rms_final;
-    ikv__pool_run(e->pool, dc_norm, &c);
-    ikv__pool_run(e->pool, dc_logits, &c);
+    region(e, inl, dc_norm, &c);
+    region(e, inl, dc_logits, &c);
     for (size_t i = 0; i < nb; i++)
         memcpy(e->dseq[i]->logits, e->dlog + i * V, sizeof(float) * V);
 }

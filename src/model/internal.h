@@ -174,6 +174,15 @@ void ikv__pool_destroy(ikv__pool *p);
  * thread drives a pool. Does not allocate. */
 void ikv__pool_run(ikv__pool *p, ikv__task fn, void *ctx);
 int ikv__pool_size(const ikv__pool *p);
+/* Lets threads 0..k-1 run the following regions (thread t runs shares t, t + k, ...: the same
+ * bits at any k); the others park without spinning. Between regions only. Returns 0 or
+ * IKV_EINVAL (k outside 1..n; nothing changed). Does not allocate. */
+int ikv__pool_set_active(ikv__pool *p, int k);
+int ikv__pool_active(const ikv__pool *p);
+/* Regions thread t has run shares in since create (for tests). */
+uint64_t ikv__pool_ran(const ikv__pool *p, int t);
+/* CPU seconds the worker threads (not the caller) have used since they started. */
+double ikv__pool_worker_cpu(const ikv__pool *p);
 
 /* ---- engine internals (engine.c: pool and request flow; forward.c: the math) ------------ */
 
@@ -211,6 +220,7 @@ struct ikv_seq {
      * its prefill chunks took, for ikv__tiers_done when the prompt is complete */
     uint32_t tier_m, tier_ins;
     double prefill_s;
+    uint32_t vnb0; /* ikv_engine_step with a draft: n_blocks before its rows (roll-back) */
 };
 
 struct ikv_engine {
@@ -376,6 +386,12 @@ size_t ikv__prefill_q8_prepack(struct ikv_engine *e, uint8_t *dst);
 /* Tests: restricts ikv_engine_create to prefill scheme 0 (tiles of T rows, trims of 16) or 1
  * (tiles padded to a multiple of 12 rows, trims of 12), or -1 (both, the default). */
 void ikv__prefill_scheme_force(int scheme);
+/* Takes the blocks of positions [s->n, n) of s (from its reservation) and records their token
+ * ids tokens[s->n..n) (tokens indexed by position), with no prefill pending. The caller writes
+ * their K/V (chunks.c's blend pass) and advances s->n, or makes them prompt positions
+ * (s->n_prompt = n) for the ordinary prefill. 0, or IKV_EFULL beyond the reservation (nothing
+ * changed). Does not allocate. (engine.c) */
+int ikv__seq_extend(struct ikv_engine *e, struct ikv_seq *s, const uint32_t *tokens, size_t n);
 /* The final residual row of position p after ikv__prefill(e, s, tokens, first, n). */
 const float *ikv__prefill_row(const struct ikv_engine *e, size_t first, size_t p);
 /* Final RMSNorm of one residual row and the classifier (matrix-vector). */

@@ -90,30 +90,112 @@ dot2_avx2(const float *w, const float *x0, const float *x1, size_t K, float *y0,
     *y1 = (((m[0] + m[1]) + (m[2] + m[3])) + ((m[4] + m[5]) + (m[6] + m[7]))) + t1;
 }
 
-/* Weight rows per block: as many as fit in 16 KiB (1..16), so a block stays in L1 while every
+/* The four dot products of weight rows w0, w1 with batch rows x0, x1 (pairs p = (w0,x0),
+ * (w0,x1), (w1,x0), (w1,x1)), each with exactly dot_avx2's arithmetic: the same four
+ * accumulators a0..a3 per pair (a0 also taking the 8-wide steps after the 32-wide ones), the
+ * same combination ((a0 + a1) + (a2 + a3)) and, over its lanes, ((l0 + l1) + (l2 + l3)) +
+ * ((l4 + l5) + (l6 + l7)) + tail, so each result has dot_avx2's bits. What differs is only the
+ * schedule: the accumulators are run in two phases (a0, a1 of all four pairs, then a2, a3), so
+ * 8 chains are in flight with every loaded vector used twice (8 loads per 8 FMAs, against 12
+ * in dot2_avx2 and 16 in two dot_avx2), and the lane sums of the four pairs are done at once
+ * by horizontal adds (hadd(a, b) lane i is a[2i] + b[2i]... in the order above) instead of
+ * 4 x 7 scalar adds. */
+__attribute__((target("avx2,fma"))) static void dot22_avx2(const float *w0, const float *w1,
+                                                           const float *x0, const float *x1,
+                                                           size_t K, float *y00, float *y01,
+                                                           float *y10, float *y11) {
+    const size_t k32 = K & ~(size_t)31, k8 = K & ~(size_t)7;
+    const __m256 z = _mm256_setzero_ps();
+    __m256 a00 = z, a01 = z, a10 = z, a11 = z; /* accumulator 0 of the pairs */
+    __m256 b00 = z, b01 = z, b10 = z, b11 = z; /* accumulator 1 */
+    for (size_t i = 0; i < k32; i += 32) {
+        const __m256 u0 = _mm256_loadu_ps(w0 + i), u1 = _mm256_loadu_ps(w1 + i);
+        const __m256 v0 = _mm256_loadu_ps(x0 + i), v1 = _mm256_loadu_ps(x1 + i);
+        a00 = _mm256_fmadd_ps(u0, v0, a00), a01 = _mm256_fmadd_ps(u0, v1, a01);
+        a10 = _mm256_fmadd_ps(u1, v0, a10), a11 = _mm256_fmadd_ps(u1, v1, a11);
+        const __m256 s0 = _mm256_loadu_ps(w0 + i + 8), s1 = _mm256_loadu_ps(w1 + i + 8);
+        const __m256 t0 = _mm256_loadu_ps(x0 + i + 8), t1 = _mm256_loadu_ps(x1 + i + 8);
+        b00 = _mm256_fmadd_ps(s0, t0, b00), b01 = _mm256_fmadd_ps(s0, t1, b01);
+        b10 = _mm256_fmadd_ps(s1, t0, b10), b11 = _mm256_fmadd_ps(s1, t1, b11);
+    }
+    for (size_t i = k32; i < k8; i += 8) {
+        const __m256 u0 = _mm256_loadu_ps(w0 + i), u1 = _mm256_loadu_ps(w1 + i);
+        const __m256 v0 = _mm256_loadu_ps(x0 + i), v1 = _mm256_loadu_ps(x1 + i);
+        a00 = _mm256_fmadd_ps(u0, v0, a00), a01 = _mm256_fmadd_ps(u0, v1, a01);
+        a10 = _mm256_fmadd_ps(u1, v0, a10), a11 = _mm256_fmadd_ps(u1, v1, a11);
+    }
+    a00 = _mm256_add_ps(a00, b00), a01 = _mm256_add_ps(a01, b01); /* a0 + a1 */
+    a10 = _mm256_add_ps(a10, b10), a11 = _mm256_add_ps(a11, b11);
+    __m256 c00 = z, c01 = z, c10 = z, c11 = z; /* accumulator 2 */
+    __m256 d00 = z, d01 = z, d10 = z, d11 = z; /* accumulator 3 */
+    for (size_t i = 0; i < k32; i += 32) {
+        const __m256 u0 = _mm256_loadu_ps(w0 + i + 16), u1 = _mm256_loadu_ps(w1 + i + 16);
+        const __m256 v0 = _mm256_loadu_ps(x0 + i + 16), v1 = _mm256_loadu_ps(x1 + i + 16);
+        c00 = _mm256_fmadd_ps(u0, v0, c00), c01 = _mm256_fmadd_ps(u0, v1, c01);
+        c10 = _mm256_fmadd_ps(u1, v0, c10), c11 = _mm256_fmadd_ps(u1, v1, c11);
+        const __m256 s0 = _mm256_loadu_ps(w0 + i + 24), s1 = _mm256_loadu_ps(w1 + i + 24);
+        const __m256 t0 = _mm256_loadu_ps(x0 + i + 24), t1 = _mm256_loadu_ps(x1 + i + 24);
+        d00 = _mm256_fmadd_ps(s0, t0, d00), d01 = _mm256_fmadd_ps(s0, t1, d01);
+        d10 = _mm256_fmadd_ps(s1, t0, d10), d11 = _mm256_fmadd_ps(s1, t1, d11);
+    }
+    /* (a0 + a1) + (a2 + a3) of each pair */
+    const __m256 S0 = _mm256_add_ps(a00, _mm256_add_ps(c00, d00));
+    const __m256 S1 = _mm256_add_ps(a01, _mm256_add_ps(c01, d01));
+    const __m256 S2 = _mm256_add_ps(a10, _mm256_add_ps(c10, d10));
+    const __m256 S3 = _mm256_add_ps(a11, _mm256_add_ps(c11, d11));
+    /* lanes: h = [S0 01, S0 23, S1 01, S1 23 | S0 45, S0 67, S1 45, S1 67] (ij = li + lj),
+     * then [S0 (01+23), S1 .., S2 .., S3 .. | S0 (45+67), ..], then low + high halves */
+    const __m256 h01 = _mm256_hadd_ps(S0, S1), h23 = _mm256_hadd_ps(S2, S3);
+    const __m256 q = _mm256_hadd_ps(h01, h23);
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(q), _mm256_extractf128_ps(q, 1));
+    float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (size_t i = k8; i < K; i++) {
+        t[0] += w0[i] * x0[i], t[1] += w0[i] * x1[i];
+        t[2] += w1[i] * x0[i], t[3] += w1[i] * x1[i];
+    }
+    r = _mm_add_ps(r, _mm_loadu_ps(t));
+    float o[4];
+    _mm_storeu_ps(o, r);
+    *y00 = o[0], *y01 = o[1], *y10 = o[2], *y11 = o[3];
+}
+
+/* Weight rows per block: as many as fit in 16 KiB (2..16), so a block stays in L1 while every
  * batch row passes over it, and each batch row is read from L2 once per block rather than
  * once per weight row. */
 static size_t row_block(size_t K) {
     size_t rb = 16384 / (K * sizeof(float) + 1);
-    return rb < 1 ? 1 : rb > 16 ? 16 : rb;
+    return rb < 2 ? 2 : rb > 16 ? 16 : rb; /* at least a pair for the two-row kernels */
 }
 
 /* Rows [r0, r1) of W against nx rows of X, AVX2 kernel: weight rows in blocks (each read from
- * memory once), batch rows two at a time over the block. */
+ * memory once), batch rows two at a time over the block (dot22_avx2 on two weight rows at a
+ * time), and an odd last batch row against two weight rows at a time: dot2_avx2 with the roles
+ * swapped (x shared, w0 and w1 the two "rows"), which gives each product exactly dot_avx2's
+ * bits, w[i] * x[i] and fma(w, x, a) being the same as with the operands exchanged. */
 __attribute__((target("avx2,fma"))) static void rows_avx2(const float *W, size_t K, size_t r0,
                                                           size_t r1, const float *X, size_t ldx,
                                                           size_t nx, float *Y, size_t ldy) {
-    const size_t rb = nx > 2 ? row_block(K) : 1;
+    const size_t rb = row_block(K);
     for (size_t q0 = r0; q0 < r1; q0 += rb) {
         const size_t q1 = q0 + rb < r1 ? q0 + rb : r1;
         size_t b = 0;
-        for (; b + 2 <= nx; b += 2)
-            for (size_t r = q0; r < q1; r++)
-                dot2_avx2(W + r * K, X + b * ldx, X + (b + 1) * ldx, K, &Y[b * ldy + r],
-                          &Y[(b + 1) * ldy + r]);
-        if (b < nx)
-            for (size_t r = q0; r < q1; r++)
-                Y[b * ldy + r] = dot_avx2(W + r * K, X + b * ldx, K);
+        for (; b + 2 <= nx; b += 2) {
+            const float *x0 = X + b * ldx, *x1 = x0 + ldx;
+            float *y0 = Y + b * ldy, *y1 = y0 + ldy;
+            size_t r = q0;
+            for (; r + 2 <= q1; r += 2)
+                dot22_avx2(W + r * K, W + (r + 1) * K, x0, x1, K, &y0[r], &y1[r], &y0[r + 1],
+                           &y1[r + 1]);
+            if (r < q1) dot2_avx2(W + r * K, x0, x1, K, &y0[r], &y1[r]);
+        }
+        if (b < nx) {
+            const float *x = X + b * ldx;
+            float *y = Y + b * ldy;
+            size_t r = q0;
+            for (; r + 2 <= q1; r += 2)
+                dot2_avx2(x, W + r * K, W + (r + 1) * K, K, &y[r], &y[r + 1]);
+            if (r < q1) y[r] = dot_avx2(W + r * K, x, K);
+        }
     }
 }
 #endif

@@ -20,12 +20,29 @@
  * announces itself in an atomic counter and then rechecks under the mutex, and the other side
  * publishes (gen or pending) before it reads that counter, both sequentially consistent, so a
  * wake-up cannot be lost. ikv__pool_run does not allocate.
+ *
+ * Shares and active threads. The work of a region is always cut into n shares (fn(ctx, s, n),
+ * s = 0..n-1, n fixed at create); ikv__pool_set_active(k) lets only threads 0..k-1 run them,
+ * thread t the shares t, t + k, t + 2k, ... in that order, one after the other. A share's
+ * arithmetic depends only on (s, n) and the shapes, never on which thread runs it or what ran
+ * before on that thread (each share has its own scratch), so the results are the same bits at
+ * every k: fewer threads only means the shares run in sequence. Threads k..n-1 park on park_cv
+ * (no spinning: an idle share of the CPU is really idle):
+ *
+ *     shrink to k: active = k, a region with no work (fn NULL) to the current threads;
+ *                  those with t >= k finish it, then wait on park_cv while active <= t
+ *     grow to k:   active = k, unparking = the parked threads now below k, broadcast park_cv;
+ *                  the caller waits (mu, done_cv) until each of them has taken the current
+ *                  gen as seen, so none mistakes an older region for new work
+ *
+ * Both happen only between regions, from the one caller thread.
  */
 #include "internal.h"
 
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <time.h>
 #if defined(__SSE2__)
 #include <emmintrin.h>
 #endif
@@ -50,9 +67,20 @@ struct ikv__pool {
     atomic_int sleepers; /* workers about to sleep or sleeping on work_cv */
     atomic_int caller_asleep;
     atomic_int stop;
-    ikv__task fn; /* current region; written before gen++ */
+    atomic_int active; /* threads running shares, 1..n (the rest park) */
+    int unparking;     /* (mu) parked workers woken by a grow that have not resumed yet */
+    pthread_cond_t park_cv;
+    uint64_t *ran; /* [n] regions each thread ran shares in (its own slot only) */
+    ikv__task fn;  /* current region (NULL: a shrink with no work); written before gen++ */
     void *ctx;
 };
+
+/* Runs the shares of thread t of the current region: t, t + k, ... < n. */
+static void run_shares(struct ikv__pool *p, int t, int k) {
+    for (int sh = t; sh < p->n; sh += k)
+        p->fn(p->ctx, sh, p->n);
+    p->ran[t]++;
+}
 
 /* One round of waiting: a pause for the first SPIN_PAUSES rounds, then sched_yield (with more
  * threads than free cores, the thread being waited for may be off-CPU: spinning would only
@@ -89,10 +117,24 @@ static void *worker_main(void *arg) {
         }
         seen = g;
         if (atomic_load(&p->stop)) return NULL;
-        p->fn(p->ctx, w->tid, p->n);
+        /* read before finishing the region: the caller changes active only after it */
+        const int act = atomic_load(&p->active);
+        if (p->fn && w->tid < act) run_shares(p, w->tid, act);
         if (atomic_fetch_sub(&p->pending, 1) == 1 && atomic_load(&p->caller_asleep)) {
             pthread_mutex_lock(&p->mu);
             pthread_cond_signal(&p->done_cv);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (w->tid >= act) { /* parked until a grow includes this thread */
+            pthread_mutex_lock(&p->mu);
+            while (atomic_load(&p->active) <= w->tid && !atomic_load(&p->stop))
+                pthread_cond_wait(&p->park_cv, &p->mu);
+            if (atomic_load(&p->stop)) {
+                pthread_mutex_unlock(&p->mu);
+                return NULL;
+            }
+            seen = atomic_load(&p->gen); /* no region is posted before unparking reaches 0 */
+            if (--p->unparking == 0) pthread_cond_signal(&p->done_cv);
             pthread_mutex_unlock(&p->mu);
         }
     }
@@ -108,16 +150,8 @@ static void post(struct ikv__pool *p) {
     }
 }
 
-void ikv__pool_run(struct ikv__pool *p, ikv__task fn, void *ctx) {
-    if (p->n == 1) {
-        fn(ctx, 0, 1);
-        return;
-    }
-    p->fn = fn;
-    p->ctx = ctx;
-    atomic_store(&p->pending, p->n - 1);
-    post(p);
-    fn(ctx, 0, p->n);
+/* Waits until every worker of the current region has finished it. */
+static void wait_pending(struct ikv__pool *p) {
     for (int i = 0; atomic_load(&p->pending) && relax(i); i++)
         ;
     if (atomic_load(&p->pending)) {
@@ -128,6 +162,62 @@ void ikv__pool_run(struct ikv__pool *p, ikv__task fn, void *ctx) {
         pthread_mutex_unlock(&p->mu);
         atomic_store(&p->caller_asleep, 0);
     }
+}
+
+void ikv__pool_run(struct ikv__pool *p, ikv__task fn, void *ctx) {
+    const int k = atomic_load(&p->active);
+    p->fn = fn;
+    p->ctx = ctx;
+    if (k == 1) { /* every share here, in order */
+        run_shares(p, 0, 1);
+        return;
+    }
+    atomic_store(&p->pending, k - 1);
+    post(p);
+    run_shares(p, 0, k);
+    wait_pending(p);
+}
+
+int ikv__pool_set_active(struct ikv__pool *p, int k) {
+    if (k < 1 || k > p->n)
+        return ikv_error(IKV_EINVAL, "%d threads requested, the engine has 1..%d", k, p->n);
+    const int old = atomic_load(&p->active);
+    if (k < old) {
+        /* a region without work to the old threads; those >= k park after it */
+        p->fn = NULL;
+        atomic_store(&p->active, k);
+        atomic_store(&p->pending, old - 1);
+        post(p);
+        wait_pending(p);
+    } else if (k > old) {
+        pthread_mutex_lock(&p->mu);
+        p->unparking = k - old;
+        atomic_store(&p->active, k);
+        pthread_cond_broadcast(&p->park_cv);
+        while (p->unparking)
+            pthread_cond_wait(&p->done_cv, &p->mu);
+        pthread_mutex_unlock(&p->mu);
+    }
+    return 0;
+}
+
+int ikv__pool_active(const struct ikv__pool *p) {
+    return atomic_load(&((struct ikv__pool *)p)->active);
+}
+
+uint64_t ikv__pool_ran(const struct ikv__pool *p, int t) {
+    return t >= 0 && t < p->n ? p->ran[t] : 0;
+}
+
+double ikv__pool_worker_cpu(const struct ikv__pool *p) {
+    double sum = 0;
+    for (int i = 0; i < p->started; i++) {
+        clockid_t cid;
+        struct timespec ts;
+        if (pthread_getcpuclockid(p->th[i], &cid) || clock_gettime(cid, &ts)) continue;
+        sum += (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    }
+    return sum;
 }
 
 int ikv__pool_size(const struct ikv__pool *p) {
@@ -141,15 +231,18 @@ void ikv__pool_destroy(struct ikv__pool *p) {
         pthread_mutex_lock(&p->mu);
         atomic_fetch_add(&p->gen, 1);
         pthread_cond_broadcast(&p->work_cv);
+        pthread_cond_broadcast(&p->park_cv);
         pthread_mutex_unlock(&p->mu);
         for (int i = 0; i < p->started; i++)
             pthread_join(p->th[i], NULL);
     }
+    pthread_cond_destroy(&p->park_cv);
     pthread_cond_destroy(&p->done_cv);
     pthread_cond_destroy(&p->work_cv);
     pthread_mutex_destroy(&p->mu);
     ikv_free(p->th);
     ikv_free(p->w);
+    ikv_free(p->ran);
     ikv_free(p);
 }
 
@@ -163,9 +256,15 @@ int ikv__pool_create(int n, struct ikv__pool **out) {
     atomic_init(&p->sleepers, 0);
     atomic_init(&p->caller_asleep, 0);
     atomic_init(&p->stop, 0);
+    atomic_init(&p->active, n);
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->work_cv, NULL);
     pthread_cond_init(&p->done_cv, NULL);
+    pthread_cond_init(&p->park_cv, NULL);
+    if (!(p->ran = ikv_calloc((size_t)n, sizeof *p->ran))) {
+        ikv__pool_destroy(p);
+        return ikv_error(IKV_ENOMEM, "worker pool of %d threads", n);
+    }
     if (n > 1) {
         p->th = ikv_calloc((size_t)n - 1, sizeof *p->th);
         p->w = ikv_calloc((size_t)n - 1, sizeof *p->w);

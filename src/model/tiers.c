@@ -28,7 +28,10 @@
  * blocks taken before the core is told (so a demotion the promotion causes cannot overwrite
  * a blob still to be read), then the hit promotes the core's blocks, which adopt them, and the
  * probed ones are inserted. The first load that fails (miss, corrupt, mismatch, down) ends the
- * loaded prefix; the rest is recomputed, and counted. Both outcomes are counted per tier.
+ * loaded prefix; the rest is recomputed, and counted. Both outcomes are counted per tier, and
+ * the recomputed hits by why: cheaper ([s, c)), failed (a failed load and the rest of its
+ * run), no room (the pool had no free block to load into: that block and the rest of its run),
+ * dropped (loaded, then not kept for the request: see below).
  *
  * Loaded blocks the core has no room for (a pool smaller than the prompt) still serve the
  * request as private blocks. After the prefill, the request's new full blocks (inserted, or
@@ -62,6 +65,7 @@
 
 typedef struct tier_counts {
     uint64_t loaded, recomputed, failed, probed, demoted, deleted;
+    uint64_t rec_failed, rec_noroom, rec_dropped; /* recomputed hits by why (blocks) */
 } tier_counts;
 
 struct ikv__tiers {
@@ -452,8 +456,11 @@ static uint32_t probe(ikv_engine *e, tiers *T, uint32_t a, uint32_t nfull) {
 }
 
 /* Loads candidates [m, s) (T->src gives each one's tier) into fresh pool blocks (T->pre);
- * returns the end of the loaded prefix (the first failure, or s). */
-static uint32_t load(ikv_engine *e, tiers *T, const ikv_request *r, uint32_t m, uint32_t s) {
+ * returns the end of the loaded prefix (the first failure, or s). *noroom is 1 when it ended
+ * because the pool had no free block to load into (not a store failure). */
+static uint32_t load(ikv_engine *e, tiers *T, const ikv_request *r, uint32_t m, uint32_t s,
+                     int *noroom) {
+    *noroom = 0;
     uint32_t j = m;
     while (j < s) {
         size_t t = (size_t)T->src[j] - 1;
@@ -473,7 +480,10 @@ static uint32_t load(ikv_engine *e, tiers *T, const ikv_request *r, uint32_t m, 
                 return j + i;
             }
             uint32_t b = pop(e);
-            if (b == IKV_NIL) return j + i; /* cannot happen: see the pool invariant */
+            if (b == IKV_NIL) { /* no free block: seen in serve with a small --kv-mem */
+                *noroom = 1;
+                return j + i;
+            }
             unpack(e, T->stage_p[i], b);
             T->pre[j + i] = b;
         }
@@ -533,11 +543,18 @@ uint32_t ikv__tiers_match(ikv_engine *e, const ikv_request *r, struct ikv_seq *s
         size_t t = (size_t)T->src[x] - 1;
         load_s += T->load_s[t] > 0 ? T->load_s[t] : 0;
     }
-    for (uint32_t j = sp; j < cand; j++)
+    for (uint32_t j = sp; j < cand; j++) {
         T->cnt[T->src[j] - 1].recomputed++;
-    uint32_t got = load(e, T, r, m, sp);
-    for (uint32_t j = got; j < sp; j++)
-        if (j > got) T->cnt[T->src[j] - 1].recomputed++;
+        inf->tier_cheaper_tokens[T->src[j]] += bt;
+    }
+    int noroom;
+    uint32_t got = load(e, T, r, m, sp, &noroom); /* counts a failed load itself in failed */
+    for (uint32_t j = got; j < sp; j++) { /* the load that stopped and the rest of the run */
+        if (noroom)
+            T->cnt[T->src[j] - 1].rec_noroom++, inf->tier_noroom_tokens[T->src[j]] += bt;
+        else
+            T->cnt[T->src[j] - 1].rec_failed++, inf->tier_failed_tokens[T->src[j]] += bt;
+    }
     /* promote the core's blocks [m, min(got, lo_end)): they adopt the loaded pool blocks */
     uint32_t u = m, core_end = got < lo_end ? got : lo_end;
     if (core_end > m) {
@@ -594,6 +611,11 @@ uint32_t ikv__tiers_match(ikv_engine *e, const ikv_request *r, struct ikv_seq *s
             push(e, T->pre[j]);
             T->pre[j] = IKV_NIL;
         }
+    /* [m, got) was loaded; [v, got) of it is not the request's (m <= v <= got <= sp <= cand) */
+    for (uint32_t j = v; j < got; j++) {
+        T->cnt[T->src[j] - 1].rec_dropped++;
+        inf->tier_dropped_tokens[T->src[j]] += bt;
+    }
     inf->recomputed_tier_tokens = (size_t)(cand - v) * bt;
     /* the engine inserts [u, nfull) (lower-tier ones are promoted and recomputed) unless
      * private loaded blocks follow u: then nothing is inserted (*core_m != v) */
@@ -660,6 +682,9 @@ int ikv_engine_tier_stats_get(const ikv_engine *e, size_t t, ikv_engine_tier_sta
     st->loaded_blocks = c->loaded;
     st->recomputed_blocks = c->recomputed;
     st->failed_blocks = c->failed;
+    st->recomputed_failed_blocks = c->rec_failed;
+    st->recomputed_noroom_blocks = c->rec_noroom;
+    st->recomputed_dropped_blocks = c->rec_dropped;
     st->probed_blocks = c->probed;
     st->demoted_blocks = c->demoted;
     st->deleted_blocks = c->deleted;

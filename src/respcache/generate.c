@@ -16,6 +16,13 @@
 #include "isokv/respcache.h"
 
 #include <string.h>
+#include <time.h>
+
+static double thread_cpu(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 static int is_stop(uint32_t t, int stop_eos) {
     return t == IKV_TOK_BOS || (stop_eos && t == IKV_TOK_EOS);
@@ -40,7 +47,7 @@ int ikv_respcache_generate(ikv_engine *e, ikv_seq *s, ikv_sampler *sp, const ikv
     uint32_t *out = hist + np;
     memset(r, 0, sizeof *r);
     r->cand_used = -1;
-    double t0 = ikv_now();
+    double t0 = ikv_now(), c0 = thread_cpu();
     const int greedy = ikv_sampler_temperature(sp) == 0.0f;
     const ikv_respcache_hit *cand = NULL;
     size_t g = 0;
@@ -95,7 +102,7 @@ int ikv_respcache_generate(ikv_engine *e, ikv_seq *s, ikv_sampler *sp, const ikv
         } else if (o->lookup_ngram && kmax) {
             size_t kk = o->lookup_k < kmax ? o->lookup_k : kmax;
             if (kk > 256) kk = 256;
-            k = ikv_lookup_draft(hist, np + g, o->lookup_ngram, kk, draft_buf);
+            k = ikv_lookup_draft(hist, np + g, o->lookup_ngram, o->lookup_min, kk, draft_buf);
             draft = draft_buf;
         }
         ikv_verify v = {.has_lead = 1, .lead = tok, .draft = draft, .k = k, .sampler = sp};
@@ -118,5 +125,6 @@ int ikv_respcache_generate(ikv_engine *e, ikv_seq *s, ikv_sampler *sp, const ikv
     }
     r->n_out = g;
     r->seconds = ikv_now() - t0;
+    r->cpu_seconds = thread_cpu() - c0;
     return 0;
 }

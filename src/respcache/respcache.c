@@ -35,7 +35,11 @@ typedef struct entry {
     uint32_t nsh;
     uint64_t sig[NH];
     ikv_respcache_params params;
+    uint64_t bytes; /* accounted: IKV_RESPCACHE_ENTRY_BYTES + 4 (np + no) + 8 nsh */
 } entry;
+
+/* the fixed part an entry counts holds its record and leaves room for the core's node */
+_Static_assert(sizeof(entry) + 64 <= IKV_RESPCACHE_ENTRY_BYTES, "entry record outgrew its count");
 
 struct ikv_respcache {
     ikv_respcache_options o;
@@ -119,6 +123,7 @@ static void on_evict(void *ctx, uint32_t node, ikv_key key, int from_tier, int t
     ikv_respcache *rc = ctx;
     (void)key, (void)from_tier, (void)to_tier;
     IKV_ASSERT(node < rc->node_limit && rc->ent[node].used);
+    rc->st.bytes -= rc->ent[node].bytes;
     entry_free(&rc->ent[node]);
     rc->st.evictions++;
 }
@@ -160,6 +165,7 @@ int ikv_respcache_create(const ikv_respcache_options *oin, ikv_respcache **out) 
     for (int j = 0; j < NH; j++)
         rc->salt[j] = mix(s += UINT64_C(0x9e3779b97f4a7c15));
     rc->st.capacity = o.capacity;
+    rc->st.max_bytes = o.max_bytes;
     *out = rc;
     return 0;
 }
@@ -205,6 +211,16 @@ int ikv_respcache_put(ikv_respcache *rc, const char *tenant, int public_, const 
     memcpy(toks, prompt, sizeof *toks * np);
     memcpy(toks + np, output, sizeof *toks * no);
     uint32_t nsh = shingles(prompt, np, rc->o.ngram, sh);
+    const uint64_t nbytes = IKV_RESPCACHE_ENTRY_BYTES + 4 * (uint64_t)(np + no) + 8 * (uint64_t)nsh;
+    const uint64_t maxb = rc->o.max_bytes;
+    if (maxb && nbytes > maxb) {
+        ikv_free(toks), ikv_free(sh);
+        rc->st.too_big++;
+        return ikv_error(IKV_EFULL,
+                         "response cache: an entry of %llu bytes (%zu + %zu tokens) "
+                         "is above the budget of %llu bytes",
+                         (unsigned long long)nbytes, np, no, (unsigned long long)maxb);
+    }
     ikv_access acc = {.now = ++rc->clock};
     uint32_t node;
     size_t m = 0;
@@ -214,11 +230,26 @@ int ikv_respcache_put(ikv_respcache *rc, const char *tenant, int public_, const 
         IKV_ASSERT(en->used);
         ikv_free(en->toks), ikv_free(en->sh);
         en->toks = toks, en->sh = sh, en->nsh = nsh, en->np = (uint32_t)np, en->no = (uint32_t)no;
+        rc->st.bytes += nbytes - en->bytes;
+        en->bytes = nbytes;
         (void)ikv_cache_hit(rc->core, &node, 1, &acc);
+        /* over the byte budget: evict others (this one is held locked meanwhile) */
+        if (maxb && rc->st.bytes > maxb && !ikv_cache_lock(rc->core, &node, 1)) {
+            while (rc->st.bytes > maxb && !ikv_cache_evict(rc->core, 0)) {
+            }
+            (void)ikv_cache_unlock(rc->core, &node, 1);
+        }
         rc->st.replaced++;
         rc->st.puts++;
         return 0;
     }
+    /* room by bytes first: the policy's victims until the new entry fits */
+    while (maxb && rc->st.bytes + nbytes > maxb)
+        if (ikv_cache_evict(rc->core, 0)) {
+            ikv_free(toks), ikv_free(sh);
+            return ikv_error(IKV_EFULL, "response cache: no evictable entry for %llu bytes",
+                             (unsigned long long)nbytes);
+        }
     size_t ins = 0;
     int r = ikv_cache_insert(rc->core, &key, 1, 0, &acc, 0, &node, &ins);
     if (r || ins != 1) {
@@ -230,6 +261,8 @@ int ikv_respcache_put(ikv_respcache *rc, const char *tenant, int public_, const 
     en->used = 1, en->pub = pub, en->scope = scope, en->key = key;
     en->toks = toks, en->np = (uint32_t)np, en->no = (uint32_t)no, en->sh = sh, en->nsh = nsh;
     en->params = pa;
+    en->bytes = nbytes;
+    rc->st.bytes += nbytes;
     signature(rc, sh, nsh, en->sig);
     rc->st.puts++;
     return 0;
@@ -310,9 +343,10 @@ void ikv_respcache_stats_get(const ikv_respcache *rc, ikv_respcache_stats *s) {
 
 int ikv_respcache_check(const ikv_respcache *rc) {
     if (!ikv_cache_check(rc->core)) return 0;
-    uint64_t used = 0;
+    uint64_t used = 0, bytes = 0;
     for (uint64_t i = 0; i < rc->node_limit; i++) {
         const entry *en = &rc->ent[i];
+        if (en->used) bytes += en->bytes;
         int res = ikv_cache_node_tier(rc->core, (uint32_t)i) >= 0;
         if (en->used != res)
             return ikv_error(IKV_EINVAL, "response entry %llu: used %d, core node resident %d",
@@ -326,6 +360,10 @@ int ikv_respcache_check(const ikv_respcache *rc) {
             !en->nsh || en->nsh > en->np)
             return ikv_error(IKV_EINVAL, "response entry %llu: %u + %u tokens, %u shingles",
                              (unsigned long long)i, en->np, en->no, en->nsh);
+        if (en->bytes !=
+            IKV_RESPCACHE_ENTRY_BYTES + 4 * (uint64_t)(en->np + en->no) + 8 * (uint64_t)en->nsh)
+            return ikv_error(IKV_EINVAL, "response entry %llu: counts %llu bytes",
+                             (unsigned long long)i, (unsigned long long)en->bytes);
         for (uint32_t j = 1; j < en->nsh; j++)
             if (en->sh[j] <= en->sh[j - 1])
                 return ikv_error(IKV_EINVAL, "response entry %llu: shingles not sorted unique",
@@ -337,6 +375,10 @@ int ikv_respcache_check(const ikv_respcache *rc) {
         return ikv_error(IKV_EINVAL, "%llu entries, core holds %llu, capacity %u",
                          (unsigned long long)used, (unsigned long long)cs.resident[0],
                          rc->o.capacity);
+    if (bytes != rc->st.bytes || (rc->o.max_bytes && bytes > rc->o.max_bytes))
+        return ikv_error(IKV_EINVAL, "entries hold %llu bytes, counted %llu, budget %llu",
+                         (unsigned long long)bytes, (unsigned long long)rc->st.bytes,
+                         (unsigned long long)rc->o.max_bytes);
     return 1;
 }
 

@@ -49,11 +49,12 @@ static void srq_free(srq *r) {
     if (!r) return;
     ikv_free(r->tenant), ikv_free(r->scope), ikv_free(r->tokens), ikv_free(r->user);
     ikv_free(r->all);
-    ikv_free(r->segs);
+    ikv_free(r->segs), ikv_free(r->seg_hits);
     for (int i = 0; i < r->nstop; i++)
         ikv_free(r->stop[i]);
     ikv_free(r->text);
     ikv_free(r->otok);
+    ikv_free(r->cand), ikv_free(r->dbuf);
     pthread_cond_destroy(&r->cv);
     srq *l = r->leader;
     ikv_free(r);
@@ -343,6 +344,128 @@ static int parse_segments(ikv_serve *s, const cJSON *a, srq *r, char *msg, size_
     return rc;
 }
 
+/* Chat messages as segments ("isokv": {"segments": "messages"}, or any message carrying an
+ * "isokv" object): each message is one segment, its text as the chat template renders it
+ * (system and developer: "TEXT\n\n", kind system, public under --public-system; user and
+ * assistant before the last user message: "User: TEXT\n" / "Assistant: TEXT\n", kind history;
+ * tool: "Tool: TEXT\n", kind tool; the last user message and what follows it: kind query, the
+ * reply cue "Assistant:" appended to the final segment). A message's "isokv": {"kind",
+ * "public", "reusable", "movable"} overrides its kind and flags (a retrieved document: "kind":
+ * "doc", "reusable": true). Then parse_segments as for an explicit list. Returns 0, IKV_ENOMEM,
+ * or IKV_EINVAL with msg and *param naming the message and field. */
+static int messages_segments(ikv_serve *s, const cJSON *msgs, srq *r, char *msg, size_t msz,
+                             const char **param) {
+    if (!cJSON_IsArray(msgs) || cJSON_GetArraySize(msgs) == 0)
+        return snprintf(msg, msz, "messages must be a non-empty list"), IKV_EINVAL;
+    int nm = cJSON_GetArraySize(msgs), last_user = -1, i = 0, rc = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, msgs) {
+        const cJSON *ro = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (cJSON_IsString(ro) && !strcmp(ro->valuestring, "user")) last_user = i;
+        i++;
+    }
+    cJSON *arr = cJSON_CreateArray();
+    if (!arr) return IKV_ENOMEM;
+    i = 0;
+    cJSON_ArrayForEach(m, msgs) {
+        const cJSON *ro = cJSON_GetObjectItemCaseSensitive(m, "role"),
+                    *x = cJSON_GetObjectItemCaseSensitive(m, "isokv");
+        char *text = content_text(cJSON_GetObjectItemCaseSensitive(m, "content"));
+        if (!cJSON_IsString(ro) || !text) {
+            ikv_free(text);
+            snprintf(msg, msz,
+                     "messages[%d] needs a string role and a string (or text parts) "
+                     "content",
+                     i);
+            rc = IKV_EINVAL;
+            break;
+        }
+        const char *role = ro->valuestring, *kind = "history", *pre = "", *post = "\n";
+        int pub = 0;
+        if (!strcmp(role, "system") || !strcmp(role, "developer"))
+            kind = "system", post = "\n\n", pub = s->opt.public_system;
+        else if (!strcmp(role, "user"))
+            pre = "User: ", kind = i >= last_user ? "query" : "history";
+        else if (!strcmp(role, "assistant"))
+            pre = "Assistant: ", kind = i > last_user ? "query" : "history";
+        else if (!strcmp(role, "tool"))
+            pre = "Tool: ", kind = i > last_user ? "query" : "tool";
+        else {
+            ikv_free(text);
+            snprintf(msg, msz,
+                     "messages[%d].role must be system, developer, user, assistant or "
+                     "tool",
+                     i);
+            rc = IKV_EINVAL;
+            break;
+        }
+        sbuf t = {0};
+        rc = sb_add(&t, pre, text, post);
+        if (!rc && i == nm - 1) rc = sb_add(&t, "Assistant:", "", "");
+        ikv_free(text);
+        cJSON *g = rc ? NULL : cJSON_CreateObject();
+        if (!g || !cJSON_AddStringToObject(g, "text", t.p)) {
+            ikv_free(t.p), cJSON_Delete(g);
+            rc = IKV_ENOMEM;
+            break;
+        }
+        ikv_free(t.p);
+        cJSON_AddItemToArray(arr, g);
+        int fl[3] = {pub, 0, 0};
+        const char *fn[3] = {"public", "reusable", "movable"};
+        if (x && !cJSON_IsNull(x)) {
+            const cJSON *k = cJSON_GetObjectItemCaseSensitive(x, "kind");
+            int kd;
+            if (!cJSON_IsObject(x) ||
+                (k && (!cJSON_IsString(k) || ikv_pseg_kind_parse(k->valuestring, &kd)))) {
+                snprintf(msg, msz,
+                         "messages[%d].isokv must be an object whose kind is one of "
+                         "system, tool, memory, doc, history, query",
+                         i);
+                *param = "messages.isokv";
+                rc = IKV_EINVAL;
+                break;
+            }
+            if (k) kind = k->valuestring;
+            for (int q = 0; q < 3 && !rc; q++) {
+                const cJSON *b = cJSON_GetObjectItemCaseSensitive(x, fn[q]);
+                if (b && !cJSON_IsBool(b)) {
+                    snprintf(msg, msz, "messages[%d].isokv.%s must be a boolean", i, fn[q]);
+                    *param = "messages.isokv";
+                    rc = IKV_EINVAL;
+                }
+                if (b) fl[q] = cJSON_IsTrue(b);
+            }
+            if (rc) break;
+        }
+        if (!cJSON_AddStringToObject(g, "kind", kind)) rc = IKV_ENOMEM;
+        for (int q = 0; q < 3 && !rc; q++)
+            if (!cJSON_AddBoolToObject(g, fn[q], fl[q])) rc = IKV_ENOMEM;
+        if (rc) break;
+        i++;
+    }
+    if (!rc) {
+        rc = parse_segments(s, arr, r, msg, msz);
+        if (rc == IKV_EINVAL) { /* name the message, not the derived segment */
+            char *p = strstr(msg, "isokv.segments[");
+            if (p) {
+                char tail[256];
+                snprintf(tail, sizeof tail, "messages[%s", p + strlen("isokv.segments["));
+                snprintf(p, msz - (size_t)(p - msg), "%s", tail);
+            }
+        }
+    }
+    cJSON_Delete(arr);
+    return rc;
+}
+
+/* What bounds s->max_fit, for the error message (in buf). */
+static const char *fit_why(const ikv_serve *s, char *buf, size_t n) {
+    if (s->max_fit == s->seq_len) return "the model's context";
+    snprintf(buf, n, "the KV budget of %u private blocks: --kv-mem / --max-seqs", s->fit_blocks);
+    return buf;
+}
+
 /* Parses the request body into r, with prompt number `which` of a list of prompts; *nprompts
  * gets how many the request has. Returns 0, or an HTTP status with msg/param filled. */
 static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, int *nprompts,
@@ -468,19 +591,12 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
             r->blend_ratio = (float)br->valuedouble;
         }
     }
-    if (segs) {
-        if (chat) BAD("isokv.segments", "isokv.segments is for /v1/completions only");
-        if (!s->chunks)
-            BAD("isokv.segments", "isokv.segments needs fp32 weights; this server's model is "
-                                  "int8 (chunk reuse blends fp32 products)");
-        if (cJSON_GetObjectItemCaseSensitive(j, "prompt"))
-            BAD("isokv.segments", "isokv.segments replaces prompt: give one of them");
-        char sm[256];
-        int sr = parse_segments(s, segs, r, sm, sizeof sm);
-        if (sr == IKV_ENOMEM) goto oom;
-        if (sr) BAD("isokv.segments", "%s", sm);
-        *nprompts = 1;
-        goto prompt_done;
+    int from_messages = 0; /* chat: the messages mapped to segments (messages_segments) */
+    if (segs && cJSON_IsString(segs)) {
+        if (!chat || strcmp(segs->valuestring, "messages"))
+            BAD("isokv.segments", "isokv.segments must be a list of segments%s",
+                chat ? " or the string \"messages\"" : "");
+        from_messages = 1, segs = NULL;
     }
     /* the request class and latency target: the isokv fields, else the headers */
     const char *cls = cx->hdr_class, *cls_param = "X-Isokv-Class";
@@ -511,11 +627,66 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
     if (cls && ikv_req_class_parse(cls, &rc_cls))
         BAD(cls_param, "%s '%.40s' is not simple, medium or complex", cls_param, cls);
     r->cls = (int)rc_cls;
-    ikv_route_req rq = {.cls = rc_cls, .slo_s = r->slo_ms / 1e3};
-    ikv_plan_route(&s->plan, &s->walk, &rq, &r->route);
-    IKV_ASSERT(r->route.step <= r->route.class_cap); /* the hard cap */
+    ikv__route_request(s, r, rc_cls); /* the step and its levers; asserts the hard cap */
     r->prio = r->route.step;
+    /* speculative decoding: the server's defaults for requests whose routed step allows it
+     * (route.c: step 3 or above on the walk, a point with a draft on the frontier), then the
+     * request's own switches, which may turn a lever off but never on past its step */
+    r->spec.ngram = s->opt.spec_k ? s->opt.spec_ngram : 3;
+    r->spec.k = s->opt.spec_k ? s->opt.spec_k : 1;
+    r->spec.min_ngram = s->opt.spec_k ? s->opt.spec_min : 2;
+    r->spec.lookup = s->opt.spec_k > 0 && r->lv.spec;
+    r->spec.semantic = r->lv.rcache;
+    if (f && cJSON_IsObject(f)) {
+        const cJSON *sp = cJSON_GetObjectItemCaseSensitive(f, "spec");
+        if (sp && !cJSON_IsNull(sp)) {
+            if (!cJSON_IsString(sp) ||
+                (strcmp(sp->valuestring, "lookup") && strcmp(sp->valuestring, "off")))
+                BAD("isokv.spec", "isokv.spec must be \"lookup\" or \"off\"");
+            r->spec.lookup = !strcmp(sp->valuestring, "lookup");
+        }
+        const cJSON *sc = cJSON_GetObjectItemCaseSensitive(f, "semantic_cache");
+        if (sc && !cJSON_IsNull(sc)) {
+            if (!cJSON_IsBool(sc))
+                BAD("isokv.semantic_cache", "isokv.semantic_cache must be true or false");
+            r->spec.semantic = s->rcache && cJSON_IsTrue(sc); /* needs --semantic-cache */
+        }
+    }
+    r->spec.lookup = r->spec.lookup && r->lv.spec; /* the hard cap (route.c) */
+    r->spec.semantic = r->spec.semantic && r->lv.rcache;
 
+    if (segs) {
+        if (!s->chunks)
+            BAD("isokv.segments", "isokv.segments needs fp32 weights; this server's model is "
+                                  "int8 (chunk reuse blends fp32 products)");
+        if (cJSON_GetObjectItemCaseSensitive(j, chat ? "messages" : "prompt"))
+            BAD("isokv.segments", "isokv.segments replaces %s: give one of them",
+                chat ? "messages" : "prompt");
+        char sm[256];
+        int sr = parse_segments(s, segs, r, sm, sizeof sm);
+        if (sr == IKV_ENOMEM) goto oom;
+        if (sr) BAD("isokv.segments", "%s", sm);
+        *nprompts = 1;
+        goto prompt_done;
+    }
+    if (chat && !from_messages) { /* a message with isokv flags asks for the mapping too */
+        const cJSON *m;
+        cJSON_ArrayForEach(m, cJSON_GetObjectItemCaseSensitive(j, "messages"))
+            if (cJSON_GetObjectItemCaseSensitive(m, "isokv")) from_messages = 1;
+    }
+    if (from_messages) {
+        if (!s->chunks)
+            BAD("messages", "messages as segments (isokv flags) need fp32 weights; this server's "
+                            "model is int8 (chunk reuse blends fp32 products)");
+        char sm[256];
+        const char *bad_param = "messages";
+        int sr = messages_segments(s, cJSON_GetObjectItemCaseSensitive(j, "messages"), r, sm,
+                                   sizeof sm, &bad_param);
+        if (sr == IKV_ENOMEM) goto oom;
+        if (sr) BAD(bad_param, "%s", sm);
+        *nprompts = 1;
+        goto prompt_done;
+    }
     /* the prompt */
     int rc = 0;
     if (!chat) {
@@ -621,13 +792,22 @@ prompt_done:
         r->public_tokens = (size_t)declared_pub;
         r->public_from_file = 0;
     }
-    if (r->n >= s->seq_len)
+    /* A request that could never be admitted is refused here, before anything is queued or a
+     * stream starts: the prompt and the tokens it asks for must fit the model's context and the
+     * private KV budget (s->max_fit positions; admission counts the blocks of prompt + limit
+     * that are not cached, so a request within max_fit always fits once the others end, and
+     * whether one is refused never depends on what the cache holds). */
+    char why[96];
+    if (r->n >= s->max_fit) {
+        *code = "context_length_exceeded";
         BAD(chat ? "messages" : "prompt",
-            "the prompt is %zu tokens; the model's context is %u tokens (room for at least one "
-            "generated token is needed)",
-            r->n, s->seq_len);
-    /* max_tokens: completions default 16 (OpenAI's), chat the rest of the context */
-    long maxt = chat ? (long)(s->seq_len - r->n) : 16;
+            "the prompt is %zu tokens; this server holds at most %u positions per request (%s) "
+            "and room for at least one generated token is needed",
+            r->n, s->max_fit, fit_why(s, why, sizeof why));
+    }
+    /* max_tokens: completions default 16 (OpenAI's), chat the rest of what fits; a default is
+     * cut to what fits, an explicit value that does not fit is refused */
+    long maxt = chat ? (long)(s->max_fit - r->n) : 16;
     const char *mname = chat ? "max_completion_tokens" : "max_tokens";
     f = cJSON_GetObjectItemCaseSensitive(j, mname);
     if (chat && !f) f = cJSON_GetObjectItemCaseSensitive(j, mname = "max_tokens");
@@ -636,8 +816,15 @@ prompt_done:
             f->valuedouble != (double)(long)f->valuedouble || f->valuedouble > 1e9)
             BAD(mname, "%s must be a positive integer", mname);
         maxt = (long)f->valuedouble;
+        if ((size_t)maxt > s->max_fit - r->n) {
+            *code = "context_length_exceeded";
+            BAD(mname,
+                "the prompt is %zu tokens and %s asks for %ld more, %zu in all; this server holds "
+                "at most %u positions per request (%s)",
+                r->n, mname, maxt, r->n + (size_t)maxt, s->max_fit, fit_why(s, why, sizeof why));
+        }
     }
-    if ((size_t)maxt > s->seq_len - r->n) maxt = (long)(s->seq_len - r->n);
+    if ((size_t)maxt > s->max_fit - r->n) maxt = (long)(s->max_fit - r->n);
     r->max_tokens = (uint32_t)maxt;
     /* the engine's scope: tenant, and the salt when given */
     {
@@ -691,6 +878,8 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
     cJSON_AddNumberToObject(x, "computed_prompt_tokens", pt - ca);
     cJSON_AddNumberToObject(x, "public_prompt_tokens", pub);
     cJSON_AddNumberToObject(x, "ttft_ms", r->t_first > 0 ? (r->t_first - r->t_arrive) * 1e3 : 0);
+    /* waiting for admission (a sequence slot, the private budget): the cache is looked up then */
+    cJSON_AddNumberToObject(x, "queue_ms", r->t_admit > 0 ? (r->t_admit - r->t_arrive) * 1e3 : 0);
     cJSON_AddStringToObject(x, "tenant", r->tenant);
     double cpu = 0;
     for (int i = 0; i < n; i++)
@@ -704,8 +893,23 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
     cJSON *ro = cJSON_AddObjectToObject(x, "route");
     cJSON_AddStringToObject(ro, "class", ikv_req_class_name((ikv_req_class)r->cls));
     cJSON_AddBoolToObject(ro, "class_given", r->has_class);
+    cJSON_AddStringToObject(ro, "router", s->opt.route_frontier ? "frontier" : "walk");
     cJSON_AddNumberToObject(ro, "step", r->route.step);
-    cJSON_AddStringToObject(ro, "step_name", s->walk.steps[r->route.step].name);
+    cJSON_AddStringToObject(ro, "step_name", ikv__route_step_name(s, r));
+    if (s->opt.route_frontier) cJSON_AddNumberToObject(ro, "point", r->route.point);
+    cJSON_AddStringToObject(ro, "config", ikv__route_config(s, r));
+    /* the levers the step set, and what the engine did: the most threads of any step */
+    cJSON_AddNumberToObject(ro, "threads", r->lv.threads);
+    cJSON_AddBoolToObject(ro, "speculation_allowed", r->lv.spec);
+    cJSON_AddBoolToObject(ro, "response_cache_allowed", r->lv.rcache);
+    int tmax = 0;
+    double ts = 0;
+    for (int i = 0; i < n; i++) {
+        if (g[i]->threads_max > tmax) tmax = g[i]->threads_max;
+        ts += g[i]->thread_s;
+    }
+    cJSON_AddNumberToObject(ro, "threads_used", tmax);
+    cJSON_AddNumberToObject(ro, "thread_ms", ts * 1e3);
     cJSON_AddNumberToObject(ro, "max_step", r->route.max_step);
     cJSON_AddNumberToObject(ro, "class_cap", r->route.class_cap);
     if (r->slo_ms > 0) {
@@ -721,7 +925,16 @@ static void add_usage(const ikv_serve *s, cJSON *parent, srq *const *g, int n) {
         cJSON_AddNumberToObject(x, "chunk_hits", (double)b->hit_segments);
         cJSON_AddNumberToObject(x, "blend_deviation_max", b->deviation_max);
         cJSON_AddBoolToObject(x, "blended", !b->full);
+        cJSON_AddNumberToObject(x, "prefix_cached_tokens", (double)b->prefix_cached_tokens);
+        cJSON_AddNumberToObject(x, "blend_step_ms_max", r->blend_step_s * 1e3);
+        cJSON_AddNumberToObject(x, "blend_turns", (double)r->blend_turns);
     }
+    cJSON *sp = cJSON_AddObjectToObject(x, "speculative");
+    cJSON_AddStringToObject(sp, "spec", r->spec.lookup ? "lookup" : "off");
+    cJSON_AddBoolToObject(sp, "semantic_cache", r->spec.semantic);
+    cJSON_AddNumberToObject(sp, "draft_steps", (double)r->spec_steps);
+    cJSON_AddNumberToObject(sp, "draft_tokens", (double)r->spec_draft);
+    cJSON_AddNumberToObject(sp, "accepted_tokens", (double)r->spec_accepted);
     if (r->sem_done) {
         cJSON *sc = cJSON_AddObjectToObject(x, "semantic_cache");
         cJSON_AddNumberToObject(sc, "candidates", (double)r->sem_cands);
@@ -1285,7 +1498,8 @@ static int route_setup(ikv_serve *s, const ikv_serve_options *o) {
     const ikv_hw_spec *hw;
     if ((rc = ikv_model_lookup(o->route_model ? o->route_model : "llama3-70b", &m))) return rc;
     if ((rc = ikv_hw_lookup(o->route_hw ? o->route_hw : "h100", &hw))) return rc;
-    return ikv_plan_walk(&s->plan, m, hw, &s->walk);
+    if ((rc = ikv_plan_walk(&s->plan, m, hw, &s->walk))) return rc;
+    return o->route_frontier ? ikv__route_setup_frontier(s, m, hw) : 0;
 }
 
 static char *model_name_of(const char *path) {
@@ -1347,16 +1561,32 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
     eo.threads = o.threads;
     eo.kv_mem = o.kv_mem;
     eo.policy = o.policy;
-    if (o.semantic_cache) eo.max_draft = 256; /* a cached answer verified in one pass */
+    if (o.block_tokens) eo.block_tokens = o.block_tokens;
+    /* drafts: a cached answer verified in one step; lookup drafts of spec_k (8 when a request
+     * asks for lookup on a server without --spec) */
+    eo.max_draft = o.semantic_cache ? 256 : o.spec_k > 8 ? o.spec_k : 8;
+    if (eo.max_draft > 256) eo.max_draft = 256; /* spec_k is 1..256 */
+    if (o.spec_k > eo.max_draft) eo.max_draft = o.spec_k;
     if (o.kv_mem) {
         /* private blocks: what max_seqs full sequences need, at most half the pool */
         uint64_t bb = ikv_model_kv_bytes_per_token(mc) * eo.block_tokens;
-        uint64_t nb = o.kv_mem / bb, full = (uint64_t)o.max_seqs * ((s->seq_len + 15) / 16);
+        uint64_t nb = o.kv_mem / bb, full = (uint64_t)o.max_seqs *
+                                                ((s->seq_len + eo.block_tokens - 1) / eo.block_tokens);
         eo.private_blocks = full < nb / 2 ? full : nb / 2;
         if (eo.private_blocks == 0) eo.private_blocks = 1;
     }
     if (o.open_tiers && (rc = o.open_tiers(o.tiers_ctx, s->model, &eo))) goto fail;
     if ((rc = ikv_engine_create(s->model, &eo, &s->engine))) goto fail;
+    {
+        /* the most positions one request can hold: admission must find all its uncached
+         * blocks in the private budget, and an uncached request has none cached */
+        ikv_engine_stats es0;
+        ikv_engine_stats_get(s->engine, &es0);
+        uint64_t fit = es0.private_budget * eo.block_tokens;
+        s->max_fit = fit < s->seq_len ? (uint32_t)fit : s->seq_len;
+        s->fit_blocks = (uint32_t)es0.private_budget;
+    }
+    s->max_threads = ikv_engine_threads(s->engine);
     s->n_tiers = eo.n_tiers;
     snprintf(s->tier_name[0], sizeof s->tier_name[0], "pool");
     for (size_t t = 1; t <= s->n_tiers; t++) {
@@ -1382,8 +1612,9 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
         (rc = ikv_chunks_create(s->engine, NULL, &s->chunks)))
         goto fail;
     s->running = ikv_calloc(o.max_seqs, sizeof *s->running);
+    s->blend_list = ikv_calloc(o.max_seqs, sizeof *s->blend_list);
     s->logit_scratch = ikv_calloc(s->vocab, sizeof(float));
-    if (!s->running || !s->logit_scratch) {
+    if (!s->running || !s->blend_list || !s->logit_scratch) {
         rc = ikv_error(IKV_ENOMEM, "server");
         goto fail;
     }
@@ -1391,6 +1622,7 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
         ikv_respcache_options ro;
         ikv_respcache_options_default(&ro);
         ro.capacity = o.semantic_cache;
+        ro.max_bytes = o.semantic_cache_bytes;
         ro.max_tokens = s->seq_len;
         if ((rc = ikv_respcache_create(&ro, &s->rcache))) goto fail;
     }
@@ -1419,10 +1651,10 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
     char d[512];
     snprintf(d, sizeof d,
              "model %s (dim %d, %d layers, %d heads / %d kv, vocab %d, context %d); KV pool %llu "
-             "blocks of 16 tokens (%.1f MiB): cache %llu blocks (policy %s), private %llu; "
+             "blocks of %u tokens (%.1f MiB): cache %llu blocks (policy %s), private %llu; "
              "max-seqs %u, max-batch-tokens %u, threads %d, %s%s; startup %.0f ms (measured)",
              s->model_name, mc->dim, mc->n_layers, mc->n_heads, mc->n_kv_heads, mc->vocab_size,
-             mc->seq_len, (unsigned long long)es.pool_blocks,
+             mc->seq_len, (unsigned long long)es.pool_blocks, eo.block_tokens,
              (double)es.pool_blocks * (double)es.block_bytes / 1048576.0,
              (unsigned long long)es.cache_capacity, o.policy, (unsigned long long)es.private_budget,
              o.max_seqs, o.max_batch_tokens, o.threads,
@@ -1488,9 +1720,10 @@ void ikv_serve_destroy(ikv_serve *s) {
         ikv_free(s->keys[i].key), ikv_free(s->keys[i].tenant);
     ikv_free(s->keys);
     ikv_free(s->public_text);
-    ikv_free(s->running);
+    ikv_free(s->running), ikv_free(s->blend_list);
     ikv_free(s->logit_scratch);
     ikv_respcache_destroy(s->rcache);
+    ikv__route_free(s);
     ikv_free(s->model_name), ikv_free(s->model_path), ikv_free(s->describe);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->sched_cv);

@@ -69,6 +69,8 @@ void ikv__metrics_request(ikv_serve *s, const srq *r) {
     m->route_n[r->cls]++;
     m->route_e2e_s[r->cls] += r->t_done - r->t_arrive;
     m->route_cpu_s[r->cls] += r->cpu_s;
+    m->route_thread_s[r->cls] += r->thread_s;
+    m->route_threads[r->cls][r->threads_max < SRV_MAX_THREADS ? r->threads_max : SRV_MAX_THREADS]++;
 }
 
 typedef struct buf {
@@ -177,7 +179,7 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
             {"isokv_semcache_accepted_tokens_total", "draft tokens the model accepted (served)"},
             {"isokv_semcache_rejected_tokens_total", "draft tokens the model refused"},
             {"isokv_semcache_decode_steps_saved_total",
-             "decode steps replaced (accepted tokens minus one verify pass each)"},
+             "decode steps replaced (accepted draft tokens, verified inside the batched step)"},
             {"isokv_semcache_hits_total", "requests with at least one accepted cached token"},
         };
         const uint64_t v[6] = {m->sem_lookups,  m->sem_verified, m->sem_accepted,
@@ -190,7 +192,20 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
                m->sem.entries);
         scalar(&b, "isokv_semcache_evictions_total", "counter", "responses evicted (policy)",
                m->sem.evictions);
+        scalar(&b, "isokv_semcache_bytes", "gauge",
+               "accounted bytes of the responses held (tokens and a fixed part per entry)",
+               m->sem.bytes);
+        scalar(&b, "isokv_semcache_max_bytes", "gauge", "the byte budget (0: entries alone)",
+               m->sem.max_bytes);
     }
+    scalar(&b, "isokv_spec_steps_total", "counter",
+           "decode rows that carried a draft (response cache or prompt lookup)", m->spec_steps);
+    scalar(&b, "isokv_spec_draft_tokens_total", "counter", "draft tokens verified in steps",
+           m->spec_draft_tokens);
+    scalar(&b, "isokv_spec_accepted_tokens_total", "counter",
+           "draft tokens accepted (each a decode step not run)", m->spec_accepted_tokens);
+    scalar(&b, "isokv_spec_lookup_accepted_tokens_total", "counter",
+           "of them from prompt-lookup drafts", m->spec_lookup_accepted);
     scalar(&b, "isokv_partial_block_hits_total", "counter",
            "admissions that copied a cached or parked partial block (copy-on-write)",
            e->partial_hits);
@@ -220,14 +235,23 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
         put(&b, "isokv_tier_loads_total{tier=\"%s\"} %llu\n", s->tier_name[t + 1],
             (unsigned long long)m->tiers[t].loaded_blocks);
     head(&b, "isokv_tier_recomputes_total", "counter",
-         "lower-tier hits recomputed, by tier and why (cheaper: the measured choice; failed: "
-         "miss, corrupt, mismatch or down)");
-    for (size_t t = 0; t < s->n_tiers; t++)
+         "lower-tier hits recomputed, by tier and why (cheaper: the measured choice; failed: a "
+         "load failed, miss, corrupt, mismatch or down, and the rest of its run; no_room: no "
+         "free pool block to load into, and the rest of the run; dropped: loaded, then not "
+         "kept) (blocks)");
+    for (size_t t = 0; t < s->n_tiers; t++) {
+        const ikv_engine_tier_stats *x = &m->tiers[t];
+        const char *tn = s->tier_name[t + 1];
         put(&b,
             "isokv_tier_recomputes_total{tier=\"%s\",why=\"cheaper\"} %llu\n"
-            "isokv_tier_recomputes_total{tier=\"%s\",why=\"failed\"} %llu\n",
-            s->tier_name[t + 1], (unsigned long long)m->tiers[t].recomputed_blocks,
-            s->tier_name[t + 1], (unsigned long long)m->tiers[t].failed_blocks);
+            "isokv_tier_recomputes_total{tier=\"%s\",why=\"failed\"} %llu\n"
+            "isokv_tier_recomputes_total{tier=\"%s\",why=\"no_room\"} %llu\n"
+            "isokv_tier_recomputes_total{tier=\"%s\",why=\"dropped\"} %llu\n",
+            tn, (unsigned long long)x->recomputed_blocks, tn,
+            (unsigned long long)x->recomputed_failed_blocks, tn,
+            (unsigned long long)x->recomputed_noroom_blocks, tn,
+            (unsigned long long)x->recomputed_dropped_blocks);
+    }
     head(&b, "isokv_tier_resident_blocks", "gauge", "blocks the cache core holds in a lower tier");
     for (size_t t = 0; t < s->n_tiers; t++)
         put(&b, "isokv_tier_resident_blocks{tier=\"%s\"} %llu\n", s->tier_name[t + 1],
@@ -276,10 +300,30 @@ char *ikv__metrics_text(ikv_serve *s, size_t *len) {
         put(&b, "isokv_route_e2e_seconds_total{class=\"%s\"} %.6f\n",
             ikv_req_class_name((ikv_req_class)c), m->route_e2e_s[c]);
     head(&b, "isokv_route_cpu_seconds_total", "counter",
-         "process CPU seconds of the forward steps, shared by positions, summed by class");
+         "CPU seconds (scheduler thread + engine workers) of the forward steps, shared by "
+         "positions, summed by class");
     for (int c = 0; c < 3; c++)
         put(&b, "isokv_route_cpu_seconds_total{class=\"%s\"} %.6f\n",
             ikv_req_class_name((ikv_req_class)c), m->route_cpu_s[c]);
+    head(&b, "isokv_route_thread_seconds_total", "counter",
+         "thread-seconds (wall x threads) of the forward steps, shared by positions, by class");
+    for (int c = 0; c < 3; c++)
+        put(&b, "isokv_route_thread_seconds_total{class=\"%s\"} %.6f\n",
+            ikv_req_class_name((ikv_req_class)c), m->route_thread_s[c]);
+    head(&b, "isokv_route_threads_requests_total", "counter",
+         "completed requests by class and the most threads any of their steps ran on");
+    for (int c = 0; c < 3; c++)
+        for (int k = 0; k <= SRV_MAX_THREADS; k++)
+            if (m->route_threads[c][k])
+                put(&b, "isokv_route_threads_requests_total{class=\"%s\",threads=\"%d\"} %llu\n",
+                    ikv_req_class_name((ikv_req_class)c), k,
+                    (unsigned long long)m->route_threads[c][k]);
+    head(&b, "isokv_steps_by_threads_total", "counter",
+         "engine forward steps by the thread count they ran on (a mixed batch is one per count)");
+    for (int k = 0; k <= SRV_MAX_THREADS; k++)
+        if (m->steps_by_threads[k])
+            put(&b, "isokv_steps_by_threads_total{threads=\"%d\"} %llu\n", k,
+                (unsigned long long)m->steps_by_threads[k]);
     head(&b, "isokv_route_completed_total", "counter", "completed requests by class");
     for (int c = 0; c < 3; c++)
         put(&b, "isokv_route_completed_total{class=\"%s\"} %llu\n",

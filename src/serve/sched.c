@@ -28,13 +28,16 @@
  *      unfinished UTF-8 character, is held back until decided), finish at EOS/BOS ("stop"), a
  *      stop string ("stop") or max_tokens ("length"); wake the request's HTTP thread.
  *
- * Response cache (--semantic-cache): when a request's prompt is done, before its first token
- * is sampled, the most similar finished response of its scope (or a public one) is looked up;
- * greedy requests take the best candidate whose first token is the argmax (free to check),
- * sampled ones the best candidate. Its output is verified as a draft in one forward
- * (ikv_engine_verify, mu released): the accepted tokens are taken at once (a streaming client
- * gets them as one burst), and the token at the first mismatch continues normal decoding. A
- * request that finishes (stop or length, status 200) stores its output.
+ * Speculative decoding (spec.c; per request: srq.spec): a decoding sequence's row may carry a
+ * draft, the response cache's candidate output (--semantic-cache: the most similar finished
+ * response of its scope or a public one, looked up when the prompt is done, its first token
+ * taken by the acceptance rule) while the output follows it, else a prompt-lookup draft
+ * (--spec lookup). The draft is verified as 1 + k rows of the same batched step as every
+ * other sequence's decode (ikv_engine_step), so a verify never stalls the others; its
+ * accepted tokens and the token at the first mismatch are taken at once (a streaming client
+ * gets them as one burst). Drafts take what the step's rows leave (ikv_engine_max_rows) and
+ * count against --max-batch-tokens. A request that finishes (stop or length, status 200)
+ * stores its output in the response cache.
  *
  * Allocation: the sampler and text buffers of a request are allocated per request, never per
  * token in steady state (the text buffer grows geometrically).
@@ -44,14 +47,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-/* Process CPU seconds (every thread: the engine's workers and the HTTP threads). */
-static double ikv_cpu_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Appends len bytes to r's text (mu held). Returns 0 or IKV_ENOMEM. */
 static int text_append(srq *r, const char *p, size_t len) {
@@ -121,11 +116,12 @@ static void log_request(ikv_serve *s, const srq *r) {
                  r->lossy);
     fprintf(s->opt.log,
             "isokv serve: req=%llu tenant=%s status=%d prompt=%zu cached=%s partial=%zu%s "
-            "ttft_ms=%.2f tokens=%u finish=%s e2e_ms=%.2f class=%s step=%d cpu_ms=%.2f%s%s\n",
+            "ttft_ms=%.2f tokens=%u finish=%s e2e_ms=%.2f class=%s step=%d threads=%d "
+            "cpu_ms=%.2f%s%s\n",
             (unsigned long long)r->id, r->tenant, r->status, r->n, by, r->partial, extra, ttft,
             r->ntok, r->finish ? r->finish : (r->cancelled ? "cancelled" : "-"),
             (r->t_done - r->t_arrive) * 1e3, ikv_req_class_name((ikv_req_class)r->cls),
-            r->route.step, r->cpu_s * 1e3, r->err[0] ? " error=" : "", r->err);
+            r->route.step, r->threads_max, r->cpu_s * 1e3, r->err[0] ? " error=" : "", r->err);
     fflush(s->opt.log);
 }
 
@@ -140,6 +136,7 @@ static void finish_running(ikv_serve *s, size_t idx, const char *reason) {
                                 r->otok, r->ntok, &pa); /* ENOMEM: just not cached */
         ikv_respcache_stats_get(s->rcache, &s->met.sem);
     }
+    if (r->job) ikv__seg_end(s, r);
     ikv_engine_end(s->engine, r->seq);
     r->seq = NULL;
     ikv_sampler_destroy(r->smp);
@@ -241,15 +238,9 @@ static void admit(ikv_serve *s) {
         ikv_prefill_info info;
         ikv_seq *seq;
         int rc;
-        if (r->segs) {
-            /* a structured request: the chunk store's whole prefill now (the blend pass or the
-             * exact one), under the lock, so the step loop finds it decoding */
-            ikv_blend_request br = {.segs = r->segs, .n_segs = r->nsegs, .tenant = r->scope,
-                                    .ratio = r->blend_ratio, .max_dev = -1,
-                                    .max_new = r->max_tokens};
-            rc = ikv_chunks_begin(s->chunks, &br, &seq, &r->blend);
-            info = r->blend.prefill;
-        } else
+        if (r->segs) /* a structured request: a chunks job (segments.c) */
+            rc = ikv__seg_admit(s, r, &seq, &info);
+        else
             rc = ikv_engine_admit(s->engine, &rq, &seq, &info);
         if (rc == IKV_EFULL || rc == IKV_EBUSY) break; /* wait for a sequence to end */
         queue_unlink(s, prev, r);
@@ -271,7 +262,7 @@ static void admit(ikv_serve *s) {
         r->state = SRQ_RUNNING;
         s->running[s->nrunning++] = r;
         if (r->preemptions) { /* re-admitted: its usage keeps the first admission's figures */
-            r->recomputed += info.computed_tokens + r->ntok;
+            r->recomputed += (r->segs ? 0 : info.computed_tokens) + r->ntok;
             continue;
         }
         rc = ikv_sampler_create(s->vocab, r->temperature, r->top_p, r->seed, &r->smp);
@@ -281,12 +272,14 @@ static void admit(ikv_serve *s) {
             s->nrunning--;
             ikv_sampler_destroy(r->smp);
             r->smp = NULL;
+            if (r->job) ikv__seg_end(s, r);
             ikv_engine_end(s->engine, seq);
             r->seq = NULL;
             fail_queued(s, r, 500, "out of memory (sampler)");
             continue;
         }
         r->cached = info.cached_tokens;
+        r->t_admit = ikv_now();
         r->partial = info.partial_tokens;
         size_t lower = 0;
         for (size_t t = 1; t <= s->n_tiers; t++)
@@ -295,10 +288,6 @@ static void admit(ikv_serve *s) {
         r->tier_recomputed = info.recomputed_tier_tokens;
         r->lossy = info.lossy_tokens;
         r->prev = r->tokens[r->n - 1];
-        if (r->segs) { /* prefilled: its first token now */
-            memcpy(s->logit_scratch, ikv_seq_logits(seq), sizeof(float) * s->vocab);
-            take_token(s, s->nrunning - 1, ikv_sampler_sample(r->smp, s->logit_scratch));
-        }
     }
 }
 
@@ -308,6 +297,7 @@ static void admit(ikv_serve *s) {
  * them. */
 static void preempt(ikv_serve *s, size_t idx) {
     srq *r = s->running[idx];
+    if (r->job) ikv__seg_end(s, r); /* re-admitted with the segments it reused (segments.c) */
     ikv_engine_end(s->engine, r->seq);
     r->seq = NULL;
     r->replay = 0; /* generated tokens all[n..n+ntok) are fed again after re-admission */
@@ -330,18 +320,15 @@ static void preempt(ikv_serve *s, size_t idx) {
 static void reserve_decodes(ikv_serve *s) {
     for (size_t i = 0; i < s->nrunning; i++) {
         srq *r = s->running[i];
-        if (ikv_seq_pending(r->seq)) continue;
+        if (ikv_seq_pending(r->seq) || r->job) continue;
         while (ikv_seq_reserve_next(s->engine, r->seq) == IKV_EFULL) {
             if (s->nrunning == 1) { /* cannot happen (see above); end it rather than stall */
                 snprintf(r->err, sizeof r->err, "KV private budget exhausted");
                 finish_running(s, i, "length");
                 return;
             }
-            /* the newest that is not a structured (segments) request: those hold their whole
-             * reservation and are not re-admitted; r itself qualifies */
+            /* the newest (structured requests too: segments.c); r itself qualifies */
             size_t v = s->nrunning - 1;
-            while (v > i && s->running[v]->segs)
-                v--;
             preempt(s, v);
             if (v == i) break;
         }
@@ -393,60 +380,28 @@ static int take_token(ikv_serve *s, size_t idx, uint32_t tok) {
     return 0;
 }
 
-static uint32_t argmax(const float *x, uint32_t n) {
-    uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
-/* The response cache for a request whose prompt is done (mu held; released during the
- * verify). Returns 1 if it took the request's tokens (its first token included), 0 if the
- * caller samples as usual. */
-static int semantic_first(ikv_serve *s, srq *r) {
-    r->sem_done = 1;
-    ikv_respcache_hit h[3];
-    size_t nh = ikv_respcache_lookup(s->rcache, r->scope, r->tokens, r->n, h, 3);
-    s->met.sem_lookups++;
-    r->sem_cands = nh;
-    const ikv_respcache_hit *c = NULL;
-    const float *lg = ikv_seq_logits(r->seq);
-    const uint32_t want = r->temperature == 0.0f ? argmax(lg, s->vocab) : 0;
-    for (size_t i = 0; i < nh && !c; i++)
-        if (r->temperature != 0.0f || h[i].output[0] == want) c = &h[i];
-    if (!c) return 0;
-    size_t k = c->n_output < 256 ? c->n_output : 256;
-    if (k > r->max_tokens) k = r->max_tokens;
-    if (k > ikv_seq_room(r->seq)) k = ikv_seq_room(r->seq);
-    /* the draft's blocks come from the private budget (admission reserved only a headroom):
-     * a shorter draft when they do not all fit, never a preemption for a draft */
-    while (k > 0 && ikv_seq_reserve(s->engine, r->seq, k) == IKV_EFULL)
-        k = k > 16 ? k - 16 : 0;
-    if (k == 0) return 0;
-    /* the candidate's tokens stay valid: only this thread puts */
-    ikv_verify v = {.draft = c->output, .k = k, .sampler = r->smp};
-    const uint32_t id = c->id;
-    pthread_mutex_unlock(&s->mu);
-    int rc = ikv_engine_verify(s->engine, r->seq, &v);
-    pthread_mutex_lock(&s->mu);
-    IKV_ASSERT(rc == 0); /* k fits the sequence's room and max_draft */
-    s->met.sem_verified++;
-    s->met.sem_accepted += v.accepted;
-    s->met.sem_rejected += k - v.accepted;
-    s->met.sem_hits += v.accepted > 0;
-    r->sem_accepted = v.accepted, r->sem_rejected = k - v.accepted;
-    r->sem_saved = v.accepted ? v.accepted - 1 : 0;
-    s->met.sem_saved += r->sem_saved;
-    ikv_respcache_used(s->rcache, id, v.accepted);
-    for (size_t i = 0; i <= v.accepted; i++) {
-        size_t idx = 0;
-        while (idx < s->nrunning && s->running[idx] != r)
-            idx++;
-        IKV_ASSERT(idx < s->nrunning);
-        const uint32_t tok = i < v.accepted ? v.draft[i] : v.next;
-        if (take_token(s, idx, tok)) break; /* finished (r may be gone) */
+/* Takes the tokens of a step item of running request r (mu held): with a draft, the accepted
+ * draft tokens and the token after them (one burst), else a sample of its logits. */
+static void take_step(ikv_serve *s, srq *r, const ikv_step_item *it) {
+    size_t idx = 0;
+    while (idx < s->nrunning && s->running[idx] != r)
+        idx++;
+    IKV_ASSERT(idx < s->nrunning);
+    if (!it->k) {
+        memcpy(s->logit_scratch, ikv_seq_logits(r->seq), sizeof(float) * s->vocab);
+        take_token(s, idx, ikv_sampler_sample(r->smp, s->logit_scratch));
+        return;
     }
-    return 1;
+    ikv__spec_done(s, r, it->draft, it->k, it->accepted);
+    for (size_t i = 0; i <= it->accepted; i++) {
+        if (i) { /* take_token keeps r in place unless it finishes */
+            idx = 0;
+            while (idx < s->nrunning && s->running[idx] != r)
+                idx++;
+            IKV_ASSERT(idx < s->nrunning);
+        }
+        if (take_token(s, idx, i < it->accepted ? it->draft[i] : it->next)) break; /* finished */
+    }
 }
 
 void *ikv__serve_sched(void *arg) {
@@ -454,7 +409,8 @@ void *ikv__serve_sched(void *arg) {
     const uint32_t maxs = s->opt.max_seqs;
     ikv_step_item *items = ikv_calloc(maxs, sizeof *items);
     srq **map = ikv_calloc(maxs, sizeof *map);
-    IKV_ASSERT(items && map); /* allocated once; create checked the memory is there */
+    srv_acct *acct = ikv_calloc(maxs, sizeof *acct);
+    IKV_ASSERT(items && map && acct); /* allocated once; create checked the memory is there */
     pthread_mutex_lock(&s->mu);
     while (!s->stopping) {
         for (size_t i = 0; i < s->nrunning;)
@@ -473,10 +429,19 @@ void *ikv__serve_sched(void *arg) {
         }
         /* the step: decodes first, then prefill chunks from what the budget leaves */
         size_t ni = 0, budget = s->opt.max_batch_tokens, prefill_tokens = 0;
+        size_t rows_left = ikv_engine_max_rows(s->engine); /* decode rows the step takes */
+        for (size_t i = 0; i < s->nrunning; i++)
+            rows_left -= !ikv_seq_pending(s->running[i]->seq) && !s->running[i]->job;
         for (size_t i = 0; i < s->nrunning; i++) {
             srq *r = s->running[i];
-            if (ikv_seq_pending(r->seq)) continue;
-            items[ni] = (ikv_step_item){.seq = r->seq, .token = r->next};
+            if (ikv_seq_pending(r->seq) || r->job) continue; /* prefilling or blending */
+            items[ni] = (ikv_step_item){.seq = r->seq, .token = r->next, .sampler = r->smp};
+            /* a draft (response cache or prompt lookup) as extra rows of this same step */
+            if (r->spec.lookup || r->cand) {
+                items[ni].k = ikv__spec_draft(s, r, rows_left, &items[ni].draft);
+                rows_left -= items[ni].k;
+                budget = budget > items[ni].k ? budget - items[ni].k : 0;
+            }
             map[ni++] = r;
             budget = budget ? budget - 1 : 0;
         }
@@ -503,11 +468,22 @@ void *ikv__serve_sched(void *arg) {
             budget = budget > cnt ? budget - cnt : 0;
             prefill_tokens += cnt;
         }
+        /* structured requests whose exact part is done: their blend pass's next unit after
+         * the step (segments.c), each decided now, run outside the lock */
+        size_t nb = 0;
+        for (size_t i = 0; i < s->nrunning; i++)
+            if (ikv__seg_waiting(s->running[i])) s->blend_list[nb++] = s->running[i];
         pthread_mutex_unlock(&s->mu);
-        double cpu0 = ikv_cpu_now();
-        int rc = ikv_engine_step(s->engine, items, ni);
-        IKV_ASSERT(rc == 0); /* items are built from running sequences within their limits */
-        double cpu = ikv_cpu_now() - cpu0;
+        /* one engine step per thread count the requests' routed steps give (route.c) */
+        ikv__route_step_run(s, items, map, ni, acct);
+        for (size_t k = 0; k < nb; k++) { /* at the request's routed thread count */
+            srq *r = s->blend_list[k];
+            IKV_ASSERT(ikv_engine_set_threads(s->engine, r->lv.threads) == 0);
+            const double t0 = ikv_now(), c0 = ikv__route_cpu_now(s);
+            ikv__seg_advance(s, r);
+            r->blend_cpu_s = ikv__route_cpu_now(s) - c0; /* charged below, mu held */
+            r->blend_thread_s = (ikv_now() - t0) * ikv_engine_threads(s->engine);
+        }
         ikv_engine_stats es;
         ikv_cache_stats cs;
         ikv_engine_stats_get(s->engine, &es);
@@ -523,32 +499,61 @@ void *ikv__serve_sched(void *arg) {
         s->met.steps++;
         s->met.step_rows += ni;
         s->met.step_prefill_tokens += prefill_tokens;
-        /* the step's CPU seconds, shared by positions: a decode row 1, a chunk its length */
-        size_t rows = 0;
-        for (size_t k = 0; k < ni; k++)
-            rows += items[k].done;
-        for (size_t k = 0; k < ni && rows; k++)
-            map[k]->cpu_s += cpu * (double)items[k].done / (double)rows;
+        /* each group's CPU and thread-seconds, shared by positions (route.c) */
+        ikv__route_step_account(s, map, ni, acct);
         for (size_t k = 0; k < ni; k++) {
             srq *r = map[k];
-            if (ikv_seq_pending(r->seq) || r->state != SRQ_RUNNING) continue;
+            if (ikv_seq_pending(r->seq) || r->state != SRQ_RUNNING || r->job)
+                continue; /* still prefilling; a chunks job samples when it is done (below) */
             if (r->replaying) { /* after a preemption: feed what it generated, as before */
                 r->next = r->all[r->n + r->replay++];
                 r->replaying = r->replay < r->ntok;
                 continue;
             }
+            if (r->ntok == 0 && r->spec.semantic && s->rcache) {
+                /* the first token: the response cache's candidate, if the model takes it */
+                uint32_t tok;
+                (void)ikv__spec_first(s, r, &tok); /* ENOMEM: no candidate, tok sampled */
+                size_t idx = 0;
+                while (idx < s->nrunning && s->running[idx] != r)
+                    idx++;
+                IKV_ASSERT(idx < s->nrunning);
+                take_token(s, idx, tok);
+                continue;
+            }
+            take_step(s, r, &items[k]);
+        }
+        for (size_t k = 0; k < nb; k++) { /* structured requests that advanced */
+            srq *r = s->blend_list[k];
             size_t idx = 0;
             while (idx < s->nrunning && s->running[idx] != r)
                 idx++;
             IKV_ASSERT(idx < s->nrunning);
-            /* the response cache is the routing step 3 lever (a draft the model verifies is
-             * speculative decoding): requests routed below it do not use it */
-            if (s->rcache && r->ntok == 0 && !r->sem_done && r->route.step >= 3 &&
-                semantic_first(s, r))
+            r->cpu_s += r->blend_cpu_s, r->thread_s += r->blend_thread_s; /* its blend unit */
+            if (r->job_rc == 0) continue; /* more units, or pending prefill again */
+            if (r->job_rc < 0) { /* re-admitted, and a segment it reused left the store */
+                snprintf(r->err, sizeof r->err, "preempted and cannot be re-admitted: %s",
+                         ikv_errdetail());
+                finish_running(s, idx, "length");
                 continue;
+            }
+            ikv_blend_info b;
+            ikv_chunks_job_info(r->job, &b);
+            ikv__seg_end(s, r);
+            if (r->preemptions) { /* usage keeps the first admission's figures */
+                r->recomputed += b.prefill.computed_tokens;
+            } else {
+                r->blend = b; /* reused chunk tokens count as cached, with the pool's */
+                r->cached = b.prefill.cached_tokens;
+                r->tier_tokens[0] += b.reused_tokens;
+            }
+            if (r->replaying) { /* after a preemption: feed what it generated, as before */
+                r->next = r->all[r->n + r->replay++];
+                r->replaying = r->replay < r->ntok;
+                continue;
+            }
             memcpy(s->logit_scratch, ikv_seq_logits(r->seq), sizeof(float) * s->vocab);
-            uint32_t tok = ikv_sampler_sample(r->smp, s->logit_scratch);
-            take_token(s, idx, tok);
+            take_token(s, idx, ikv_sampler_sample(r->smp, s->logit_scratch));
         }
     }
     /* stopping: whatever is left is cancelled */
@@ -563,5 +568,6 @@ void *ikv__serve_sched(void *arg) {
     pthread_mutex_unlock(&s->mu);
     ikv_free(items);
     ikv_free(map);
+    ikv_free(acct);
     return NULL;
 }

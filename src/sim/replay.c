@@ -19,9 +19,18 @@
  *      the roofline of src/cost/), TTFT = queueing + that;
  *   4. decode takes output_tokens x the per-token step time at batch `decode_batch`; the
  *      request's blocks are unlocked when decode ends.
- * Blocks a request inserts become matchable when its prefill starts (optimistic: the engine
- * would share them only once computed; at the arrival rates of the traces the difference is
- * small and it keeps the cache's access order identical to order mode for the same trace).
+ * Blocks a request inserts are PENDING until its prefill has computed them (as in the engine,
+ * where they are in the cache but not READY): inserted block j of n is ready at start +
+ * prefill x (j + 1) x block / computed tokens (the prefill goes through the prompt in order,
+ * chunk by chunk, at an even pace: an approximation). A later request whose match reaches a
+ * block not yet ready uses the prefix before it, computes the rest itself and inserts nothing
+ * (the engine inserts only when its usable prefix is the whole resident one); counted in
+ * pending_cuts. With service_trace the times are not modelled but taken from the trace (a live
+ * run's measured ttft_s, latency_s and, from isokv serve, queue_s in `isokv load`'s
+ * sent.jsonl): a request starts when the server admitted it (arrival + queue_s; no prefill
+ * servers), its prefill lasts until arrival + ttft_s and its blocks are unlocked at arrival +
+ * latency_s. Ends are processed in time order before each start; starts are in trace order,
+ * so a request admitted after a later arrival is still replayed in arrival order.
  *
  * Metrics (see ikv_replay_result in sim.h). Thrash: a block dropped from the cache goes into a
  * ghost FIFO of the last W dropped keys (W = thrash_window, default the cache's total capacity
@@ -272,6 +281,10 @@ typedef struct replay {
     size_t n_slots, n_free;
     double *ttft, *queue;
     size_t n_lat, ttft_cap, queue_cap;
+    double *ready_at;        /* per cache node id: when its KV is computed (0: long ago; a
+                                stale entry of an evicted node is always in the past) */
+    size_t ready_cap;
+    double last_start;       /* service_trace: the previous request's start */
     ikv_tier kind[IKV_MAX_TIERS];
 } replay;
 
@@ -413,11 +426,15 @@ out:
 
 /* ---- timed mode helpers ---------------------------------------------------------------------- */
 
+static int ev_less(running a, running b) {
+    return a.end < b.end;
+}
+
 static void heap_push(replay *s, running x) {
     size_t i = s->heap_len++;
     while (i > 0) {
         size_t p = (i - 1) / 2;
-        if (s->heap[p].end <= x.end) break;
+        if (!ev_less(x, s->heap[p])) break;
         s->heap[i] = s->heap[p];
         i = p;
     }
@@ -429,14 +446,26 @@ static running heap_pop(replay *s) {
     size_t i = 0, n = s->heap_len;
     for (;;) {
         size_t l = 2 * i + 1, m = i;
-        if (l < n && s->heap[l].end < x.end) m = l;
-        if (l + 1 < n && s->heap[l + 1].end < (m == i ? x.end : s->heap[m].end)) m = l + 1;
+        if (l < n && ev_less(s->heap[l], x)) m = l;
+        if (l + 1 < n && ev_less(s->heap[l + 1], m == i ? x : s->heap[m])) m = l + 1;
         if (m == i) break;
         s->heap[i] = s->heap[m];
         i = m;
     }
     if (n) s->heap[i] = x;
     return top;
+}
+
+/* Grows ready_at to cover node ids below n (the new entries 0: ready). */
+static int grow_ready(replay *s, size_t n) {
+    if (n <= s->ready_cap) return 0;
+    size_t c = s->ready_cap ? s->ready_cap : 1024;
+    while (c < n) c *= 2;
+    double *p = ikv_realloc(s->ready_at, c * sizeof *p);
+    if (!p) return IKV_ENOMEM;
+    for (size_t i = s->ready_cap; i < c; i++) p[i] = 0;
+    s->ready_at = p, s->ready_cap = c;
+    return 0;
 }
 
 /* Ends every running request whose decode finished by time `until`: unlocks its blocks. */
@@ -611,9 +640,21 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
     double arr = q->time > *last_arrival ? q->time : *last_arrival;
     *last_arrival = arr;
     uint32_t sv = 0;
-    for (uint32_t i = 1; i < o->servers; i++)
-        if (s->free_at[i] < s->free_at[sv]) sv = i;
-    double start = arr > s->free_at[sv] ? arr : s->free_at[sv];
+    double start = arr;
+    if (o->service_trace) {
+        if (!q->has_service)
+            return ikv_error(IKV_EFORMAT,
+                             "request %llu has no measured ttft_s / latency_s, which timed "
+                             "replay with trace service times needs",
+                             (unsigned long long)q->index);
+        start = arr + q->service_queue; /* admitted (prefix looked up) after its wait; the */
+        if (start < s->last_start) start = s->last_start; /* server admits in arrival order */
+        s->last_start = start;
+    } else {
+        for (uint32_t i = 1; i < o->servers; i++)
+            if (s->free_at[i] < s->free_at[sv]) sv = i;
+        if (s->free_at[sv] > start) start = s->free_at[sv];
+    }
     int rc = finish_until(s, start);
     if (rc) return rc;
     if ((rc = ensure_scratch(s, q->n_blocks ? q->n_blocks : 1))) return rc;
@@ -624,6 +665,14 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
     ikv_cache_set_time(s->c, a.now);
     size_t k;
     ikv_cache_match(s->c, q->keys, q->n_blocks, s->ids, s->tiers, &k);
+    /* a block still being computed by another request ends the usable prefix */
+    int cut = 0;
+    for (size_t i = 0; i < k; i++)
+        if (s->ids[i] < s->ready_cap && s->ready_at[s->ids[i]] > start) {
+            k = i, cut = 1;
+            break;
+        }
+    r->pending_cuts += (uint64_t)cut;
 
     /* Lower-tier runs: load or recompute, whichever the cost model says is faster. */
     double load_s = 0, reused = 0;
@@ -670,7 +719,7 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
         }
     }
     size_t ins = 0;
-    if (k < q->n_blocks) {
+    if (k < q->n_blocks && !cut) {
         rc = ikv_cache_insert(s->c, q->keys, q->n_blocks, k, &a, 1, b->ids + b->n, &ins);
         if (rc == IKV_EFULL) r->insert_full++;
         else if (rc == IKV_EEXIST) r->chain_conflicts++;
@@ -688,10 +737,25 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
     if (reused > q->input_tokens) reused = q->input_tokens;
 
     uint64_t ru = (uint64_t)reused;
-    double prefill = ikv_prefill_time(&s->cost, ru, q->input_tokens - ru) + load_s;
-    double decode = (double)q->output_tokens *
-                    ikv_decode_time(&s->cost, o->decode_batch, q->input_tokens + q->output_tokens / 2);
-    s->free_at[sv] = start + prefill;
+    double prefill, decode;
+    if (o->service_trace) {
+        prefill = arr + q->service_ttft - start; /* >= 0: start <= arr + ttft unless clamped */
+        if (prefill < 0) prefill = 0;
+        decode = q->service_latency - q->service_ttft;
+    } else {
+        prefill = ikv_prefill_time(&s->cost, ru, q->input_tokens - ru) + load_s;
+        decode = (double)q->output_tokens *
+                 ikv_decode_time(&s->cost, o->decode_batch, q->input_tokens + q->output_tokens / 2);
+        s->free_at[sv] = start + prefill;
+    }
+    /* the inserted blocks b->ids[b->n - ins ..) become ready as the prefill reaches them */
+    uint64_t computed = q->input_tokens > (uint64_t)k * s->bt ? q->input_tokens - (uint64_t)k * s->bt : 1;
+    for (size_t j = 0; j < ins; j++) {
+        uint32_t id = b->ids[b->n - ins + j];
+        if ((rc = grow_ready(s, (size_t)id + 1))) return rc;
+        double f = (double)(j + 1) * s->bt / (double)computed;
+        s->ready_at[id] = start + prefill * (f < 1 ? f : 1);
+    }
     running x = {start + prefill + decode, slot};
     heap_push(s, x);
     if (x.end > r->makespan) r->makespan = x.end;
@@ -835,6 +899,7 @@ static void teardown(replay *s) {
     ikv_free(s->free_slots);
     ikv_free(s->ttft);
     ikv_free(s->queue);
+    ikv_free(s->ready_at);
 }
 
 static void finish(replay *s, ikv_trace *t) {

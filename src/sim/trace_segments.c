@@ -241,8 +241,10 @@ static int seg_next(ikv_trace *t, ikv_trace_request *req) {
             if (rc) return rc;
             continue;
         }
-        double time = 0;
+        double time = 0, ttft = -1, latency = -1, queue = 0;
         uint64_t session = 0, output = 0;
+        const cJSON *jt = cJSON_GetObjectItemCaseSensitive(j, "ttft_s");
+        const cJSON *jl = cJSON_GetObjectItemCaseSensitive(j, "latency_s");
         const cJSON *tenant = cJSON_GetObjectItemCaseSensitive(j, "tenant");
         const cJSON *segs = cJSON_GetObjectItemCaseSensitive(j, "segments");
         const char *bad = NULL;
@@ -272,7 +274,16 @@ static int seg_next(ikv_trace *t, ikv_trace_request *req) {
                      (unsigned long long)output,
                      (unsigned long long)ikv__trace_max_request_tokens(t));
             bad = why;
-        } else if (!cJSON_IsArray(segs))
+        } else if (!jt != !jl)
+            bad = "\"ttft_s\" and \"latency_s\" come together (measured service times)";
+        else if (jt && (ikv__json_double(j, "ttft_s", &ttft) || ttft < 0 ||
+                        ikv__json_double(j, "latency_s", &latency) || latency < ttft ||
+                        latency > IKV__TRACE_MAX_SECONDS))
+            bad = "\"ttft_s\" / \"latency_s\": seconds with 0 <= ttft_s <= latency_s <= 1e9";
+        else if (cJSON_GetObjectItemCaseSensitive(j, "queue_s") &&
+                 (!jt || ikv__json_double(j, "queue_s", &queue) || queue < 0 || queue > ttft))
+            bad = "\"queue_s\": seconds with 0 <= queue_s <= ttft_s (and ttft_s given)";
+        else if (!cJSON_IsArray(segs))
             bad = "\"segments\" missing or not an array";
         else
             bad = parse_segments(t, s, segs, &n, why, sizeof why, &nomem);
@@ -305,6 +316,10 @@ static int seg_next(ikv_trace *t, ikv_trace_request *req) {
         req->tenant = tix;
         req->session = session;
         req->output_tokens = (uint32_t)output;
+        req->has_service = jt != NULL;
+        req->service_ttft = jt ? ttft : 0;
+        req->service_latency = jt ? latency : 0;
+        req->service_queue = jt ? queue : 0;
         if (s->n_tenants > t->tenants) t->tenants = s->n_tenants;
         return 1;
     }

@@ -57,9 +57,32 @@ assert.equal(ctext, chat.choices[0].message.content);
 assert.ok(cusage.prompt_tokens_details.cached_tokens > 0);
 assert.ok(cusage.isokv.ttft_ms > 0);
 
+// chat messages as segments (isokv extension, passed through by the client): a document
+// message flagged reusable is stored by the first request and reused behind another history
+const doc = {
+  role: 'user', content: 'Lily went to the park with her mom. She saw a big red ball under a tree.',
+  isokv: { kind: 'doc', reusable: true, public: true },
+};
+const q = { role: 'user', content: 'What did Lily see?' };
+const seg1 = await client.chat.completions.create({
+  model, messages: [messages[0], doc, q], max_tokens: 6, temperature: 0,
+  isokv: { blend_ratio: 0.2 },
+});
+assert.equal(seg1.object, 'chat.completion');
+assert.equal(seg1.usage.isokv.chunk_hits, 0);
+assert.ok(seg1.usage.isokv.reusable_tokens > 10);
+const seg2 = await client.chat.completions.create({
+  model, messages: [messages[0], { role: 'user', content: 'I like cats.' }, doc, q],
+  max_tokens: 6, temperature: 0, isokv: { blend_ratio: 0.2 },
+});
+assert.equal(seg2.usage.isokv.chunk_hits, 1);
+assert.equal(seg2.usage.isokv.blended, true);
+assert.ok(seg2.usage.isokv.reused_tokens > 0);
+assert.ok(seg2.usage.prompt_tokens_details.cached_tokens >= seg2.usage.isokv.reused_tokens);
+
 const bad = new OpenAI({ baseURL, apiKey: 'wrong-key', maxRetries: 0 });
 await assert.rejects(bad.completions.create({ model, prompt: 'x', max_tokens: 1 }),
   (e) => e.status === 401 && e instanceof OpenAI.AuthenticationError);
 await assert.rejects(client.completions.create({ model, prompt: 'x', max_tokens: 1, n: 3 }),
   (e) => e.status === 400 && e.param === 'n');
-console.log('openai client: models, completions, chat, streaming, usage, errors: ok');
+console.log('openai client: models, completions, chat, chat segments, streaming, usage, errors: ok');
