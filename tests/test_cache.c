@@ -759,6 +759,59 @@ static void test_s3fifo_small_and_ghost(void **st) {
     }
 }
 
+/* value:mix (LeCaR-style experts): a miss on a key that expert 0 (the split, here exactly ARC)
+ * evicted moves weight to expert 1 (the single heap, here exactly LRU: new=0,lru2=0,cost=0), and
+ * the next eviction follows LRU where ARC alone would follow T1. mix=2 follows the heavier
+ * expert (expert 0 on a tie), so the stream is deterministic. */
+static void test_value_mix_regret(void **st) {
+    (void)st;
+    for (int mix = 0; mix <= 2; mix += 2) {
+        ikv_cache *c = make(4, mix ? "value:t1key=0,new=0,lru2=0,cost=0,mix=2"
+                                   : "value:t1key=0,new=0,lru2=0,cost=0");
+        req1(c, 1, 1), req1(c, 1, 2), req1(c, 2, 3), req1(c, 2, 4); /* T2 = 1 2 */
+        req1(c, 3, 5), req1(c, 4, 6);                               /* T1 = 3 4 */
+        req1(c, 5, 7); /* tie: expert 0 (ARC) evicts T1's LRU, 3; LRU would evict 1 */
+        assert_false(resident1(c, 3));
+        assert_true(resident1(c, 1));
+        /* 3 comes back: a regret for expert 0, whose weight falls below expert 1's. ARC alone
+         * evicts T1's LRU (4, since |T1| = 2 > p = 1); the mix follows LRU and evicts 1 */
+        req1(c, 3, 8);
+        assert_int_equal(resident1(c, 1), !mix);
+        assert_int_equal(resident1(c, 4), mix != 0);
+        assert_true(resident1(c, 2) && resident1(c, 3) && resident1(c, 5));
+        ikv_cache_destroy(c);
+    }
+}
+
+/* value:mix=1 draws the expert from a seeded stream, and expert 1 samples the evictable blocks:
+ * two caches given the same stream agree block for block, and every access passes the
+ * invariant walk (req1 checks it: weights >= 0.001 summing to 1, the experts' ghost lists). */
+static void test_value_mix_deterministic(void **st) {
+    (void)st;
+    ikv_cache *a = make(24, "value:mix=1,sample=4");
+    ikv_cache *b = make(24, "value:mix=1,sample=4");
+    ikv_cache *v = make(24, "value");
+    uint64_t rng = 777, hits = 0, differ = 0;
+    for (uint64_t t = 1; t <= 4000; t++) {
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        uint32_t r = (uint32_t)(rng >> 33) % 120;
+        uint32_t id = r * r / 120 + 1;
+        size_t ha = req1(a, id, t);
+        assert_int_equal(ha, req1(b, id, t));
+        req1(v, id, t);
+        hits += ha;
+        for (uint32_t k = 1; k <= 120; k++) {
+            assert_int_equal(resident1(a, k), resident1(b, k));
+            differ += resident1(a, k) != resident1(v, k);
+        }
+    }
+    assert_true(hits > 400 && hits < 3600); /* the stream does exercise eviction */
+    assert_true(differ > 0);                /* and the mix is not just the split */
+    ikv_cache_destroy(a);
+    ikv_cache_destroy(b);
+    ikv_cache_destroy(v);
+}
+
 /* arc: a ghost hit in B1 grows p (T2's LRU goes instead of T1's), one in B2 shrinks it. */
 static void test_arc_adapts(void **st) {
     (void)st;
@@ -790,6 +843,8 @@ static void test_policy_params(void **st) {
         "s3fifo:approx=2", "value:ghost=-1",
         "s3fifo:size=0.1", "s3fifo:small",   "s3fifo:small=0.1,,x", "value:beta=1",
         "value:new=-1",    "value:smooth=0", "value:cost=x",        "value:lru2=1e9",
+        "value:mix=3",     "value:mix=0.5",  "value:split=0,mix=1", "value:lr=0",
+        "value:sample=0",
         "value:fork=0.5",  "value:fork=2",   "value:horizon=-1",
         "value:split=2",   "value:split=0.5", "value:t2in=3",       "value:tlfu=16",
         "value:t1key=2"};
@@ -1614,6 +1669,8 @@ int main(void) {
         cmocka_unit_test(test_sketch_counts_and_aging),
         cmocka_unit_test(test_value_tlfu),
         cmocka_unit_test(test_arc_adapts),
+        cmocka_unit_test(test_value_mix_regret),
+        cmocka_unit_test(test_value_mix_deterministic),
         cmocka_unit_test(test_policy_params),
         cmocka_unit_test(test_golden_mooncake),
     };

@@ -113,13 +113,27 @@
  * ghost lists (evicted unproven / proven) is hit was tried in both directions and lost to the
  * fixed default (2 M / 355: 0.33 and 0.416 against 0.419); removed.
  *
+ * Expert mix (mix=1 or 2, off by default; issue 15; LeCaR, Vietri et al., HotStorage'18;
+ * CACHEUS, Rodriguez et al., FAST'21): two experts propose a victim at every REPLACE, expert 0 the
+ * split's (T1's or T2's top) and expert 1 the single heap's, the smallest K (split=0's key,
+ * with its own horizon: K of the last victim) among `sample` evictable blocks drawn from both
+ * heaps with a seeded xorshift stream (no second heap position: the 24 bytes of policy fields
+ * are full). The victim is the proposal of the expert drawn by weight (mix=1) or of the
+ * heavier one (mix=2, expert 0 on a tie); where they differ its key goes to that expert's
+ * list of an exact ghost of c keys, and a miss found there multiplies that expert's weight by
+ * exp(-lr) (default 0.45, LeCaR's), renormalised, each >= 0.001. Measured and lost
+ * (docs/policies.md): the experts' penalties come out about equal, the weights swing, and
+ * each expert's evictions spoil the other's order (2M / 355: 0.408 against 0.427 split, 0.419
+ * single heap; synthetic B personal-first 100,000 users: 0.177 against 0.313 and 0.159).
+ *
  * Parameters: split (1 default, 0 = one heap), t1key (1 default; 0 = T1 by recency), t2key (0
  * default; 1 = T2 by K), t2in (0 default, 1, 2), tlfu (0 = off, default; 1..15), new (unproven
  * gap in mean gaps, default 4; 0 = no penalty), ghost (split=0 only; default 0), smooth (default
  * 0.5; 1 = last gap only), cost (default 0.1; 0 = cost ignored), lru2 (weight of gap(b) for
  * proven and inherited blocks, default 1; 0 orders them by recency alone), horizon (weight of
  * H, default 1; 0 = every gap counts in full), fork (1 = forks start unproven, default; 0 =
- * they inherit). value:split=0,new=0,lru2=0,cost=0 is LRU.
+ * they inherit), mix (0 default, 1, 2), lr (0.45), sample (16). value:split=0,new=0,lru2=0,cost=0
+ * is LRU.
  *
  * Node fields: pol.u32[0] = gap (float, time units; -1 = unproven), pol.u32[1] = cost per token
  * (float), pol.u32[3] = TAG when this policy wrote them (a block demoted from a tier run by
@@ -128,7 +142,8 @@
  * key of the last victim (for H; per class with split=1) besides gbar, ARC's p and counts.
  * Cost: O(log n) per event; split=1: 16 bytes of heap per block (one heap per class, each
  * sized for the whole tier) plus 24 of exact ghost; split=0: 8 bytes of heap; tlfu adds 4-8
- * bytes of sketch. Nothing allocated after create.
+ * bytes of sketch, mix 24 of expert ghost and O(sample) per eviction. Nothing allocated after
+ * create.
  */
 #include "../internal.h"
 #include "ghostq.h"
@@ -179,7 +194,21 @@ typedef struct value {
     /* frequency sketch (tlfu > 0): a block seen at least tlfu times before goes to T2 */
     double tlfu;
     ikv__sketch sk;
+    /* expert mix (mix > 0, split=1; LeCaR/CACHEUS style): expert 0 is the split's REPLACE,
+     * expert 1 the single heap's key K (split=0) over a sample of the evictable blocks */
+    double mix;    /* 0 off, 1 the expert drawn by weight, 2 the heavier expert */
+    double lr;     /* a ghost hit on expert e's eviction: w[e] *= exp(-lr) */
+    double sample; /* blocks sampled for expert 1 (all of them when fewer are queued) */
+    double w[2];   /* expert weights, w[0] + w[1] = 1, each >= W_MIN */
+    double kvs;    /* K (single-heap key) of the last victim: expert 1's horizon */
+    int have_kvs;
+    int pending_exp;     /* the expert whose choice the pending victim is (-1: both agreed) */
+    uint64_t rng;        /* xorshift64* state, fixed seed: runs are deterministic */
+    ikv__ghostq xg;      /* keys evicted by expert 0 (list 0) and by expert 1 (list 1) */
+    uint64_t mix_pen[2]; /* ghost hits charged to each expert (for tests and docs) */
 } value;
+
+#define W_MIN 0.001 /* an expert's weight never falls below this: it can win back */
 
 /* pol.u32[2] (split=1): bit 0 the class (T1 / T2), bits 3-4 t2in=2's record of children */
 #define SPL(n) ((n)->pol.u32[2])
@@ -220,6 +249,14 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "t2key")) return ikv__param_double("value", k, v, 0, 1, &p->t2key);
     if (!strcmp(k, "t1key")) return ikv__param_double("value", k, v, 0, 1, &p->t1key);
     if (!strcmp(k, "tlfu")) return ikv__param_double("value", k, v, 0, 15, &p->tlfu);
+    if (!strcmp(k, "mix")) {
+        int rc = ikv__param_double("value", k, v, 0, 2, &p->mix);
+        if (!rc && p->mix != 0 && p->mix != 1 && p->mix != 2)
+            rc = ikv_error(IKV_EPARAM, "value: mix=%s must be 0, 1 or 2", v);
+        return rc;
+    }
+    if (!strcmp(k, "lr")) return ikv__param_double("value", k, v, 0.001, 10, &p->lr);
+    if (!strcmp(k, "sample")) return ikv__param_double("value", k, v, 1, 1024, &p->sample);
     if (!strcmp(k, "fork")) {
         int rc = ikv__param_double("value", k, v, 0, 1, &p->fork);
         if (!rc && p->fork != 0 && p->fork != 1)
@@ -228,7 +265,7 @@ static int set_param(void *ctx, const char *k, const char *v) {
     }
     return ikv_error(IKV_EPARAM,
                      "value: unknown parameter '%s' (new, smooth, cost, lru2, horizon, fork, "
-                     "ghost, split, t2in, tlfu)",
+                     "ghost, split, t2in, tlfu, mix, lr, sample)",
                      k);
 }
 
@@ -244,7 +281,12 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
     p->split = 1;
     p->t1key = 1;
     p->t2key = 0;
+    p->lr = 0.45;
+    p->sample = 16;
     int rc = ikv__params_each(params, set_param, p);
+    if (!rc && p->mix > 0 && !p->split)
+        rc = ikv_error(IKV_EPARAM, "value: mix needs split=1 (it mixes the split with split=0)");
+    if (!rc && p->mix > 0 && ikv__ghostq_init(&p->xg, env->capacity)) rc = IKV_ENOMEM;
     if (!rc && ikv__heap_init(&p->hp.h, env)) rc = IKV_ENOMEM;
     if (!rc && (p->ghostw > 0 || p->split) && ikv__ghostq_init(&p->ghost, env->capacity))
         rc = IKV_ENOMEM;
@@ -255,9 +297,13 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
         ikv__heap_free(&p->h1);
         ikv__ghostq_free(&p->ghost);
         ikv__sketch_free(&p->sk);
+        ikv__ghostq_free(&p->xg);
         ikv_free(p);
         return rc;
     }
+    p->w[0] = p->w[1] = 0.5;
+    p->pending_exp = -1;
+    p->rng = 0x9e3779b97f4a7c15ull;
     p->c = env->capacity;
     p->x_from = -1;
 
@@ -280,6 +326,7 @@ static void value_destroy(void *s) {
     ikv__heap_free(&p->h1);
     ikv__ghostq_free(&p->ghost);
     ikv__sketch_free(&p->sk);
+    ikv__ghostq_free(&p->xg);
     ikv_free(p);
 }
 
@@ -310,6 +357,18 @@ static void value_miss(void *s, ikv_key k) {
         p->x = k;
         p->x_valid = 1;
         p->x_from = g;
+        if (p->mix > 0) {
+            /* LeCaR's regret: the expert that evicted k was wrong; move weight to the other */
+            int e = ikv__ghostq_take(&p->xg, k);
+            if (e >= 0) {
+                p->mix_pen[e]++;
+                p->w[e] *= exp(-p->lr);
+                double t = p->w[0] + p->w[1];
+                p->w[0] /= t, p->w[1] /= t;
+                for (int i = 0; i < 2; i++)
+                    if (p->w[i] < W_MIN) p->w[i] = W_MIN, p->w[!i] = 1 - W_MIN;
+            }
+        }
         return;
     }
     if (p->ghostw <= 0) return;
@@ -324,6 +383,8 @@ static void value_leave(void *s, uint32_t id) {
     if (p->split) {
         p->res[CLS(n)]--;
         if (id == p->pending && p->pending_ghost) ikv__ghostq_add(&p->ghost, n->key, (int)CLS(n));
+        if (id == p->pending && p->pending_exp >= 0)
+            ikv__ghostq_add(&p->xg, n->key, p->pending_exp);
     } else if (id == p->pending && p->ghostw > 0) {
         ikv__ghostq_add(&p->ghost, n->key, 0);
     }
@@ -466,7 +527,32 @@ static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         IKV__HKEY(n) = k;
 }
 
-/* The heap's top, remembering its key as the eviction frontier. O(1). */
+/* mix: a uniform number in [0, 1) from the policy's xorshift64* stream. */
+static double next_unit(value *p) {
+    p->rng ^= p->rng >> 12, p->rng ^= p->rng << 25, p->rng ^= p->rng >> 27;
+    return (double)((p->rng * 2685821657736338717ull) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+/* mix: the single heap's key K of a block (split=0's order), with expert 1's own horizon. */
+static double single_key(const value *p, ikv__node *n) {
+    return key_at(p, n, n->last, p->kvs, p->have_kvs);
+}
+
+/* mix: expert 1's victim, the block of smallest K among `sample` evictable blocks drawn
+ * uniformly from both heaps (all of them when no more are queued). O(sample). */
+static uint32_t single_pick(value *p) {
+    uint64_t n1 = p->h1.len, n = n1 + p->hp.h.len, s = (uint64_t)p->sample;
+    uint32_t best = IKV_NIL;
+    double bk = 0;
+    for (uint64_t i = 0; i < (n <= s ? n : s); i++) {
+        uint64_t r = n <= s ? i : (uint64_t)(next_unit(p) * (double)n) % n;
+        uint32_t id = r < n1 ? p->h1.slot[r].id : p->hp.h.slot[r - n1].id;
+        double k = single_key(p, &p->hp.nodes[id]);
+        if (best == IKV_NIL || k < bk || (k == bk && id < best)) best = id, bk = k;
+    }
+    return best;
+}
+
 /* split=1: ARC's REPLACE(x, p) over the two heaps (the other heap when the chosen one has no
  * evictable block). */
 static uint32_t replace(value *p) {
@@ -481,6 +567,17 @@ static uint32_t replace(value *p) {
         h = l == T1 ? &p->h1 : &p->hp.h;
     }
     uint32_t id = ikv__heap_top(h);
+    if (p->mix > 0 && id != IKV_NIL) {
+        uint32_t c1 = single_pick(p);
+        int e = p->mix == 2 ? p->w[1] > p->w[0] : next_unit(p) < p->w[1];
+        p->pending_exp = c1 == id ? -1 : e;
+        if (e == 1 && c1 != IKV_NIL) {
+            id = c1;
+            l = (int)CLS(&p->hp.nodes[id]);
+        }
+        p->kvs = single_key(p, &p->hp.nodes[id]);
+        p->have_kvs = 1;
+    }
     if (id != IKV_NIL && l == T2) {
         p->kv = IKV__HKEY(&p->hp.nodes[id]);
         p->have_kv = 1;
@@ -494,6 +591,7 @@ static uint32_t replace(value *p) {
 
 /* split=1: ARC's case IV directory rules (arc.c), then REPLACE. */
 static uint32_t split_victim(value *p) {
+    p->pending_exp = -1;
     if (p->x_valid && p->x_from >= 0) return replace(p);
     uint64_t t1 = p->res[T1], b1 = ikv__ghostq_len(&p->ghost, 0);
     uint64_t total = t1 + p->res[T2] + b1 + ikv__ghostq_len(&p->ghost, 1);
@@ -527,7 +625,7 @@ static uint32_t value_victim(void *s) {
 static size_t value_bytes(const void *s) {
     const value *p = s;
     return (size_t)(p->hp.h.cap + p->h1.cap) * sizeof(ikv__hslot) + ikv__ghostq_bytes(&p->ghost) +
-           ikv__sketch_bytes(&p->sk);
+           ikv__sketch_bytes(&p->sk) + ikv__ghostq_bytes(&p->xg);
 }
 
 /* Every queued block is on the heap of its class, and (split=1) the class counts, ARC's target
@@ -543,6 +641,10 @@ static int value_check(const void *s) {
         for (uint64_t i = 0; i < h->len; i++)
             if (CLS(&p->hp.nodes[h->slot[i].id]) != (uint32_t)l) return 0;
     }
+    if (p->mix > 0 && !(p->w[0] >= W_MIN && p->w[1] >= W_MIN &&
+                        fabs(p->w[0] + p->w[1] - 1) < 1e-9 && ikv__ghostq_check(&p->xg) &&
+                        ikv__ghostq_len(&p->xg, 0) + ikv__ghostq_len(&p->xg, 1) <= p->c))
+        return 0;
     return p->res[T1] + p->res[T2] <= p->c && p->p >= 0 && p->p <= (double)p->c &&
            ikv__ghostq_check(&p->ghost) && (p->tlfu <= 0 || ikv__sketch_check(&p->sk));
 }
