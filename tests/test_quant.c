@@ -182,7 +182,7 @@ static void test_kernels_vs_oracle(void **st) {
         int8_t *aq = malloc(M * K);
         uint8_t *aa = malloc(M * K);
         float *as = malloc(sizeof(float) * M * K);
-        for (int lv = 0; lv <= 2; lv++) {
+        for (int lv = 0; lv <= 3; lv++) {
             ikv__q8_simd_force(lv);
             for (size_t i = 0; i < M; i++) {
                 ikv__q8act a = {aq + i * K, aa + i * K, as + i * K / (size_t)gs};
@@ -621,7 +621,7 @@ static void test_q8_levels_end_to_end(void **st) {
     uint32_t p[N];
     make_prompt(p, N, 3, (uint32_t)V);
     float *ref = NULL;
-    for (int lv = 2; lv >= 0; lv--) {
+    for (int lv = 3; lv >= 0; lv--) {
         ikv__q8_simd_force(lv);
         ikv_engine *e;
         assert_int_equal(ikv_engine_create(m, NULL, &e), 0);
@@ -700,6 +700,116 @@ static void test_q8_batched_decode(void **st) {
         free(solo);
         ikv_engine_destroy(e);
     }
+    ikv_model_destroy(m);
+}
+
+/* ---- runq.c's attention, SwiGLU and expf (runq_ops.c) ---------------------------------------- */
+
+/* The expf of the int8 path (16 lanes where the CPU has AVX-512) is libm's, bit for bit: every
+ * 61st float of [-105, 90] (36 million values; the whole range was checked once, see
+ * runq_ops.c), plus values next to the ends of its range, zeros, infinities and NaN. */
+static void test_runq_expf(void **st) {
+    (void)st;
+    enum { B = 4096 };
+    static float in[B], out[B];
+    size_t k = 0, total = 0;
+    const float special[] = {0.0f,       -0.0f,  INFINITY,  -INFINITY, NAN,     -87.0f,  -87.00001f,
+                             -86.99999f, 88.0f,  88.00001f, 87.99999f, -103.9f, -104.5f, 88.7f,
+                             89.0f,      1e-30f, -1e-30f,   1e-45f,    -1e-45f};
+    for (size_t i = 0; i < sizeof special / sizeof special[0]; i++)
+        in[k++] = special[i];
+    for (int sign = 0; sign < 2; sign++)
+        for (uint64_t b = 0; b <= 0x7f800000u; b += 61) {
+            uint32_t u = (uint32_t)b | (sign ? 0x80000000u : 0u);
+            float f;
+            memcpy(&f, &u, 4);
+            if (f < -105.0f || f > 90.0f) continue;
+            in[k++] = f;
+            if (k == B) {
+                memcpy(out, in, sizeof in);
+                ikv__runq_expf_buf(out, k);
+                for (size_t i = 0; i < k; i++) {
+                    const float r = expf(in[i]);
+                    if (isnan(r) ? !isnan(out[i]) : memcmp(&r, &out[i], 4) != 0)
+                        fail_msg("expf(%a): libm %a, int8 path %a", (double)in[i], (double)r,
+                                 (double)out[i]);
+                }
+                total += k, k = 0;
+            }
+        }
+    assert_true(total > 30000000);
+}
+
+/* SwiGLU of the int8 path is runq.c's loop, bit for bit, on every lane and the tail. */
+static void test_runq_swiglu(void **st) {
+    (void)st;
+    enum { N = 203 };
+    float hb[N], hb2[N], ref[N];
+    uint64_t r = 77;
+    for (int i = 0; i < N; i++) {
+        hb[i] = (float)((double)(rng(&r) % 2000001) / 1e5 - 10.0);
+        hb2[i] = (float)((double)(rng(&r) % 2000001) / 1e5 - 10.0);
+    }
+    hb[3] = 0.0f, hb[4] = -0.0f, hb[5] = 100.0f, hb[6] = -100.0f, hb[7] = 89.0f, hb[8] = -89.0f;
+    for (int i = 0; i < N; i++) {
+        float val = hb[i];
+        val *= (1.0f / (1.0f + expf(-val)));
+        val *= hb2[i];
+        ref[i] = val;
+    }
+    ikv__runq_swiglu(hb, hb2, N);
+    assert_memory_equal(hb, ref, sizeof ref);
+}
+
+/* With int8 weights every position gets runq.c's arithmetic whichever pass computes it: the
+ * logits of a 150-token prefill (three tiles, the last partial; grouped-query heads) equal, row
+ * for row and bit for bit, those of one token prefilled and the other 149 decoded one at a time;
+ * at 1 and 2 threads, with the vector attention/exp kernels and with the scalar loops. */
+static void test_q8_prefill_equals_decode(void **st) {
+    (void)st;
+    ikv_model_config c = wide();
+    ikv_model *f, *m;
+    assert_int_equal(ikv_model_random(&c, 17, &f), 0);
+    assert_int_equal(ikv_model_quantize(f, 32, &m), 0);
+    ikv_model_destroy(f);
+    enum { N = 150 };
+    const int V = c.vocab_size;
+    uint32_t p[N];
+    make_prompt(p, N, 9, (uint32_t)V);
+    float *ref = NULL;
+    for (int avx = 1; avx >= 0; avx--)
+        for (int th = 1; th <= 2; th++) {
+            ikv__simd_force(avx);
+            ikv_engine_options o;
+            ikv_engine_options_default(&o);
+            o.threads = th;
+            ikv_engine *e;
+            assert_int_equal(ikv_engine_create(m, &o, &e), 0);
+            size_t cached;
+            float *pf = run_req(e, p, N, 1, 0, &cached);
+            if (!ref)
+                ref = pf;
+            else {
+                assert_memory_equal(pf, ref, sizeof(float) * N * (size_t)V);
+                free(pf);
+            }
+            ikv_request rq = {.tokens = p, .n = 1, .no_cache = 1};
+            ikv_seq *s;
+            ikv_prefill_info info;
+            assert_int_equal(ikv_engine_begin(e, &rq, &s, &info), 0);
+            assert_memory_equal(ikv_seq_logits(s), ref, sizeof(float) * (size_t)V);
+            for (size_t i = 1; i < N; i++) {
+                const float *l;
+                assert_int_equal(ikv_engine_decode(e, s, p[i], &l), 0);
+                if (memcmp(l, ref + i * (size_t)V, sizeof(float) * (size_t)V))
+                    fail_msg("position %zu (avx %d, %d thread(s)): decode differs from prefill", i,
+                             avx, th);
+            }
+            ikv_engine_end(e, s);
+            ikv_engine_destroy(e);
+        }
+    ikv__simd_force(-1);
+    free(ref);
     ikv_model_destroy(m);
 }
 
@@ -810,7 +920,9 @@ int main(void) {
         cmocka_unit_test(test_kernels_vs_oracle),   cmocka_unit_test(test_v2_loader_rejects),
         cmocka_unit_test(test_quantize_roundtrip),  cmocka_unit_test(test_quantize_cli),
         cmocka_unit_test(test_q8_exact_with_cache), cmocka_unit_test(test_q8_levels_end_to_end),
-        cmocka_unit_test(test_q8_batched_decode),   cmocka_unit_test(test_runq_parity),
+        cmocka_unit_test(test_q8_batched_decode),   cmocka_unit_test(test_runq_expf),
+        cmocka_unit_test(test_runq_swiglu),         cmocka_unit_test(test_q8_prefill_equals_decode),
+        cmocka_unit_test(test_runq_parity),
     };
     return cmocka_run_group_tests(tests, setup_all, teardown_all);
 }

@@ -1215,6 +1215,21 @@ static void pf_attn(void *vc, int t, int P) {
             memcpy(ikv__kv_at(e, b, l, 1, g, slot), vv + i * (size_t)kvd + (size_t)g * H,
                    sizeof(float) * H);
         }
+        if (m->gs) { /* int8 model: runq.c's attention, row by row (runq_ops.c) */
+            for (int j = 0; j < kvmul; j++) {
+                const size_t hoff = (size_t)(g * kvmul + j) * H;
+                for (size_t i = 0; i < (size_t)T; i++)
+                    if (t0 + i < lo || t0 + i >= hi)
+                        memset(att + i * (size_t)qd + hoff, 0, sizeof(float) * H);
+                for (size_t p = lo; p < hi; p += 16) {
+                    const int nr = hi - p < 16 ? (int)(hi - p) : 16;
+                    ikv__runq_attn_rows(e, c->s, l, g, q + (p - t0) * (size_t)qd + hoff,
+                                        (size_t)qd, p, nr, att + (p - t0) * (size_t)qd + hoff,
+                                        (size_t)qd, S, e->S_rows * e->Lmax);
+                }
+            }
+            continue;
+        }
         float *kc = e->Kc + gi * e->Lmax * H, *vc2 = e->Vc + gi * e->Lmax * H;
         for (size_t p0 = 0; p0 < hi; p0 += bt) {
             size_t cnt = hi - p0 < bt ? hi - p0 : bt;
@@ -1288,7 +1303,8 @@ static void pf_ffn13(void *vc, int t, int P) {
     proj pc[3];
     proj_run(e, PROJ_W13, c->l, t, P, c->r0, c->r1, pc);
     for (size_t i = c->r0; i < c->r1; i++)
-        swiglu(e->hb + i * H + pc[0].n0, e->hb2 + i * H + pc[0].n0, pc[0].n1 - pc[0].n0);
+        (e->m->gs ? ikv__runq_swiglu : swiglu)(e->hb + i * H + pc[0].n0, e->hb2 + i * H + pc[0].n0,
+                                               pc[0].n1 - pc[0].n0);
 }
 
 /* Columns of dim split: x += hb W2^T on this thread's columns. */
@@ -1573,6 +1589,22 @@ static void dc_attn(void *vc, int t, int P) {
     }
 }
 
+/* Int8 model: query heads split (a thread's heads of every batch row), runq.c's attention
+ * (runq_ops.c) straight into att[b] (no chunks, no merge). */
+static void dc_attn_runq(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, qd = (size_t)m->q_dim;
+    float *sc = e->S + (size_t)t * e->S_rows * e->Lmax;
+    size_t h0, h1;
+    part(nh, t, P, 1, &h0, &h1);
+    IKV_ASSERT((h1 - h0) * e->Lmax <= e->S_rows * e->Lmax);
+    for (size_t b = 0; b < c->nb && h1 > h0; b++)
+        ikv__runq_attn_heads(e, e->dseq[b], c->l, (int)h0, (int)h1, e->dq + b * qd + h0 * H,
+                             e->dpos[b], sc, e->datt + b * qd + h0 * H);
+}
+
 /* att_h = sum_c O_c e^(M_c - M) / sum_c L_c e^(M_c - M), M = max_c M_c, over the chunks
  * part[0..nch) of dc_attn in order, for every query head h, into out [n_heads][head_dim]. */
 static void attn_merge(const struct ikv_engine *e, const float *part_, size_t nch, float *out) {
@@ -1638,7 +1670,7 @@ static void dc_ffn13(void *vc, int t, int P) {
     linear(e, t, IKV__QM_1, c->l, e->dxn, D, &xa, c->nb, e->dhb, Hd, a, b);
     linear(e, t, IKV__QM_3, c->l, e->dxn, D, &xa, c->nb, e->dhb2, Hd, a, b);
     for (size_t i = 0; i < c->nb; i++)
-        swiglu(e->dhb + i * Hd + a, e->dhb2 + i * Hd + a, b - a);
+        (m->gs ? ikv__runq_swiglu : swiglu)(e->dhb + i * Hd + a, e->dhb2 + i * Hd + a, b - a);
 }
 
 /* Rows of dim split: x[b] += W2 hb[b] on this thread's rows. */
@@ -1706,8 +1738,12 @@ void ikv__decode_batch(struct ikv_engine *e, size_t nb) {
         c.xrow = m->w.rms_att + (size_t)c.l * D;
         region(e, inl, dc_norm, &c);
         region(e, inl, dc_qkv, &c);
-        region(e, inl, dc_attn, &c);
-        region(e, inl, dc_merge, &c);
+        if (m->gs) {
+            region(e, inl, dc_attn_runq, &c);
+        } else {
+            region(e, inl, dc_attn, &c);
+            region(e, inl, dc_merge, &c);
+        }
         region(e, inl, dc_wo, &c);
         c.xrow = m->w.rms_ffn + (size_t)c.l * D;
         region(e, inl, dc_norm, &c);

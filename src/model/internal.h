@@ -131,13 +131,16 @@ void ikv__q8_prefill_force(int mode);
  * (runq.c's dequantize). Does not allocate. */
 void ikv__q8_dequant_rows(const struct ikv_model *m, int k, int l, size_t r0, size_t r1,
                           float *out);
-/* Forces the int8 kernels: 0 portable C, 1 AVX2, 2 AVX-512 VNNI (256-bit), or -1 detection
- * (the best the CPU has). A level the CPU lacks falls back to the best below it. Tests only,
- * before any engine runs. Not thread-safe. */
+/* Forces the int8 kernels: 0 portable C, 1 AVX2, 2 AVX-512 VNNI with 512-bit matrix-product
+ * kernels, 3 the same on 256-bit vectors, or -1 detection (the default width where the CPU has
+ * VNNI). A level the CPU lacks falls back to the best below it. Tests only, before any engine
+ * runs. Not thread-safe. */
 void ikv__q8_simd_force(int level);
-/* The kernel level in use (0, 1, 2) and its name ("portable", "avx2", "avx512-vnni"). */
+/* The kernel level in use (0..3) and its name ("portable", "avx2", "avx512-vnni",
+ * "avx512-vnni-256"); the highest level this CPU can take. */
 int ikv__q8_simd_level(void);
 const char *ikv__q8_simd_name(void);
+int ikv__q8_simd_max(void);
 
 /* One thread's packed share of a weight matrix: rows [n0, n1) at q8pack + off (n1 == n0: none). */
 typedef struct ikv__q8slice {
@@ -418,5 +421,26 @@ int ikv__use_avx2(void);
 void ikv__simd_force(int avx2);
 /* Fills the RoPE tables. */
 void ikv__rope_init(struct ikv_engine *e);
+
+/* runq.c's arithmetic for int8 models (runq_ops.c): hb = silu(hb) * hb2 with libm's expf, and
+ * one query head's attention at position pos (keys/values 0..pos of kv head g, layer l, through
+ * s->table) into out[head_dim], att[pos + 1] being scratch. Bits depend only on the inputs. */
+void ikv__runq_swiglu(float *hb, const float *hb2, size_t n);
+void ikv__runq_attn_head(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g,
+                         const float *q, size_t pos, float *att, float *out);
+/* ikv__runq_attn_head for query heads [h0, h1) at q (head h0's query; head_dim apart) into out
+ * (likewise), reading each block's keys of all those heads in one run; att: (h1 - h0) (pos + 1)
+ * floats of scratch. The same bits per head as ikv__runq_attn_head. */
+void ikv__runq_attn_heads(const struct ikv_engine *e, const struct ikv_seq *s, int l, int h0,
+                          int h1, const float *q, size_t pos, float *att, float *out);
+/* ikv__runq_attn_head for nr <= 16 consecutive rows: query r at q + r ldq is at position p0 + r,
+ * its output goes to out + r ldo (the same bits as the row alone). sc: sc_floats of scratch. */
+void ikv__runq_attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g,
+                         const float *q, size_t ldq, size_t p0, int nr, float *out, size_t ldo,
+                         float *sc, size_t sc_floats);
+/* x[i] = expf(x[i]) by the path the functions above take (exp16 where the CPU has AVX-512, which
+ * must equal libm's expf on every input; tests), and whether that is the vector path. */
+void ikv__runq_expf_buf(float *x, size_t n);
+int ikv__runq_vector_exp(void);
 
 #endif

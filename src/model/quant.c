@@ -29,6 +29,7 @@
 #include "internal.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -38,18 +39,24 @@
 
 static int q8_level = -1;
 
-/* The best level this CPU has: 2 if AVX-512 VNNI and VL (and AVX2), 1 if AVX2, else 0. */
+/* The highest level this CPU has: 3 (and 2) if AVX-512 VNNI and VL (and AVX2), 1 if AVX2,
+ * else 0. Levels: 0 portable, 1 AVX2, 2 VNNI on 512-bit vectors (16-row blocks), 3 VNNI on
+ * 256-bit vectors (8-row blocks); 2 and 3 are the same instructions at two widths. */
 static int detect(void) {
 #ifdef HAVE_X86_SIMD
     if (!__builtin_cpu_supports("avx2")) return 0;
     if (__builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512f"))
-        return 2;
+        return 3;
     return 1;
 #else
     return 0;
 #endif
 }
+
+/* The level a process takes by default: with VNNI, the width that measured faster here for
+ * these row lengths (docs/engine.md, "Int8 weights"): Q8_VNNI_DEFAULT. */
+#define Q8_VNNI_DEFAULT 2
 
 void ikv__q8_simd_force(int level) {
     int best = detect();
@@ -57,12 +64,22 @@ void ikv__q8_simd_force(int level) {
 }
 
 int ikv__q8_simd_level(void) {
-    if (q8_level < 0) q8_level = detect();
+    if (q8_level < 0) {
+        int best = detect();
+        /* IKV_Q8_VNNI=256|512 picks the width (for measuring one against the other) */
+        const char *w = getenv("IKV_Q8_VNNI");
+        int dflt = w && !strcmp(w, "256") ? 3 : w && !strcmp(w, "512") ? 2 : Q8_VNNI_DEFAULT;
+        q8_level = best == 3 ? dflt : best;
+    }
     return q8_level;
 }
 
+int ikv__q8_simd_max(void) {
+    return detect();
+}
+
 const char *ikv__q8_simd_name(void) {
-    static const char *names[] = {"portable", "avx2", "avx512-vnni"};
+    static const char *names[] = {"portable", "avx2", "avx512-vnni", "avx512-vnni-256"};
     return names[ikv__q8_simd_level()];
 }
 
@@ -282,7 +299,7 @@ void ikv__q8_matvec(const struct ikv_model *m, int k, int l, const ikv__q8act *x
 #ifdef HAVE_X86_SIMD
     if (m->gs % 32 == 0) {
         int lv = ikv__q8_simd_level();
-        if (lv == 2) {
+        if (lv >= 2) {
             matvec_vnni(W, S, K, m->gs, x, y, r0, r1);
             return;
         }
@@ -402,42 +419,43 @@ GEMM_KERNEL(gemm_avx2, "avx2", PDOT_AVX2)
 #undef GEMM_KERNEL
 
 /* The VNNI path on 512-bit vectors: blocks of 16 rows ([g][k4][16 rows][4 bytes], then the 16
- * rows' scales per group, then 128 * (sum of the group's weights) per row and group as int32),
- * and the unsigned operand is q + 128 (the activation byte with its top bit flipped), so no
- * sign step: sum((q + 128) w) - 128 sum(w) = sum(q w), exact in int32. */
+ * rows' scales per group, then -128 * (sum of the group's weights) per row and group as int32,
+ * where a group's accumulators start), and the unsigned operand is q + 128 (the activation byte
+ * with its top bit flipped), so no sign step: sum((q + 128) w) - 128 sum(w) = sum(q w), exact in
+ * int32. R = 16 for the 512-bit kernel, 8 for the 256-bit one. */
 static void pack_rows16(const int8_t *W, const uint8_t *S, size_t K, int gs, size_t n0, size_t n1,
-                        uint8_t *pk) {
-    const size_t ng = K / (size_t)gs, nblk = (n1 - n0 + 15) / 16, bs = 16 * K + 128 * ng;
+                        uint8_t *pk, size_t R) {
+    const size_t ng = K / (size_t)gs, nblk = (n1 - n0 + R - 1) / R, bs = R * K + 8 * R * ng;
     for (size_t b = 0; b < nblk; b++) {
         uint8_t *o = pk + b * bs;
-        for (size_t j = 0; j < 16; j++) {
-            const size_t r = n0 + b * 16 + j;
+        for (size_t j = 0; j < R; j++) {
+            const size_t r = n0 + b * R + j;
             const int8_t *w = W + r * K;
             for (size_t g = 0; g < ng; g++) {
                 int32_t sum = 0;
                 for (size_t k = 0; k < (size_t)gs; k += 4) {
                     const size_t k4 = (g * (size_t)gs + k) / 4;
                     if (r < n1) {
-                        memcpy(o + k4 * 64 + j * 4, w + k4 * 4, 4);
+                        memcpy(o + k4 * 4 * R + j * 4, w + k4 * 4, 4);
                         for (int u = 0; u < 4; u++)
                             sum += w[k4 * 4 + (size_t)u];
                     } else {
-                        memset(o + k4 * 64 + j * 4, 0, 4);
+                        memset(o + k4 * 4 * R + j * 4, 0, 4);
                     }
                 }
-                int32_t s128 = 128 * sum;
+                int32_t s128 = -128 * sum; /* the accumulators start from it */
                 if (r < n1)
-                    memcpy(o + 16 * K + (g * 16 + j) * 4, S + 4 * (r * ng + g), 4);
+                    memcpy(o + R * K + (g * R + j) * 4, S + 4 * (r * ng + g), 4);
                 else
-                    memset(o + 16 * K + (g * 16 + j) * 4, 0, 4);
-                memcpy(o + 16 * K + 64 * ng + (g * 16 + j) * 4, &s128, 4);
+                    memset(o + R * K + (g * R + j) * 4, 0, 4);
+                memcpy(o + R * K + 4 * R * ng + (g * R + j) * 4, &s128, 4);
             }
         }
     }
 }
 
-static size_t ikv__q8_pack_bytes16(size_t rows, size_t K, int gs) {
-    return (rows + 15) / 16 * (16 * K + 128 * (K / (size_t)gs));
+static size_t ikv__q8_pack_bytes16(size_t rows, size_t K, int gs, size_t R) {
+    return (rows + R - 1) / R * (R * K + 8 * R * (K / (size_t)gs));
 }
 
 /* Rows [0, M) of the activations against nb <= 4 blocks of 16 rows at pk (block stride bs). */
@@ -451,7 +469,13 @@ gemm_vnni512(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ik
         const float *xs = x->s + i * ng;
         __m512 v0 = _mm512_setzero_ps(), v1 = v0, v2 = v0, v3 = v0;
         for (size_t g = 0; g < ng; g++) {
-            __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
+            /* each lane starts at -128 sum(w) of its row and group: after the steps it holds
+             * sum((q + 128) w) - 128 sum(w) = I exactly */
+            const uint8_t *ws = pk + 16 * K + g * 64, *w128 = pk + 16 * K + 64 * ng + g * 64;
+            __m512i a0 = _mm512_loadu_si512(w128), a1 = _mm512_setzero_si512(), a2 = a1, a3 = a1;
+            if (nb > 1) a1 = _mm512_loadu_si512(w128 + bs);
+            if (nb > 2) a2 = _mm512_loadu_si512(w128 + 2 * bs);
+            if (nb > 3) a3 = _mm512_loadu_si512(w128 + 3 * bs);
             const uint8_t *w = pk + g * G4 * 64;
             for (size_t k4 = 0; k4 < G4; k4++) {
                 int32_t q4;
@@ -464,12 +488,9 @@ gemm_vnni512(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ik
                 if (nb > 3) a3 = _mm512_dpbusd_epi32(a3, u4, _mm512_loadu_si512(wk + 3 * bs));
             }
             const __m512 sx = _mm512_set1_ps(xs[g]);
-            const uint8_t *ws = pk + 16 * K + g * 64, *w128 = pk + 16 * K + 64 * ng + g * 64;
 #define EPI(v, a, o)                                                                               \
-    v = _mm512_add_ps(v, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(          \
-                                                         a, _mm512_loadu_si512(w128 + (o)))),      \
-                                                     _mm512_loadu_ps(ws + (o))),                   \
-                                       sx))
+    v = _mm512_add_ps(                                                                             \
+        v, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_loadu_ps(ws + (o))), sx))
             EPI(v0, a0, 0);
             if (nb > 1) EPI(v1, a1, bs);
             if (nb > 2) EPI(v2, a2, 2 * bs);
@@ -484,6 +505,81 @@ gemm_vnni512(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ik
             y[c0 + j] = t[j];
     }
 }
+
+/* gemm_vnni512 on 256-bit vectors (AVX-512 VL): blocks of 8 rows in pack_rows16's layout with
+ * R = 8, nb <= 8 blocks per call (64 rows, as the 512-bit kernel's 4 x 16). The same integer
+ * sums and the same float steps per row, so the same bits. */
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void
+gemm_vnni256(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ikv__q8act *x,
+             size_t M, float *Y, size_t ldy, size_t c0, size_t c1) {
+    const size_t ng = K / (size_t)gs, G4 = (size_t)gs / 4;
+    const __m256i flip = _mm256_set1_epi32((int32_t)0x80808080u);
+    for (size_t i = 0; i < M; i++) {
+        const int8_t *xq = x->q + i * K;
+        const float *xs = x->s + i * ng;
+        __m256 v0 = _mm256_setzero_ps(), v1 = v0, v2 = v0, v3 = v0, v4 = v0, v5 = v0, v6 = v0,
+               v7 = v0;
+        for (size_t g = 0; g < ng; g++) {
+            const uint8_t *ws = pk + 8 * K + g * 32, *w128 = pk + 8 * K + 32 * ng + g * 32;
+            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
+                    a6 = a0, a7 = a0;
+#define INIT(a, b_)                                                                                \
+    if (nb > (b_)) a = _mm256_loadu_si256((const __m256i *)(w128 + (b_)*bs))
+            INIT(a0, 0);
+            INIT(a1, 1);
+            INIT(a2, 2);
+            INIT(a3, 3);
+            INIT(a4, 4);
+            INIT(a5, 5);
+            INIT(a6, 6);
+            INIT(a7, 7);
+#undef INIT
+            const uint8_t *w = pk + g * G4 * 32;
+            for (size_t k4 = 0; k4 < G4; k4++) {
+                int32_t q4;
+                memcpy(&q4, xq + (g * G4 + k4) * 4, 4);
+                const __m256i u4 = _mm256_xor_si256(_mm256_set1_epi32(q4), flip);
+                const uint8_t *wk = w + k4 * 32;
+#define DP(a, b_)                                                                                  \
+    if (nb > (b_))                                                                                 \
+    a = _mm256_dpbusd_epi32(a, u4, _mm256_loadu_si256((const __m256i *)(wk + (b_)*bs)))
+                DP(a0, 0);
+                DP(a1, 1);
+                DP(a2, 2);
+                DP(a3, 3);
+                DP(a4, 4);
+                DP(a5, 5);
+                DP(a6, 6);
+                DP(a7, 7);
+#undef DP
+            }
+            const __m256 sx = _mm256_set1_ps(xs[g]);
+#define EPI(v, a, b_)                                                                              \
+    if (nb > (b_))                                                                                 \
+    v = _mm256_add_ps(                                                                             \
+        v,                                                                                         \
+        _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a),                                         \
+                                    _mm256_loadu_ps((const float *)(const void *)(ws + (b_)*bs))), \
+                      sx))
+            EPI(v0, a0, 0);
+            EPI(v1, a1, 1);
+            EPI(v2, a2, 2);
+            EPI(v3, a3, 3);
+            EPI(v4, a4, 4);
+            EPI(v5, a5, 5);
+            EPI(v6, a6, 6);
+            EPI(v7, a7, 7);
+#undef EPI
+        }
+        float t[64];
+        _mm256_storeu_ps(t, v0), _mm256_storeu_ps(t + 8, v1), _mm256_storeu_ps(t + 16, v2);
+        _mm256_storeu_ps(t + 24, v3), _mm256_storeu_ps(t + 32, v4), _mm256_storeu_ps(t + 40, v5);
+        _mm256_storeu_ps(t + 48, v6), _mm256_storeu_ps(t + 56, v7);
+        float *y = Y + i * ldy;
+        for (size_t j = 0; j < 8 * nb && c0 + j < c1; j++)
+            y[c0 + j] = t[j];
+    }
+}
 #endif
 
 size_t ikv__q8_pack(const struct ikv_model *m, int k, int l, size_t n0, size_t n1, uint8_t *out) {
@@ -491,9 +587,10 @@ size_t ikv__q8_pack(const struct ikv_model *m, int k, int l, size_t n0, size_t n
     const int lv = ikv__q8_simd_level();
     if (lv == 0 || m->gs % 4 || n1 <= n0) return 0;
 #ifdef HAVE_X86_SIMD
-    if (lv == 2) {
-        if (out) pack_rows16(ikv__qm_q(m, k, l), ikv__qm_s(m, k, l), K, m->gs, n0, n1, out);
-        return ikv__q8_pack_bytes16(n1 - n0, K, m->gs);
+    if (lv >= 2) {
+        const size_t R = lv == 2 ? 16 : 8;
+        if (out) pack_rows16(ikv__qm_q(m, k, l), ikv__qm_s(m, k, l), K, m->gs, n0, n1, out, R);
+        return ikv__q8_pack_bytes16(n1 - n0, K, m->gs, R);
     }
     if (out) pack_rows(ikv__qm_q(m, k, l), ikv__qm_s(m, k, l), K, m->gs, n0, n1, out);
     return (n1 - n0 + 7) / 8 * (8 * K + 32 * (K / (size_t)m->gs));
@@ -520,6 +617,14 @@ void ikv__q8_gemm(const struct ikv_model *m, int k, int l, const float *X, size_
         for (size_t b = 0; b < nblk; b += 4) {
             const size_t nb = nblk - b < 4 ? nblk - b : 4;
             gemm_vnni512(packed + b * bs, bs, nb, K, m->gs, buf, M, Y, ldy, n0 + b * 16, n1);
+        }
+        return;
+    }
+    if (lv == 3 && packed) {
+        const size_t bs = 8 * K + 64 * ng, nblk = (n1 - n0 + 7) / 8;
+        for (size_t b = 0; b < nblk; b += 8) {
+            const size_t nb = nblk - b < 8 ? nblk - b : 8;
+            gemm_vnni256(packed + b * bs, bs, nb, K, m->gs, buf, M, Y, ldy, n0 + b * 8, n1);
         }
         return;
     }
@@ -552,6 +657,15 @@ int ikv__q8_linear_packed(const struct ikv_model *m, int k, const uint8_t *packe
         for (size_t b = 0; b < nblk; b += 4) {
             const size_t nb = nblk - b < 4 ? nblk - b : 4;
             gemm_vnni512(p + b * bs, bs, nb, K, m->gs, x, M, Y, ldy, r0 + b * 16, r1);
+        }
+        return 1;
+    }
+    if (lv == 3 && (r0 - pn0) % 8 == 0) {
+        const size_t bs = 8 * K + 64 * ng, nblk = (r1 - r0 + 7) / 8;
+        const uint8_t *p = packed + (r0 - pn0) / 8 * bs;
+        for (size_t b = 0; b < nblk; b += 8) {
+            const size_t nb = nblk - b < 8 ? nblk - b : 8;
+            gemm_vnni256(p + b * bs, bs, nb, K, m->gs, x, M, Y, ldy, r0 + b * 8, r1);
         }
         return 1;
     }

@@ -656,6 +656,9 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
     r->spec.semantic = r->spec.semantic && r->lv.rcache;
 
     if (segs) {
+        if (!s->chunks)
+            BAD("isokv.segments", "isokv.segments needs fp32 weights; this server's model is "
+                                  "int8 (chunk reuse blends fp32 products)");
         if (cJSON_GetObjectItemCaseSensitive(j, chat ? "messages" : "prompt"))
             BAD("isokv.segments", "isokv.segments replaces %s: give one of them",
                 chat ? "messages" : "prompt");
@@ -672,6 +675,9 @@ static int parse_request(ikv_serve *s, conn *cx, int chat, srq *r, int which, in
             if (cJSON_GetObjectItemCaseSensitive(m, "isokv")) from_messages = 1;
     }
     if (from_messages) {
+        if (!s->chunks)
+            BAD("messages", "messages as segments (isokv flags) need fp32 weights; this server's "
+                            "model is int8 (chunk reuse blends fp32 products)");
         char sm[256];
         const char *bad_param = "messages";
         int sr = messages_segments(s, cJSON_GetObjectItemCaseSensitive(j, "messages"), r, sm,
@@ -1600,7 +1606,11 @@ int ikv_serve_create(const ikv_serve_options *oin, ikv_serve **out) {
                 break;
             }
     }
-    if ((rc = ikv_chunks_create(s->engine, NULL, &s->chunks))) goto fail;
+    /* chunk reuse (isokv.segments) blends fp32 products: fp32 models only; an int8 model's
+     * server answers such requests 400 */
+    if (!ikv_model_group(ikv_engine_model(s->engine)) &&
+        (rc = ikv_chunks_create(s->engine, NULL, &s->chunks)))
+        goto fail;
     s->running = ikv_calloc(o.max_seqs, sizeof *s->running);
     s->blend_list = ikv_calloc(o.max_seqs, sizeof *s->blend_list);
     s->logit_scratch = ikv_calloc(s->vocab, sizeof(float));
