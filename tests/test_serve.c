@@ -1488,8 +1488,9 @@ static void test_route_priority(void **st) {
     for (int i = 0; i < 5; i++) {
         h[i] = prep(TR.port, "POST", "/v1/completions", NULL, bodies[i], &r[i], &hs[i]);
         curl_multi_add_handle(m, h[i]);
-        /* let the server queue it before the next: the blocker's prompts, then each simple */
-        for (int w = 0; w < 200; w++) {
+        /* let the server queue it before the next: the blocker's prompts, then each simple
+         * (bounded at 2000 polls of >= 5 ms: a loaded ASan run needed more than 200) */
+        for (int w = 0; w < 2000; w++) {
             curl_multi_perform(m, &running);
             curl_multi_poll(m, NULL, 0, 5, NULL);
             double q = metric(TR.port, "isokv_queued_requests");
