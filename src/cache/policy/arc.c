@@ -111,17 +111,7 @@ static void arc_destroy(void *s) {
  * they were before. Case IV (not found) changes nothing yet. */
 static void arc_miss(void *s, ikv_key k) {
     arc *p = s;
-    int g = ikv__ghostq_take(&p->ghost, k);
-    double b1 = (double)ikv__ghostq_len(&p->ghost, 0) + (g == 0);
-    double b2 = (double)ikv__ghostq_len(&p->ghost, 1) + (g == 1);
-    double c = (double)p->c;
-    if (g == 0) {
-        double d = b2 / b1 > 1.0 ? b2 / b1 : 1.0;
-        p->p = p->p + d < c ? p->p + d : c;
-    } else if (g == 1) {
-        double d = b1 / b2 > 1.0 ? b1 / b2 : 1.0;
-        p->p = p->p - d > 0 ? p->p - d : 0;
-    }
+    int g = ikv__ghostq_arc_adapt(&p->ghost, k, (double)p->c, &p->p);
     p->x = k;
     p->x_valid = 1;
     p->x_from = g;

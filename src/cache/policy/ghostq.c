@@ -151,3 +151,17 @@ int ikv__ghostq_check(const ikv__ghostq *g) {
         }
     return chained == listed;
 }
+
+int ikv__ghostq_arc_adapt(ikv__ghostq *g, ikv_key k, double c, double *p) {
+    int l = ikv__ghostq_take(g, k);
+    double b1 = (double)ikv__ghostq_len(g, 0) + (l == 0);
+    double b2 = (double)ikv__ghostq_len(g, 1) + (l == 1);
+    if (l == 0) {
+        double d = b2 / b1 > 1.0 ? b2 / b1 : 1.0;
+        *p = *p + d < c ? *p + d : c;
+    } else if (l == 1) {
+        double d = b1 / b2 > 1.0 ? b1 / b2 : 1.0;
+        *p = *p - d > 0 ? *p - d : 0;
+    }
+    return l;
+}

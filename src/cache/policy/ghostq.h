@@ -61,6 +61,13 @@ void ikv__ghostq_add(ikv__ghostq *g, ikv_key k, int list);
  * (0 or 1), else -1. O(1) expected, does not allocate. */
 int ikv__ghostq_take(ikv__ghostq *g, ikv_key k);
 
+/* ARC's cases II and III (Megiddo & Modha, FAST'03, Fig. 4) for a missed key k: takes k out of
+ * B1 (list 0) or B2 (list 1) and adapts the target size *p of T1 within [0, c] by the ratio of
+ * the ghost lists' sizes as they were before the take (up by max(|B2|/|B1|, 1) on a B1 hit,
+ * down by max(|B1|/|B2|, 1) on a B2 hit). Returns the list k was in, or -1 (case IV: nothing
+ * changes). Shared by arc and value's split classes. O(1) expected, does not allocate. */
+int ikv__ghostq_arc_adapt(ikv__ghostq *g, ikv_key k, double c, double *p);
+
 /* Forgets the oldest entry of `list`. 1 if one was dropped, 0 if the list is empty. */
 int ikv__ghostq_drop_oldest(ikv__ghostq *g, int list);
 
