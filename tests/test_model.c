@@ -23,6 +23,7 @@
 
 #include "isokv/model.h"
 #include "model/internal.h"
+#include "engine_testutil.h"
 #include "testutil.h"
 
 static char tmpdir[256];
@@ -486,13 +487,6 @@ static void make_prompt(uint32_t *t, size_t n, uint64_t seed, uint32_t vocab) {
     }
 }
 
-static uint32_t argmax(const float *l, int n) {
-    uint32_t b = 0;
-    for (int i = 1; i < n; i++)
-        if (l[i] > l[b]) b = (uint32_t)i;
-    return b;
-}
-
 static void test_reference_forward(void **st) {
     (void)st;
     ikv_model_config c = tiny();
@@ -526,13 +520,13 @@ static void test_reference_forward(void **st) {
             ref_step(&r, toks[p], p);
             assert_close_row(all + (size_t)p * V, r.logits, V, "prefill", p);
         }
-        uint32_t next = argmax(ikv_seq_logits(s), V);
+        uint32_t next = tu_argmax(ikv_seq_logits(s), V);
         for (int d = 0; d < DEC; d++) {
             const float *lg;
             assert_int_equal(ikv_engine_decode(e, s, next, &lg), 0);
             ref_step(&r, next, N + d);
             assert_close_row(lg, r.logits, V, "decode", N + d);
-            next = argmax(lg, V);
+            next = tu_argmax(lg, V);
         }
         /* K/V in the blocks match the contiguous reference cache */
         float k[256], v[256];
@@ -577,13 +571,13 @@ static void run_req(ikv_engine *e, const uint32_t *toks, size_t n, const char *t
     ikv_seq *s;
     assert_int_equal(ikv_engine_begin(e, &rq, &s, &o->info), 0);
     assert_true(ikv_engine_check(e));
-    uint32_t next = argmax(ikv_seq_logits(s), V);
+    uint32_t next = tu_argmax(ikv_seq_logits(s), V);
     for (int d = 0; d < dec; d++) {
         const float *lg;
         o->gen[d] = next;
         assert_int_equal(ikv_engine_decode(e, s, next, &lg), 0);
         memcpy(o->logits + (n + (size_t)d) * V, lg, sizeof(float) * (size_t)V);
-        next = argmax(lg, V);
+        next = tu_argmax(lg, V);
     }
     for (size_t p = 0; p < n + (size_t)dec; p++)
         for (int l = 0; l < L; l++) {
@@ -784,14 +778,14 @@ static void decode_thread_invariant(void) {
             memcpy(e[i]->kv, e[0]->kv, sizeof(float) * e[0]->nblocks * e[0]->block_floats);
         }
     }
-    uint32_t next = argmax(ikv_seq_logits(s[0]), V);
+    uint32_t next = tu_argmax(ikv_seq_logits(s[0]), V);
     for (int d = 0; d < 40; d++) {
         const float *lg[3];
         for (int i = 0; i < 3; i++)
             assert_int_equal(ikv_engine_decode(e[i], s[i], next, &lg[i]), 0);
         assert_memory_equal(lg[1], lg[0], sizeof(float) * (size_t)V);
         assert_memory_equal(lg[2], lg[0], sizeof(float) * (size_t)V);
-        next = argmax(lg[0], V);
+        next = tu_argmax(lg[0], V);
     }
     for (int i = 0; i < 3; i++) {
         ikv_engine_end(e[i], s[i]);
@@ -1090,7 +1084,7 @@ static void test_fuzz_against_oracle(void **st) {
         const float *l1 = ikv_seq_logits(s), *l0 = ikv_seq_logits(s0);
         for (int d = 0; d < 3 && r.n + (size_t)d < (size_t)c.seq_len; d++) {
             assert_memory_equal(l1, l0, sizeof(float) * (size_t)V);
-            uint32_t nx = argmax(l1, V);
+            uint32_t nx = tu_argmax(l1, V);
             assert_int_equal(ikv_engine_decode(e, s, nx, &l1), 0);
             assert_int_equal(ikv_engine_decode(cold, s0, nx, &l0), 0);
         }
@@ -1141,7 +1135,7 @@ static void test_two_sequences(void **st) {
     for (int d = 0; d < 10; d++) {
         assert_memory_equal(la, lca, sizeof(float) * (size_t)V);
         assert_memory_equal(lb, lcb, sizeof(float) * (size_t)V);
-        uint32_t na = argmax(la, V), nb = argmax(lb, V);
+        uint32_t na = tu_argmax(la, V), nb = tu_argmax(lb, V);
         assert_int_equal(ikv_engine_decode(e, sa, na, &la), 0);
         assert_int_equal(ikv_engine_decode(e, sb, nb, &lb), 0);
         assert_int_equal(ikv_engine_decode(cold, ca, na, &lca), 0);
@@ -1238,27 +1232,6 @@ static void test_eviction_and_limits(void **st) {
 
 /* ---- batches: admit + step ------------------------------------------------------------- */
 
-/* Greedy reference of one request alone on a fresh engine: the logits of its last prompt
- * position and of each of `dec` decode steps ([dec + 1][V]), and its tokens. */
-static void batch_ref(const ikv_model *m, const ikv_engine_options *o, const uint32_t *p, size_t n,
-                      int dec, float *logits, uint32_t *gen) {
-    const int V = m->cfg.vocab_size;
-    ikv_engine *e;
-    assert_int_equal(ikv_engine_create(m, o, &e), 0);
-    ikv_request rq = {.tokens = p, .n = n, .tenant = "T"};
-    ikv_seq *s;
-    assert_int_equal(ikv_engine_begin(e, &rq, &s, NULL), 0);
-    memcpy(logits, ikv_seq_logits(s), sizeof(float) * (size_t)V);
-    for (int d = 0; d < dec; d++) {
-        const float *lg;
-        gen[d] = argmax(logits + (size_t)d * V, V);
-        assert_int_equal(ikv_engine_decode(e, s, gen[d], &lg), 0);
-        memcpy(logits + (size_t)(d + 1) * V, lg, sizeof(float) * (size_t)V);
-    }
-    ikv_engine_end(e, s);
-    ikv_engine_destroy(e);
-}
-
 /* Batch invariance on the bundled real model (stories260K): a request's greedy tokens and its
  * logits at every step are bit-identical to its run alone, when it runs among 1..16 other
  * requests (other prompts and lengths, some sharing its prefix) through ikv_engine_step, with
@@ -1300,10 +1273,10 @@ static void test_batch_invariance(void **st) {
         o.max_seqs = MAXO + 1;
         o.threads = th;
         o.tile = 16; /* several tiles per prompt: chunks start inside and at tile edges */
-        batch_ref(m, &o, P, np, DEC, ref, gen);
+        tu_greedy_ref(m, &o, P, np, DEC, ref, gen);
         for (int i = 1; i < NT; i++) {
             oref[i] = malloc(sizeof(float) * (size_t)V * (DEC + 1));
-            batch_ref(m, &o, toks[i], nt[i], DEC, oref[i], ogen[i]);
+            tu_greedy_ref(m, &o, toks[i], nt[i], DEC, oref[i], ogen[i]);
         }
         ikv_engine *e;
         assert_int_equal(ikv_engine_create(m, &o, &e), 0);
@@ -1356,7 +1329,7 @@ static void test_batch_invariance(void **st) {
                     assert_memory_equal(ikv_seq_logits(seq[k]), lref[k] + (size_t)d_at[k] * V,
                                         sizeof(float) * (size_t)V);
                     if (d_at[k] < DEC) {
-                        next[k] = argmax(ikv_seq_logits(seq[k]), V);
+                        next[k] = tu_argmax(ikv_seq_logits(seq[k]), V);
                         assert_int_equal(next[k], gref[k][d_at[k]]);
                     } else {
                         ikv_engine_end(e, seq[k]);

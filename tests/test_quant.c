@@ -20,6 +20,7 @@
 
 #include "isokv/model.h"
 #include "model/internal.h"
+#include "engine_testutil.h"
 #include "testutil.h"
 
 static char tmpdir[256];
@@ -513,13 +514,6 @@ static void make_prompt(uint32_t *t, size_t n, uint64_t seed, uint32_t vocab) {
     }
 }
 
-static uint32_t argmax(const float *l, int n) {
-    uint32_t b = 0;
-    for (int i = 1; i < n; i++)
-        if (l[i] > l[b]) b = (uint32_t)i;
-    return b;
-}
-
 /* One request: logits of every computed prompt row and of dec greedy decode steps. */
 static float *run_req(ikv_engine *e, const uint32_t *toks, size_t n, int no_cache, int dec,
                       size_t *cached) {
@@ -530,12 +524,12 @@ static float *run_req(ikv_engine *e, const uint32_t *toks, size_t n, int no_cach
     ikv_prefill_info info;
     assert_int_equal(ikv_engine_begin(e, &rq, &s, &info), 0);
     *cached = info.cached_tokens;
-    uint32_t next = argmax(ikv_seq_logits(s), V);
+    uint32_t next = tu_argmax(ikv_seq_logits(s), V);
     for (int d = 0; d < dec; d++) {
         const float *l;
         assert_int_equal(ikv_engine_decode(e, s, next, &l), 0);
         memcpy(lg + (n + (size_t)d) * (size_t)V, l, sizeof(float) * (size_t)V);
-        next = argmax(l, V);
+        next = tu_argmax(l, V);
     }
     ikv_engine_end(e, s);
     assert_true(ikv_engine_check(e));
@@ -689,7 +683,7 @@ static void test_q8_batched_decode(void **st) {
             ikv_step_item it[3];
             memset(it, 0, sizeof it);
             for (int i = 0; i < 3; i++)
-                it[i].seq = s[i], it[i].token = argmax(ikv_seq_logits(s[i]), V);
+                it[i].seq = s[i], it[i].token = tu_argmax(ikv_seq_logits(s[i]), V);
             assert_int_equal(ikv_engine_step(e, it, 3), 0);
             assert_memory_equal(ikv_seq_logits(s[0]), solo + (size_t)d * (size_t)V,
                                 sizeof(float) * (size_t)V);

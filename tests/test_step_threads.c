@@ -25,15 +25,9 @@
 
 #include "isokv/model.h"
 #include "model/internal.h"
+#include "engine_testutil.h"
 
 enum { NSEQ = 3, DEC = 12 };
-
-static uint32_t argmax(const float *l, int n) {
-    uint32_t b = 0;
-    for (int i = 1; i < n; i++)
-        if (l[i] > l[b]) b = (uint32_t)i;
-    return b;
-}
 
 static void make_prompt(uint32_t *t, size_t n, uint64_t seed, uint32_t vocab) {
     for (size_t i = 0; i < n; i++) {
@@ -93,7 +87,7 @@ static size_t scripted(const ikv_model *m, int threads, const int *pattern, size
             if (!ikv_seq_pending(s[i])) {
                 memcpy(out + (step * NSEQ + (size_t)i) * (size_t)V, ikv_seq_logits(s[i]),
                        sizeof(float) * (size_t)V);
-                next[i] = argmax(ikv_seq_logits(s[i]), V);
+                next[i] = tu_argmax(ikv_seq_logits(s[i]), V);
             }
         step++;
         if (!pending) d++;

@@ -24,6 +24,7 @@
 #include "isokv/model.h"
 #include "isokv/store.h"
 #include "model/internal.h"
+#include "engine_testutil.h"
 #include "redis_helper.h"
 #include "testutil.h"
 
@@ -54,13 +55,6 @@ static int teardown_redis(void **st) {
     (void)st;
     rh_kill_all();
     return 0;
-}
-
-static uint32_t argmax(const float *x, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return (uint32_t)b;
 }
 
 static void make_prompt(uint32_t *t, size_t n, uint64_t seed) {
@@ -108,13 +102,13 @@ static void run(ikv_engine *e, const uint32_t *t, size_t n, const char *tenant, 
     check_recomputed_by_why(&o->info);
     assert_true(ikv_engine_check(e));
     assert_true(ikv_cache_check(ikv_engine_cache(e)));
-    uint32_t next = argmax(ikv_seq_logits(s), V);
+    uint32_t next = tu_argmax(ikv_seq_logits(s), V);
     for (int d = 0; d < DEC; d++) {
         const float *lg;
         o->gen[d] = next;
         assert_int_equal(ikv_engine_decode(e, s, next, &lg), 0);
         memcpy(o->logits + (n + (size_t)d) * (size_t)V, lg, sizeof(float) * (size_t)V);
-        next = argmax(lg, V);
+        next = tu_argmax(lg, V);
     }
     ikv_engine_end(e, s);
     assert_true(ikv_engine_check(e));

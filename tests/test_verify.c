@@ -28,34 +28,7 @@
 
 #include "isokv/model.h"
 #include "model/internal.h"
-
-static uint32_t argmax(const float *l, int n) {
-    uint32_t b = 0;
-    for (int i = 1; i < n; i++)
-        if (l[i] > l[b]) b = (uint32_t)i;
-    return b;
-}
-
-/* Greedy reference: the logits after the prompt and after each of dec decode steps
- * ([dec + 1][V]) and the tokens, on a fresh engine. */
-static void greedy_ref(const ikv_model *m, const ikv_engine_options *o, const uint32_t *p, size_t n,
-                       int dec, float *logits, uint32_t *gen) {
-    const int V = m->cfg.vocab_size;
-    ikv_engine *e;
-    assert_int_equal(ikv_engine_create(m, o, &e), 0);
-    ikv_request rq = {.tokens = p, .n = n, .tenant = "T"};
-    ikv_seq *s;
-    assert_int_equal(ikv_engine_begin(e, &rq, &s, NULL), 0);
-    memcpy(logits, ikv_seq_logits(s), sizeof(float) * (size_t)V);
-    for (int d = 0; d < dec; d++) {
-        const float *lg;
-        gen[d] = argmax(logits + (size_t)d * V, V);
-        assert_int_equal(ikv_engine_decode(e, s, gen[d], &lg), 0);
-        memcpy(logits + (size_t)(d + 1) * V, lg, sizeof(float) * (size_t)V);
-    }
-    ikv_engine_end(e, s);
-    ikv_engine_destroy(e);
-}
+#include "engine_testutil.h"
 
 /* Free blocks of an engine (the pool's state after a roll-back is compared with this). */
 static uint64_t free_blocks(const ikv_engine *e) {
@@ -77,7 +50,7 @@ static void exact_on(const ikv_model *m, const uint32_t *P, size_t np, int threa
     float *ref = malloc(sizeof(float) * (size_t)V * (DEC + 1));
     float *all = malloc(sizeof(float) * (size_t)V * (K + 1));
     uint32_t gen[DEC];
-    greedy_ref(m, &o, P, np, DEC, ref, gen);
+    tu_greedy_ref(m, &o, P, np, DEC, ref, gen);
     ikv_engine *e;
     assert_int_equal(ikv_engine_create(m, &o, &e), 0);
     ikv_request rq = {.tokens = P, .n = np, .tenant = "T", .max_new = DEC + K + 2};
@@ -133,7 +106,7 @@ static void exact_on(const ikv_model *m, const uint32_t *P, size_t np, int threa
         ikv_seq *s;
         assert_int_equal(ikv_engine_begin(e, &rq, &s, NULL), 0);
         size_t out = 0;
-        uint32_t pending = argmax(ikv_seq_logits(s), V);
+        uint32_t pending = tu_argmax(ikv_seq_logits(s), V);
         assert_int_equal(pending, gen[0]);
         out = 1; /* gen[0] emitted, not yet in the sequence */
         for (int round = 0; out + K + 1 < DEC; round++) {
@@ -258,7 +231,7 @@ static void test_step_drafts_mixed(void **st) {
             for (int i = 0; i < NP; i++)
                 P[q][i] = (uint32_t)(3 + (i * 37 + q * 101) % 400);
             ref[q] = malloc(sizeof(float) * (size_t)V * (DEC + K + 3));
-            greedy_ref(m, &o, P[q], NP, DEC + K + 2, ref[q], gen[q]);
+            tu_greedy_ref(m, &o, P[q], NP, DEC + K + 2, ref[q], gen[q]);
         }
         ikv_engine *e;
         assert_int_equal(ikv_engine_create(m, &o, &e), 0);
@@ -487,10 +460,10 @@ static void test_verify_sampling_distribution(void **st) {
     const float *lg;
     assert_int_equal(ikv_engine_begin(e, &rq, &s, NULL), 0);
     ikv_sampler_dist(sp, ikv_seq_logits(s), p0);
-    const uint32_t d0 = argmax(p0, V);
+    const uint32_t d0 = tu_argmax(p0, V);
     assert_int_equal(ikv_engine_decode(e, s, d0, &lg), 0);
     ikv_sampler_dist(sp, lg, p1);
-    const uint32_t d1 = argmax(p1, V);
+    const uint32_t d1 = tu_argmax(p1, V);
     ikv_engine_end(e, s);
     /* bins: the 4 most likely tokens of each distribution and the rest */
     enum { N = 3000, NB = 5 };
