@@ -159,7 +159,7 @@ static void test_kernels_vs_oracle(void **st) {
     const int gss[] = {4, 32, 48, 64, 128};
     for (size_t gi = 0; gi < sizeof gss / sizeof gss[0]; gi++) {
         const int gs = gss[gi];
-        const size_t K = (size_t)gs * (gs >= 64 ? 5 : 11), rows = 37, M = 5;
+        const size_t K = (size_t)gs * (gs >= 64 ? 5 : 11), rows = gs == 32 ? 150 : 37, M = 5;
         fake f;
         fake_make(&f, rows, K, gs, 1000 + (uint64_t)gs);
         float *X = malloc(sizeof(float) * M * K), *xs = malloc(sizeof(float) * M * K);
@@ -183,15 +183,23 @@ static void test_kernels_vs_oracle(void **st) {
         int8_t *aq = malloc(M * K);
         uint8_t *aa = malloc(M * K);
         float *as = malloc(sizeof(float) * M * K);
+        int32_t *ac = malloc(sizeof(int32_t) * M * K);
         for (int lv = 0; lv <= 3; lv++) {
             ikv__q8_simd_force(lv);
             for (size_t i = 0; i < M; i++) {
-                ikv__q8act a = {aq + i * K, aa + i * K, as + i * K / (size_t)gs};
+                ikv__q8act a = {aq + i * K, aa + i * K, as + i * K / (size_t)gs,
+                                ac + i * K / (size_t)gs};
                 ikv__q8_quantize(X + i * K, K, gs, &a);
                 assert_memory_equal(a.q, xq + i * K, K);
                 assert_memory_equal(a.s, xs + i * K / (size_t)gs, sizeof(float) * K / (size_t)gs);
                 for (size_t j = 0; j < K; j++)
                     assert_int_equal(a.a[j], abs(a.q[j]));
+                for (size_t g = 0; g < K / (size_t)gs; g++) {
+                    int32_t sum = 0;
+                    for (size_t j = 0; j < (size_t)gs; j++)
+                        sum += a.q[g * (size_t)gs + j];
+                    assert_int_equal(a.c[g], -128 * sum);
+                }
                 /* the whole range, then rows alone and an uneven split */
                 ikv__q8_matvec(&f.m, IKV__QM_1, 0, &a, y, 0, rows);
                 assert_memory_equal(y, yo + i * rows, sizeof(float) * rows);
@@ -205,14 +213,14 @@ static void test_kernels_vs_oracle(void **st) {
             }
             /* the matrix product: all rows, packed and not; and a sub-range of weight rows */
             for (int packed = 0; packed < 2; packed++) {
-                const size_t r0s[2] = {0, 5}, r1s[2] = {rows, 30};
-                for (int ri = 0; ri < 2; ri++) {
+                const size_t r0s[3] = {0, 5, 16}, r1s[3] = {rows, 30, rows - 3};
+                for (int ri = 0; ri < 3; ri++) {
                     size_t n0 = r0s[ri], n1 = r1s[ri];
                     size_t pb = ikv__q8_pack(&f.m, IKV__QM_1, 0, n0, n1, NULL);
                     uint8_t *pk = packed && pb ? malloc(pb) : NULL;
                     if (pk) assert_int_equal(ikv__q8_pack(&f.m, IKV__QM_1, 0, n0, n1, pk), pb);
                     float *Y = calloc(M * rows, sizeof(float));
-                    ikv__q8act a = {aq, aa, as};
+                    ikv__q8act a = {aq, aa, as, ac};
                     ikv__q8_gemm(&f.m, IKV__QM_1, 0, X, M, &a, pk, Y, rows, n0, n1);
                     for (size_t i = 0; i < M; i++) {
                         assert_memory_equal(Y + i * rows + n0, yo + i * rows + n0,
@@ -222,13 +230,33 @@ static void test_kernels_vs_oracle(void **st) {
                     }
                     /* one row from the packed rows (decode's path): aligned starts only */
                     if (pk) {
-                        ikv__q8act a0 = {aq, aa, as};
+                        ikv__q8act a0 = {aq, aa, as, ac};
                         float *y1 = calloc(rows, sizeof(float));
                         assert_int_equal(
-                            ikv__q8_gemv_packed(&f.m, IKV__QM_1, pk, n0, &a0, y1, n0, n1), 1);
+                            ikv__q8_gemv_packed(&f.m, IKV__QM_1, pk, n0, n1, &a0, y1, n0, n1), 1);
                         assert_memory_equal(y1 + n0, yo + n0, sizeof(float) * (n1 - n0));
                         assert_int_equal(
-                            ikv__q8_gemv_packed(&f.m, IKV__QM_1, pk, n0, &a0, y1, n0 + 1, n1), 0);
+                            ikv__q8_gemv_packed(&f.m, IKV__QM_1, pk, n0, n1, &a0, y1, n0 + 1, n1),
+                            0);
+                        /* from the second super-block (VNNI) or block (AVX2) on, to one row
+                         * short of the end: those rows only */
+                        const size_t blk = lv == 2 ? 16 : 8;
+                        if (n0 + blk < n1 - 1) {
+                            memset(y1, 0, sizeof(float) * rows);
+                            assert_int_equal(ikv__q8_gemv_packed(&f.m, IKV__QM_1, pk, n0, n1, &a0,
+                                                                 y1, n0 + blk, n1 - 1),
+                                             1);
+                            for (size_t r = 0; r < rows; r++)
+                                assert_true(r >= n0 + blk && r < n1 - 1 ? y1[r] == yo[r]
+                                                                        : y1[r] == 0.0f);
+                        }
+                        /* without the group sums the VNNI kernels decline (the caller's
+                         * matvec computes) */
+                        ikv__q8act a1 = {aq, aa, as, NULL};
+                        if (lv >= 2)
+                            assert_int_equal(
+                                ikv__q8_gemv_packed(&f.m, IKV__QM_1, pk, n0, n1, &a1, y1, n0, n1),
+                                0);
                         free(y1);
                     }
                     free(Y), free(pk);
@@ -244,7 +272,7 @@ static void test_kernels_vs_oracle(void **st) {
             free(dq);
         }
         ikv__q8_simd_force(-1);
-        free(aq), free(aa), free(as);
+        free(aq), free(aa), free(as), free(ac);
         free(X), free(xs), free(xq), free(yo), free(y);
         fake_free(&f);
     }

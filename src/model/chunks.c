@@ -412,7 +412,7 @@ static void lin(const ikv_chunks *c, int kind, int l, const float *W, const floa
     /* rows [a, b) own [a, b) x act_cols of the scratch whatever K: threads at different
      * projections (different K) never overlap */
     const size_t k = (size_t)K, w = c->act_cols;
-    ikv__q8act act = {c->act.q + a * w, c->act.a + a * w, c->act.s + a * w / (size_t)m->gs};
+    ikv__q8act act = {c->act.q + a * w, c->act.a + a * w, c->act.s + a * w / (size_t)m->gs, NULL};
     ikv__q8_gemm(m, kind, l, X + a * k, b - a, &act, NULL, Y + a * (size_t)N, (size_t)N, 0,
                  (size_t)N);
 }

@@ -154,8 +154,8 @@ void ikv_engine_destroy(ikv_engine *e) {
                     e->rope_cos, e->rope_sin,   e->xn,       e->rinv,   e->dpart,   e->parked,
                     e->dseq,     e->dpos,       e->dtok,     e->dcoff,  e->dx,      e->dxn,
                     e->dxb,      e->dq,         e->dk,       e->dv,     e->datt,    e->dhb,
-                    e->dhb2,     e->dlog,       e->vsave,      e->aq,       e->aa,     e->as,      e->wdq,
-                    e->q8pack,   e->q8sl};
+                    e->dhb2,     e->dlog,       e->vsave,    e->aq,     e->aa,      e->as,
+                    e->ac,       e->wdq,        e->q8pack,   e->q8sl};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         ikv_free(bufs[i]);
     ikv_free(e);
@@ -306,6 +306,7 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     e->act_rows = m->gs ? (e->q8_gemm && GT > e->dmax ? GT : e->dmax) : 0;
     ok = ok && ALLOC(e->aq, P * e->act_rows * e->act_w) &&
          ALLOC(e->aa, P * e->act_rows * e->act_w) && ALLOC(e->as, P * e->act_rows * e->act_w) &&
+         ALLOC(e->ac, P * e->act_rows * e->act_w) &&
          ALLOC(e->wdq, P * e->wdq_floats) &&
          ALLOC(e->q8sl, m->gs ? (size_t)c->n_layers * IKV__QM_KINDS * P : 0);
     if (ok && m->gs && e->q8_gemm) { /* int8 prefill: every call's weight rows packed once */

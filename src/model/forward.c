@@ -786,7 +786,8 @@ static const float *fp32_w(const struct ikv_model *m, int k, int l) {
 /* Thread t's buffers for a quantized activation row (int8 models). */
 static inline ikv__q8act act_buf(const struct ikv_engine *e, int t) {
     const size_t n = e->act_rows * e->act_w;
-    ikv__q8act a = {e->aq + (size_t)t * n, e->aa + (size_t)t * n, e->as + (size_t)t * n};
+    ikv__q8act a = {e->aq + (size_t)t * n, e->aa + (size_t)t * n, e->as + (size_t)t * n,
+                    e->ac + (size_t)t * n};
     return a;
 }
 
@@ -817,7 +818,7 @@ static inline void matvec(const struct ikv_engine *e, int t, int k, int l, const
     const struct ikv_model *m = e->m;
     const ikv__q8slice *sl = m->gs ? q8slice(e, k, l, t) : NULL;
     if (sl && r0 >= sl->n0 && r1 <= sl->n1 &&
-        ikv__q8_gemv_packed(m, k, e->q8pack + sl->off, sl->n0, xa, y, r0, r1))
+        ikv__q8_gemv_packed(m, k, e->q8pack + sl->off, sl->n0, sl->n1, xa, y, r0, r1))
         return;
     if (m->gs)
         ikv__q8_matvec(m, k, l, xa, y, r0, r1);
@@ -834,7 +835,8 @@ static inline ikv__q8act act_prep_rows(const struct ikv_engine *e, int t, const 
     if (e->m->gs) {
         IKV_ASSERT(nb <= e->act_rows);
         for (size_t i = 0; i < nb; i++) {
-            ikv__q8act r = {a.q + i * n, a.a + i * n, a.s + i * n / (size_t)e->m->gs};
+            const size_t ng = n / (size_t)e->m->gs;
+            ikv__q8act r = {a.q + i * n, a.a + i * n, a.s + i * ng, a.c + i * ng};
             ikv__q8_quantize(X + i * ldx, n, e->m->gs, &r);
         }
     }
@@ -856,10 +858,10 @@ static inline void linear(const struct ikv_engine *e, int t, int k, int l, const
     }
     const ikv__q8slice *sl = q8slice(e, k, l, t);
     if (sl && r0 >= sl->n0 && r1 <= sl->n1 &&
-        ikv__q8_linear_packed(m, k, e->q8pack + sl->off, sl->n0, xa, nb, Y, ldy, r0, r1))
+        ikv__q8_linear_packed(m, k, e->q8pack + sl->off, sl->n0, sl->n1, xa, nb, Y, ldy, r0, r1))
         return;
     for (size_t i = 0; i < nb; i++) {
-        ikv__q8act r = {xa->q + i * K, xa->a + i * K, xa->s + i * K / (size_t)m->gs};
+        ikv__q8act r = {xa->q + i * K, xa->a + i * K, xa->s + i * K / (size_t)m->gs, NULL};
         ikv__q8_matvec(m, k, l, &r, Y + i * ldy, r0, r1);
     }
 }

@@ -94,11 +94,14 @@ static inline const uint8_t *ikv__qm_s(const struct ikv_model *m, int k, int l) 
 
 /* An activation row quantized as llama2.c's runq.c does: per group of gs values, scale =
  * max |x| / 127 and q = round(x / scale) (half away from zero; 0 when the group is all zero);
- * a = |q| (for the SIMD kernels' unsigned operand). Buffers of n, n and n / gs entries. */
+ * a = |q| (for the AVX2 kernels' unsigned operand); c[g] = -128 * (sum of group g's q), where
+ * the VNNI kernels' integer sums start (quant.c). Buffers of n, n, n / gs and n / gs entries;
+ * c may be NULL (then not written), but the packed VNNI products need it. */
 typedef struct ikv__q8act {
     int8_t *q;
     uint8_t *a;
     float *s;
+    int32_t *c;
 } ikv__q8act;
 
 /* Quantizes x[0..n) (gs divides n) into act. Same bits on every kernel path. Does not
@@ -111,9 +114,9 @@ void ikv__q8_quantize(const float *x, size_t n, int gs, const ikv__q8act *act);
 void ikv__q8_matvec(const struct ikv_model *m, int k, int l, const ikv__q8act *x, float *y,
                     size_t r0, size_t r1);
 /* Packs weight rows [n0, n1) of kind k, layer l into `out` in the layout the current kernel
- * level's int8 matrix product wants (blocks of 16 rows for AVX-512 VNNI, 8 for AVX2; none for
- * the portable level). Returns the bytes it takes (0: no packing at this level); out NULL only
- * measures. (quant.c) */
+ * level's int8 matrix product wants (super-blocks of 64 rows for AVX-512 VNNI, blocks of 8 rows
+ * for AVX2; none for the portable level). Returns the bytes it takes (0: no packing at this level);
+ * out NULL only measures. (quant.c) */
 size_t ikv__q8_pack(const struct ikv_model *m, int k, int l, size_t n0, size_t n1, uint8_t *out);
 /* Y[i][r] for rows i < M of X (stride cols) and weight rows r in [n0, n1) of kind k, layer l:
  * each X row quantized into row i of buf (room for M rows: M * cols values, M * cols / gs
@@ -147,17 +150,18 @@ typedef struct ikv__q8slice {
     size_t off, n0, n1;
 } ikv__q8slice;
 
-/* y[r0..r1) from rows packed by ikv__q8_pack(m, k, l, pn0, ...) at `packed`, when the packing
- * of this level has r0 - pn0 on a block boundary: the matrix-product kernel on one row, the
- * same bits as ikv__q8_matvec. Returns 1 if it computed them, 0 if the caller must (no packing
- * at this level, or an unaligned r0). Does not allocate. (quant.c) */
+/* y[r0..r1) from rows packed by ikv__q8_pack(m, k, l, pn0, pn1) at `packed`, when [r0, r1)
+ * lies in [pn0, pn1) and the packing of this level has r0 - pn0 on a block boundary (64 rows
+ * for VNNI, 8 for AVX2): the matrix-product kernel on one row, the same bits as ikv__q8_matvec.
+ * Returns 1 if it computed them, 0 if the caller must (no packing at this level, an unaligned
+ * r0, or no x->c for VNNI). Does not allocate. (quant.c) */
 int ikv__q8_gemv_packed(const struct ikv_model *m, int k, const uint8_t *packed, size_t pn0,
-                        const ikv__q8act *x, float *y, size_t r0, size_t r1);
+                        size_t pn1, const ikv__q8act *x, float *y, size_t r0, size_t r1);
 /* The same for M quantized rows of x (row i at x->q + i * cols, x->s + i * cols / gs) into
  * Y[i * ldy + r]: batched decode. Same bits per row as one row alone. (quant.c) */
 int ikv__q8_linear_packed(const struct ikv_model *m, int k, const uint8_t *packed, size_t pn0,
-                          const ikv__q8act *x, size_t M, float *Y, size_t ldy, size_t r0,
-                          size_t r1);
+                          size_t pn1, const ikv__q8act *x, size_t M, float *Y, size_t ldy,
+                          size_t r0, size_t r1);
 
 /* ---- worker pool (pool.c) ----------------------------------------------------------------- */
 
@@ -283,6 +287,7 @@ struct ikv_engine {
     int8_t *aq;   /* [nth][act_rows][act_w] */
     uint8_t *aa;  /* [nth][act_rows][act_w] |aq| */
     float *as;    /* [nth][act_rows][act_w] (act_w / gs used per row) */
+    int32_t *ac;  /* [nth][act_rows][act_w] (act_w / gs used per row): ikv__q8act.c */
     size_t act_w;
     float *wdq; /* [nth][wdq_floats] */
     size_t wdq_floats;

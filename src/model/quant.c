@@ -91,20 +91,23 @@ static inline float ld_f32(const uint8_t *p) {
 
 /* ---- activation quantization ---------------------------------------------------------------- */
 
-/* One group of the portable version; returns its scale. */
-static float quant_group(const float *x, int gs, int8_t *q, uint8_t *a) {
+/* One group of the portable version; returns its scale, *sum the sum of its q. */
+static float quant_group(const float *x, int gs, int8_t *q, uint8_t *a, int32_t *sum) {
     float wmax = 0.0f;
     for (int i = 0; i < gs; i++) {
         float v = fabsf(x[i]);
         if (v > wmax) wmax = v;
     }
     const float scale = wmax / 127.0f;
+    int32_t sq = 0;
     for (int i = 0; i < gs; i++) {
         /* runq.c: (int8_t)round(x / scale); an all-zero group (0 / 0 there) gives 0 */
         int8_t v = scale > 0.0f ? (int8_t)roundf(x[i] / scale) : 0;
         q[i] = v;
         a[i] = (uint8_t)(v < 0 ? -v : v);
+        sq += v;
     }
+    *sum = sq;
     return scale;
 }
 
@@ -132,9 +135,11 @@ __attribute__((target("avx2"))) static void quant_avx2(const float *x, size_t n,
         uint8_t *a = act->a + g * (size_t)gs;
         if (!(scale > 0.0f)) {
             memset(q, 0, (size_t)gs), memset(a, 0, (size_t)gs);
+            if (act->c) act->c[g] = 0;
             continue;
         }
         const __m256 vs = _mm256_set1_ps(scale);
+        __m256i sum = _mm256_setzero_si256();
         for (int i = 0; i < gs; i += 8) {
             __m256 v = _mm256_div_ps(_mm256_loadu_ps(xg + i), vs);
             __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
@@ -142,11 +147,19 @@ __attribute__((target("avx2"))) static void quant_avx2(const float *x, size_t n,
             __m256 sgn = _mm256_or_ps(_mm256_andnot_ps(absm, v), one); /* +-1 */
             __m256 r = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(d, half, _CMP_GE_OQ), sgn));
             __m256i i32 = _mm256_cvttps_epi32(r);
+            sum = _mm256_add_epi32(sum, i32);
             __m128i p16 =
                 _mm_packs_epi32(_mm256_castsi256_si128(i32), _mm256_extracti128_si256(i32, 1));
             __m128i p8 = _mm_packs_epi16(p16, p16);
             _mm_storel_epi64((__m128i *)(q + i), p8);
             _mm_storel_epi64((__m128i *)(a + i), _mm_abs_epi8(p8));
+        }
+        if (act->c) {
+            int32_t l8[8], t = 0;
+            _mm256_storeu_si256((__m256i *)l8, sum);
+            for (int i = 0; i < 8; i++)
+                t += l8[i];
+            act->c[g] = -128 * t;
         }
     }
 }
@@ -159,9 +172,12 @@ void ikv__q8_quantize(const float *x, size_t n, int gs, const ikv__q8act *act) {
         return;
     }
 #endif
-    for (size_t g = 0; g < n / (size_t)gs; g++)
-        act->s[g] =
-            quant_group(x + g * (size_t)gs, gs, act->q + g * (size_t)gs, act->a + g * (size_t)gs);
+    for (size_t g = 0; g < n / (size_t)gs; g++) {
+        int32_t sum;
+        act->s[g] = quant_group(x + g * (size_t)gs, gs, act->q + g * (size_t)gs,
+                                act->a + g * (size_t)gs, &sum);
+        if (act->c) act->c[g] = -128 * sum;
+    }
 }
 
 /* ---- matrix-vector products ----------------------------------------------------------------- */
@@ -418,131 +434,161 @@ static void pack_rows(const int8_t *W, const uint8_t *S, size_t K, int gs, size_
 GEMM_KERNEL(gemm_avx2, "avx2", PDOT_AVX2)
 #undef GEMM_KERNEL
 
-/* The VNNI path on 512-bit vectors: blocks of 16 rows ([g][k4][16 rows][4 bytes], then the 16
- * rows' scales per group, then -128 * (sum of the group's weights) per row and group as int32,
- * where a group's accumulators start), and the unsigned operand is q + 128 (the activation byte
- * with its top bit flipped), so no sign step: sum((q + 128) w) - 128 sum(w) = sum(q w), exact in
- * int32. R = 16 for the 512-bit kernel, 8 for the 256-bit one. */
-static void pack_rows16(const int8_t *W, const uint8_t *S, size_t K, int gs, size_t n0, size_t n1,
+/* The VNNI paths: blocks of R weight rows (R = 16 lanes of a 512-bit vector at level 2, 8 of a
+ * 256-bit vector at level 3; the last block of a packing padded with zero rows). A block holds,
+ * per group g and each 4 consecutive k of the group, the 4 bytes of each of its R rows side by
+ * side (R * 4 bytes), then the R rows' scales of every group (R * 4 bytes per group): the rows'
+ * file bytes and nothing more. A kernel call reads up to 4 (8) blocks side by side, each its
+ * own linear stream (measured here: for decode, several long streams read faster than one).
+ * The weight bytes are stored as w + 128 (unsigned, vpdpbusd's first operand) and the
+ * activation bytes q are the signed operand, broadcast 4 at a time: a lane's sum of (w + 128) q
+ * over the group is sum(w q) + 128 sum(q), so each group's accumulators start at
+ * -128 * sum(q) (act->c, computed once per activation row by ikv__q8_quantize) and end at I
+ * exactly (int32: |sums| < 2^31). Padding lanes (w = 0, scale 0) are computed, never stored. */
+
+/* Packs weight rows [n0, n1) into blocks of R rows. */
+static void pack_blocks(const int8_t *W, const uint8_t *S, size_t K, int gs, size_t n0, size_t n1,
                         uint8_t *pk, size_t R) {
-    const size_t ng = K / (size_t)gs, nblk = (n1 - n0 + R - 1) / R, bs = R * K + 8 * R * ng;
+    const size_t ng = K / (size_t)gs, nblk = (n1 - n0 + R - 1) / R;
     for (size_t b = 0; b < nblk; b++) {
-        uint8_t *o = pk + b * bs;
+        uint8_t *o = pk + b * R * (K + 4 * ng);
         for (size_t j = 0; j < R; j++) {
             const size_t r = n0 + b * R + j;
-            const int8_t *w = W + r * K;
+            for (size_t k4 = 0; k4 < K / 4; k4++)
+                for (size_t u = 0; u < 4; u++)
+                    o[(k4 * R + j) * 4 + u] =
+                        r < n1 ? (uint8_t)((int)W[r * K + k4 * 4 + u] + 128) : 128;
             for (size_t g = 0; g < ng; g++) {
-                int32_t sum = 0;
-                for (size_t k = 0; k < (size_t)gs; k += 4) {
-                    const size_t k4 = (g * (size_t)gs + k) / 4;
-                    if (r < n1) {
-                        memcpy(o + k4 * 4 * R + j * 4, w + k4 * 4, 4);
-                        for (int u = 0; u < 4; u++)
-                            sum += w[k4 * 4 + (size_t)u];
-                    } else {
-                        memset(o + k4 * 4 * R + j * 4, 0, 4);
-                    }
-                }
-                int32_t s128 = -128 * sum; /* the accumulators start from it */
                 if (r < n1)
                     memcpy(o + R * K + (g * R + j) * 4, S + 4 * (r * ng + g), 4);
                 else
                     memset(o + R * K + (g * R + j) * 4, 0, 4);
-                memcpy(o + R * K + 4 * R * ng + (g * R + j) * 4, &s128, 4);
             }
         }
     }
 }
 
-static size_t ikv__q8_pack_bytes16(size_t rows, size_t K, int gs, size_t R) {
-    return (rows + R - 1) / R * (R * K + 8 * R * (K / (size_t)gs));
+/* Bytes of pack_blocks's layout for rows rows. */
+static size_t pack_blocks_bytes(size_t rows, size_t K, int gs, size_t R) {
+    return (rows + R - 1) / R * R * (K + 4 * (K / (size_t)gs));
 }
 
-/* Rows [0, M) of the activations against nb <= 4 blocks of 16 rows at pk (block stride bs). */
-__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
-gemm_vnni512(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ikv__q8act *x,
-             size_t M, float *Y, size_t ldy, size_t c0, size_t c1) {
+static inline int32_t ld_i32(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* NB 16-row blocks at pk (block stride bs) against NR (1 or 2) activation rows from row i:
+ * Y[i + r][c0 + j] for the lanes j with c0 + j < c1. Inlined with constant NB and NR, so the
+ * accumulators stay in registers; the two rows share every weight load. Per lane the float
+ * steps are the matvec's: v = v + ((float)I * ws) * xs, in group order. */
+#define Q8_ALWAYS_INLINE static inline __attribute__((always_inline))
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) Q8_ALWAYS_INLINE void
+blk512(const uint8_t *pk, size_t bs, const int NB, const int NR, size_t K, int gs,
+       const ikv__q8act *x, size_t i, float *Y, size_t ldy, size_t c0, size_t c1) {
     const size_t ng = K / (size_t)gs, G4 = (size_t)gs / 4;
-    const __m512i flip = _mm512_set1_epi32((int32_t)0x80808080u);
-    for (size_t i = 0; i < M; i++) {
-        const int8_t *xq = x->q + i * K;
-        const float *xs = x->s + i * ng;
-        __m512 v0 = _mm512_setzero_ps(), v1 = v0, v2 = v0, v3 = v0;
-        for (size_t g = 0; g < ng; g++) {
-            /* each lane starts at -128 sum(w) of its row and group: after the steps it holds
-             * sum((q + 128) w) - 128 sum(w) = I exactly */
-            const uint8_t *ws = pk + 16 * K + g * 64, *w128 = pk + 16 * K + 64 * ng + g * 64;
-            __m512i a0 = _mm512_loadu_si512(w128), a1 = _mm512_setzero_si512(), a2 = a1, a3 = a1;
-            if (nb > 1) a1 = _mm512_loadu_si512(w128 + bs);
-            if (nb > 2) a2 = _mm512_loadu_si512(w128 + 2 * bs);
-            if (nb > 3) a3 = _mm512_loadu_si512(w128 + 3 * bs);
-            const uint8_t *w = pk + g * G4 * 64;
-            for (size_t k4 = 0; k4 < G4; k4++) {
-                int32_t q4;
-                memcpy(&q4, xq + (g * G4 + k4) * 4, 4);
-                const __m512i u4 = _mm512_xor_si512(_mm512_set1_epi32(q4), flip);
-                const uint8_t *wk = w + k4 * 64;
-                a0 = _mm512_dpbusd_epi32(a0, u4, _mm512_loadu_si512(wk));
-                if (nb > 1) a1 = _mm512_dpbusd_epi32(a1, u4, _mm512_loadu_si512(wk + bs));
-                if (nb > 2) a2 = _mm512_dpbusd_epi32(a2, u4, _mm512_loadu_si512(wk + 2 * bs));
-                if (nb > 3) a3 = _mm512_dpbusd_epi32(a3, u4, _mm512_loadu_si512(wk + 3 * bs));
-            }
-            const __m512 sx = _mm512_set1_ps(xs[g]);
-#define EPI(v, a, o)                                                                               \
-    v = _mm512_add_ps(                                                                             \
-        v, _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), _mm512_loadu_ps(ws + (o))), sx))
-            EPI(v0, a0, 0);
-            if (nb > 1) EPI(v1, a1, bs);
-            if (nb > 2) EPI(v2, a2, 2 * bs);
-            if (nb > 3) EPI(v3, a3, 3 * bs);
-#undef EPI
+    const int8_t *xq[2] = {x->q + i * K, x->q + (i + (size_t)(NR - 1)) * K};
+    const float *xs[2] = {x->s + i * ng, x->s + (i + (size_t)(NR - 1)) * ng};
+    const int32_t *xc[2] = {x->c + i * ng, x->c + (i + (size_t)(NR - 1)) * ng};
+    __m512 v[2][4];
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; u++)
+        v[u / 4][u % 4] = _mm512_setzero_ps();
+    for (size_t g = 0; g < ng; g++) {
+        const uint8_t *w = pk + g * G4 * 64;
+        const float *ws = (const float *)(const void *)(pk + 16 * K) + g * 16;
+        __m512i a[2][4];
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const __m512i c = _mm512_set1_epi32(xc[r][g]);
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; b++)
+                a[r][b] = c;
         }
+        for (size_t k4 = 0; k4 < G4; k4++) {
+            const uint8_t *wk = w + k4 * 64;
+            __m512i q[2];
+#pragma GCC unroll 4
+            for (int r = 0; r < NR; r++)
+                q[r] = _mm512_set1_epi32(ld_i32(xq[r] + (g * G4 + k4) * 4));
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; b++) {
+                const __m512i wv = _mm512_loadu_si512(wk + bs * (size_t)b);
+#pragma GCC unroll 4
+                for (int r = 0; r < NR; r++)
+                    a[r][b] = _mm512_dpbusd_epi32(a[r][b], wv, q[r]);
+            }
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < NR; r++) {
+            const __m512 sx = _mm512_set1_ps(xs[r][g]);
+#pragma GCC unroll 4
+            for (int b = 0; b < NB; b++)
+                v[r][b] = _mm512_add_ps(
+                    v[r][b], _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a[r][b]),
+                                                         _mm512_loadu_ps(ws + bs / 4 * (size_t)b)),
+                                           sx));
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < NR; r++) {
         float t[64];
-        _mm512_storeu_ps(t, v0), _mm512_storeu_ps(t + 16, v1);
-        _mm512_storeu_ps(t + 32, v2), _mm512_storeu_ps(t + 48, v3);
-        float *y = Y + i * ldy;
-        for (size_t j = 0; j < 16 * nb && c0 + j < c1; j++)
+#pragma GCC unroll 4
+        for (int b = 0; b < NB; b++)
+            _mm512_storeu_ps(t + 16 * b, v[r][b]);
+        float *y = Y + (i + (size_t)r) * ldy;
+        for (size_t j = 0; j < 16 * (size_t)NB && c0 + j < c1; j++)
             y[c0 + j] = t[j];
     }
 }
 
-/* gemm_vnni512 on 256-bit vectors (AVX-512 VL): blocks of 8 rows in pack_rows16's layout with
- * R = 8, nb <= 8 blocks per call (64 rows, as the 512-bit kernel's 4 x 16). The same integer
- * sums and the same float steps per row, so the same bits. */
+/* Rows [0, M) of the activations against nb <= 4 blocks at pk (block stride bs; the first row
+ * is column c0 of Y, columns from c1 on are not written): rows two at a time, then one. */
+__attribute__((target("avx512f,avx512bw,avx512vnni"))) static void
+gemm_vnni512(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ikv__q8act *x,
+             size_t M, float *Y, size_t ldy, size_t c0, size_t c1) {
+    size_t i = 0;
+#define BLK_CASE(NB_)                                                                              \
+    case NB_:                                                                                      \
+        for (; i + 2 <= M; i += 2)                                                                 \
+            blk512(pk, bs, NB_, 2, K, gs, x, i, Y, ldy, c0, c1);                                   \
+        for (; i < M; i++)                                                                         \
+            blk512(pk, bs, NB_, 1, K, gs, x, i, Y, ldy, c0, c1);                                   \
+        break
+    switch (nb) {
+        BLK_CASE(4);
+        BLK_CASE(3);
+        BLK_CASE(2);
+    default:
+        BLK_CASE(1);
+    }
+#undef BLK_CASE
+}
+
+/* nb <= 8 8-row blocks on 256-bit vectors (AVX-512 VL), one activation row at a time: the same
+ * integer sums and float steps per lane, so the same bits. */
 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni"))) static void
 gemm_vnni256(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ikv__q8act *x,
              size_t M, float *Y, size_t ldy, size_t c0, size_t c1) {
     const size_t ng = K / (size_t)gs, G4 = (size_t)gs / 4;
-    const __m256i flip = _mm256_set1_epi32((int32_t)0x80808080u);
     for (size_t i = 0; i < M; i++) {
         const int8_t *xq = x->q + i * K;
         const float *xs = x->s + i * ng;
+        const int32_t *xc = x->c + i * ng;
         __m256 v0 = _mm256_setzero_ps(), v1 = v0, v2 = v0, v3 = v0, v4 = v0, v5 = v0, v6 = v0,
                v7 = v0;
         for (size_t g = 0; g < ng; g++) {
-            const uint8_t *ws = pk + 8 * K + g * 32, *w128 = pk + 8 * K + 32 * ng + g * 32;
-            __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0,
-                    a6 = a0, a7 = a0;
-#define INIT(a, b_)                                                                                \
-    if (nb > (b_)) a = _mm256_loadu_si256((const __m256i *)(w128 + (b_)*bs))
-            INIT(a0, 0);
-            INIT(a1, 1);
-            INIT(a2, 2);
-            INIT(a3, 3);
-            INIT(a4, 4);
-            INIT(a5, 5);
-            INIT(a6, 6);
-            INIT(a7, 7);
-#undef INIT
             const uint8_t *w = pk + g * G4 * 32;
+            const uint8_t *ws = pk + 8 * K + g * 32;
+            const __m256i c = _mm256_set1_epi32(xc[g]);
+            __m256i a0 = c, a1 = c, a2 = c, a3 = c, a4 = c, a5 = c, a6 = c, a7 = c;
             for (size_t k4 = 0; k4 < G4; k4++) {
-                int32_t q4;
-                memcpy(&q4, xq + (g * G4 + k4) * 4, 4);
-                const __m256i u4 = _mm256_xor_si256(_mm256_set1_epi32(q4), flip);
+                const __m256i q4 = _mm256_set1_epi32(ld_i32(xq + (g * G4 + k4) * 4));
                 const uint8_t *wk = w + k4 * 32;
 #define DP(a, b_)                                                                                  \
     if (nb > (b_))                                                                                 \
-    a = _mm256_dpbusd_epi32(a, u4, _mm256_loadu_si256((const __m256i *)(wk + (b_)*bs)))
+    a = _mm256_dpbusd_epi32(a, _mm256_loadu_si256((const __m256i *)(wk + (b_)*bs)), q4)
                 DP(a0, 0);
                 DP(a1, 1);
                 DP(a2, 2);
@@ -580,6 +626,22 @@ gemm_vnni256(const uint8_t *pk, size_t bs, size_t nb, size_t K, int gs, const ik
             y[c0 + j] = t[j];
     }
 }
+
+/* Rows [r0, r1) of a packing of rows [pn0, ...) at pk in blocks of R rows (r0 - pn0 a multiple
+ * of R), for M activation rows: 4 (512-bit) or 8 (256-bit) blocks per kernel call. */
+static void vnni_run(int lv, const uint8_t *pk, size_t pn0, size_t K, int gs, const ikv__q8act *x,
+                     size_t M, float *Y, size_t ldy, size_t r0, size_t r1) {
+    const size_t R = lv == 2 ? 16 : 8, per = lv == 2 ? 4 : 8;
+    const size_t bs = R * (K + 4 * (K / (size_t)gs)), nblk = (r1 - r0 + R - 1) / R;
+    const uint8_t *p = pk + (r0 - pn0) / R * bs;
+    for (size_t b = 0; b < nblk; b += per) {
+        const size_t nb = nblk - b < per ? nblk - b : per;
+        if (lv == 2)
+            gemm_vnni512(p + b * bs, bs, nb, K, gs, x, M, Y, ldy, r0 + b * R, r1);
+        else
+            gemm_vnni256(p + b * bs, bs, nb, K, gs, x, M, Y, ldy, r0 + b * R, r1);
+    }
+}
 #endif
 
 size_t ikv__q8_pack(const struct ikv_model *m, int k, int l, size_t n0, size_t n1, uint8_t *out) {
@@ -589,8 +651,8 @@ size_t ikv__q8_pack(const struct ikv_model *m, int k, int l, size_t n0, size_t n
 #ifdef HAVE_X86_SIMD
     if (lv >= 2) {
         const size_t R = lv == 2 ? 16 : 8;
-        if (out) pack_rows16(ikv__qm_q(m, k, l), ikv__qm_s(m, k, l), K, m->gs, n0, n1, out, R);
-        return ikv__q8_pack_bytes16(n1 - n0, K, m->gs, R);
+        if (out) pack_blocks(ikv__qm_q(m, k, l), ikv__qm_s(m, k, l), K, m->gs, n0, n1, out, R);
+        return pack_blocks_bytes(n1 - n0, K, m->gs, R);
     }
     if (out) pack_rows(ikv__qm_q(m, k, l), ikv__qm_s(m, k, l), K, m->gs, n0, n1, out);
     return (n1 - n0 + 7) / 8 * (8 * K + 32 * (K / (size_t)m->gs));
@@ -607,66 +669,27 @@ void ikv__q8_gemm(const struct ikv_model *m, int k, int l, const float *X, size_
     if (n1 <= n0) return;
     /* every row quantized once, into rows of the buffers */
     for (size_t i = 0; i < M; i++) {
-        ikv__q8act r = {buf->q + i * K, buf->a + i * K, buf->s + i * ng};
+        ikv__q8act r = {buf->q + i * K, buf->a + i * K, buf->s + i * ng,
+                        buf->c ? buf->c + i * ng : NULL};
         ikv__q8_quantize(X + i * K, K, m->gs, &r);
     }
-#ifdef HAVE_X86_SIMD
-    const int lv = ikv__q8_simd_level();
-    if (lv == 2 && packed) {
-        const size_t bs = 16 * K + 128 * ng, nblk = (n1 - n0 + 15) / 16;
-        for (size_t b = 0; b < nblk; b += 4) {
-            const size_t nb = nblk - b < 4 ? nblk - b : 4;
-            gemm_vnni512(packed + b * bs, bs, nb, K, m->gs, buf, M, Y, ldy, n0 + b * 16, n1);
-        }
-        return;
-    }
-    if (lv == 3 && packed) {
-        const size_t bs = 8 * K + 64 * ng, nblk = (n1 - n0 + 7) / 8;
-        for (size_t b = 0; b < nblk; b += 8) {
-            const size_t nb = nblk - b < 8 ? nblk - b : 8;
-            gemm_vnni256(packed + b * bs, bs, nb, K, m->gs, buf, M, Y, ldy, n0 + b * 8, n1);
-        }
-        return;
-    }
-    if (lv == 1 && packed) {
-        const size_t bs = 8 * K + 32 * ng, nblk = (n1 - n0 + 7) / 8;
-        for (size_t b = 0; b < nblk; b += 4) {
-            const size_t nb = nblk - b < 4 ? nblk - b : 4;
-            gemm_avx2(packed + b * bs, bs, nb, K, m->gs, buf, M, Y, ldy, n0 + b * 8, n1);
-        }
-        return;
-    }
-#endif
-    (void)packed;
+    if (packed && ikv__q8_linear_packed(m, k, packed, n0, n1, buf, M, Y, ldy, n0, n1)) return;
     for (size_t i = 0; i < M; i++) {
-        ikv__q8act r = {buf->q + i * K, buf->a + i * K, buf->s + i * ng};
+        ikv__q8act r = {buf->q + i * K, buf->a + i * K, buf->s + i * ng, NULL};
         ikv__q8_matvec(m, k, l, &r, Y + i * ldy, n0, n1);
     }
 }
 
 int ikv__q8_linear_packed(const struct ikv_model *m, int k, const uint8_t *packed, size_t pn0,
-                          const ikv__q8act *x, size_t M, float *Y, size_t ldy, size_t r0,
-                          size_t r1) {
+                          size_t pn1, const ikv__q8act *x, size_t M, float *Y, size_t ldy,
+                          size_t r0, size_t r1) {
 #ifdef HAVE_X86_SIMD
     const size_t K = m->qm[k].cols, ng = K / (size_t)m->gs;
     const int lv = ikv__q8_simd_level();
-    if (m->gs % 4 || r1 <= r0) return 0;
-    if (lv == 2 && (r0 - pn0) % 16 == 0) {
-        const size_t bs = 16 * K + 128 * ng, nblk = (r1 - r0 + 15) / 16;
-        const uint8_t *p = packed + (r0 - pn0) / 16 * bs;
-        for (size_t b = 0; b < nblk; b += 4) {
-            const size_t nb = nblk - b < 4 ? nblk - b : 4;
-            gemm_vnni512(p + b * bs, bs, nb, K, m->gs, x, M, Y, ldy, r0 + b * 16, r1);
-        }
-        return 1;
-    }
-    if (lv == 3 && (r0 - pn0) % 8 == 0) {
-        const size_t bs = 8 * K + 64 * ng, nblk = (r1 - r0 + 7) / 8;
-        const uint8_t *p = packed + (r0 - pn0) / 8 * bs;
-        for (size_t b = 0; b < nblk; b += 8) {
-            const size_t nb = nblk - b < 8 ? nblk - b : 8;
-            gemm_vnni256(p + b * bs, bs, nb, K, m->gs, x, M, Y, ldy, r0 + b * 8, r1);
-        }
+    if (m->gs % 4 || r1 <= r0 || r0 < pn0 || r1 > pn1) return 0;
+    if (lv >= 2) {
+        if ((r0 - pn0) % (lv == 2 ? 16 : 8) || !x->c) return 0;
+        vnni_run(lv, packed, pn0, K, m->gs, x, M, Y, ldy, r0, r1);
         return 1;
     }
     if (lv == 1 && (r0 - pn0) % 8 == 0) {
@@ -679,15 +702,15 @@ int ikv__q8_linear_packed(const struct ikv_model *m, int k, const uint8_t *packe
         return 1;
     }
 #else
-    (void)m, (void)k, (void)packed, (void)pn0, (void)x, (void)M, (void)Y, (void)ldy, (void)r0,
-        (void)r1;
+    (void)m, (void)k, (void)packed, (void)pn0, (void)pn1, (void)x, (void)M, (void)Y, (void)ldy,
+        (void)r0, (void)r1;
 #endif
     return 0;
 }
 
 int ikv__q8_gemv_packed(const struct ikv_model *m, int k, const uint8_t *packed, size_t pn0,
-                        const ikv__q8act *x, float *y, size_t r0, size_t r1) {
-    return ikv__q8_linear_packed(m, k, packed, pn0, x, 1, y, 0, r0, r1);
+                        size_t pn1, const ikv__q8act *x, float *y, size_t r0, size_t r1) {
+    return ikv__q8_linear_packed(m, k, packed, pn0, pn1, x, 1, y, 0, r0, r1);
 }
 
 /* ---- dequantization ---------------------------------------------------------------------------
