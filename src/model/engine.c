@@ -153,9 +153,9 @@ void ikv_engine_destroy(ikv_engine *e) {
                     e->hb,       e->hb2,        e->S,        e->qg,     e->Kc,      e->Vc,
                     e->rope_cos, e->rope_sin,   e->xn,       e->rinv,   e->dpart,   e->parked,
                     e->dseq,     e->dpos,       e->dtok,     e->dcoff,  e->dx,      e->dxn,
-                    e->dxb,      e->dq,         e->dk,       e->dv,     e->datt,    e->dhb,
-                    e->dhb2,     e->dlog,       e->vsave,    e->aq,     e->aa,      e->as,
-                    e->ac,       e->wdq,        e->q8pack,   e->q8sl};
+                    e->dxnt,     e->dxb,        e->dq,       e->dk,     e->dv,      e->datt,
+                    e->dhb,      e->dhb2,       e->dlog,     e->vsave,  e->aq,      e->aa,
+                    e->as,       e->ac,         e->wdq,      e->q8pack, e->q8sl};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         ikv_free(bufs[i]);
     ikv_free(e);
@@ -295,6 +295,7 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
              ALLOC(e->dpos, e->dmax) && ALLOC(e->dtok, e->dmax) &&
              ALLOC(e->dcoff, (size_t)e->dmax + 1) && ALLOC(e->dx, (size_t)e->dmax * D) &&
              ALLOC(e->dxn, (size_t)e->dmax * D) && ALLOC(e->dxb, (size_t)e->dmax * D) &&
+             ALLOC(e->dxnt, m->gs ? (size_t)P * e->dmax * D : 0) &&
              ALLOC(e->dq, (size_t)e->dmax * q) && ALLOC(e->datt, (size_t)e->dmax * q) &&
              ALLOC(e->dk, (size_t)e->dmax * kvd) && ALLOC(e->dv, (size_t)e->dmax * kvd) &&
              ALLOC(e->dhb, (size_t)e->dmax * hid) && ALLOC(e->dhb2, (size_t)e->dmax * hid) &&

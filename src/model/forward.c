@@ -1404,6 +1404,20 @@ static void dc_norm(void *vc, int t, int P) {
         rmsnorm(e->dxn + i * D, e->dx + i * D, c->xrow, (int)D);
 }
 
+/* The normed rows (weights c->xrow) of every batch row as thread t's products take them: for an
+ * int8 model, thread t norms them itself into its own rows of e->dxnt (each thread needs only
+ * its quantized copy, so no region of its own and no join before the products: the same
+ * rmsnorm on the same rows, so the same bits); for fp32, e->dxn, which dc_norm filled. */
+static const float *normed_rows(const fwd *c, int t) {
+    struct ikv_engine *e = c->e;
+    if (!e->m->gs) return e->dxn;
+    const size_t D = (size_t)e->m->cfg.dim;
+    float *xn = e->dxnt + (size_t)t * e->dmax * D;
+    for (size_t i = 0; i < c->nb; i++)
+        rmsnorm(xn + i * D, e->dx + i * D, c->xrow, (int)D);
+    return xn;
+}
+
 /* Rows of [q | k | v] split at head boundaries: q, k, v of every batch row; RoPE on its heads;
  * K and V heads written into each row's block. */
 static void dc_qkv(void *vc, int t, int P) {
@@ -1414,15 +1428,16 @@ static void dc_qkv(void *vc, int t, int P) {
     const size_t nq = (size_t)m->q_dim, nkv = (size_t)m->kv_dim, nb = c->nb;
     size_t a, b;
     part(nq + 2 * nkv, t, P, H, &a, &b);
-    const ikv__q8act xa = act_prep_rows(e, t, e->dxn, D, nb, D);
+    const float *xn = normed_rows(c, t);
+    const ikv__q8act xa = act_prep_rows(e, t, xn, D, nb, D);
     for (size_t h = a; h < b; h += H) {
         if (h < nq) { /* a query head */
-            linear(e, t, IKV__QM_Q, c->l, e->dxn, D, &xa, nb, e->dq, nq, h, h + H);
+            linear(e, t, IKV__QM_Q, c->l, xn, D, &xa, nb, e->dq, nq, h, h + H);
             for (size_t i = 0; i < nb; i++)
                 rope(e, e->dq + i * nq + h, (int)H, e->dpos[i]);
         } else if (h < nq + nkv) { /* a key head */
             size_t r = h - nq;
-            linear(e, t, IKV__QM_K, c->l, e->dxn, D, &xa, nb, e->dk, nkv, r, r + H);
+            linear(e, t, IKV__QM_K, c->l, xn, D, &xa, nb, e->dk, nkv, r, r + H);
             for (size_t i = 0; i < nb; i++) {
                 const size_t pos = e->dpos[i];
                 float *kr = e->dk + i * nkv + r;
@@ -1433,7 +1448,7 @@ static void dc_qkv(void *vc, int t, int P) {
             }
         } else { /* a value head */
             size_t r = h - nq - nkv;
-            linear(e, t, IKV__QM_V, c->l, e->dxn, D, &xa, nb, e->dv, nkv, r, r + H);
+            linear(e, t, IKV__QM_V, c->l, xn, D, &xa, nb, e->dv, nkv, r, r + H);
             for (size_t i = 0; i < nb; i++) {
                 const size_t pos = e->dpos[i];
                 memcpy(ikv__kv_at(e, blk_of(e, e->dseq[i], pos), (int)l, 1, (int)(r / H),
@@ -1668,9 +1683,10 @@ static void dc_ffn13(void *vc, int t, int P) {
     const size_t D = (size_t)m->cfg.dim, Hd = (size_t)m->cfg.hidden_dim;
     size_t a, b;
     part(Hd, t, P, 16, &a, &b);
-    const ikv__q8act xa = act_prep_rows(e, t, e->dxn, D, c->nb, D);
-    linear(e, t, IKV__QM_1, c->l, e->dxn, D, &xa, c->nb, e->dhb, Hd, a, b);
-    linear(e, t, IKV__QM_3, c->l, e->dxn, D, &xa, c->nb, e->dhb2, Hd, a, b);
+    const float *xn = normed_rows(c, t);
+    const ikv__q8act xa = act_prep_rows(e, t, xn, D, c->nb, D);
+    linear(e, t, IKV__QM_1, c->l, xn, D, &xa, c->nb, e->dhb, Hd, a, b);
+    linear(e, t, IKV__QM_3, c->l, xn, D, &xa, c->nb, e->dhb2, Hd, a, b);
     for (size_t i = 0; i < c->nb; i++)
         (m->gs ? ikv__runq_swiglu : swiglu)(e->dhb + i * Hd + a, e->dhb2 + i * Hd + a, b - a);
 }
@@ -1698,8 +1714,9 @@ static void dc_logits(void *vc, int t, int P) {
     const size_t D = (size_t)m->cfg.dim, V = (size_t)m->cfg.vocab_size;
     size_t a, b;
     part(V, t, P, 16, &a, &b);
-    const ikv__q8act xa = act_prep_rows(e, t, e->dxn, D, c->nb, D);
-    linear(e, t, IKV__QM_CLS, 0, e->dxn, D, &xa, c->nb, e->dlog, V, a, b);
+    const float *xn = normed_rows(c, t);
+    const ikv__q8act xa = act_prep_rows(e, t, xn, D, c->nb, D);
+    linear(e, t, IKV__QM_CLS, 0, xn, D, &xa, c->nb, e->dlog, V, a, b);
 }
 
 /* Steps of fewer multiply-adds than this (rows x (weights + attention)) run on the calling
@@ -1738,7 +1755,7 @@ void ikv__decode_batch(struct ikv_engine *e, size_t nb) {
     }
     for (c.l = 0; c.l < m->cfg.n_layers; c.l++) {
         c.xrow = m->w.rms_att + (size_t)c.l * D;
-        region(e, inl, dc_norm, &c);
+        if (!m->gs) region(e, inl, dc_norm, &c); /* int8: each thread norms (normed_rows) */
         region(e, inl, dc_qkv, &c);
         if (m->gs) {
             region(e, inl, dc_attn_runq, &c);
@@ -1748,12 +1765,12 @@ void ikv__decode_batch(struct ikv_engine *e, size_t nb) {
         }
         region(e, inl, dc_wo, &c);
         c.xrow = m->w.rms_ffn + (size_t)c.l * D;
-        region(e, inl, dc_norm, &c);
+        if (!m->gs) region(e, inl, dc_norm, &c);
         region(e, inl, dc_ffn13, &c);
         region(e, inl, dc_w2, &c);
     }
     c.xrow = m->w.rms_final;
-    region(e, inl, dc_norm, &c);
+    if (!m->gs) region(e, inl, dc_norm, &c);
     region(e, inl, dc_logits, &c);
     for (size_t i = 0; i < nb; i++)
         memcpy(e->dseq[i]->logits, e->dlog + i * V, sizeof(float) * V);

@@ -312,6 +312,7 @@ struct ikv_engine {
     uint32_t *dtok;             /* [dmax] token of each row */
     size_t *dcoff;              /* [dmax + 1] first attention chunk of each row */
     float *dx, *dxn, *dxb;      /* [dmax][dim] residual, normed, projection out */
+    float *dxnt;                /* int8 models: [nth][dmax][dim] each thread's normed rows */
     float *dq, *dk, *dv, *datt; /* [dmax][q_dim | kv_dim | kv_dim | q_dim] */
     float *dhb, *dhb2;          /* [dmax][hidden] */
     float *dlog;                /* [dmax][vocab] */
