@@ -786,10 +786,10 @@ static void test_runq_swiglu(void **st) {
 /* With int8 weights every position gets runq.c's arithmetic whichever pass computes it: the
  * logits of a 150-token prefill (three tiles, the last partial; grouped-query heads) equal, row
  * for row and bit for bit, those of one token prefilled and the other 149 decoded one at a time;
- * at 1 and 2 threads, with the vector attention/exp kernels and with the scalar loops. */
-static void test_q8_prefill_equals_decode(void **st) {
-    (void)st;
-    ikv_model_config c = wide();
+ * at 1 and 2 threads, with the vector attention/exp kernels and with the scalar loops; for head
+ * dimension 32 (scores divided by sqrtf(32)) and 64 (sqrtf(64) = 8: the vector kernels multiply
+ * by 1/8 instead, which must give the scalar division's bits). */
+static void q8_prefill_equals_decode(ikv_model_config c) {
     ikv_model *f, *m;
     assert_int_equal(ikv_model_random(&c, 17, &f), 0);
     assert_int_equal(ikv_model_quantize(f, 32, &m), 0);
@@ -833,6 +833,14 @@ static void test_q8_prefill_equals_decode(void **st) {
     ikv__simd_force(-1);
     free(ref);
     ikv_model_destroy(m);
+}
+
+static void test_q8_prefill_equals_decode(void **st) {
+    (void)st;
+    q8_prefill_equals_decode(wide());
+    ikv_model_config c64 = wide();
+    c64.n_heads = 2, c64.n_kv_heads = 1; /* head_dim 64, two query heads per KV head */
+    q8_prefill_equals_decode(c64);
 }
 
 /* ---- parity with runq.c

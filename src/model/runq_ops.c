@@ -170,6 +170,16 @@ void ikv__runq_swiglu(float *hb, const float *hb2, size_t n) {
     }
 }
 
+/* Whether x / sq can be computed as x * (1 / sq) with the same bits for every x: when sq is a
+ * power of two (sqrtf(head_dim) for head_dim 4, 16, 64, 256, ...), 1 / sq is exact, and x * (1 /
+ * sq) and x / sq are the same real number, which both operations round once, the same way
+ * (subnormal, infinite and NaN results included). A vector division costs several times a
+ * multiply, and prefill divides every score. */
+static int exact_recip(float sq) {
+    int ex;
+    return sq > 0.0f && isfinite(sq) && frexpf(sq, &ex) == 0.5f;
+}
+
 /* out[j] = (sum over i in order of q[i] * k_j[i]) / sq for the cnt keys k_j = kb + j hd. */
 static void scores_scalar(const float *q, const float *kb, size_t cnt, int hd, float sq,
                           float *out) {
@@ -198,7 +208,8 @@ static void wsum_scalar(const float *a, const float *vb, size_t cnt, int hd, flo
 __attribute__((target("avx2"))) static void scores_avx2(const float *q, const float *kb, size_t cnt,
                                                         int hd, float sq, float *out) {
     const size_t H = (size_t)hd;
-    const __m256 vsq = _mm256_set1_ps(sq);
+    const __m256 vsq = _mm256_set1_ps(sq), vinv = _mm256_set1_ps(1.0f / sq);
+    const int mul = exact_recip(sq);
     size_t j = 0;
     for (; j + 8 <= cnt; j += 8) {
         const float *k = kb + j * H;
@@ -234,7 +245,7 @@ __attribute__((target("avx2"))) static void scores_avx2(const float *q, const fl
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(q[d + 6]), c6));
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_set1_ps(q[d + 7]), c7));
         }
-        _mm256_storeu_ps(out + j, _mm256_div_ps(acc, vsq));
+        _mm256_storeu_ps(out + j, mul ? _mm256_mul_ps(acc, vinv) : _mm256_div_ps(acc, vsq));
     }
     if (j < cnt) scores_scalar(q, kb + j * H, cnt - j, hd, sq, out + j);
 }
@@ -267,7 +278,8 @@ __attribute__((target("avx2"))) static void wsum_avx2(const float *a, const floa
 __attribute__((target("avx512f"))) static void
 scores_avx512(const float *q, const float *kb, size_t cnt, int hd, float sq, float *out) {
     const size_t H = (size_t)hd;
-    const __m512 vsq = _mm512_set1_ps(sq);
+    const __m512 vsq = _mm512_set1_ps(sq), vinv = _mm512_set1_ps(1.0f / sq);
+    const int mul = exact_recip(sq);
     size_t j = 0;
     for (; j + 16 <= cnt; j += 16) {
         const float *k = kb + j * H;
@@ -301,7 +313,7 @@ scores_avx512(const float *q, const float *kb, size_t cnt, int hd, float sq, flo
             for (int i = 0; i < 16; i++)
                 acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_set1_ps(q[d + (size_t)i]), cI[i]));
         }
-        _mm512_storeu_ps(out + j, _mm512_div_ps(acc, vsq));
+        _mm512_storeu_ps(out + j, mul ? _mm512_mul_ps(acc, vinv) : _mm512_div_ps(acc, vsq));
     }
     if (j < cnt) scores_avx2(q, kb + j * H, cnt - j, hd, sq, out + j);
 }
@@ -435,7 +447,9 @@ attn_rows_avx512(const struct ikv_engine *e, const struct ikv_seq *s, int l, int
     for (size_t d = 0; d < H; d++)
         for (int r = 0; r < 16; r++)
             qT[d * 16 + (size_t)r] = r < nr ? q[(size_t)r * ldq + d] : 0.0f;
-    const __m512 vsq = _mm512_set1_ps(sqrtf((float)H));
+    const float sq = sqrtf((float)H);
+    const __m512 vsq = _mm512_set1_ps(sq), vinv = _mm512_set1_ps(1.0f / sq);
+    const int mul = exact_recip(sq);
     /* scores, 16 keys at a time (16 independent sums in flight; a block's last group repeats
      * its last key, not stored) */
     for (size_t b0 = 0; b0 < nk; b0 += bt) {
@@ -459,7 +473,8 @@ attn_rows_avx512(const struct ikv_engine *e, const struct ikv_seq *s, int l, int
             const __m512 acc[16] = {a0, a1, a2,  a3,  a4,  a5,  a6,  a7,
                                     a8, a9, a10, a11, a12, a13, a14, a15};
             for (size_t u = 0; u < 16 && j + u < cnt; u++)
-                _mm512_storeu_ps(S + (b0 + j + u) * 16, _mm512_div_ps(acc[u], vsq));
+                _mm512_storeu_ps(S + (b0 + j + u) * 16,
+                                 mul ? _mm512_mul_ps(acc[u], vinv) : _mm512_div_ps(acc[u], vsq));
         }
     }
     /* softmax per lane: max, libm expf, sum in key order, divide */
