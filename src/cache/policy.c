@@ -15,6 +15,7 @@ extern const ikv_policy_ops ikv_policy_s3fifo;
 extern const ikv_policy_ops ikv_policy_sieve;
 extern const ikv_policy_ops ikv_policy_arc;
 extern const ikv_policy_ops ikv_policy_gdsf;
+extern const ikv_policy_ops ikv_policy_lhd;
 
 static const ikv_policy_ops *const registry[] = {
     &ikv_policy_lru,
@@ -26,6 +27,7 @@ static const ikv_policy_ops *const registry[] = {
     &ikv_policy_sieve,
     &ikv_policy_arc,
     &ikv_policy_gdsf,
+    &ikv_policy_lhd,
 };
 
 #define N_POLICIES (sizeof registry / sizeof registry[0])

@@ -78,8 +78,8 @@ int ikv__ghostq_drop_oldest(ikv__ghostq *g, int list) {
     return 1;
 }
 
-void ikv__ghostq_add(ikv__ghostq *g, ikv_key k, int list) {
-    if (!g->cap) return;
+uint32_t ikv__ghostq_add(ikv__ghostq *g, ikv_key k, int list) {
+    if (!g->cap) return IKV_NIL;
     if (g->free == IKV_NIL) {
         if (!ikv__ghostq_drop_oldest(g, list)) ikv__ghostq_drop_oldest(g, !list);
         g->forced++;
@@ -101,15 +101,23 @@ void ikv__ghostq_add(ikv__ghostq *g, ikv_key k, int list) {
         g->tail[list] = i;
     g->head[list] = i;
     g->n[list]++;
+    return i;
 }
 
 int ikv__ghostq_take(ikv__ghostq *g, ikv_key k) {
+    uint32_t slot;
+    return ikv__ghostq_take_slot(g, k, &slot);
+}
+
+int ikv__ghostq_take_slot(ikv__ghostq *g, ikv_key k, uint32_t *slot) {
+    *slot = IKV_NIL;
     if (!g->cap) return -1;
     uint64_t want = k.hi & ~(uint64_t)1;
     for (uint32_t i = g->bucket[bucket_of(g, want)]; i != IKV_NIL; i = g->slot[i].hnext)
         if ((fp_at(g, i) & ~(uint64_t)1) == want) {
             int l = list_of(g, i);
             release(g, i);
+            *slot = i;
             return l;
         }
     return -1;
