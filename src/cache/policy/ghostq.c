@@ -161,7 +161,12 @@ int ikv__ghostq_check(const ikv__ghostq *g) {
 }
 
 int ikv__ghostq_arc_adapt(ikv__ghostq *g, ikv_key k, double c, double *p) {
-    int l = ikv__ghostq_take(g, k);
+    uint32_t slot;
+    return ikv__ghostq_arc_adapt_slot(g, k, c, p, &slot);
+}
+
+int ikv__ghostq_arc_adapt_slot(ikv__ghostq *g, ikv_key k, double c, double *p, uint32_t *slot) {
+    int l = ikv__ghostq_take_slot(g, k, slot);
     double b1 = (double)ikv__ghostq_len(g, 0) + (l == 0);
     double b2 = (double)ikv__ghostq_len(g, 1) + (l == 1);
     if (l == 0) {

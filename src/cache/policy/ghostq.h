@@ -71,6 +71,8 @@ int ikv__ghostq_take_slot(ikv__ghostq *g, ikv_key k, uint32_t *slot);
  * down by max(|B1|/|B2|, 1) on a B2 hit). Returns the list k was in, or -1 (case IV: nothing
  * changes). Shared by arc and value's split classes. O(1) expected, does not allocate. */
 int ikv__ghostq_arc_adapt(ikv__ghostq *g, ikv_key k, double c, double *p);
+/* The same, and *slot is the slot k had (IKV_NIL when it was in neither list). */
+int ikv__ghostq_arc_adapt_slot(ikv__ghostq *g, ikv_key k, double c, double *p, uint32_t *slot);
 
 /* Forgets the oldest entry of `list`. 1 if one was dropped, 0 if the list is empty. */
 int ikv__ghostq_drop_oldest(ikv__ghostq *g, int list);

@@ -31,7 +31,7 @@
 
 #define IKV__HD_NB   256 /* age bins */
 #define IKV__HD_NHB  6   /* hits buckets */
-#define IKV__HD_NFL  8   /* flag combinations per hits bucket */
+#define IKV__HD_NFL  16  /* flag combinations per hits bucket */
 #define IKV__HD_NCLS (IKV__HD_NHB * IKV__HD_NFL)
 
 typedef struct ikv__hd {

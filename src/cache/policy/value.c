@@ -147,6 +147,7 @@
  */
 #include "../internal.h"
 #include "ghostq.h"
+#include "hdmodel.h"
 #include "sketch.h"
 
 #include <math.h>
@@ -206,6 +207,12 @@ typedef struct value {
     uint64_t rng;        /* xorshift64* state, fixed seed: runs are deterministic */
     ikv__ghostq xg;      /* keys evicted by expert 0 (list 0) and by expert 1 (list 1) */
     uint64_t mix_pen[2]; /* ghost hits charged to each expert (for tests and docs) */
+    /* hit density (hd > 0, split=1): LHD's model (hdmodel.h) orders T1 (hd=1), T2 (hd=2) or
+     * both (hd=3) by sampling; per B1/B2 slot what the counterfactual hit needs */
+    double hd;
+    double hd_sample, hd_period, hd_decay;
+    ikv__hd *hdm;
+    uint64_t *hgd; /* per ghost slot: last access (32 bits) | age at eviction (24) | class (8) */
 } value;
 
 #define W_MIN 0.001 /* an expert's weight never falls below this: it can win back */
@@ -215,6 +222,10 @@ typedef struct value {
 #define CLS(n) (SPL(n) & 1u)
 #define F_KID  8u  /* a child was accessed at this block's latest access */
 #define F_PKID 16u /* ... at its previous access: it did not end that request's chain */
+#define HDC_SHIFT 8 /* bits 8-14: the block's hit-density class (hd > 0) */
+#define HDC(n) ((SPL(n) >> HDC_SHIFT) & 127u)
+#define HD_BACK 1u
+#define HD_ROOT 2u /* bits 2-3: the predicted gap's bucket (value_admit) */
 
 static inline float *gap_of(ikv__node *n) {
     return (float *)&n->pol.u32[0];
@@ -255,6 +266,15 @@ static int set_param(void *ctx, const char *k, const char *v) {
             rc = ikv_error(IKV_EPARAM, "value: mix=%s must be 0, 1 or 2", v);
         return rc;
     }
+    if (!strcmp(k, "hd")) {
+        int rc = ikv__param_double("value", k, v, 0, 3, &p->hd);
+        if (!rc && p->hd != (int)p->hd)
+            rc = ikv_error(IKV_EPARAM, "value: hd=%s must be 0, 1, 2 or 3", v);
+        return rc;
+    }
+    if (!strcmp(k, "hdsample")) return ikv__param_double("value", k, v, 1, 1024, &p->hd_sample);
+    if (!strcmp(k, "hdperiod")) return ikv__param_double("value", k, v, 16, 1e12, &p->hd_period);
+    if (!strcmp(k, "hddecay")) return ikv__param_double("value", k, v, 0, 1, &p->hd_decay);
     if (!strcmp(k, "lr")) return ikv__param_double("value", k, v, 0.001, 10, &p->lr);
     if (!strcmp(k, "sample")) return ikv__param_double("value", k, v, 1, 1024, &p->sample);
     if (!strcmp(k, "fork")) {
@@ -265,7 +285,7 @@ static int set_param(void *ctx, const char *k, const char *v) {
     }
     return ikv_error(IKV_EPARAM,
                      "value: unknown parameter '%s' (new, smooth, cost, lru2, horizon, fork, "
-                     "ghost, split, t2in, tlfu, mix, lr, sample)",
+                     "ghost, split, t2in, tlfu, mix, lr, sample, hd, hdsample, hdperiod, hddecay)",
                      k);
 }
 
@@ -283,7 +303,18 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
     p->t2key = 0;
     p->lr = 0.45;
     p->sample = 16;
+    p->hd_sample = 64;
+    p->hd_period = 65536;
+    p->hd_decay = 0.9;
     int rc = ikv__params_each(params, set_param, p);
+    if (!rc && p->hd > 0 && !p->split)
+        rc = ikv_error(IKV_EPARAM, "value: hd needs split=1 (it orders T1 and/or T2)");
+    if (!rc && p->hd > 0) {
+        p->hdm = ikv_malloc(sizeof *p->hdm);
+        p->hgd = ikv_calloc(env->capacity ? env->capacity : 1, sizeof *p->hgd);
+        if (!p->hdm || !p->hgd) rc = IKV_ENOMEM;
+        else ikv__hd_init(p->hdm, p->hd_period, p->hd_decay, 16);
+    }
     if (!rc && p->mix > 0 && !p->split)
         rc = ikv_error(IKV_EPARAM, "value: mix needs split=1 (it mixes the split with split=0)");
     if (!rc && p->mix > 0 && ikv__ghostq_init(&p->xg, env->capacity)) rc = IKV_ENOMEM;
@@ -298,6 +329,8 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
         ikv__ghostq_free(&p->ghost);
         ikv__sketch_free(&p->sk);
         ikv__ghostq_free(&p->xg);
+        ikv_free(p->hdm);
+        ikv_free(p->hgd);
         ikv_free(p);
         return rc;
     }
@@ -327,6 +360,8 @@ static void value_destroy(void *s) {
     ikv__ghostq_free(&p->ghost);
     ikv__sketch_free(&p->sk);
     ikv__ghostq_free(&p->xg);
+    ikv_free(p->hdm);
+    ikv_free(p->hgd);
     ikv_free(p);
 }
 
@@ -343,7 +378,14 @@ static void value_miss(void *s, ikv_key k) {
     value *p = s;
     if (p->split) {
         /* ARC's cases II and III (FAST'03 Fig. 4): adapt the target of T1 before REPLACE */
-        int g = ikv__ghostq_arc_adapt(&p->ghost, k, (double)p->c, &p->p);
+        uint32_t slot;
+        int g = ikv__ghostq_arc_adapt_slot(&p->ghost, k, (double)p->c, &p->p, &slot);
+        if (g >= 0 && p->hdm) {
+            /* the eviction cost a hit: the model counts the hit it would have been */
+            uint64_t d = p->hgd[slot];
+            ikv__hd_unevict(p->hdm, (uint32_t)(d >> 56), (d >> 32) & 0xffffff,
+                            (uint32_t)((uint32_t)*p->now - (uint32_t)d));
+        }
         p->x = k;
         p->x_valid = 1;
         p->x_from = g;
@@ -372,7 +414,19 @@ static void value_leave(void *s, uint32_t id) {
     ikv__node *n = &p->hp.nodes[id];
     if (p->split) {
         p->res[CLS(n)]--;
-        if (id == p->pending && p->pending_ghost) ikv__ghostq_add(&p->ghost, n->key, (int)CLS(n));
+        if (id == p->pending && p->hdm) {
+            uint64_t now = *p->now, age = now > n->last ? now - n->last : 0;
+            ikv__hd_evict(p->hdm, HDC(n), age);
+            if (p->pending_ghost) {
+                uint32_t slot = ikv__ghostq_add(&p->ghost, n->key, (int)CLS(n));
+                if (slot != IKV_NIL)
+                    p->hgd[slot] = (uint32_t)n->last |
+                                   (uint64_t)(age < 0xffffff ? age : 0xffffff) << 32 |
+                                   (uint64_t)HDC(n) << 56;
+            }
+        } else if (id == p->pending && p->pending_ghost) {
+            ikv__ghostq_add(&p->ghost, n->key, (int)CLS(n));
+        }
         if (id == p->pending && p->pending_exp >= 0)
             ikv__ghostq_add(&p->xg, n->key, p->pending_exp);
     } else if (id == p->pending && p->ghostw > 0) {
@@ -470,7 +524,18 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
             cls = T2;
         }
         if (p->tlfu > 0) ikv__sketch_add(&p->sk, n->key);
-        SPL(n) = cls;
+        uint32_t hf = p->x_from >= 0 ? HD_BACK : 0;
+        if (p->hdm) {
+            if (n->depth == 0) hf |= HD_ROOT;
+            /* the predicted gap against T1's horizon: unproven, within half of it, within
+             * twice it, beyond (value's key in T1 orders by the same comparison) */
+            double gg = *gap_of(n), hz = p->have_kv1 && (double)n->last > p->kv1
+                                             ? (double)n->last - p->kv1
+                                             : p->gbar;
+            uint32_t gb = gg < 0 ? 0 : gg <= hz / 2 ? 1 : gg <= 2 * hz ? 2 : 3;
+            hf |= gb << 2;
+        }
+        SPL(n) = cls | (p->hdm ? ikv__hd_class(n->hits, hf) << HDC_SHIFT : 0);
         mark_parent(p, n);
         p->res[cls]++;
         p->x_valid = 0;
@@ -496,13 +561,19 @@ static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     double k = p->split && p->t2key == 0 ? (double)now : key_of(p, n, now);
     if (p->split) {
         if (p->tlfu > 0) ikv__sketch_add(&p->sk, n->key);
+        if (p->hdm) {
+            /* evidence for the class the block had while its age ran; then its new bucket */
+            ikv__hd_hit(p->hdm, HDC(n), (uint64_t)gap);
+            uint32_t c = ikv__hd_class(n->hits, HDC(n) % IKV__HD_NFL);
+            SPL(n) = (SPL(n) & ~(127u << HDC_SHIFT)) | c << HDC_SHIFT;
+        }
         /* a new access: what was "latest" becomes "previous" (parents are hit before children) */
         SPL(n) = (SPL(n) & ~(F_KID | F_PKID)) | (SPL(n) & F_KID ? F_PKID : 0);
         mark_parent(p, n);
         if (CLS(n) == T1) { /* ARC case I: a hit moves the block to T2 */
             int queued = (n->flags & IKV__QUEUED) != 0;
             if (queued) ikv__heap_remove(&p->h1, p->hp.nodes, id);
-            SPL(n) = T2 | (SPL(n) & (F_KID | F_PKID));
+            SPL(n) = T2 | (SPL(n) & (F_KID | F_PKID | 127u << HDC_SHIFT));
             p->res[T1]--;
             p->res[T2]++;
             if (queued) {
@@ -543,6 +614,31 @@ static uint32_t single_pick(value *p) {
     return best;
 }
 
+/* hd: the least dense (hdmodel.h) of `hdsample` blocks drawn from heap h's slots (all of
+ * them when no more are queued); ties to the older block, then the lower id. O(hdsample). */
+static uint32_t hd_pick(value *p, const ikv__heap *h) {
+    uint64_t n = h->len, k = (uint64_t)p->hd_sample, now = *p->now;
+    uint32_t best = IKV_NIL;
+    double bd = 0;
+    for (uint64_t i = 0; i < (n <= k ? n : k); i++) {
+        uint32_t id = h->slot[n <= k ? i : (uint64_t)(next_unit(p) * (double)n) % n].id;
+        ikv__node *nd = &p->hp.nodes[id];
+        double d = ikv__hd_density(p->hdm, HDC(nd), now > nd->last ? now - nd->last : 0);
+        if (best == IKV_NIL || d < bd ||
+            (d == bd && (nd->last < p->hp.nodes[best].last ||
+                         (nd->last == p->hp.nodes[best].last && id < best))))
+            best = id, bd = d;
+    }
+    return best;
+}
+
+/* The victim of class l's heap: its top, or (hd covering l) the sampled least dense block. */
+static uint32_t top_of(value *p, int l) {
+    const ikv__heap *h = l == T1 ? &p->h1 : &p->hp.h;
+    if (p->hdm && ((int)p->hd & (l == T1 ? 1 : 2))) return hd_pick(p, h);
+    return ikv__heap_top(h);
+}
+
 /* split=1: ARC's REPLACE(x, p) over the two heaps (the other heap when the chosen one has no
  * evictable block). */
 static uint32_t replace(value *p) {
@@ -556,7 +652,7 @@ static uint32_t replace(value *p) {
         l = !l;
         h = l == T1 ? &p->h1 : &p->hp.h;
     }
-    uint32_t id = ikv__heap_top(h);
+    uint32_t id = top_of(p, l);
     if (p->mix > 0 && id != IKV_NIL) {
         uint32_t c1 = single_pick(p);
         int e = p->mix == 2 ? p->w[1] > p->w[0] : next_unit(p) < p->w[1];
@@ -592,7 +688,7 @@ static uint32_t split_victim(value *p) {
         }
         if (p->h1.len) {
             p->pending_ghost = 0;
-            return p->pending = ikv__heap_top(&p->h1);
+            return p->pending = top_of(p, T1);
         }
         return replace(p);
     }
@@ -615,7 +711,8 @@ static uint32_t value_victim(void *s) {
 static size_t value_bytes(const void *s) {
     const value *p = s;
     return (size_t)(p->hp.h.cap + p->h1.cap) * sizeof(ikv__hslot) + ikv__ghostq_bytes(&p->ghost) +
-           ikv__sketch_bytes(&p->sk) + ikv__ghostq_bytes(&p->xg);
+           ikv__sketch_bytes(&p->sk) + ikv__ghostq_bytes(&p->xg) +
+           (p->hgd ? (size_t)p->c * sizeof *p->hgd : 0);
 }
 
 /* Every queued block is on the heap of its class, and (split=1) the class counts, ARC's target
@@ -636,7 +733,8 @@ static int value_check(const void *s) {
                         ikv__ghostq_len(&p->xg, 0) + ikv__ghostq_len(&p->xg, 1) <= p->c))
         return 0;
     return p->res[T1] + p->res[T2] <= p->c && p->p >= 0 && p->p <= (double)p->c &&
-           ikv__ghostq_check(&p->ghost) && (p->tlfu <= 0 || ikv__sketch_check(&p->sk));
+           ikv__ghostq_check(&p->ghost) && (p->tlfu <= 0 || ikv__sketch_check(&p->sk)) &&
+           (!p->hdm || ikv__hd_check(p->hdm));
 }
 
 static uint64_t value_queued(const void *s) {
