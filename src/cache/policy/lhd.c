@@ -241,20 +241,31 @@ static uint64_t next_index(lhd *p, uint64_t n) {
 }
 
 /* The least dense of `sample` evictable blocks (all of them when no more are queued); ties go
- * to the older block, then the lower id. */
+ * to the older block, then the lower id. The sampled slots and then their nodes are
+ * prefetched in batches of up to 64, so the random reads overlap instead of queueing. */
 static uint32_t lhd_victim(void *s) {
     lhd *p = s;
     uint64_t n = p->len, k = (uint64_t)p->sample;
     uint32_t best = IKV_NIL;
     double bd = 0;
-    for (uint64_t i = 0; i < (n <= k ? n : k); i++) {
-        uint32_t id = p->set[n <= k ? i : next_index(p, n)];
-        ikv__node *nd = &p->nodes[id];
-        double d = (double)ikv__hd_density(&p->m, CLS(nd), age_of(p, nd)) * *w_of(nd);
-        if (best == IKV_NIL || d < bd ||
-            (d == bd && (nd->last < p->nodes[best].last ||
-                         (nd->last == p->nodes[best].last && id < best))))
-            best = id, bd = d;
+    if (n <= k) k = n;
+    for (uint64_t i0 = 0; i0 < k; i0 += 64) {
+        uint32_t idx[64];
+        uint64_t m = k - i0 < 64 ? k - i0 : 64;
+        for (uint64_t j = 0; j < m; j++) {
+            idx[j] = (uint32_t)(n == k ? i0 + j : next_index(p, n));
+            __builtin_prefetch(&p->set[idx[j]]);
+        }
+        for (uint64_t j = 0; j < m; j++) __builtin_prefetch(&p->nodes[p->set[idx[j]]].last);
+        for (uint64_t j = 0; j < m; j++) {
+            uint32_t id = p->set[idx[j]];
+            ikv__node *nd = &p->nodes[id];
+            double d = (double)ikv__hd_density(&p->m, CLS(nd), age_of(p, nd)) * *w_of(nd);
+            if (best == IKV_NIL || d < bd ||
+                (d == bd && (nd->last < p->nodes[best].last ||
+                             (nd->last == p->nodes[best].last && id < best))))
+                best = id, bd = d;
+        }
     }
     return p->pending = best;
 }
