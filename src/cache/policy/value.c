@@ -126,13 +126,27 @@
  * each expert's evictions spoil the other's order (2M / 355: 0.408 against 0.427 split, 0.419
  * single heap; synthetic B personal-first 100,000 users: 0.177 against 0.313 and 0.159).
  *
+ * Hit density (hd=1, 2 or 3, off by default; issue 15): LHD's learned model (hdmodel.h; Beckmann
+ * et al., NSDI'18; the `lhd` policy) orders T1 (hd=1), T2 (hd=2) or both (hd=3): the class's
+ * victim is the least dense of `hdsample` (64) blocks drawn from that heap's slots (the heap
+ * order itself is then unused). Classes: the core's hit count x a back bit (admitted from
+ * B1/B2) x a root bit x the predicted gap's bucket against T1's horizon (unproven, within
+ * half of it, within twice it, beyond). Every hit and eviction is evidence; a B1/B2 hit takes
+ * the eviction back and counts the hit it would have been (8 bytes per ghost slot: last
+ * access, age at eviction, class). Measured (docs/policies.md, 34 cells): hd=1 is above the
+ * default in 28 of the 34 cells and the best online policy in 17 (default: 9), but below the
+ * default in five of the six WEKA cells (WEKA gap closed 10% against 15%; worst cell -1.67
+ * points against -1.29) and ~5x slower per insert with eviction (sampled node reads); hd=2 and
+ * hd=3 are worse. Not the default.
+ *
  * Parameters: split (1 default, 0 = one heap), t1key (1 default; 0 = T1 by recency), t2key (0
  * default; 1 = T2 by K), t2in (0 default, 1, 2), tlfu (0 = off, default; 1..15), new (unproven
  * gap in mean gaps, default 4; 0 = no penalty), ghost (split=0 only; default 0), smooth (default
  * 0.5; 1 = last gap only), cost (default 0.1; 0 = cost ignored), lru2 (weight of gap(b) for
  * proven and inherited blocks, default 1; 0 orders them by recency alone), horizon (weight of
  * H, default 1; 0 = every gap counts in full), fork (1 = forks start unproven, default; 0 =
- * they inherit), mix (0 default, 1, 2), lr (0.45), sample (16). value:split=0,new=0,lru2=0,cost=0
+ * they inherit), mix (0 default, 1, 2), lr (0.45), sample (16), hd (0 default; 1, 2, 3),
+ * hdsample (64), hdperiod (65536 events), hddecay (0.9). value:split=0,new=0,lru2=0,cost=0
  * is LRU.
  *
  * Node fields: pol.u32[0] = gap (float, time units; -1 = unproven), pol.u32[1] = cost per token
@@ -758,7 +772,7 @@ const ikv_policy_ops ikv_policy_value = {
            "next use: last - the part of the chain's reuse gap beyond the eviction horizon "
            "(unproven chains and forks: 4 mean gaps) + cost * mean gap * ln(recompute "
            "cost/token) (params split, t1key, t2key, t2in, tlfu, new, smooth, cost, lru2, "
-           "horizon, fork, ghost)",
+           "horizon, fork, ghost, mix, hd)",
     .create = value_create,
     .destroy = value_destroy,
     .miss = value_miss,
