@@ -22,7 +22,7 @@
  * the policy let blocks reach, and a class evicted young stays evicted young).
  *
  * Classes: hits bucket (0, 1, 2, 3-4, 5-8, 9+) x IKV__HD_NFL flag combinations, which each
- * policy defines. Memory: about 240 KiB per model (fixed, not per block). Nothing allocates.
+ * policy defines (16). Memory: about 480 KiB per model (fixed, not per block). Nothing allocates.
  */
 #ifndef ISOKV_CACHE_POLICY_HDMODEL_H
 #define ISOKV_CACHE_POLICY_HDMODEL_H

@@ -37,7 +37,7 @@
  * run by another policy starts with flags 0 in its hits bucket). The evictable set is a dense
  * array of node ids with the position in the node's hpos (swap-remove): 4 bytes per block;
  * the ghost 24 + 8 bytes per remembered key. Cost: queue, dequeue, hit, leave, miss O(1)
- * (expected, for the ghost); victim O(sample); a recomputation O(48 x 256) every `period`
+ * (expected, for the ghost); victim O(sample); a recomputation O(96 x 256) every `period`
  * events. Nothing allocated after create.
  *
  * Parameters: sample (64), period (65536 events), decay (0.9), pool (16), cost (0; 0.1 measured

@@ -152,7 +152,8 @@
  * Node fields: pol.u32[0] = gap (float, time units; -1 = unproven), pol.u32[1] = cost per token
  * (float), pol.u32[3] = TAG when this policy wrote them (a block demoted from a tier run by
  * another policy is recognised and starts unproven), pol.f64[2] = K (the heap position is the
- * node's hpos), pol.u32[2] = class bit and t2in=2's child marks (split=1). Policy state: the
+ * node's hpos), pol.u32[2] = class bit and t2in=2's child marks (split=1), bits 8-14 the
+ * hit-density class (hd > 0). Policy state: the
  * key of the last victim (for H; per class with split=1) besides gbar, ARC's p and counts.
  * Cost: O(log n) per event; split=1: 16 bytes of heap per block (one heap per class, each
  * sized for the whole tier) plus 24 of exact ghost; split=0: 8 bytes of heap; tlfu adds 4-8
