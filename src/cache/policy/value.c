@@ -228,7 +228,13 @@ typedef struct value {
     double hd_sample, hd_period, hd_decay;
     ikv__hd *hdm;
     uint64_t *hgd; /* per ghost slot: last access (32 bits) | age at eviction (24) | class (8) */
+    /* oracle diagnostics (oracle > 0; simulator only, never an online policy): the replay
+     * hands the future in ikv_access.next_use, as for opt */
+    double oracle;
 } value;
+
+/* oracle=1/2: the key of a block with no future use (below every real key: evicted first) */
+#define DEADK (-5e14) /* at or below: doomed (oracle_key) */
 
 #define W_MIN 0.001 /* an expert's weight never falls below this: it can win back */
 
@@ -290,6 +296,12 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "hdsample")) return ikv__param_double("value", k, v, 1, 1024, &p->hd_sample);
     if (!strcmp(k, "hdperiod")) return ikv__param_double("value", k, v, 16, 1e12, &p->hd_period);
     if (!strcmp(k, "hddecay")) return ikv__param_double("value", k, v, 0, 1, &p->hd_decay);
+    if (!strcmp(k, "oracle")) {
+        int rc = ikv__param_double("value", k, v, 0, 6, &p->oracle);
+        if (!rc && p->oracle != (int)p->oracle)
+            rc = ikv_error(IKV_EPARAM, "value: oracle=%s must be an integer 0-6", v);
+        return rc;
+    }
     if (!strcmp(k, "lr")) return ikv__param_double("value", k, v, 0.001, 10, &p->lr);
     if (!strcmp(k, "sample")) return ikv__param_double("value", k, v, 1, 1024, &p->sample);
     if (!strcmp(k, "fork")) {
@@ -300,7 +312,7 @@ static int set_param(void *ctx, const char *k, const char *v) {
     }
     return ikv_error(IKV_EPARAM,
                      "value: unknown parameter '%s' (new, smooth, cost, lru2, horizon, fork, "
-                     "ghost, split, t2in, tlfu, mix, lr, sample, hd, hdsample, hdperiod, hddecay)",
+                     "ghost, split, t2in, tlfu, mix, lr, sample, hd, hdsample, hdperiod, hddecay, oracle)",
                      k);
 }
 
@@ -330,6 +342,8 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
         if (!p->hdm || !p->hgd) rc = IKV_ENOMEM;
         else ikv__hd_init(p->hdm, p->hd_period, p->hd_decay, 16);
     }
+    if (!rc && p->oracle == 4 && p->split)
+        rc = ikv_error(IKV_EPARAM, "value: oracle=4 orders one heap: it needs split=0");
     if (!rc && p->mix > 0 && !p->split)
         rc = ikv_error(IKV_EPARAM, "value: mix needs split=1 (it mixes the split with split=0)");
     if (!rc && p->mix > 0 && ikv__ghostq_init(&p->xg, env->capacity)) rc = IKV_ENOMEM;
@@ -478,6 +492,32 @@ static double key_of(const value *p, ikv__node *n, uint64_t last) {
     return key_at(p, n, last, p->kv, p->have_kv);
 }
 
+/* Oracle diagnostics (docs/policies.md, "What the WEKA gap is made of"; simulator only): the
+ * key k the policy would give, overridden from the future that the simulator passes in
+ * a->next_use (the block's own next use; for oracle=2 its conversation's next request).
+ * oracle=1/2: a block with no future use is doomed; oracle=3: also one whose next use lies
+ * beyond the horizon of its class (it would be evicted before it, were it kept like the
+ * others). Doomed blocks are keyed k - DOOM (below every live key, in value's order among
+ * themselves) and go first from either class. oracle=4 (split=0): Belady's key, the
+ * farthest next use first (opt exactly: the plumbing's check). */
+#define DOOM 1e15
+static inline double oracle_key(const value *p, int cls, const ikv_access *a, size_t pos,
+                                double k) {
+    if (p->oracle <= 0 || !a || !a->next_use) return k;
+    uint64_t nu = a->next_use[pos];
+    if (p->oracle == 4) return -(double)nu;
+    /* oracle=5 / 6: as 3, but only in T1 / only in T2 (which class's blocks the bit helps) */
+    if ((p->oracle == 5 && cls != T1) || (p->oracle == 6 && cls != T2)) return k;
+    if (nu == IKV_NEVER) return k - 2 * DOOM;
+    if (p->oracle >= 3) {
+        double kv = p->split && cls == T1 ? p->kv1 : p->kv;
+        int have = p->split && cls == T1 ? p->have_kv1 : p->have_kv;
+        double now = (double)a->now;
+        if (have && now > kv && (double)nu > now + (now - kv)) return k - DOOM;
+    }
+    return k;
+}
+
 /* split=1: the block's parent (same tier, same policy) had a child at this access. */
 static inline void mark_parent(value *p, ikv__node *n) {
     if (n->parent == IKV_NIL) return;
@@ -558,13 +598,14 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         IKV__HKEY(n) = cls == T2  ? (p->t2key ? key_of(p, n, n->last) : (double)n->last)
                        : p->t1key ? key_at(p, n, n->last, p->kv1, p->have_kv1)
                                   : (double)n->last;
+        if (a) IKV__HKEY(n) = oracle_key(p, (int)cls, a, pos, IKV__HKEY(n));
         return;
     }
     IKV__HKEY(n) = key_of(p, n, n->last);
+    if (a) IKV__HKEY(n) = oracle_key(p, T2, a, pos, IKV__HKEY(n));
 }
 
 static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
-    (void)a, (void)pos;
     value *p = s;
     ikv__node *n = &p->hp.nodes[id];
     /* node->last is still the previous access (the core sets it after this call) */
@@ -574,6 +615,7 @@ static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     *gap_of(n) = g < 0 ? (float)gap : (float)((1 - p->smooth) * g + p->smooth * gap);
     p->gbar = p->gbar == 0 ? gap : (1 - GBAR_W) * p->gbar + GBAR_W * gap;
     double k = p->split && p->t2key == 0 ? (double)now : key_of(p, n, now);
+    k = oracle_key(p, T2, a, pos, k); /* a hit block is in T2 after this call */
     if (p->split) {
         if (p->tlfu > 0) ikv__sketch_add(&p->sk, n->key);
         if (p->hdm) {
@@ -677,6 +719,18 @@ static uint32_t replace(value *p) {
         l = !l;
         h = l == T1 ? &p->h1 : &p->hp.h;
     }
+    if (p->oracle > 0) {
+        /* oracle=1/2: a block without future use goes first, from either class; the
+         * frontiers (kv, kv1) stay where the live victims put them */
+        for (int d = T1; d <= T2; d++) {
+            const ikv__heap *hd = d == T1 ? &p->h1 : &p->hp.h;
+            uint32_t t = ikv__heap_top(hd);
+            if (t != IKV_NIL && IKV__HKEY(&p->hp.nodes[t]) <= DEADK) {
+                p->pending_ghost = 1;
+                return p->pending = t;
+            }
+        }
+    }
     uint32_t id = top_of(p, l);
     if (p->mix > 0 && id != IKV_NIL) {
         uint32_t c1 = single_pick(p);
@@ -725,7 +779,7 @@ static uint32_t value_victim(void *s) {
     value *p = s;
     if (p->split) return split_victim(p);
     uint32_t id = ikv__hp_victim(s);
-    if (id != IKV_NIL) {
+    if (id != IKV_NIL && !(p->oracle > 0 && IKV__HKEY(&p->hp.nodes[id]) <= DEADK)) {
         p->kv = IKV__HKEY(&p->hp.nodes[id]);
         p->have_kv = 1;
     }
