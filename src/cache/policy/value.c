@@ -231,6 +231,14 @@ typedef struct value {
     /* oracle diagnostics (oracle > 0; simulator only, never an online policy): the replay
      * hands the future in ikv_access.next_use, as for opt */
     double oracle;
+    /* reuse predictor (pred > 0, split=1): P(a block is reused before its class's eviction
+     * horizon | its class), learned online; a block whose P is below `pred` is doomed */
+    double pred;          /* doom threshold (0 = off) */
+    double pr_period;     /* evidence events between halvings of the counts */
+    uint64_t pr_events;   /* events since the last halving */
+    float pr_yes[64];     /* per class: hits while resident, ghost hits within the horizon */
+    float pr_no[64];      /* per class: evictions (less those a ghost hit took back) */
+    uint64_t pr_doomed;   /* blocks keyed as doomed (tests, docs) */
 } value;
 
 /* oracle=1/2: the key of a block with no future use (below every real key: evicted first) */
@@ -296,6 +304,8 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "hdsample")) return ikv__param_double("value", k, v, 1, 1024, &p->hd_sample);
     if (!strcmp(k, "hdperiod")) return ikv__param_double("value", k, v, 16, 1e12, &p->hd_period);
     if (!strcmp(k, "hddecay")) return ikv__param_double("value", k, v, 0, 1, &p->hd_decay);
+    if (!strcmp(k, "pred")) return ikv__param_double("value", k, v, 0, 1, &p->pred);
+    if (!strcmp(k, "prperiod")) return ikv__param_double("value", k, v, 16, 1e12, &p->pr_period);
     if (!strcmp(k, "oracle")) {
         int rc = ikv__param_double("value", k, v, 0, 6, &p->oracle);
         if (!rc && p->oracle != (int)p->oracle)
@@ -312,7 +322,7 @@ static int set_param(void *ctx, const char *k, const char *v) {
     }
     return ikv_error(IKV_EPARAM,
                      "value: unknown parameter '%s' (new, smooth, cost, lru2, horizon, fork, "
-                     "ghost, split, t2in, tlfu, mix, lr, sample, hd, hdsample, hdperiod, hddecay, oracle)",
+                     "ghost, split, t2in, tlfu, mix, lr, sample, hd, hdsample, hdperiod, hddecay, pred, prperiod, oracle)",
                      k);
 }
 
@@ -333,9 +343,16 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
     p->hd_sample = 64;
     p->hd_period = 65536;
     p->hd_decay = 0.9;
+    p->pr_period = 65536;
     int rc = ikv__params_each(params, set_param, p);
     if (!rc && p->hd > 0 && !p->split)
         rc = ikv_error(IKV_EPARAM, "value: hd needs split=1 (it orders T1 and/or T2)");
+    if (!rc && p->pred > 0 && (!p->split || p->hd > 0))
+        rc = ikv_error(IKV_EPARAM, "value: pred needs split=1 and hd=0 (it uses hd's class bits)");
+    if (!rc && p->pred > 0) {
+        p->hgd = ikv_calloc(env->capacity ? env->capacity : 1, sizeof *p->hgd);
+        if (!p->hgd) rc = IKV_ENOMEM;
+    }
     if (!rc && p->hd > 0) {
         p->hdm = ikv_malloc(sizeof *p->hdm);
         p->hgd = ikv_calloc(env->capacity ? env->capacity : 1, sizeof *p->hgd);
@@ -396,6 +413,51 @@ static void value_destroy(void *s) {
 
 enum { T1 = 0, T2 = 1 };
 
+#define DOOM 1e15 /* doomed blocks (oracle, pred) are keyed k - DOOM: below every live key */
+
+/* pred: the horizon of class cls at `now`, how long a block of it has stayed lately (T2: the
+ * last T2 victim's age; T1: now - the last T1 victim's key, the stay of a block keyed at its
+ * access); the mean gap until the first eviction. */
+static inline double pr_horizon(const value *p, int cls, double now) {
+    double kv = cls == T1 ? p->kv1 : p->kv;
+    int have = cls == T1 ? p->have_kv1 : p->have_kv;
+    return have && now > kv ? now - kv : p->gbar;
+}
+
+/* pred: a block's class at an access, 48 of 64: its ARC class (1 bit) x the core's hit count
+ * (0, 1, 2, 3+) x its predicted gap g against the horizon h of that class (unproven, <= h/4,
+ * <= h/2, <= h, <= 2h, beyond). */
+static inline uint32_t pr_class(const value *p, const ikv__node *n, int cls, double now, double g) {
+    double h = pr_horizon(p, cls, now);
+    uint32_t gb = g < 0 ? 0 : g <= h / 4 ? 1 : g <= h / 2 ? 2 : g <= h ? 3 : g <= 2 * h ? 4 : 5;
+    uint32_t hb = n->hits < 3 ? n->hits : 3;
+    return (uint32_t)cls | hb << 1 | gb << 3;
+}
+
+/* pred: the class's learned P(reused within the horizon), Laplace-smoothed. */
+static inline double pr_p(const value *p, uint32_t c) {
+    return (p->pr_yes[c] + 1.0) / (p->pr_yes[c] + p->pr_no[c] + 2.0);
+}
+
+/* pred: one event of evidence; every pr_period of them the counts halve (old evidence fades). */
+static inline void pr_event(value *p) {
+    if (++p->pr_events < (uint64_t)p->pr_period) return;
+    p->pr_events = 0;
+    for (int i = 0; i < 64; i++) p->pr_yes[i] *= 0.5f, p->pr_no[i] *= 0.5f;
+}
+
+/* pred: sets n's class (HDC bits) for this access and returns k, or k - DOOM when the class is
+ * unlikely to be reused before the horizon (evicted first, from either class, as the oracle's
+ * doomed blocks: docs/policies.md). */
+static double pr_key(value *p, ikv__node *n, int cls, double now, double k) {
+    uint32_t c = pr_class(p, n, cls, now, *gap_of(n));
+    SPL(n) = (SPL(n) & ~(127u << HDC_SHIFT)) | c << HDC_SHIFT;
+    if (pr_p(p, c) >= p->pred) return k;
+    p->pr_doomed++;
+    return k - DOOM;
+}
+
+
 /* The heap a block of this policy is queued on: T1's (split=1, probation) or the main one. */
 static inline ikv__heap *heap_of(value *p, ikv__node *n) {
     return p->split && CLS(n) == T1 ? &p->h1 : &p->hp.h;
@@ -409,6 +471,17 @@ static void value_miss(void *s, ikv_key k) {
         /* ARC's cases II and III (FAST'03 Fig. 4): adapt the target of T1 before REPLACE */
         uint32_t slot;
         int g = ikv__ghostq_arc_adapt_slot(&p->ghost, k, (double)p->c, &p->p, &slot);
+        if (g >= 0 && p->pred > 0) {
+            /* back within its class's horizon (from its last access): kept like the others it
+             * would have been a hit, so the eviction's evidence turns into a reuse */
+            uint64_t d = p->hgd[slot];
+            uint32_t c = (uint32_t)(d >> 56) & 63u;
+            double age = (double)(uint32_t)((uint32_t)*p->now - (uint32_t)d);
+            if (age <= pr_horizon(p, (int)(c & 1u), (double)*p->now)) {
+                if (p->pr_no[c] >= 1) p->pr_no[c] -= 1;
+                p->pr_yes[c] += 1;
+            }
+        }
         if (g >= 0 && p->hdm) {
             /* the eviction cost a hit: the model counts the hit it would have been */
             uint64_t d = p->hgd[slot];
@@ -452,6 +525,15 @@ static void value_leave(void *s, uint32_t id) {
                     p->hgd[slot] = (uint32_t)n->last |
                                    (uint64_t)(age < 0xffffff ? age : 0xffffff) << 32 |
                                    (uint64_t)HDC(n) << 56;
+            }
+        } else if (id == p->pending && p->pred > 0) {
+            /* evicted unreused: evidence against its class; the ghost slot remembers the class
+             * and last access, so a quick return can take the evidence back */
+            p->pr_no[HDC(n) & 63u] += 1;
+            pr_event(p);
+            if (p->pending_ghost) {
+                uint32_t slot = ikv__ghostq_add(&p->ghost, n->key, (int)CLS(n));
+                if (slot != IKV_NIL) p->hgd[slot] = (uint32_t)n->last | (uint64_t)HDC(n) << 56;
             }
         } else if (id == p->pending && p->pending_ghost) {
             ikv__ghostq_add(&p->ghost, n->key, (int)CLS(n));
@@ -500,7 +582,6 @@ static double key_of(const value *p, ikv__node *n, uint64_t last) {
  * others). Doomed blocks are keyed k - DOOM (below every live key, in value's order among
  * themselves) and go first from either class. oracle=4 (split=0): Belady's key, the
  * farthest next use first (opt exactly: the plumbing's check). */
-#define DOOM 1e15
 static inline double oracle_key(const value *p, int cls, const ikv_access *a, size_t pos,
                                 double k) {
     if (p->oracle <= 0 || !a || !a->next_use) return k;
@@ -599,6 +680,7 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
                        : p->t1key ? key_at(p, n, n->last, p->kv1, p->have_kv1)
                                   : (double)n->last;
         if (a) IKV__HKEY(n) = oracle_key(p, (int)cls, a, pos, IKV__HKEY(n));
+        if (p->pred > 0) IKV__HKEY(n) = pr_key(p, n, (int)cls, (double)n->last, IKV__HKEY(n));
         return;
     }
     IKV__HKEY(n) = key_of(p, n, n->last);
@@ -616,6 +698,12 @@ static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     p->gbar = p->gbar == 0 ? gap : (1 - GBAR_W) * p->gbar + GBAR_W * gap;
     double k = p->split && p->t2key == 0 ? (double)now : key_of(p, n, now);
     k = oracle_key(p, T2, a, pos, k); /* a hit block is in T2 after this call */
+    if (p->pred > 0) {
+        /* the class it had since its last access was reused while resident */
+        p->pr_yes[HDC(n) & 63u] += 1;
+        pr_event(p);
+        k = pr_key(p, n, T2, (double)now, k);
+    }
     if (p->split) {
         if (p->tlfu > 0) ikv__sketch_add(&p->sk, n->key);
         if (p->hdm) {
@@ -719,7 +807,7 @@ static uint32_t replace(value *p) {
         l = !l;
         h = l == T1 ? &p->h1 : &p->hp.h;
     }
-    if (p->oracle > 0) {
+    if (p->oracle > 0 || p->pred > 0) {
         /* oracle=1/2: a block without future use goes first, from either class; the
          * frontiers (kv, kv1) stay where the live victims put them */
         for (int d = T1; d <= T2; d++) {
@@ -811,6 +899,8 @@ static int value_check(const void *s) {
                         fabs(p->w[0] + p->w[1] - 1) < 1e-9 && ikv__ghostq_check(&p->xg) &&
                         ikv__ghostq_len(&p->xg, 0) + ikv__ghostq_len(&p->xg, 1) <= p->c))
         return 0;
+    for (int i = 0; p->pred > 0 && i < 64; i++)
+        if (!(p->pr_yes[i] >= 0 && p->pr_no[i] >= 0)) return 0;
     return p->res[T1] + p->res[T2] <= p->c && p->p >= 0 && p->p <= (double)p->c &&
            ikv__ghostq_check(&p->ghost) && (p->tlfu <= 0 || ikv__sketch_check(&p->sk)) &&
            (!p->hdm || ikv__hd_check(p->hdm));
