@@ -236,8 +236,10 @@ typedef struct value {
     double pred;          /* doom threshold (0 = off) */
     double pr_period;     /* evidence events between halvings of the counts */
     uint64_t pr_events;   /* events since the last halving */
-    float pr_yes[64];     /* per class: hits while resident, ghost hits within the horizon */
-    float pr_no[64];      /* per class: evictions (less those a ghost hit took back) */
+    double pr_depth;      /* 1: the class includes the block's depth (3 buckets) */
+    float pr_yes[128];    /* per class: hits while resident, ghost hits within the horizon */
+    float pr_no[128];     /* per class: evictions (less those a ghost hit took back) */
+    double pr_yes_all, pr_no_all; /* the sums over the classes */
     uint64_t pr_doomed;   /* blocks keyed as doomed (tests, docs) */
 } value;
 
@@ -305,6 +307,7 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "hdperiod")) return ikv__param_double("value", k, v, 16, 1e12, &p->hd_period);
     if (!strcmp(k, "hddecay")) return ikv__param_double("value", k, v, 0, 1, &p->hd_decay);
     if (!strcmp(k, "pred")) return ikv__param_double("value", k, v, 0, 1, &p->pred);
+    if (!strcmp(k, "prdepth")) return ikv__param_double("value", k, v, 0, 1, &p->pr_depth);
     if (!strcmp(k, "prperiod")) return ikv__param_double("value", k, v, 16, 1e12, &p->pr_period);
     if (!strcmp(k, "oracle")) {
         int rc = ikv__param_double("value", k, v, 0, 6, &p->oracle);
@@ -424,12 +427,17 @@ static inline double pr_horizon(const value *p, int cls, double now) {
     return have && now > kv ? now - kv : p->gbar;
 }
 
-/* pred: a block's class at an access, 48 of 64: its ARC class (1 bit) x the core's hit count
+/* pred: a block's class at an access, 48 of 128: its ARC class (1 bit) x the core's hit count
  * (0, 1, 2, 3+) x its predicted gap g against the horizon h of that class (unproven, <= h/4,
- * <= h/2, <= h, <= 2h, beyond). */
+ * <= h/2, <= h, <= 2h, beyond); prdepth=1: 108 of 128, hit counts 0, 1, 2+ x the block's
+ * depth (under 1024, under 2048, deeper). */
 static inline uint32_t pr_class(const value *p, const ikv__node *n, int cls, double now, double g) {
     double h = pr_horizon(p, cls, now);
     uint32_t gb = g < 0 ? 0 : g <= h / 4 ? 1 : g <= h / 2 ? 2 : g <= h ? 3 : g <= 2 * h ? 4 : 5;
+    if (p->pr_depth > 0) {
+        uint32_t hb = n->hits < 2 ? n->hits : 2, db = n->depth < 1024 ? 0 : n->depth < 2048 ? 1 : 2;
+        return (uint32_t)cls + 2 * (hb + 3 * (db + 3 * gb));
+    }
     uint32_t hb = n->hits < 3 ? n->hits : 3;
     return (uint32_t)cls | hb << 1 | gb << 3;
 }
@@ -443,7 +451,11 @@ static inline double pr_p(const value *p, uint32_t c) {
 static inline void pr_event(value *p) {
     if (++p->pr_events < (uint64_t)p->pr_period) return;
     p->pr_events = 0;
-    for (int i = 0; i < 64; i++) p->pr_yes[i] *= 0.5f, p->pr_no[i] *= 0.5f;
+    p->pr_yes_all = p->pr_no_all = 0;
+    for (int i = 0; i < 128; i++) {
+        p->pr_yes[i] *= 0.5f, p->pr_no[i] *= 0.5f;
+        p->pr_yes_all += p->pr_yes[i], p->pr_no_all += p->pr_no[i];
+    }
 }
 
 /* pred: sets n's class (HDC bits) for this access and returns k, or k - DOOM when the class is
@@ -452,7 +464,10 @@ static inline void pr_event(value *p) {
 static double pr_key(value *p, ikv__node *n, int cls, double now, double k) {
     uint32_t c = pr_class(p, n, cls, now, *gap_of(n));
     SPL(n) = (SPL(n) & ~(127u << HDC_SHIFT)) | c << HDC_SHIFT;
-    if (pr_p(p, c) >= p->pred) return k;
+    /* relative to the mean: where every class is evicted before reuse (the policy's own
+     * outcome), nothing is doomed, else the doom would fulfil itself */
+    double all = (p->pr_yes_all + 1.0) / (p->pr_yes_all + p->pr_no_all + 2.0);
+    if (pr_p(p, c) >= p->pred * all) return k;
     p->pr_doomed++;
     return k - DOOM;
 }
@@ -475,11 +490,11 @@ static void value_miss(void *s, ikv_key k) {
             /* back within its class's horizon (from its last access): kept like the others it
              * would have been a hit, so the eviction's evidence turns into a reuse */
             uint64_t d = p->hgd[slot];
-            uint32_t c = (uint32_t)(d >> 56) & 63u;
+            uint32_t c = (uint32_t)(d >> 56) & 127u;
             double age = (double)(uint32_t)((uint32_t)*p->now - (uint32_t)d);
             if (age <= pr_horizon(p, (int)(c & 1u), (double)*p->now)) {
-                if (p->pr_no[c] >= 1) p->pr_no[c] -= 1;
-                p->pr_yes[c] += 1;
+                if (p->pr_no[c] >= 1) p->pr_no[c] -= 1, p->pr_no_all -= 1;
+                p->pr_yes[c] += 1, p->pr_yes_all += 1;
             }
         }
         if (g >= 0 && p->hdm) {
@@ -529,7 +544,7 @@ static void value_leave(void *s, uint32_t id) {
         } else if (id == p->pending && p->pred > 0) {
             /* evicted unreused: evidence against its class; the ghost slot remembers the class
              * and last access, so a quick return can take the evidence back */
-            p->pr_no[HDC(n) & 63u] += 1;
+            p->pr_no[HDC(n)] += 1, p->pr_no_all += 1;
             pr_event(p);
             if (p->pending_ghost) {
                 uint32_t slot = ikv__ghostq_add(&p->ghost, n->key, (int)CLS(n));
@@ -700,7 +715,7 @@ static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     k = oracle_key(p, T2, a, pos, k); /* a hit block is in T2 after this call */
     if (p->pred > 0) {
         /* the class it had since its last access was reused while resident */
-        p->pr_yes[HDC(n) & 63u] += 1;
+        p->pr_yes[HDC(n)] += 1, p->pr_yes_all += 1;
         pr_event(p);
         k = pr_key(p, n, T2, (double)now, k);
     }
@@ -899,7 +914,7 @@ static int value_check(const void *s) {
                         fabs(p->w[0] + p->w[1] - 1) < 1e-9 && ikv__ghostq_check(&p->xg) &&
                         ikv__ghostq_len(&p->xg, 0) + ikv__ghostq_len(&p->xg, 1) <= p->c))
         return 0;
-    for (int i = 0; p->pred > 0 && i < 64; i++)
+    for (int i = 0; p->pred > 0 && i < 128; i++)
         if (!(p->pr_yes[i] >= 0 && p->pr_no[i] >= 0)) return 0;
     return p->res[T1] + p->res[T2] <= p->c && p->p >= 0 && p->p <= (double)p->c &&
            ikv__ghostq_check(&p->ghost) && (p->tlfu <= 0 || ikv__sketch_check(&p->sk)) &&
