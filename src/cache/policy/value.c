@@ -139,6 +139,23 @@
  * points against -1.29) and ~5x slower per insert with eviction (sampled node reads); hd=2 and
  * hd=3 are worse. Not the default.
  *
+ * Oracle diagnostics (oracle=1..6, simulator only, never an online policy; docs/policies.md,
+ * "What the WEKA gap is made of"): the replay passes next-use times as for opt (sim/replay.c
+ * switches them on for a spec with "oracle="), and a block with no future use (1; 2: whose
+ * conversation has no further request) or no use within its class's horizon (3; 5 / 6: in T1 /
+ * T2 only) is doomed: keyed k - DOOM and evicted first from either class; 4 (split=0) keys by
+ * the farthest next use, opt exactly. On the six WEKA cells the horizon bit closes 64% of the
+ * lru -> opt gap, the dead-block bit 31%, the dead-conversation bit 24% (value: 15%).
+ *
+ * Reuse predictor (pred=T > 0, off by default; issue 15): the online stand-in for oracle=3.
+ * P(reused within the horizon | class) per class (ARC class x the core's hit count x the
+ * predicted gap against the class's horizon; prdepth=1 adds the depth), from hits (yes) and
+ * evictions of the pending victim (no), a B1/B2 hit within the horizon turning a no into a
+ * yes (8 bytes per ghost slot: last access, class), counts halved every prperiod events. A
+ * block whose class's P is below T x the mean P is doomed as by the oracle (relative: an
+ * absolute threshold doomed every class where the policy itself evicts all before reuse).
+ * Measured: WEKA gap closed 15% (the default's), not the default (docs/policies.md).
+ *
  * Parameters: split (1 default, 0 = one heap), t1key (1 default; 0 = T1 by recency), t2key (0
  * default; 1 = T2 by K), t2in (0 default, 1, 2), tlfu (0 = off, default; 1..15), new (unproven
  * gap in mean gaps, default 4; 0 = no penalty), ghost (split=0 only; default 0), smooth (default
@@ -146,14 +163,15 @@
  * proven and inherited blocks, default 1; 0 orders them by recency alone), horizon (weight of
  * H, default 1; 0 = every gap counts in full), fork (1 = forks start unproven, default; 0 =
  * they inherit), mix (0 default, 1, 2), lr (0.45), sample (16), hd (0 default; 1, 2, 3),
- * hdsample (64), hdperiod (65536 events), hddecay (0.9). value:split=0,new=0,lru2=0,cost=0
+ * hdsample (64), hdperiod (65536 events), hddecay (0.9), pred (0 = off; 0-1), prperiod
+ * (65536), prdepth (0, 1), oracle (0; 1-6, simulator only). value:split=0,new=0,lru2=0,cost=0
  * is LRU.
  *
  * Node fields: pol.u32[0] = gap (float, time units; -1 = unproven), pol.u32[1] = cost per token
  * (float), pol.u32[3] = TAG when this policy wrote them (a block demoted from a tier run by
  * another policy is recognised and starts unproven), pol.f64[2] = K (the heap position is the
  * node's hpos), pol.u32[2] = class bit and t2in=2's child marks (split=1), bits 8-14 the
- * hit-density class (hd > 0). Policy state: the
+ * hit-density class (hd > 0) or the predictor's class (pred > 0). Policy state: the
  * key of the last victim (for H; per class with split=1) besides gbar, ARC's p and counts.
  * Cost: O(log n) per event; split=1: 16 bytes of heap per block (one heap per class, each
  * sized for the whole tier) plus 24 of exact ghost; split=0: 8 bytes of heap; tlfu adds 4-8
@@ -932,7 +950,7 @@ const ikv_policy_ops ikv_policy_value = {
            "next use: last - the part of the chain's reuse gap beyond the eviction horizon "
            "(unproven chains and forks: 4 mean gaps) + cost * mean gap * ln(recompute "
            "cost/token) (params split, t1key, t2key, t2in, tlfu, new, smooth, cost, lru2, "
-           "horizon, fork, ghost, mix, hd)",
+           "horizon, fork, ghost, mix, hd, pred; oracle: simulator diagnostics)",
     .create = value_create,
     .destroy = value_destroy,
     .miss = value_miss,
