@@ -938,8 +938,8 @@ static void test_value_pred(void **st) {
     assert_true(convs_and_dead(f, 200, &d64) <= hits[1]);
     ikv_cache_destroy(f);
     const char *bad[] = {"value:pred=0.5,split=0", "value:pred=0.5,hd=1", "value:pred=2",
-                         "value:prperiod=1", "value:oracle=4", "value:oracle=7",
-                         "value:oracle=1.5"};
+                         "value:prperiod=1", "value:prcls=4", "value:prcls=1.5",
+                         "value:oracle=4", "value:oracle=7", "value:oracle=1.5"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ikv_cache_config cfg;
         ikv_cache_config_default(&cfg, 16, bad[i]);
@@ -1417,7 +1417,9 @@ static void test_value_oracle(void **st) {
             char spec[32];
             snprintf(spec, sizeof spec, "value:oracle=%d", m);
             uint64_t h = gt_core(spec, cap);
-            if (h < v || h > o) fail_msg("%s at %" PRIu64 ": %" PRIu64 " (value %" PRIu64 ", opt %" PRIu64 ")", spec, cap, h, v, o);
+            if (h < v || h > o)
+                fail_msg("%s at %" PRIu64 ": %" PRIu64 " (value %" PRIu64 ", opt %" PRIu64 ")",
+                         spec, cap, h, v, o);
         }
     }
 }
