@@ -257,6 +257,23 @@ static void test_locks(void **st) {
     ikv_cache_destroy(c);
 }
 
+/* ikv_policy_offline: opt and nonzero oracle diagnostics read the future; nothing else does. */
+static void test_policy_offline(void **st) {
+    (void)st;
+    assert_true(ikv_policy_offline("opt"));
+    assert_true(ikv_policy_offline("opt:"));
+    assert_true(ikv_policy_offline("value:oracle=1"));
+    assert_true(ikv_policy_offline("value:split=0,oracle=4"));
+    assert_true(ikv_policy_offline("value:oracle=0.5"));
+    assert_false(ikv_policy_offline("value:oracle=0"));
+    assert_false(ikv_policy_offline("value:oracle=0.0,pred=0.25"));
+    assert_false(ikv_policy_offline("value"));
+    assert_false(ikv_policy_offline("optx"));
+    assert_false(ikv_policy_offline("lru"));
+    assert_false(ikv_policy_offline("value:xoracle=1"));
+    assert_false(ikv_policy_offline(NULL));
+}
+
 /* LRU evicts leaves in last-use order; a parent whose children went becomes a leaf. */
 static void test_lru_order(void **st) {
     (void)st;
@@ -1893,6 +1910,7 @@ int main(void) {
         cmocka_unit_test(test_bad_input),
         cmocka_unit_test(test_locks),
         cmocka_unit_test(test_lru_order),
+        cmocka_unit_test(test_policy_offline),
         cmocka_unit_test(test_scopes),
         cmocka_unit_test(test_pins),
         cmocka_unit_test(test_softpin),

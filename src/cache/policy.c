@@ -50,3 +50,19 @@ const char *ikv_policy_name(size_t i) {
 const char *ikv_policy_doc(size_t i) {
     return i < N_POLICIES ? registry[i]->doc : NULL;
 }
+
+int ikv_policy_offline(const char *spec) {
+    if (!spec) return 0;
+    const char *colon = strchr(spec, ':');
+    size_t len = colon ? (size_t)(colon - spec) : strlen(spec);
+    if (len == 3 && !memcmp(spec, "opt", 3)) return 1;
+    /* oracle=V at the start of a pair, V not a plain zero */
+    for (const char *p = colon; p; p = strchr(p + 1, ',')) {
+        if (strncmp(p + 1, "oracle=", 7)) continue;
+        const char *v = p + 8;
+        while (*v == '0' || *v == '.')
+            v++;
+        if (*v && *v != ',') return 1;
+    }
+    return 0;
+}
