@@ -543,12 +543,86 @@ static void test_verify_sampling_distribution(void **st) {
     ikv_model_destroy(m);
 }
 
+/* One long verify against decoding, with the multi-row attention kernel (attn_rows.c) on and
+ * off: a draft of DEC tokens (rows in groups of 16, 16, ..., and a short last group), at block
+ * sizes 16 and 5 (a row's last block then holds fewer than 8 keys: the exp sums' tail), at 1
+ * and 2 threads; every row's logits bit-identical to the decode reference in both settings. */
+static void rows_kernel_on(const ikv_model *m, const uint32_t *P, size_t np, int expect_usable) {
+    const int V = m->cfg.vocab_size;
+    enum { DEC = 70 };
+    float *ref = malloc(sizeof(float) * (size_t)V * (DEC + 1));
+    float *all = malloc(sizeof(float) * (size_t)V * DEC);
+    uint32_t gen[DEC];
+    static const uint32_t bts[] = {16, 5};
+    for (size_t bi = 0; bi < 2; bi++)
+        for (int th = 1; th <= 2; th++) {
+            ikv_engine_options o;
+            ikv_engine_options_default(&o);
+            o.threads = th;
+            o.max_seqs = 2;
+            o.tile = 16;
+            o.block_tokens = bts[bi];
+            o.max_draft = DEC;
+            tu_greedy_ref(m, &o, P, np, DEC, ref, gen);
+            ikv_engine *e;
+            assert_int_equal(ikv_engine_create(m, &o, &e), 0);
+            for (int on = 1; on >= 0; on--) {
+                ikv__attn_rows_force(on);
+                assert_int_equal(ikv__attn_rows_usable(e), on && expect_usable);
+                ikv_request rq = {.tokens = P, .n = np, .tenant = "T", .max_new = DEC + 2};
+                ikv_seq *s;
+                assert_int_equal(ikv_engine_begin(e, &rq, &s, NULL), 0);
+                ikv_verify v = {.draft = gen, .k = DEC, .logits_all = all};
+                assert_int_equal(ikv_engine_verify(e, s, &v), 0);
+                assert_int_equal(v.accepted, DEC);
+                /* row i follows draft[i]: decode's logits after gen[i] */
+                for (size_t i = 0; i < DEC; i++)
+                    assert_memory_equal(all + i * (size_t)V, ref + (i + 1) * (size_t)V,
+                                        sizeof(float) * (size_t)V);
+                ikv_engine_end(e, s);
+                assert_true(ikv_engine_check(e));
+            }
+            ikv__attn_rows_force(-1);
+            ikv_engine_destroy(e);
+        }
+    free(ref);
+    free(all);
+}
+
+static void test_verify_rows_kernel(void **st) {
+    (void)st;
+#if defined(__x86_64__) && defined(__GNUC__)
+    const int avx512 = ikv__use_avx2() && __builtin_cpu_supports("avx512f");
+#else
+    const int avx512 = 0;
+#endif
+    if (!avx512) printf("(no AVX-512F here: the multi-row kernel is off, checked as such)\n");
+    ikv_model *m;
+    if (ikv_model_load("data/models/stories260K/stories260K.bin", &m))
+        fail_msg("bundled model: %s", ikv_errdetail());
+    uint32_t P[40];
+    for (int i = 0; i < 40; i++)
+        P[i] = (uint32_t)(3 + (i * 37) % 500);
+    rows_kernel_on(m, P, 23, avx512); /* head_dim 8: the unrolled kernel */
+    ikv_model_destroy(m);
+    ikv_model_config c;
+    assert_int_equal(ikv_model_config_named("tiny", &c), 0); /* head_dim 16: the general one */
+    assert_int_equal(ikv_model_random(&c, 5, &m), 0);
+    rows_kernel_on(m, P, 17, avx512);
+    ikv_model_destroy(m);
+    c.dim = 48, c.hidden_dim = 96; /* head_dim 12: not a multiple of 8, the per-row kernels */
+    assert_int_equal(ikv_model_random(&c, 5, &m), 0);
+    rows_kernel_on(m, P, 17, 0);
+    ikv_model_destroy(m);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accept_rule_arithmetic),
         cmocka_unit_test(test_accept_rule_statistics),
         cmocka_unit_test(test_verify_exact_generated),
         cmocka_unit_test(test_verify_exact_real),
+        cmocka_unit_test(test_verify_rows_kernel),
         cmocka_unit_test(test_step_drafts_mixed),
         cmocka_unit_test(test_lookup_draft_oracle),
         cmocka_unit_test(test_verify_sampling_distribution),

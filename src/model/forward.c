@@ -1572,13 +1572,76 @@ static void attn_chunk(const struct ikv_engine *e, const struct ikv_seq *s, cons
     }
 }
 
-/* Attention chunks of all batch rows split: item i is chunk i - dcoff[b] of row b. */
+/* The end of the group of batch rows starting at b for the multi-row kernel: the run of rows
+ * of b's sequence after it, at most IKV__AR_LANES. */
+static size_t ar_group_end(const struct ikv_engine *e, size_t b, size_t nb) {
+    size_t g = b + 1;
+    while (g < nb && g - b < IKV__AR_LANES && e->dseq[g] == e->dseq[b])
+        g++;
+    return g;
+}
+
+/* dc_attn with the multi-row kernel (attn_rows.c): the work units are, in batch order, each
+ * group of >= IKV__AR_MIN rows of one sequence times its chunks (the most any of its rows
+ * has), and each chunk of a row outside such groups; the units are split between the threads
+ * (a fixed partition; no output depends on it). */
+static void dc_attn_rows(const fwd *c, int t, int P, float *sc) {
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, qd = (size_t)m->q_dim;
+    const size_t nb = c->nb, pd = nh * (H + 2);
+    size_t total = 0;
+    for (size_t b = 0, g; b < nb; b = g) {
+        g = ar_group_end(e, b, nb);
+        if (g - b >= IKV__AR_MIN) {
+            size_t mx = 0;
+            for (size_t i = b; i < g; i++)
+                mx = e->dcoff[i + 1] - e->dcoff[i] > mx ? e->dcoff[i + 1] - e->dcoff[i] : mx;
+            total += mx;
+        } else {
+            total += e->dcoff[g] - e->dcoff[b];
+        }
+    }
+    size_t u0, u1, u = 0;
+    part(total, t, P, 1, &u0, &u1);
+    for (size_t b = 0, g; b < nb && u < u1; b = g) {
+        g = ar_group_end(e, b, nb);
+        if (g - b >= IKV__AR_MIN) {
+            size_t mx = 0;
+            for (size_t i = b; i < g; i++)
+                mx = e->dcoff[i + 1] - e->dcoff[i] > mx ? e->dcoff[i + 1] - e->dcoff[i] : mx;
+            for (size_t ch = 0; ch < mx; ch++, u++) {
+                if (u < u0 || u >= u1) continue;
+                float *out[IKV__AR_LANES];
+                for (size_t i = b; i < g; i++)
+                    out[i - b] = ch < e->dcoff[i + 1] - e->dcoff[i]
+                                     ? e->dpart + (e->dcoff[i] + ch) * pd
+                                     : NULL;
+                ikv__attn_rows(e, e->dseq[b], c->l, ch, g - b, e->dq + b * qd, qd, e->dpos + b, out,
+                               sc);
+            }
+        } else {
+            for (size_t i = b; i < g; i++)
+                for (size_t ch = 0; ch < e->dcoff[i + 1] - e->dcoff[i]; ch++, u++)
+                    if (u >= u0 && u < u1)
+                        attn_chunk(e, e->dseq[i], e->dq + i * qd, e->dpos[i], c->l, ch,
+                                   e->dpart + (e->dcoff[i] + ch) * pd, sc);
+        }
+    }
+}
+
+/* Attention chunks of all batch rows split: item i is chunk i - dcoff[b] of row b (or the
+ * multi-row kernel's units, above, where it applies). */
 static void dc_attn(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
     const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, qd = (size_t)m->q_dim;
     float *sc = e->S + (size_t)t * e->S_rows * e->Lmax;
+    if (c->nb >= IKV__AR_MIN && ikv__attn_rows_usable(e)) {
+        dc_attn_rows(c, t, P, sc);
+        return;
+    }
     size_t i0, i1, b = 0;
     part(e->dcoff[c->nb], t, P, 1, &i0, &i1);
     for (size_t i = i0; i < i1; i++) {

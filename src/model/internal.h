@@ -419,6 +419,24 @@ int ikv__use_avx2(void);
  * tests, before any engine runs: results are only comparable within one setting. Not thread-safe.
  */
 void ikv__simd_force(int avx2);
+/* Multi-row decode attention (attn_rows.c): groups of at least IKV__AR_MIN consecutive batch
+ * rows of one sequence (a verify's rows) take the AVX-512 kernel whose lanes are rows, with
+ * each row's bits exactly those of the per-row kernels. ikv__attn_rows_usable: whether engine e
+ * takes it (AVX-512F and the AVX2 path in use, fp32, head_dim a multiple of 8 and <= 64, the
+ * thread scratch large enough). ikv__attn_rows_force(0 / 1 / -1): off, on where usable, back
+ * to the default (on where usable); for tests, between steps. */
+#define IKV__AR_MIN   4
+#define IKV__AR_LANES 16
+int ikv__attn_rows_usable(const struct ikv_engine *e);
+void ikv__attn_rows_force(int on);
+/* Chunk ch of dc_attn for nr (1..16) rows of sequence s in layer l: row j's query is
+ * q + j * qstride ([n_heads][head_dim], after RoPE), its position pos[j]; its (O, M, L) per
+ * head go to out[j] ([n_heads][head_dim + 2], dc_attn's layout), or nowhere when out[j] is NULL
+ * (a row without chunk ch). scratch: 16 * (min(bt, Lmax) + head_dim) floats. Does not
+ * allocate. */
+void ikv__attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, size_t ch,
+                    size_t nr, const float *q, size_t qstride, const size_t *pos, float *const *out,
+                    float *scratch);
 /* Fills the RoPE tables. */
 void ikv__rope_init(struct ikv_engine *e);
 
