@@ -567,7 +567,7 @@ static void rows_kernel_on(const ikv_model *m, const uint32_t *P, size_t np, int
             ikv_engine *e;
             assert_int_equal(ikv_engine_create(m, &o, &e), 0);
             for (int on = 1; on >= 0; on--) {
-                ikv__attn_rows_force(on);
+                ikv__batch512_force(on);
                 assert_int_equal(ikv__attn_rows_usable(e), on && expect_usable);
                 ikv_request rq = {.tokens = P, .n = np, .tenant = "T", .max_new = DEC + 2};
                 ikv_seq *s;
@@ -582,7 +582,7 @@ static void rows_kernel_on(const ikv_model *m, const uint32_t *P, size_t np, int
                 ikv_engine_end(e, s);
                 assert_true(ikv_engine_check(e));
             }
-            ikv__attn_rows_force(-1);
+            ikv__batch512_force(-1);
             ikv_engine_destroy(e);
         }
     free(ref);
@@ -616,6 +616,47 @@ static void test_verify_rows_kernel(void **st) {
     ikv_model_destroy(m);
 }
 
+/* The weight-product seam (ikv__linear_rows) with the AVX-512 4 x 4 tiles on and off: every
+ * output of a batched call, over row ranges with odd ends and batches of 1..11 rows (tiles and
+ * leftovers), at K from 1 to 172 (32-wide steps, 8-wide steps, tails, and none of them), is
+ * bit-identical to the same product computed alone (one weight row, one batch row). Values span
+ * several binades so that any change of summation order shows in the last bits. */
+static void test_linear_rows_tiles(void **st) {
+    (void)st;
+    static const size_t Ks[] = {1, 7, 8, 13, 32, 40, 64, 100, 172};
+    enum { N = 23, NX = 11, LDX = 180, LDY = 29 };
+    float *W = malloc(sizeof(float) * N * 172), *X = malloc(sizeof(float) * NX * LDX);
+    float *Y = malloc(sizeof(float) * NX * LDY), one[N];
+    uint64_t seed = 12345;
+    for (size_t i = 0; i < (size_t)N * 172; i++) {
+        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        W[i] = ((float)(seed >> 40) / 16777216.0f - 0.5f) * (float)(1u << (seed >> 61));
+    }
+    for (size_t i = 0; i < (size_t)NX * LDX; i++) {
+        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        X[i] = ((float)(seed >> 40) / 16777216.0f - 0.5f) * (float)(1u << (seed >> 61));
+    }
+    for (int on = 1; on >= 0; on--) {
+        ikv__batch512_force(on);
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+            for (size_t nx = 1; nx <= NX; nx++)
+                for (size_t r0 = 0; r0 < 3; r0++) {
+                    const size_t K = Ks[ki], r1 = N - r0;
+                    memset(Y, 0, sizeof(float) * NX * LDY);
+                    ikv__linear_rows(W, K, r0, r1, X, LDX, nx, Y, LDY);
+                    for (size_t b = 0; b < nx; b++)
+                        for (size_t r = r0; r < r1; r++) {
+                            ikv__linear_rows(W, K, r, r + 1, X + b * LDX, LDX, 1, one, 0);
+                            if (memcmp(&one[r], &Y[b * LDY + r], sizeof one[r]))
+                                fail_msg("K %zu, %zu rows, row %zu, output %zu: %a vs %a alone", K,
+                                         nx, b, r, (double)Y[b * LDY + r], (double)one[r]);
+                        }
+                }
+    }
+    ikv__batch512_force(-1);
+    free(W), free(X), free(Y);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accept_rule_arithmetic),
@@ -623,6 +664,7 @@ int main(void) {
         cmocka_unit_test(test_verify_exact_generated),
         cmocka_unit_test(test_verify_exact_real),
         cmocka_unit_test(test_verify_rows_kernel),
+        cmocka_unit_test(test_linear_rows_tiles),
         cmocka_unit_test(test_step_drafts_mixed),
         cmocka_unit_test(test_lookup_draft_oracle),
         cmocka_unit_test(test_verify_sampling_distribution),

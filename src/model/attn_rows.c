@@ -51,16 +51,25 @@
 #define AR_LANES 16
 #define AR_HDMAX 64
 
-static int ar_mode = -1; /* -1 detect, 0 off, 1 on */
+static int ar_mode = -1; /* -1 detect, 0 off, 1 on where the CPU has AVX-512F */
 
-void ikv__attn_rows_force(int on) {
+void ikv__batch512_force(int on) {
     ar_mode = on < 0 ? -1 : on ? 1 : 0;
+}
+
+int ikv__batch512_on(void) {
+#ifdef AR_AVX512
+    static int cpu = -1;
+    if (cpu < 0) cpu = __builtin_cpu_supports("avx512f") ? 1 : 0;
+    return ar_mode != 0 && cpu && ikv__use_avx2();
+#else
+    return 0;
+#endif
 }
 
 int ikv__attn_rows_usable(const struct ikv_engine *e) {
 #ifdef AR_AVX512
-    if (ar_mode < 0) ar_mode = 1;
-    if (!ar_mode || !ikv__use_avx2() || !__builtin_cpu_supports("avx512f")) return 0;
+    if (!ikv__batch512_on()) return 0;
     const int hd = e->m->head_dim;
     const size_t ss = e->bt < e->Lmax ? e->bt : e->Lmax;
     return !e->m->gs && hd % 8 == 0 && hd <= AR_HDMAX &&

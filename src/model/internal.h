@@ -419,16 +419,21 @@ int ikv__use_avx2(void);
  * tests, before any engine runs: results are only comparable within one setting. Not thread-safe.
  */
 void ikv__simd_force(int avx2);
+/* The AVX-512 batch kernels (a verify's rows, batches of >= 4 rows), which give every row
+ * exactly the bits of the AVX2 + FMA kernels: the 4 x 4 weight-product tiles of linear.c and
+ * the multi-row decode attention of attn_rows.c. ikv__batch512_on: whether they are in use (the
+ * CPU has AVX-512F, the AVX2 path is in use, not forced off). ikv__batch512_force(0 / 1 / -1):
+ * off, on where the CPU has them, back to the default (on where it has them); for tests,
+ * between steps. */
+int ikv__batch512_on(void);
+void ikv__batch512_force(int on);
 /* Multi-row decode attention (attn_rows.c): groups of at least IKV__AR_MIN consecutive batch
- * rows of one sequence (a verify's rows) take the AVX-512 kernel whose lanes are rows, with
- * each row's bits exactly those of the per-row kernels. ikv__attn_rows_usable: whether engine e
- * takes it (AVX-512F and the AVX2 path in use, fp32, head_dim a multiple of 8 and <= 64, the
- * thread scratch large enough). ikv__attn_rows_force(0 / 1 / -1): off, on where usable, back
- * to the default (on where usable); for tests, between steps. */
+ * rows of one sequence (a verify's rows) take the kernel whose vector lanes are rows.
+ * ikv__attn_rows_usable: whether engine e takes it (ikv__batch512_on, fp32, head_dim a
+ * multiple of 8 and <= 64, the thread scratch large enough). */
 #define IKV__AR_MIN   4
 #define IKV__AR_LANES 16
 int ikv__attn_rows_usable(const struct ikv_engine *e);
-void ikv__attn_rows_force(int on);
 /* Chunk ch of dc_attn for nr (1..16) rows of sequence s in layer l: row j's query is
  * q + j * qstride ([n_heads][head_dim], after RoPE), its position pos[j]; its (O, M, L) per
  * head go to out[j] ([n_heads][head_dim + 2], dc_attn's layout), or nowhere when out[j] is NULL

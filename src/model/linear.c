@@ -159,6 +159,98 @@ __attribute__((target("avx2,fma"))) static void dot22_avx2(const float *w0, cons
     *y00 = o[0], *y01 = o[1], *y10 = o[2], *y11 = o[3];
 }
 
+/* ---- AVX-512: 4 weight rows x 4 batch rows at a time (batches of >= 4 rows) ------------------
+ * Each of the 16 products gets exactly dot_avx2's arithmetic: per product the four 8-lane
+ * accumulators a0..a3 over the 32-wide steps, the 8-wide steps into a0, (a0 + a1) + (a2 + a3),
+ * the lane tree ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) and the scalar tail added last.
+ * What differs is the packing: one 16-lane register holds the same accumulator of two
+ * products, weight rows r and r + 1 in its two halves against one batch row broadcast to both,
+ * so every FMA does two products' 8-lane steps (the same per-lane operation as the 8-lane FMA),
+ * each weight pair is built once per chunk for 4 batch rows, and the 16 lane trees are done
+ * together by in-lane shuffles (the hadd pairing) and one cross-lane step. The accumulators run
+ * in two phases (a0, a1 of all 16 products, then a2, a3), so 16 + 8 registers hold them. */
+#define LIN512_ON 1
+__attribute__((target("avx512f,avx2,fma"))) static inline __m512 hadd512(__m512 a, __m512 b) {
+    /* per 128-bit lane [a0 + a1, a2 + a3, b0 + b1, b2 + b3]: _mm256_hadd_ps's pairing */
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static inline __m512 wpair(const float *w0,
+                                                                       const float *w1) {
+    return _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(w0))),
+                           _mm256_castps_pd(_mm256_loadu_ps(w1)), 1));
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static inline __m512 xbcast(const float *x) {
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(x))));
+}
+
+/* Y[b][r0 + r] = W[r0 + r] . X[b] for r, b in 0..3 (W rows w, stride K; X rows x, stride ldx). */
+__attribute__((target("avx512f,avx2,fma"))) static void
+dot44_512(const float *w, size_t K, const float *x, size_t ldx, float *y, size_t ldy) {
+    const size_t k32 = K & ~(size_t)31, k8 = K & ~(size_t)7;
+    const float *w0 = w, *w1 = w + K, *w2 = w + 2 * K, *w3 = w + 3 * K;
+    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+    const __m512 z = _mm512_setzero_ps();
+    /* p = pw * 4 + b: lanes 0..7 product (2 pw, b), lanes 8..15 product (2 pw + 1, b) */
+    __m512 A[8], B[8], S[8];
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; p++)
+        A[p] = z, B[p] = z;
+#define STEP(ACC, o)                                                                               \
+    do {                                                                                           \
+        const __m512 u0 = wpair(w0 + (o), w1 + (o)), u1 = wpair(w2 + (o), w3 + (o));               \
+        __m512 v = xbcast(x0 + (o));                                                               \
+        ACC[0] = _mm512_fmadd_ps(u0, v, ACC[0]), ACC[4] = _mm512_fmadd_ps(u1, v, ACC[4]);          \
+        v = xbcast(x1 + (o));                                                                      \
+        ACC[1] = _mm512_fmadd_ps(u0, v, ACC[1]), ACC[5] = _mm512_fmadd_ps(u1, v, ACC[5]);          \
+        v = xbcast(x2 + (o));                                                                      \
+        ACC[2] = _mm512_fmadd_ps(u0, v, ACC[2]), ACC[6] = _mm512_fmadd_ps(u1, v, ACC[6]);          \
+        v = xbcast(x3 + (o));                                                                      \
+        ACC[3] = _mm512_fmadd_ps(u0, v, ACC[3]), ACC[7] = _mm512_fmadd_ps(u1, v, ACC[7]);          \
+    } while (0)
+    for (size_t i = 0; i < k32; i += 32) {
+        STEP(A, i);
+        STEP(B, i + 8);
+    }
+    for (size_t i = k32; i < k8; i += 8)
+        STEP(A, i);
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; p++)
+        S[p] = _mm512_add_ps(A[p], B[p]), A[p] = z, B[p] = z; /* a0 + a1 */
+    for (size_t i = 0; i < k32; i += 32) {
+        STEP(A, i + 16);
+        STEP(B, i + 24);
+    }
+#undef STEP
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; p++)
+        S[p] = _mm512_add_ps(S[p], _mm512_add_ps(A[p], B[p])); /* (a0 + a1) + (a2 + a3) */
+    /* lane trees: G0 128-bit lanes = [A0..A3 (l0123), A0..A3 (l4567), B0..B3 (l0123), ..] of
+     * products 0..3, G1 of products 4..7 (A = low half, B = high half of each register) */
+    const __m512 G0 = hadd512(hadd512(S[0], S[1]), hadd512(S[2], S[3]));
+    const __m512 G1 = hadd512(hadd512(S[4], S[5]), hadd512(S[6], S[7]));
+    /* lane 4 r + b = product (weight row r, batch row b) */
+    __m512 R =
+        _mm512_add_ps(_mm512_shuffle_f32x4(G0, G1, 0x88), _mm512_shuffle_f32x4(G0, G1, 0xDD));
+    if (k8 < K) {
+        float t[16] = {0};
+        const float *wr[4] = {w0, w1, w2, w3}, *xb[4] = {x0, x1, x2, x3};
+        for (size_t i = k8; i < K; i++)
+            for (int r = 0; r < 4; r++)
+                for (int b = 0; b < 4; b++)
+                    t[4 * r + b] += wr[r][i] * xb[b][i];
+        R = _mm512_add_ps(R, _mm512_loadu_ps(t));
+    }
+    /* to lane 4 b + r: each batch row's 4 outputs contiguous */
+    const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    R = _mm512_permutexvar_ps(tr, R);
+    _mm_storeu_ps(y, _mm512_castps512_ps128(R));
+    _mm_storeu_ps(y + ldy, _mm512_extractf32x4_ps(R, 1));
+    _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(R, 2));
+    _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(R, 3));
+}
 /* Weight rows per block: as many as fit in 16 KiB (2..16), so a block stays in L1 while every
  * batch row passes over it, and each batch row is read from L2 once per block rather than
  * once per weight row. */
@@ -179,6 +271,19 @@ __attribute__((target("avx2,fma"))) static void rows_avx2(const float *W, size_t
     for (size_t q0 = r0; q0 < r1; q0 += rb) {
         const size_t q1 = q0 + rb < r1 ? q0 + rb : r1;
         size_t b = 0;
+        if (nx >= 4 && ikv__batch512_on()) /* 4 x 4 tiles, then the rest below */
+            for (; b + 4 <= nx; b += 4) {
+                const float *x = X + b * ldx;
+                float *y = Y + b * ldy;
+                size_t r = q0;
+                for (; r + 4 <= q1; r += 4)
+                    dot44_512(W + r * K, K, x, ldx, y + r, ldy);
+                for (; r < q1; r++) {
+                    dot2_avx2(W + r * K, x, x + ldx, K, &y[r], &y[ldy + r]);
+                    dot2_avx2(W + r * K, x + 2 * ldx, x + 3 * ldx, K, &y[2 * ldy + r],
+                              &y[3 * ldy + r]);
+                }
+            }
         for (; b + 2 <= nx; b += 2) {
             const float *x0 = X + b * ldx, *x1 = x0 + ldx;
             float *y0 = Y + b * ldy, *y1 = y0 + ldy;
