@@ -543,16 +543,18 @@ static void test_verify_sampling_distribution(void **st) {
     ikv_model_destroy(m);
 }
 
-/* One long verify against decoding, with the multi-row attention kernel (attn_rows.c) on and
- * off: a draft of DEC tokens (rows in groups of 16, 16, ..., and a short last group), at block
- * sizes 16 and 5 (a row's last block then holds fewer than 8 keys: the exp sums' tail), at 1
+/* One long verify against decoding, with the AVX-512 batch kernels (batch512.c, linear.c) on
+ * and off, the reference being a decode with them off (and a decode with them on must give the
+ * same bits): a draft of DEC tokens (rows in groups of 16, 16, ..., and a short last group), at
+ * block sizes 16 and 5 (a row's last block then holds fewer than 8 keys: the exp sums' tail), at 1
  * and 2 threads; every row's logits bit-identical to the decode reference in both settings. */
 static void rows_kernel_on(const ikv_model *m, const uint32_t *P, size_t np, int expect_usable) {
     const int V = m->cfg.vocab_size;
     enum { DEC = 70 };
     float *ref = malloc(sizeof(float) * (size_t)V * (DEC + 1));
     float *all = malloc(sizeof(float) * (size_t)V * DEC);
-    uint32_t gen[DEC];
+    float *ref2 = malloc(sizeof(float) * (size_t)V * (DEC + 1));
+    uint32_t gen[DEC], gen2[DEC];
     static const uint32_t bts[] = {16, 5};
     for (size_t bi = 0; bi < 2; bi++)
         for (int th = 1; th <= 2; th++) {
@@ -563,7 +565,14 @@ static void rows_kernel_on(const ikv_model *m, const uint32_t *P, size_t np, int
             o.tile = 16;
             o.block_tokens = bts[bi];
             o.max_draft = DEC;
+            /* the reference: decoding with every AVX-512 kernel off (the AVX2 + FMA path) */
+            ikv__batch512_force(0);
             tu_greedy_ref(m, &o, P, np, DEC, ref, gen);
+            /* decoding with them on (SwiGLU, argmax) gives the same bits */
+            ikv__batch512_force(1);
+            tu_greedy_ref(m, &o, P, np, DEC, ref2, gen2);
+            assert_memory_equal(ref2, ref, sizeof(float) * (size_t)V * (DEC + 1));
+            assert_memory_equal(gen2, gen, sizeof gen);
             ikv_engine *e;
             assert_int_equal(ikv_engine_create(m, &o, &e), 0);
             for (int on = 1; on >= 0; on--) {
@@ -585,7 +594,7 @@ static void rows_kernel_on(const ikv_model *m, const uint32_t *P, size_t np, int
             ikv__batch512_force(-1);
             ikv_engine_destroy(e);
         }
-    free(ref);
+    free(ref), free(ref2);
     free(all);
 }
 
@@ -657,6 +666,42 @@ static void test_linear_rows_tiles(void **st) {
     free(W), free(X), free(Y);
 }
 
+/* ikv__argmax against the scalar scan it replaces, with the AVX-512 path on and off: ties
+ * (the first wins), +0 / -0, -inf, NaNs anywhere (never chosen; x[0] NaN gives 0), lengths
+ * 0..200 around the 16- and 64-wide steps. */
+static uint32_t argmax_scan(const float *x, size_t n) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < (uint32_t)n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static void test_argmax_exact(void **st) {
+    (void)st;
+    float x[200];
+    uint64_t seed = 99;
+    for (int on = 1; on >= 0; on--) {
+        ikv__batch512_force(on);
+        for (int trial = 0; trial < 400; trial++)
+            for (size_t n = 0; n <= 200; n += 1 + (size_t)(trial % 7)) {
+                for (size_t i = 0; i < n; i++) {
+                    seed = seed * 6364136223846793005u + 1442695040888963407u;
+                    const unsigned k = (unsigned)(seed >> 58) % 16;
+                    x[i] = k == 0   ? NAN
+                           : k == 1 ? -INFINITY
+                           : k == 2 ? 0.0f
+                           : k == 3 ? -0.0f
+                           : k < 8  ? (float)(k - 5) /* small ints: many ties */
+                                    : (float)((int64_t)(seed >> 40) - (1 << 23)) / 4096.0f;
+                }
+                if (trial % 5 == 0 && n) x[0] = NAN;
+                if (trial % 3 == 0 && n) x[n - 1] = 1e30f; /* the last one wins */
+                assert_int_equal(ikv__argmax(x, n), argmax_scan(x, n));
+            }
+    }
+    ikv__batch512_force(-1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accept_rule_arithmetic),
@@ -665,6 +710,7 @@ int main(void) {
         cmocka_unit_test(test_verify_exact_real),
         cmocka_unit_test(test_verify_rows_kernel),
         cmocka_unit_test(test_linear_rows_tiles),
+        cmocka_unit_test(test_argmax_exact),
         cmocka_unit_test(test_step_drafts_mixed),
         cmocka_unit_test(test_lookup_draft_oracle),
         cmocka_unit_test(test_verify_sampling_distribution),

@@ -909,7 +909,10 @@ __attribute__((target("avx2"))) static size_t swiglu_avx2(float *hb, const float
 static void swiglu(float *hb, const float *hb2, size_t n) {
     size_t i = 0;
 #ifdef HAVE_AVX2_PATH
-    if (use_avx2()) i = swiglu_avx2(hb, hb2, n);
+    if (use_avx2()) {
+        if (ikv__batch512_on()) i = ikv__swiglu512(hb, hb2, n);
+        i += swiglu_avx2(hb + i, hb2 + i, n - i);
+    }
 #endif
 #if defined(__SSE2__)
     const __m128 one = _mm_set1_ps(1.0f), zero = _mm_setzero_ps(), sign = _mm_set1_ps(-0.0f);
@@ -1398,6 +1401,9 @@ static void dc_norm(void *vc, int t, int P) {
     const size_t D = (size_t)e->m->cfg.dim;
     size_t a, b;
     part(c->nb, t, P, 1, &a, &b);
+    if (b - a >= IKV__AR_LANES && ikv__batch512_on()) /* 16 rows at a time, the same bits */
+        for (; a + IKV__AR_LANES <= b; a += IKV__AR_LANES)
+            ikv__rmsnorm_rows(e->dxn + a * D, e->dx + a * D, c->xrow, D, IKV__AR_LANES, D);
     for (size_t i = a; i < b; i++)
         rmsnorm(e->dxn + i * D, e->dx + i * D, c->xrow, (int)D);
 }
@@ -1581,7 +1587,7 @@ static size_t ar_group_end(const struct ikv_engine *e, size_t b, size_t nb) {
     return g;
 }
 
-/* dc_attn with the multi-row kernel (attn_rows.c): the work units are, in batch order, each
+/* dc_attn with the multi-row kernel (batch512.c): the work units are, in batch order, each
  * group of >= IKV__AR_MIN rows of one sequence times its chunks (the most any of its rows
  * has), and each chunk of a row outside such groups; the units are split between the threads
  * (a fixed partition; no output depends on it). */

@@ -1,15 +1,23 @@
 /*
- * Decode attention of many rows of ONE sequence at once (a draft verification), on AVX-512,
- * with exactly the bits dc_attn's per-row kernels (forward.c, attn_chunk on the AVX2 + FMA
- * path) give each row.
+ * The AVX-512 kernels for batches of rows (a draft verification's rows, batched decode), each
+ * giving every row exactly the bits of the AVX2 + FMA / scalar code it replaces (forward.c), so
+ * decode, verify and a response-cache hit stay identical whichever runs (tests/test_verify.c
+ * compares them with the switch ikv__batch512_force on and off, and with decoding):
+ *   - multi-row decode attention (ikv__attn_rows), below;
+ *   - RMSNorm of 16 rows at once (ikv__rmsnorm_rows): lane j is row j, the sum of squares in the
+ *     scalar loop's order per lane, then the row scaled 16 elements at a time;
+ *   - SwiGLU on 16 lanes (ikv__swiglu512): swiglu_avx2's operations per element;
+ *   - the greedy argmax (ikv__argmax): the first index of the largest value, as the scalar
+ *     loop `if (x[i] > x[best]) best = i` finds it (NaNs never win; x[0] NaN gives 0).
+ * The weight-product tiles live in linear.c, the seam of every product.
  *
- * Why. A verify of R draft rows runs every row's attention over its own causal prefix; on the
- * bundled 8-dims-per-head model a per-row score is one 8-lane FMA followed by a horizontal sum,
- * the online softmax of a 16-key block is two short exp vectors whose polynomial is one long
- * dependency chain, and the value sums are one FMA per key and head: the per-row kernels spend
- * their time on reductions, latency and loop overhead, not arithmetic (43% of a 128-row verify
- * on stories260K). The rows of one sequence read the same K/V blocks, so here the vector lanes
- * are the ROWS: lane j of every register belongs to row j of a group of up to 16 rows, and a
+ * Multi-row attention. Why. A verify of R draft rows runs every row's attention over its own causal
+ * prefix; on the bundled 8-dims-per-head model a per-row score is one 8-lane FMA followed by a
+ * horizontal sum, the online softmax of a 16-key block is two short exp vectors whose polynomial is
+ * one long dependency chain, and the value sums are one FMA per key and head: the per-row kernels
+ * spend their time on reductions, latency and loop overhead, not arithmetic (43% of a 128-row
+ * verify on stories260K). The rows of one sequence read the same K/V blocks, so here the vector
+ * lanes are the ROWS: lane j of every register belongs to row j of a group of up to 16 rows, and a
  * key's or value's element is broadcast to all lanes. Each lane then performs, element for
  * element, the same operations in the same order as attn_chunk does for its row:
  *
@@ -255,3 +263,110 @@ void ikv__attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, 
     IKV_ASSERT(0 && "ikv__attn_rows without AVX-512 support compiled in");
 }
 #endif
+
+#ifdef AR_AVX512
+__attribute__((target("avx512f"))) void ikv__rmsnorm_rows(float *o, const float *x, const float *w,
+                                                          size_t n, size_t nr, size_t ld) {
+    IKV_ASSERT(nr <= AR_LANES && n >= 1);
+    const __mmask16 rows = (__mmask16)((1u << nr) - 1);
+    int32_t off[AR_LANES];
+    for (size_t j = 0; j < AR_LANES; j++)
+        off[j] = j < nr ? (int32_t)(j * ld) : 0;
+    const __m512i vo = _mm512_loadu_si512(off);
+    /* ss += x[j] * x[j] in the order of j, per lane (row) */
+    __m512 ss = _mm512_setzero_ps();
+    for (size_t j = 0; j < n; j++) {
+        const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), rows, vo, x + j, 4);
+        ss = _mm512_add_ps(ss, _mm512_mul_ps(v, v));
+    }
+    ss = _mm512_div_ps(ss, _mm512_set1_ps((float)n));
+    ss = _mm512_add_ps(ss, _mm512_set1_ps(1e-5f));
+    ss = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_sqrt_ps(ss));
+    float sc[AR_LANES];
+    _mm512_storeu_ps(sc, ss);
+    /* o[j] = w[j] * (ss * x[j]) */
+    for (size_t r = 0; r < nr; r++) {
+        const float *xr = x + r * ld;
+        float *orow = o + r * ld;
+        const __m512 vs = _mm512_set1_ps(sc[r]);
+        size_t j = 0;
+        for (; j + 16 <= n; j += 16)
+            _mm512_storeu_ps(orow + j, _mm512_mul_ps(_mm512_loadu_ps(w + j),
+                                                     _mm512_mul_ps(vs, _mm512_loadu_ps(xr + j))));
+        if (j < n) {
+            const __mmask16 k = (__mmask16)((1u << (n - j)) - 1);
+            _mm512_mask_storeu_ps(
+                orow + j, k,
+                _mm512_mul_ps(_mm512_maskz_loadu_ps(k, w + j),
+                              _mm512_mul_ps(vs, _mm512_maskz_loadu_ps(k, xr + j))));
+        }
+    }
+}
+
+__attribute__((target("avx512f"))) size_t ikv__swiglu512(float *hb, const float *hb2, size_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 a = _mm512_loadu_ps(hb + i);
+        /* 0 - |a| (andnot of the sign bit, as swiglu_avx2) */
+        const __m512 t = exp_neg16(_mm512_sub_ps(
+            zero, _mm512_castsi512_ps(_mm512_andnot_si512(
+                      _mm512_castps_si512(_mm512_set1_ps(-0.0f)), _mm512_castps_si512(a)))));
+        const __m512 d = _mm512_div_ps(one, _mm512_add_ps(one, t));
+        const __mmask16 pos = _mm512_cmp_ps_mask(a, zero, _CMP_GE_OQ);
+        const __m512 sig = _mm512_mask_mov_ps(_mm512_mul_ps(t, d), pos, d);
+        _mm512_storeu_ps(hb + i, _mm512_mul_ps(_mm512_mul_ps(a, sig), _mm512_loadu_ps(hb2 + i)));
+    }
+    return i;
+}
+
+__attribute__((target("avx512f"))) static float max_nonnan512(const float *x, size_t n,
+                                                              float init) {
+    __m512 m0 = _mm512_set1_ps(init), m1 = m0, m2 = m0, m3 = m0;
+    size_t i = 0;
+    /* max_ps(v, m) returns m where v is NaN: NaNs are skipped */
+    for (; i + 64 <= n; i += 64) {
+        m0 = _mm512_max_ps(_mm512_loadu_ps(x + i), m0);
+        m1 = _mm512_max_ps(_mm512_loadu_ps(x + i + 16), m1);
+        m2 = _mm512_max_ps(_mm512_loadu_ps(x + i + 32), m2);
+        m3 = _mm512_max_ps(_mm512_loadu_ps(x + i + 48), m3);
+    }
+    for (; i + 16 <= n; i += 16)
+        m0 = _mm512_max_ps(_mm512_loadu_ps(x + i), m0);
+    float l[AR_LANES], m;
+    _mm512_storeu_ps(l, _mm512_max_ps(_mm512_max_ps(m0, m1), _mm512_max_ps(m2, m3)));
+    m = l[0];
+    for (size_t j = 1; j < AR_LANES; j++)
+        m = l[j] > m ? l[j] : m;
+    for (; i < n; i++)
+        m = x[i] > m ? x[i] : m;
+    return m;
+}
+#else
+void ikv__rmsnorm_rows(float *o, const float *x, const float *w, size_t n, size_t nr, size_t ld) {
+    (void)o, (void)x, (void)w, (void)n, (void)nr, (void)ld;
+    IKV_ASSERT(0 && "ikv__rmsnorm_rows without AVX-512 support compiled in");
+}
+
+size_t ikv__swiglu512(float *hb, const float *hb2, size_t n) {
+    (void)hb, (void)hb2, (void)n;
+    return 0;
+}
+#endif
+
+uint32_t ikv__argmax(const float *x, size_t n) {
+    if (n == 0 || x[0] != x[0]) return 0; /* the scalar loop keeps index 0 when x[0] is NaN */
+#ifdef AR_AVX512
+    if (n >= 64 && ikv__batch512_on()) {
+        /* the largest non-NaN value (values that compare equal, +0 and -0, are the same
+         * maximum), then its first index: what the strict > scan returns */
+        const float m = max_nonnan512(x, n, x[0]);
+        for (uint32_t i = 0;; i++)
+            if (x[i] == m) return i;
+    }
+#endif
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < (uint32_t)n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
