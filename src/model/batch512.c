@@ -141,7 +141,8 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
         const __mmask16 act = _mm512_cmpgt_epi32_mask(vc, zi);
         const uint32_t blk = s->table[jb];
         const float *kb = ikv__kv_at(e, blk, l, 0, g, 0), *vb = ikv__kv_at(e, blk, l, 1, g, 0);
-        /* scores */
+        /* scores, and each lane's block maximum over its keys in key order */
+        __m512 bm = _mm512_setzero_ps();
         for (size_t i = 0; i < cntmax; i++) {
             const float *k = kb + i * H;
             __m512 acc[8];
@@ -154,14 +155,14 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
                 for (int u = 0; u < 8; u++)
                     acc[u] = _mm512_fmadd_ps(_mm512_loadu_ps(qT + (size_t)(c + u) * AR_LANES),
                                              _mm512_set1_ps(k[c + u]), acc[u]);
-            _mm512_storeu_ps(S + i * AR_LANES, _mm512_mul_ps(tree8(acc), vscale));
-        }
-        /* block maximum over each lane's keys, in key order */
-        __m512 bm = _mm512_loadu_ps(S);
-        for (size_t i = 1; i < cntmax; i++) {
-            const __m512 si = _mm512_loadu_ps(S + i * AR_LANES);
-            const __mmask16 mi = _mm512_cmplt_epi32_mask(_mm512_set1_epi32((int)i), vc);
-            bm = _mm512_mask_mov_ps(bm, _mm512_mask_cmp_ps_mask(mi, si, bm, _CMP_GT_OQ), si);
+            const __m512 si = _mm512_mul_ps(tree8(acc), vscale);
+            _mm512_storeu_ps(S + i * AR_LANES, si);
+            if (i == 0) {
+                bm = si;
+            } else {
+                const __mmask16 mi = _mm512_cmplt_epi32_mask(_mm512_set1_epi32((int)i), vc);
+                bm = _mm512_mask_mov_ps(bm, _mm512_mask_cmp_ps_mask(mi, si, bm, _CMP_GT_OQ), si);
+            }
         }
         /* raise M; rescale O and L where M was finite */
         const __mmask16 upd = act & _mm512_cmp_ps_mask(bm, M, _CMP_GT_OQ);
@@ -179,29 +180,28 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
 #pragma GCC unroll 8
         for (int u = 0; u < 8; u++)
             part[u] = _mm512_setzero_ps();
+        /* in one pass over the keys: the weight, its partial sum, O += weight x value row (in
+         * key order); then the sums' tree and the tail (from the lowest tail start of a lane) */
         for (size_t i = 0; i < cntmax; i++) {
+            const __m512i vi = _mm512_set1_epi32((int)i);
             const __m512 ev = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(S + i * AR_LANES), M));
             _mm512_storeu_ps(S + i * AR_LANES, ev);
-            const __mmask16 m8 = _mm512_cmplt_epi32_mask(_mm512_set1_epi32((int)i), vc8);
+            const __mmask16 m8 = _mm512_cmplt_epi32_mask(vi, vc8);
             part[i & 7] = _mm512_mask_add_ps(part[i & 7], m8, part[i & 7], ev);
+            const __mmask16 mi = _mm512_cmplt_epi32_mask(vi, vc);
+            const float *v = vb + i * H;
+#pragma GCC unroll 64
+            for (int c = 0; c < hd; c++)
+                O[c] = _mm512_mask3_fmadd_ps(ev, _mm512_set1_ps(v[c]), O[c], mi);
         }
         __m512 sum = tree8(part);
-        for (size_t i = 0; i < cntmax; i++) {
+        for (size_t i = (size_t)_mm512_mask_reduce_min_epi32(act, vc8); i < cntmax; i++) {
             const __m512i vi = _mm512_set1_epi32((int)i);
             const __mmask16 mt =
                 _mm512_cmplt_epi32_mask(vi, vc) & ~_mm512_cmplt_epi32_mask(vi, vc8);
             if (mt) sum = _mm512_mask_add_ps(sum, mt, sum, _mm512_loadu_ps(S + i * AR_LANES));
         }
         L = _mm512_mask_add_ps(L, act, L, sum);
-        /* O += weights x value rows, in key order */
-        for (size_t i = 0; i < cntmax; i++) {
-            const __mmask16 mi = _mm512_cmplt_epi32_mask(_mm512_set1_epi32((int)i), vc);
-            const __m512 p = _mm512_loadu_ps(S + i * AR_LANES);
-            const float *v = vb + i * H;
-#pragma GCC unroll 64
-            for (int c = 0; c < hd; c++)
-                O[c] = _mm512_mask3_fmadd_ps(p, _mm512_set1_ps(v[c]), O[c], mi);
-        }
     }
 #pragma GCC unroll 64
     for (int c = 0; c < hd; c++)
