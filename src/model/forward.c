@@ -1589,50 +1589,62 @@ static size_t ar_group_end(const struct ikv_engine *e, size_t b, size_t nb) {
 
 /* dc_attn with the multi-row kernel (batch512.c): the work units are, in batch order, each
  * group of >= IKV__AR_MIN rows of one sequence times its chunks (the most any of its rows
- * has), and each chunk of a row outside such groups; the units are split between the threads
- * (a fixed partition; no output depends on it). */
+ * has), and each chunk of a row outside such groups. Units differ in cost (a chunk's blocks;
+ * a group unit costs about 4 row units), so they are split between the threads by cost: unit u
+ * goes to thread floor(P (C_u + c_u / 2) / C), C_u the cost of the units before it, c_u its
+ * own, C the total: a fixed partition given the shapes (no output depends on it). */
+static size_t ar_chunk_blocks(const struct ikv_engine *e, size_t pos, size_t ch) {
+    const size_t nb = (pos + 1 + e->bt - 1) / e->bt, b0 = ch * IKV__DC_CHUNK;
+    return nb <= b0 ? 0 : nb - b0 < IKV__DC_CHUNK ? nb - b0 : IKV__DC_CHUNK;
+}
+
+/* The largest position among rows [b, g), and so the most chunks any of them has. */
+static size_t ar_max_pos(const struct ikv_engine *e, size_t b, size_t g) {
+    size_t mx = 0;
+    for (size_t i = b; i < g; i++)
+        mx = e->dpos[i] > mx ? e->dpos[i] : mx;
+    return mx;
+}
+
 static void dc_attn_rows(const fwd *c, int t, int P, float *sc) {
     struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
     const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, qd = (size_t)m->q_dim;
     const size_t nb = c->nb, pd = nh * (H + 2);
-    size_t total = 0;
-    for (size_t b = 0, g; b < nb; b = g) {
-        g = ar_group_end(e, b, nb);
-        if (g - b >= IKV__AR_MIN) {
-            size_t mx = 0;
-            for (size_t i = b; i < g; i++)
-                mx = e->dcoff[i + 1] - e->dcoff[i] > mx ? e->dcoff[i + 1] - e->dcoff[i] : mx;
-            total += mx;
-        } else {
-            total += e->dcoff[g] - e->dcoff[b];
-        }
-    }
-    size_t u0, u1, u = 0;
-    part(total, t, P, 1, &u0, &u1);
-    for (size_t b = 0, g; b < nb && u < u1; b = g) {
-        g = ar_group_end(e, b, nb);
-        if (g - b >= IKV__AR_MIN) {
-            size_t mx = 0;
-            for (size_t i = b; i < g; i++)
-                mx = e->dcoff[i + 1] - e->dcoff[i] > mx ? e->dcoff[i + 1] - e->dcoff[i] : mx;
-            for (size_t ch = 0; ch < mx; ch++, u++) {
-                if (u < u0 || u >= u1) continue;
-                float *out[IKV__AR_LANES];
+    uint64_t total = 0; /* pass 0 adds up the costs, pass 1 runs this thread's units */
+    for (int pass = 0; pass < 2; pass++) {
+        uint64_t acc = 0;
+        for (size_t b = 0, g; b < nb; b = g) {
+            g = ar_group_end(e, b, nb);
+            if (g - b >= IKV__AR_MIN) {
+                const size_t mp = ar_max_pos(e, b, g);
+                const size_t span = e->bt * IKV__DC_CHUNK, nch = (mp + span) / span;
+                for (size_t ch = 0; ch < nch; ch++) {
+                    const uint64_t cu = 4 * (uint64_t)ar_chunk_blocks(e, mp, ch);
+                    if (pass && (int)((uint64_t)P * (2 * acc + cu) / (2 * total)) == t) {
+                        float *out[IKV__AR_LANES];
+                        for (size_t i = b; i < g; i++)
+                            out[i - b] = ch < e->dcoff[i + 1] - e->dcoff[i]
+                                             ? e->dpart + (e->dcoff[i] + ch) * pd
+                                             : NULL;
+                        ikv__attn_rows(e, e->dseq[b], c->l, ch, g - b, e->dq + b * qd, qd,
+                                       e->dpos + b, out, sc);
+                    }
+                    acc += cu;
+                }
+            } else {
                 for (size_t i = b; i < g; i++)
-                    out[i - b] = ch < e->dcoff[i + 1] - e->dcoff[i]
-                                     ? e->dpart + (e->dcoff[i] + ch) * pd
-                                     : NULL;
-                ikv__attn_rows(e, e->dseq[b], c->l, ch, g - b, e->dq + b * qd, qd, e->dpos + b, out,
-                               sc);
+                    for (size_t ch = 0; ch < e->dcoff[i + 1] - e->dcoff[i]; ch++) {
+                        const uint64_t cu = ar_chunk_blocks(e, e->dpos[i], ch);
+                        if (pass && (int)((uint64_t)P * (2 * acc + cu) / (2 * total)) == t)
+                            attn_chunk(e, e->dseq[i], e->dq + i * qd, e->dpos[i], c->l, ch,
+                                       e->dpart + (e->dcoff[i] + ch) * pd, sc);
+                        acc += cu;
+                    }
             }
-        } else {
-            for (size_t i = b; i < g; i++)
-                for (size_t ch = 0; ch < e->dcoff[i + 1] - e->dcoff[i]; ch++, u++)
-                    if (u >= u0 && u < u1)
-                        attn_chunk(e, e->dseq[i], e->dq + i * qd, e->dpos[i], c->l, ch,
-                                   e->dpart + (e->dcoff[i] + ch) * pd, sc);
         }
+        total = acc;
+        if (!total) return;
     }
 }
 
@@ -1734,7 +1746,8 @@ static void dc_ffn13(void *vc, int t, int P) {
     const struct ikv_model *m = e->m;
     const size_t D = (size_t)m->cfg.dim, Hd = (size_t)m->cfg.hidden_dim;
     size_t a, b;
-    part(Hd, t, P, 16, &a, &b);
+    /* a multiple of 4 rows per share (the AVX-512 tiles); 16 on int8 (its packed blocks) */
+    part(Hd, t, P, m->gs ? 16 : 4, &a, &b);
     const ikv__q8act xa = act_prep_rows(e, t, e->dxn, D, c->nb, D);
     linear(e, t, IKV__QM_1, c->l, e->dxn, D, &xa, c->nb, e->dhb, Hd, a, b);
     linear(e, t, IKV__QM_3, c->l, e->dxn, D, &xa, c->nb, e->dhb2, Hd, a, b);
