@@ -1688,9 +1688,34 @@ static void dc_attn_runq(void *vc, int t, int P) {
 
 /* att_h = sum_c O_c e^(M_c - M) / sum_c L_c e^(M_c - M), M = max_c M_c, over the chunks
  * part[0..nch) of dc_attn in order, for every query head h, into out [n_heads][head_dim]. */
+#ifdef HAVE_AVX2_PATH
+/* The chunk loop of attn_merge for one head on 8 lanes (H a multiple of 8): per element the
+ * same operations in the same order (o = o + O_c * a, no FMA; then o * (1 / sum)). */
+__attribute__((target("avx2"))) static void merge_head_avx2(const float *ph0, size_t nch,
+                                                            size_t cstride, size_t H, float mx,
+                                                            float *o) {
+    float sum = 0.0f;
+    for (size_t ch = 0; ch < nch; ch++) {
+        const float *ph = ph0 + ch * cstride;
+        const float a = exp_neg_scalar(ph[H] - mx);
+        sum += ph[H + 1] * a;
+        const __m256 va = _mm256_set1_ps(a);
+        for (size_t d = 0; d < H; d += 8)
+            _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_loadu_ps(o + d),
+                                                  _mm256_mul_ps(_mm256_loadu_ps(ph + d), va)));
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (size_t d = 0; d < H; d += 8)
+        _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), inv));
+}
+#endif
+
 static void attn_merge(const struct ikv_engine *e, const float *part_, size_t nch, float *out) {
     const struct ikv_model *m = e->m;
     const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, pstride = H + 2;
+#ifdef HAVE_AVX2_PATH
+    const int vec = use_avx2() && H % 8 == 0;
+#endif
     for (size_t h = 0; h < nh; h++) {
         float *o = out + h * H, mx = -INFINITY, sum = 0.0f;
         for (size_t ch = 0; ch < nch; ch++) {
@@ -1698,6 +1723,12 @@ static void attn_merge(const struct ikv_engine *e, const float *part_, size_t nc
             mx = mc > mx ? mc : mx;
         }
         memset(o, 0, sizeof(float) * H);
+#ifdef HAVE_AVX2_PATH
+        if (vec) {
+            merge_head_avx2(part_ + h * pstride, nch, nh * pstride, H, mx, o);
+            continue;
+        }
+#endif
         for (size_t ch = 0; ch < nch; ch++) {
             const float *ph = part_ + (ch * nh + h) * pstride;
             const float a = exp_neg_scalar(ph[H] - mx);
