@@ -743,12 +743,14 @@ static void rope(const struct ikv_engine *e, float *vec, int width, size_t pos) 
     int hs = e->m->head_dim;
     const float *c = e->rope_cos + pos * (size_t)(hs / 2),
                 *sn = e->rope_sin + pos * (size_t)(hs / 2);
-    for (int i = 0; i < width; i += 2) {
-        int j = (i % hs) / 2;
-        float v0 = vec[i], v1 = vec[i + 1];
-        vec[i] = v0 * c[j] - v1 * sn[j];
-        vec[i + 1] = v0 * sn[j] + v1 * c[j];
-    }
+    /* head by head (no division per pair): pair j of every head turns by angle j */
+    for (int h0 = 0; h0 < width; h0 += hs)
+        for (int j = 0; 2 * j < hs && h0 + 2 * j < width; j++) {
+            float *v = vec + h0 + 2 * j;
+            float v0 = v[0], v1 = v[1];
+            v[0] = v0 * c[j] - v1 * sn[j];
+            v[1] = v0 * sn[j] + v1 * c[j];
+        }
 }
 
 /* ---- matrix products ------------------------------------------------------------------------ */
