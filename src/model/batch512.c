@@ -132,6 +132,10 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
     for (int c = 0; c < hd; c++)
         O[c] = _mm512_setzero_ps();
     __m512 M = _mm512_set1_ps(-INFINITY), L = _mm512_setzero_ps();
+    __m512 qv[AR_HDMAX]; /* the query in registers (S's stores could alias qT for the compiler) */
+#pragma GCC unroll 64
+    for (int c = 0; c < hd; c++)
+        qv[c] = _mm512_loadu_ps(qT + (size_t)c * AR_LANES);
     for (size_t jb = jb0; jb < jb1; jb++) {
         const size_t p0 = jb * bt, cntmax = nkmax - p0 < bt ? nkmax - p0 : bt;
         const __m512i vc = _mm512_min_epi32(
@@ -153,7 +157,7 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
             for (int c = 0; c < hd; c += 8)
 #pragma GCC unroll 8
                 for (int u = 0; u < 8; u++)
-                    acc[u] = _mm512_fmadd_ps(_mm512_loadu_ps(qT + (size_t)(c + u) * AR_LANES),
+                    acc[u] = _mm512_fmadd_ps(qv[c + u],
                                              _mm512_set1_ps(k[c + u]), acc[u]);
             const __m512 si = _mm512_mul_ps(tree8(acc), vscale);
             _mm512_storeu_ps(S + i * AR_LANES, si);
