@@ -80,6 +80,13 @@
  *
  * then the final RMSNorm and the classifier split by vocabulary rows. Nothing here allocates.
  *
+ * Batches of >= 4 rows on an AVX-512 CPU (a draft verification is one sequence's 1 + k rows in
+ * one such step) take batch kernels with exactly the per-row arithmetic above, only scheduled
+ * across rows (batch512.c, linear.c; ikv__batch512_on): the weight products in 4 x 4 tiles, the
+ * attention of each group of up to 16 rows of one sequence with the rows as vector lanes
+ * (dc_attn_rows: units of (group, chunk) split between threads by cost), RMSNorm of 16 rows and
+ * a 16-lane SwiGLU. A one-row step keeps the 8-lane kernels (faster there, measured).
+ *
  * Int8 weights (llama2.c version 2, m->gs > 0): every weight product goes through one dispatch,
  * `matvec` in decode and `proj_mul` in prefill, to quant.c's kernels (runq.c's arithmetic: the
  * input row quantized per group, int32 group sums scaled and added in group order), which give
