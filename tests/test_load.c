@@ -23,6 +23,7 @@
 #include <arpa/inet.h>
 #include <cjson/cJSON.h>
 #include <curl/curl.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -422,8 +423,6 @@ static void test_csv_quoting(void **state) {
         lines += *p == '\n';
     assert_int_equal(lines, 3);
     ikv_free(csv);
-    char q[64];
-    assert_string_equal(ikv_load_gp_quote(q, sizeof q, "it's\n'x'"), "it''s''x''");
 }
 
 /* ---- the loopback responder -------------------------------------------------------------------
@@ -1127,6 +1126,36 @@ static void test_cli(void **state) {
         struct stat st;
         assert_int_equal(stat(f, &st), 0);
         assert_true(st.st_size > 0);
+        /* A plot target that is not a regular file is refused before gnuplot runs, and no plot
+         * of the set appears; the title reaches gnuplot as data (a backquote is not run). */
+        snprintf(out, sizeof out, "%s/sweep2", tmpdir);
+        assert_int_equal(mkdir(out, 0755), 0);
+        snprintf(f, sizeof f, "%s/sweep_ttft.png", out);
+        assert_int_equal(mkdir(f, 0755), 0);
+        char title[] = "it's `echo PWNED` $(x)";
+        char *const sw2[] = {
+            b,        "load",      WEKA,      "--url", url,     "--scale", "4", "--closed-loop",
+            "--vary", "users=1,2", "--title", title,   "--out", out,       NULL};
+        assert_int_equal(run_prog(sw2, NULL), 1);
+        snprintf(f, sizeof f, "%s/sweep.csv", out);
+        assert_int_equal(stat(f, &st), 0);
+        snprintf(f, sizeof f, "%s/sweep_hit.svg", out);
+        assert_int_equal(stat(f, &st), -1);
+        snprintf(f, sizeof f, "%s/sweep_ttft.png", out);
+        assert_int_equal(rmdir(f), 0);
+        assert_int_equal(run_prog(sw2, NULL), 0);
+        snprintf(f, sizeof f, "%s/sweep_hit.svg", out);
+        s = slurp(f);
+        assert_non_null(s);
+        assert_non_null(strstr(s, "`echo PWNED` $(x) (measured)"));
+        assert_null(strstr(s, ">PWNED"));
+        free(s);
+        /* no private data or script file is left behind */
+        DIR *dir = opendir(out);
+        assert_non_null(dir);
+        for (struct dirent *e; (e = readdir(dir));)
+            assert_null(strstr(e->d_name, ".sweep"));
+        closedir(dir);
     }
 }
 

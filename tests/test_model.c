@@ -852,19 +852,10 @@ static void test_pool(void **st) {
     ikv__pool_destroy(NULL);
 }
 
-/* Runs `isokv ARGS` (IKV_BIN), capturing stdout into out (at most cap bytes); returns the exit
- * status. */
+/* Runs `isokv ARGS` (the words of args, no shell), capturing stdout into out (at most cap
+ * bytes); returns the exit status. */
 static int run_isokv(const char *args, char *out, size_t cap) {
-    const char *bin = getenv("IKV_BIN");
-    assert_non_null(bin);
-    char cmd[1024];
-    snprintf(cmd, sizeof cmd, "'%s' %s 2>/dev/null", bin, args);
-    FILE *f = popen(cmd, "r");
-    assert_non_null(f);
-    size_t n = fread(out, 1, cap - 1, f);
-    out[n] = 0;
-    int st = pclose(f);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return tu_isokv_line(args, out, cap, NULL, 0, 0, 300);
 }
 
 /* isokv bench engine: usage errors exit 2; a small run on `tiny` at 2 threads, best of 2,
@@ -930,11 +921,11 @@ static void test_model_run_cli(void **st) {
     fclose(f);
     assert_int_equal(h[5], -512);
     /* byte-level tokenizer: every prompt byte is a byte token; \001 is dropped, \t kept */
-    snprintf(args, sizeof args, "run --model '%s' --prompt \"$(printf 'a\001b\tc')\" -n 0", mp);
+    snprintf(args, sizeof args, "run --model '%s' --prompt 'a\001b\tc' -n 0", mp);
     assert_int_equal(run_isokv(args, out, sizeof out), 0);
     assert_string_equal(out, "ab\tc\n");
     snprintf(args, sizeof args,
-             "run --model '%s' --prompt \"$(printf 'a\001b\tc')\" -n 0 --raw-bytes", mp);
+             "run --model '%s' --prompt 'a\001b\tc' -n 0 --raw-bytes", mp);
     assert_int_equal(run_isokv(args, out, sizeof out), 0);
     assert_string_equal(out, "a\001b\tc\n");
 }

@@ -184,6 +184,60 @@ int tu_run_isokv(const char *const *args, const char *out_path, const char *err_
     return tu_run(argv, out_path, err_path, secs);
 }
 
+/* Reads at most cap - 1 bytes of path into buf at offset *n (advanced), keeping it NUL-terminated.
+ */
+static void slurp_into(const char *path, char *buf, size_t cap, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    *n += fread(buf + *n, 1, cap - 1 - *n, f);
+    buf[*n] = 0;
+    fclose(f);
+}
+
+int tu_isokv_line(const char *line, char *out, size_t cap, char *err, size_t ecap, int merge,
+                  double secs) {
+    static char words[8192];
+    const char *args[47];
+    size_t nw = 0, w = 0;
+    assert_true(strlen(line) < sizeof words);
+    for (const char *p = line; *p;) {
+        if (*p == ' ' || *p == '\t') {
+            p++;
+            continue;
+        }
+        assert_true(nw < 46);
+        args[nw++] = words + w;
+        while (*p && *p != ' ' && *p != '\t') {
+            if (*p == '\'' || *p == '"') {
+                const char *e = strchr(p + 1, *p);
+                if (!e) fail_msg("unterminated %c in: %s", *p, line);
+                memcpy(words + w, p + 1, (size_t)(e - p - 1));
+                w += (size_t)(e - p - 1);
+                p = e + 1;
+            } else {
+                words[w++] = *p++;
+            }
+        }
+        words[w++] = 0;
+    }
+    args[nw] = NULL;
+    char dir[64];
+    assert_int_equal(tu_tmpdir(dir, sizeof dir, "run"), 0);
+    char of[128], ef[128];
+    snprintf(of, sizeof of, "%s/out", dir);
+    snprintf(ef, sizeof ef, "%s/err", dir);
+    int st = tu_run_isokv(args, of, ef, secs);
+    size_t n = 0;
+    if (out && cap) {
+        slurp_into(of, out, cap, &n);
+        if (!err && merge) slurp_into(ef, out, cap, &n);
+    }
+    size_t k = 0;
+    if (err && ecap) slurp_into(ef, err, ecap, &k);
+    assert_int_equal(tu_rmtree(dir), 0);
+    return st;
+}
+
 void tu_kill(pid_t pid) {
     if (pid <= 0) return;
     kill(pid, SIGKILL);

@@ -63,6 +63,15 @@ int tu_run(const char *const *argv, const char *out_path, const char *err_path, 
 /* tu_run of the isokv binary (tu_bin) with the NULL-terminated arguments args (at most 46). */
 int tu_run_isokv(const char *const *args, const char *out_path, const char *err_path, double secs);
 
+/* Runs the isokv binary with the words of line as its arguments, no shell: words are split at
+ * spaces and tabs; '...' and "..." quote literally (no expansion of any kind, no escapes).
+ * stdout goes to out (at most cap - 1 bytes, NUL-terminated), stderr to err (ecap) or, when
+ * err is NULL and merge is set, after stdout into out; NULL out/err drop the stream. Fails the
+ * test on an unterminated quote or more than 46 words. Returns the exit status, or -1 when the
+ * program was killed or did not finish within secs. */
+int tu_isokv_line(const char *line, char *out, size_t cap, char *err, size_t ecap, int merge,
+                  double secs);
+
 /* SIGKILL and reap (no-op for pid <= 0). */
 void tu_kill(pid_t pid);
 

@@ -250,14 +250,6 @@ char *ikv_load_requests_csv(const ikv_load_result *r);
 char *ikv_load_summary_json(const ikv_load_result *r, const ikv_load_opts *o, const char *trace,
                             const char *extra_json);
 
-/* Runs gnuplot (from PATH, by fork/exec with an argument vector; no shell) on a script file.
- * Returns 0, IKV_ENOENT (gnuplot not found), or IKV_EIO (it failed; detail has its status). */
-int ikv_load_gnuplot(const char *script_path);
-
-/* Writes s into a gnuplot single-quoted string (doubling quotes, dropping control
- * characters) of at most cap bytes including the NUL. Returns out. */
-char *ikv_load_gp_quote(char *out, size_t cap, const char *s);
-
 #ifdef __cplusplus
 }
 #endif

@@ -53,6 +53,11 @@ int cli_spawn_wait(char *const argv[]);
  * bytes of s, and never as code: quotes, backquotes, backslashes, '@' and newlines included. */
 void cli_gp_string(FILE *f, const char *s);
 
+/* Creates a file for writing in dir whose name nobody else uses (".sweep.<pid>.<n>.<ext>", "x"
+ * mode: O_EXCL, so never through an existing file or link); *path gets its name. NULL (errno set)
+ * when it cannot. */
+FILE *cli_private_file(const char *dir, const char *ext, char *path, size_t n);
+
 /* Lower tiers (cli_tiers.c): --tier SPEC flags, repeatable, fastest first. */
 struct ikv_engine_options;
 struct ikv_model;

@@ -137,3 +137,15 @@ void cli_gp_string(FILE *f, const char *s) {
     if (!pieces) fputs("''", f);
     fputc(')', f);
 }
+
+/* Creates a file (cli.h) for writing in dir whose name nobody else uses ("x" mode: O_EXCL); *path
+ * gets its name. NULL (errno set) when it cannot. */
+FILE *cli_private_file(const char *dir, const char *ext, char *path, size_t n) {
+    static unsigned counter;
+    for (int tries = 0; tries < 100; tries++) {
+        snprintf(path, n, "%s/.sweep.%ld.%u.%s", dir, (long)getpid(), counter++, ext);
+        FILE *f = fopen(path, "wx");
+        if (f || errno != EEXIST) return f;
+    }
+    return NULL;
+}

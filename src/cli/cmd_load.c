@@ -363,13 +363,37 @@ static void print_summary(const char *label, const ikv_load_result *r) {
             break;
         }
 }
-
+/* Draws the sweep's hit ratio and TTFT percentiles against the varied value, with gnuplot into
+ * DIR/sweep_{hit,ttft}.{svg,png}. The four targets are one atomic output set (ikv_outset:
+ * checked before gnuplot runs, a target that is not a regular file or a link to one refused,
+ * all four renamed into place together or none); the data file and the script are private files
+ * of DIR ("x" mode), removed at the end. gnuplot runs with an argument vector, never through a
+ * shell, and every user string in the script (the title, the paths, the varied key) is written
+ * by cli_gp_string, so gnuplot reads it back as data. Returns 0, or an exit code after printing
+ * why (sweep.csv and sweep.json are already written then). */
 static int sweep_plot(const load_args *a, const ikv_load_result *rs, const int *ok) {
-    char dat[4200], gp[4200], q[1024], qt[600];
-    snprintf(dat, sizeof dat, "%s/.sweep.%d.dat", a->out, (int)getpid());
-    snprintf(gp, sizeof gp, "%s/.sweep.%d.gp", a->out, (int)getpid());
-    FILE *d = fopen(dat, "w");
-    if (!d) return cli_fail(CMD, "%s: %s", dat, strerror(errno));
+    static const char *const names[4] = {"sweep_hit.svg", "sweep_hit.png", "sweep_ttft.svg",
+                                         "sweep_ttft.png"};
+    ikv_outset *outs = NULL;
+    const char *tmp[4] = {0};
+    char path[4200], dat[4200], gp[4200];
+    int rc = ikv_outset_create(&outs);
+    for (int i = 0; i < 4 && !rc; i++) {
+        snprintf(path, sizeof path, "%s/%s", a->out, names[i]);
+        rc = ikv_outset_add(outs, path, NULL, &tmp[i]);
+    }
+    if (rc) {
+        ikv_outset_destroy(outs);
+        return cli_fail(CMD, "%s (sweep.csv and sweep.json were written)", ikv_errdetail());
+    }
+    FILE *d = cli_private_file(a->out, "dat", dat, sizeof dat), *g = NULL;
+    if (d) g = cli_private_file(a->out, "gp", gp, sizeof gp);
+    if (!d || !g) {
+        int e = errno;
+        if (d) fclose(d), remove(dat);
+        ikv_outset_destroy(outs);
+        return cli_fail(CMD, "%s: cannot write plot files: %s", a->out, strerror(e));
+    }
     for (size_t v = 0; v < a->n_vary; v++) {
         if (!ok[v]) continue;
         double x;
@@ -381,70 +405,58 @@ static int sweep_plot(const load_args *a, const ikv_load_result *rs, const int *
         fprintf(d, "%.10g %.6f %.6f %.6f %.6f\n", x, rs[v].token_hit_ratio, rs[v].ttft_p50 * 1e3,
                 rs[v].ttft_p90 * 1e3, rs[v].ttft_p99 * 1e3);
     }
-    fclose(d);
-    FILE *g = fopen(gp, "w");
-    if (!g) {
-        remove(dat);
-        return cli_fail(CMD, "%s: %s", gp, strerror(errno));
+    fputs("set termoption noenhanced\n", g);
+    for (int i = 0; i < 4; i++) {
+        int ttft = i >= 2, png = i & 1;
+        fputs(png ? "set terminal png size 900,560\nset output "
+                  : "set terminal svg size 900,560 dynamic font 'sans,12'\nset output ",
+              g);
+        cli_gp_string(g, tmp[i]);
+        fputs("\nset title ", g);
+        cli_gp_string(g, a->title ? a->title : a->trace);
+        fputs(".' (measured)'\nset xlabel ", g);
+        cli_gp_string(g, a->vary_key);
+        fputs("\nset grid\nset key top right\nset logscale x 2\n", g);
+        fputs(ttft ? "set ylabel 'TTFT (ms)'\nset autoscale y\nplot "
+                   : "set ylabel 'token hit ratio (from usage)'\nset yrange [0:1]\nplot ",
+              g);
+        cli_gp_string(g, dat);
+        fputs(ttft ? " using 1:3 with linespoints lw 2 title 'p50', '' using 1:4 with linespoints "
+                     "lw 2 title 'p90', '' using 1:5 with linespoints lw 2 title 'p99'\n"
+                   : " using 1:2 with linespoints lw 2 title 'hit ratio'\n",
+              g);
+        fputs("unset output\n", g);
     }
-    ikv_load_gp_quote(qt, sizeof qt, a->title ? a->title : a->trace);
-    char qd[4400], qo[4400], qk[200];
-    ikv_load_gp_quote(qd, sizeof qd, dat);
-    ikv_load_gp_quote(qk, sizeof qk, a->vary_key);
-    for (int plot = 0; plot < 2; plot++)
-        for (int k = 0; k < 2; k++) {
-            snprintf(q, sizeof q, "%s/.sweep_%s.%s.%d.tmp", a->out, plot ? "ttft" : "hit",
-                     k ? "png" : "svg", (int)getpid());
-            ikv_load_gp_quote(qo, sizeof qo, q);
-            fprintf(g, k ? "set terminal png size 900,560\n"
-                         : "set terminal svg size 900,560 dynamic font 'sans,12'\n");
-            fprintf(g,
-                    "set output '%s'\nset title '%s (measured)' noenhanced\nset xlabel '%s' "
-                    "noenhanced\n"
-                    "set grid\nset key top right\nset logscale x 2\n",
-                    qo, qt, qk);
-            if (!plot)
-                fprintf(g,
-                        "set ylabel 'token hit ratio (from usage)'\nset yrange [0:1]\n"
-                        "plot '%s' using 1:2 with linespoints lw 2 title 'hit ratio'\n",
-                        qd);
-            else
-                fprintf(g,
-                        "set ylabel 'TTFT (ms)'\nset autoscale y\nplot '%s' using 1:3 with "
-                        "linespoints lw 2 "
-                        "title 'p50', '' using 1:4 with linespoints lw 2 title 'p90', '' using 1:5 "
-                        "with linespoints lw 2 title 'p99'\n",
-                        qd);
-            fprintf(g, "unset output\n");
-        }
-    fclose(g);
-    int rc = ikv_load_gnuplot(gp);
-    remove(gp);
-    remove(dat);
-    for (int plot = 0; plot < 2; plot++)
-        for (int k = 0; k < 2; k++) {
-            char tmp[4200], fin[4200];
-            snprintf(tmp, sizeof tmp, "%s/.sweep_%s.%s.%d.tmp", a->out, plot ? "ttft" : "hit",
-                     k ? "png" : "svg", (int)getpid());
-            snprintf(fin, sizeof fin, "%s/sweep_%s.%s", a->out, plot ? "ttft" : "hit",
-                     k ? "png" : "svg");
-            struct stat st;
-            if (rc == 0 && lstat(fin, &st) == 0 && !S_ISREG(st.st_mode)) {
-                remove(tmp);
-                return cli_fail(CMD, "%s exists and is not a regular file", fin);
-            }
-            if (rc == 0 && rename(tmp, fin))
-                rc = ikv_error(IKV_EIO, "%s: %s", fin, strerror(errno));
-            remove(tmp);
-        }
-    if (rc) return cli_fail(CMD, "%s (sweep.csv and sweep.json were written)", ikv_errdetail());
-    return 0;
+    int bad = ferror(d) | ferror(g);
+    bad |= fclose(d) != 0;
+    bad |= fclose(g) != 0;
+    if (bad) {
+        remove(dat), remove(gp);
+        ikv_outset_destroy(outs);
+        return cli_fail(CMD, "%s: cannot write plot files (sweep.csv and sweep.json were written)",
+                        a->out);
+    }
+    fflush(stdout);
+    char *argv[] = {"gnuplot", gp, NULL};
+    int st = cli_spawn_wait(argv), e = errno;
+    remove(dat), remove(gp);
+    if (st < 0)
+        rc = cli_fail(CMD, "cannot run gnuplot: %s", strerror(e));
+    else if (st != 0)
+        rc = cli_fail(CMD, "gnuplot failed (exit %d)", st);
+    else if (ikv_outset_commit(outs))
+        rc = cli_fail(CMD, "%s (sweep.csv and sweep.json were written)", ikv_errdetail());
+    ikv_outset_destroy(outs);
+    return rc;
 }
 
 static int run_sweep(load_args *a) {
     ikv_load_result rs[MAX_VARY];
     int ok[MAX_VARY] = {0};
     memset(rs, 0, sizeof rs);
+    if (!a->no_plot && !cli_find_program("gnuplot"))
+        return cli_fail(CMD, "gnuplot not found on PATH: install gnuplot-nox (scripts/deps.sh) or "
+                             "use --no-plot");
     int rc = ensure_dir(a->out), worst = 0;
     if (rc) return rc;
     /* values are checked before anything runs */

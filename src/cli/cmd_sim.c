@@ -722,18 +722,6 @@ static double num_of(const char *s) {
     return 0;
 }
 
-/* Creates a file for writing in dir whose name nobody else uses ("x" mode: O_EXCL); *path
- * gets its name. NULL (errno set) when it cannot. */
-static FILE *private_file(const char *dir, const char *ext, char *path, size_t n) {
-    static unsigned counter;
-    for (int tries = 0; tries < 100; tries++) {
-        snprintf(path, n, "%s/.sweep.%ld.%u.%s", dir, (long)getpid(), counter++, ext);
-        FILE *f = fopen(path, "wx");
-        if (f || errno != EEXIST) return f;
-    }
-    return NULL;
-}
-
 /* Draws token hit ratio against the varied value, one line per (policy, capacity), with
  * gnuplot from PATH into svg and png (temporary names of the output set). gnuplot runs with an
  * argument vector, never through a shell, and every user string in the script (the title, the
@@ -743,8 +731,8 @@ static FILE *private_file(const char *dir, const char *ext, char *path, size_t n
 static int plot(const sweep_args *sw, const job *jobs, const char *dir, const char *svg,
                 const char *png) {
     char dat[4200], gp[4200];
-    FILE *d = private_file(dir, "dat", dat, sizeof dat), *g = NULL;
-    if (d) g = private_file(dir, "gp", gp, sizeof gp);
+    FILE *d = cli_private_file(dir, "dat", dat, sizeof dat), *g = NULL;
+    if (d) g = cli_private_file(dir, "gp", gp, sizeof gp);
     if (!d || !g) {
         int e = errno;
         if (d) fclose(d), remove(dat);

@@ -1,14 +1,11 @@
 /*
  * What a load run measured, as files: percentiles, requests.csv, summary.json, the sent-order
- * trace for `isokv sim`, and gnuplot runs.
+ * trace for `isokv sim` (the sweep's plots are the CLI's: src/cli/cmd_load.c).
  *
  * Files are never left half-written under their final name: each is written to a temporary
  * file in the same directory (mkstemp, so two runs never share one), flushed, closed and
  * renamed over the target. A target that exists and is not a regular file (a directory, a
  * FIFO, a device, a symlink) is refused, so `--out` cannot be used to write through a link.
- *
- * gnuplot is run by fork/exec with an argument vector (no shell), its script written by the
- * caller with every user string passed through ikv_load_gp_quote.
  *
  * Hit ratio: cached tokens over prompt tokens, both as the server reported them in usage, over
  * the requests that completed and reported a cached-token field (a server that reports none
@@ -26,7 +23,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 static int cmp_double(const void *a, const void *b) {
@@ -442,44 +438,4 @@ oom:
     ikv_free(ids);
     ikv_free(b.p);
     return NULL;
-}
-
-/* ---- gnuplot ----------------------------------------------------------------------------------
- */
-
-char *ikv_load_gp_quote(char *out, size_t cap, const char *s) {
-    size_t n = 0;
-    if (!cap) return out;
-    for (; s && *s && n + 3 < cap; s++) {
-        unsigned char c = (unsigned char)*s;
-        if (c < 0x20 || c == 0x7f) continue;
-        if (c == '\'') {
-            if (n + 4 >= cap) break;
-            out[n++] = '\'';
-        }
-        out[n++] = (char)c;
-    }
-    out[n] = 0;
-    return out;
-}
-
-int ikv_load_gnuplot(const char *script_path) {
-    pid_t pid = fork();
-    if (pid < 0) return ikv_error(IKV_EIO, "fork: %s", strerror(errno));
-    if (pid == 0) {
-        int nul = open("/dev/null", O_WRONLY);
-        if (nul >= 0) dup2(nul, STDOUT_FILENO);
-        char *const argv[] = {(char *)"gnuplot", (char *)script_path, NULL};
-        execvp("gnuplot", argv);
-        _exit(127);
-    }
-    int st = 0;
-    while (waitpid(pid, &st, 0) < 0)
-        if (errno != EINTR) return ikv_error(IKV_EIO, "waitpid: %s", strerror(errno));
-    if (WIFEXITED(st) && WEXITSTATUS(st) == 127)
-        return ikv_error(IKV_ENOENT, "gnuplot not found on PATH (install gnuplot-nox)");
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-        return ikv_error(IKV_EIO, "gnuplot %s failed (status %d)", script_path,
-                         WIFEXITED(st) ? WEXITSTATUS(st) : -1);
-    return 0;
 }
