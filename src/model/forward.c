@@ -1886,8 +1886,12 @@ void ikv__decode_batch(struct ikv_engine *e, size_t nb) {
     c.xrow = m->w.rms_final;
     region(e, inl, dc_norm, &c);
     region(e, inl, dc_logits, &c);
+    /* each sequence's logits are its last row's (a verify's earlier rows stay in e->dlog for
+     * the acceptance; copying them all, as the same sequence's buffer, was 127 wasted copies
+     * of a 128-row verify) */
     for (size_t i = 0; i < nb; i++)
-        memcpy(e->dseq[i]->logits, e->dlog + i * V, sizeof(float) * V);
+        if (i + 1 == nb || e->dseq[i + 1] != e->dseq[i])
+            memcpy(e->dseq[i]->logits, e->dlog + i * V, sizeof(float) * V);
 }
 
 void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, size_t pos) {
