@@ -190,7 +190,7 @@ __attribute__((target("avx512f,avx2,fma"))) static inline __m512 xbcast(const fl
 }
 
 /* Y[b][r0 + r] = W[r0 + r] . X[b] for r, b in 0..3 (W rows w, stride K; X rows x, stride ldx). */
-__attribute__((target("avx512f,avx2,fma"))) static void
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
 dot44_512(const float *w, size_t K, const float *x, size_t ldx, float *y, size_t ldy) {
     const size_t k32 = K & ~(size_t)31, k8 = K & ~(size_t)7;
     const float *w0 = w, *w1 = w + K, *w2 = w + 2 * K, *w3 = w + 3 * K;
@@ -237,14 +237,16 @@ dot44_512(const float *w, size_t K, const float *x, size_t ldx, float *y, size_t
     /* lane 4 r + b = product (weight row r, batch row b) */
     __m512 R =
         _mm512_add_ps(_mm512_shuffle_f32x4(G0, G1, 0x88), _mm512_shuffle_f32x4(G0, G1, 0xDD));
-    if (k8 < K) {
-        float t[16] = {0};
-        const float *wr[4] = {w0, w1, w2, w3}, *xb[4] = {x0, x1, x2, x3};
-        for (size_t i = k8; i < K; i++)
-            for (int r = 0; r < 4; r++)
-                for (int b = 0; b < 4; b++)
-                    t[4 * r + b] += wr[r][i] * xb[b][i];
-        R = _mm512_add_ps(R, _mm512_loadu_ps(t));
+    if (k8 < K) { /* the tails, t[4 r + b] += w_r[i] * x_b[i] in the order of i, 16 at once */
+        const __m512i rep = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        __m512 t = z;
+        for (size_t i = k8; i < K; i++) {
+            const __m512 wv = _mm512_permutexvar_ps(
+                rep, _mm512_castps128_ps512(_mm_set_ps(w3[i], w2[i], w1[i], w0[i])));
+            const __m512 xv = _mm512_broadcast_f32x4(_mm_set_ps(x3[i], x2[i], x1[i], x0[i]));
+            t = _mm512_add_ps(t, _mm512_mul_ps(wv, xv));
+        }
+        R = _mm512_add_ps(R, t);
     }
     /* to lane 4 b + r: each batch row's 4 outputs contiguous */
     const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
@@ -254,6 +256,27 @@ dot44_512(const float *w, size_t K, const float *x, size_t ldx, float *y, size_t
     _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(R, 2));
     _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(R, 3));
 }
+/* Rows [q0, q1) of W against the batch rows in fours (4 x 4 tiles; leftover weight rows by
+ * dot2_avx2, the same bits); returns the batch rows done (nx rounded down to 4). */
+__attribute__((target("avx512f,avx2,fma"))) static size_t tiles44(const float *W, size_t K,
+                                                                  size_t q0, size_t q1,
+                                                                  const float *X, size_t ldx,
+                                                                  size_t nx, float *Y, size_t ldy) {
+    size_t b = 0;
+    for (; b + 4 <= nx; b += 4) {
+        const float *x = X + b * ldx;
+        float *y = Y + b * ldy;
+        size_t r = q0;
+        for (; r + 4 <= q1; r += 4)
+            dot44_512(W + r * K, K, x, ldx, y + r, ldy);
+        for (; r < q1; r++) {
+            dot2_avx2(W + r * K, x, x + ldx, K, &y[r], &y[ldy + r]);
+            dot2_avx2(W + r * K, x + 2 * ldx, x + 3 * ldx, K, &y[2 * ldy + r], &y[3 * ldy + r]);
+        }
+    }
+    return b;
+}
+
 /* Weight rows per block: as many as fit in 16 KiB (2..16), so a block stays in L1 while every
  * batch row passes over it, and each batch row is read from L2 once per block rather than
  * once per weight row. */
@@ -275,18 +298,7 @@ __attribute__((target("avx2,fma"))) static void rows_avx2(const float *W, size_t
         const size_t q1 = q0 + rb < r1 ? q0 + rb : r1;
         size_t b = 0;
         if (nx >= 4 && ikv__batch512_on()) /* 4 x 4 tiles, then the rest below */
-            for (; b + 4 <= nx; b += 4) {
-                const float *x = X + b * ldx;
-                float *y = Y + b * ldy;
-                size_t r = q0;
-                for (; r + 4 <= q1; r += 4)
-                    dot44_512(W + r * K, K, x, ldx, y + r, ldy);
-                for (; r < q1; r++) {
-                    dot2_avx2(W + r * K, x, x + ldx, K, &y[r], &y[ldy + r]);
-                    dot2_avx2(W + r * K, x + 2 * ldx, x + 3 * ldx, K, &y[2 * ldy + r],
-                              &y[3 * ldy + r]);
-                }
-            }
+            b = tiles44(W, K, q0, q1, X, ldx, nx, Y, ldy);
         for (; b + 2 <= nx; b += 2) {
             const float *x0 = X + b * ldx, *x1 = x0 + ldx;
             float *y0 = Y + b * ldy, *y1 = y0 + ldy;
