@@ -625,15 +625,17 @@ static void test_verify_rows_kernel(void **st) {
     ikv_model_destroy(m);
 }
 
-/* The weight-product seam (ikv__linear_rows) with the AVX-512 4 x 4 tiles on and off: every
- * output of a batched call, over row ranges with odd ends and batches of 1..11 rows (tiles and
- * leftovers), at K from 1 to 172 (32-wide steps, 8-wide steps, tails, and none of them), is
- * bit-identical to the same product computed alone (one weight row, one batch row). Values span
- * several binades so that any change of summation order shows in the last bits. */
+/* The weight-product seam (ikv__linear_rows) with the AVX-512 kernels on and off: every output
+ * of a batched call, over row ranges with odd ends and batches of 1..37 rows (16-row transposed
+ * groups, 4 x 4 tiles and leftovers), at K from 1 to 172 (32-wide steps, 8-wide steps, tails, and
+ * none of them), is bit-identical to the same product computed alone (one weight row, one batch
+ * row). Values span several binades so that any change of summation order shows in the last bits.
+ */
 static void test_linear_rows_tiles(void **st) {
     (void)st;
     static const size_t Ks[] = {1, 7, 8, 13, 32, 40, 64, 100, 172};
-    enum { N = 23, NX = 11, LDX = 180, LDY = 29 };
+    enum { N = 45, NX = 37, LDX = 180, LDY = 47 }; /* N >= 32 + 3: the transposed groups */
+    static const size_t nxs[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 15, 16, 17, 31, 32, 37};
     float *W = malloc(sizeof(float) * N * 172), *X = malloc(sizeof(float) * NX * LDX);
     float *Y = malloc(sizeof(float) * NX * LDY), one[N];
     uint64_t seed = 12345;
@@ -648,9 +650,9 @@ static void test_linear_rows_tiles(void **st) {
     for (int on = 1; on >= 0; on--) {
         ikv__batch512_force(on);
         for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
-            for (size_t nx = 1; nx <= NX; nx++)
+            for (size_t ni = 0; ni < sizeof nxs / sizeof nxs[0]; ni++)
                 for (size_t r0 = 0; r0 < 3; r0++) {
-                    const size_t K = Ks[ki], r1 = N - r0;
+                    const size_t K = Ks[ki], r1 = N - r0, nx = nxs[ni];
                     memset(Y, 0, sizeof(float) * NX * LDY);
                     ikv__linear_rows(W, K, r0, r1, X, LDX, nx, Y, LDY);
                     for (size_t b = 0; b < nx; b++)
