@@ -1778,17 +1778,19 @@ static void attn_merge(const struct ikv_engine *e, const float *part_, size_t nc
     }
 }
 
-/* Batch rows split: att[b] = the merge of row b's attention chunks. */
+/* Batch rows split (by chunks): att[b] = the merge of row b's attention chunks. */
 static void dc_merge(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
     const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, qd = (size_t)m->q_dim;
-    size_t a, b;
-    part(c->nb, t, P, 1, &a, &b);
-    for (size_t i = a; i < b; i++)
-        attn_merge(e, e->dpart + e->dcoff[i] * nh * (H + 2), e->dcoff[i + 1] - e->dcoff[i],
-                   e->datt + i * qd);
+    /* rows split by their chunks (a verify's later rows have more): row i goes to thread
+     * floor(P (dcoff[i] + dcoff[i + 1]) / (2 dcoff[nb])), a fixed partition */
+    const uint64_t tot = 2 * (uint64_t)e->dcoff[c->nb];
+    for (size_t i = 0; i < c->nb; i++)
+        if ((int)((uint64_t)P * (e->dcoff[i] + e->dcoff[i + 1]) / tot) == t)
+            attn_merge(e, e->dpart + e->dcoff[i] * nh * (H + 2), e->dcoff[i + 1] - e->dcoff[i],
+                       e->datt + i * qd);
 }
 
 /* Rows of dim split: x[b] += Wo att[b] on this thread's rows. */
