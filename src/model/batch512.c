@@ -67,9 +67,8 @@ void ikv__batch512_force(int on) {
 
 int ikv__batch512_on(void) {
 #ifdef AR_AVX512
-    static int cpu = -1;
-    if (cpu < 0) cpu = __builtin_cpu_supports("avx512f") ? 1 : 0;
-    return ar_mode != 0 && cpu && ikv__use_avx2();
+    /* __builtin_cpu_supports reads what libgcc filled in before main: no lazy state here */
+    return ar_mode != 0 && __builtin_cpu_supports("avx512f") && ikv__use_avx2();
 #else
     return 0;
 #endif
