@@ -1462,31 +1462,37 @@ static void dc_qkv(void *vc, int t, int P) {
     size_t a, b;
     part(nq + 2 * nkv, t, P, H, &a, &b);
     const ikv__q8act xa = act_prep_rows(e, t, e->dxn, D, nb, D);
-    for (size_t h = a; h < b; h += H) {
-        if (h < nq) { /* a query head */
-            linear(e, t, IKV__QM_Q, c->l, e->dxn, D, &xa, nb, e->dq, nq, h, h + H);
-            for (size_t i = 0; i < nb; i++)
-                rope(e, e->dq + i * nq + h, (int)H, e->dpos[i]);
-        } else if (h < nq + nkv) { /* a key head */
-            size_t r = h - nq;
-            linear(e, t, IKV__QM_K, c->l, e->dxn, D, &xa, nb, e->dk, nkv, r, r + H);
-            for (size_t i = 0; i < nb; i++) {
-                const size_t pos = e->dpos[i];
-                float *kr = e->dk + i * nkv + r;
-                rope(e, kr, (int)H, pos);
-                copy_row(ikv__kv_at(e, blk_of(e, e->dseq[i], pos), (int)l, 0, (int)(r / H),
-                                    (uint32_t)(pos % e->bt)),
-                         kr, H);
-            }
-        } else { /* a value head */
-            size_t r = h - nq - nkv;
-            linear(e, t, IKV__QM_V, c->l, e->dxn, D, &xa, nb, e->dv, nkv, r, r + H);
-            for (size_t i = 0; i < nb; i++) {
-                const size_t pos = e->dpos[i];
-                copy_row(ikv__kv_at(e, blk_of(e, e->dseq[i], pos), (int)l, 1, (int)(r / H),
-                                    (uint32_t)(pos % e->bt)),
-                         e->dv + i * nkv + r, H);
-            }
+    /* the share's query, key and value rows, each in one product call (a call's shape does
+     * not change a row's bits), then RoPE and the K/V writes head by head */
+    const size_t qa = a < nq ? a : nq, qb = b < nq ? b : nq;
+    const size_t ka = (a > nq ? a : nq) - nq, kb = (b < nq + nkv ? b : nq + nkv) - nq;
+    const size_t va = (a > nq + nkv ? a : nq + nkv) - nq - nkv,
+                 vb = (b > nq + nkv ? b : nq + nkv) - nq - nkv;
+    if (qb > qa) {
+        linear(e, t, IKV__QM_Q, c->l, e->dxn, D, &xa, nb, e->dq, nq, qa, qb);
+        for (size_t i = 0; i < nb; i++)
+            rope(e, e->dq + i * nq + qa, (int)(qb - qa), e->dpos[i]);
+    }
+    if (kb > ka) {
+        linear(e, t, IKV__QM_K, c->l, e->dxn, D, &xa, nb, e->dk, nkv, ka, kb);
+        for (size_t i = 0; i < nb; i++) {
+            const size_t pos = e->dpos[i];
+            const uint32_t blk = blk_of(e, e->dseq[i], pos), slot = (uint32_t)(pos % e->bt);
+            float *kr = e->dk + i * nkv + ka;
+            rope(e, kr, (int)(kb - ka), pos);
+            for (size_t r = ka; r < kb; r += H)
+                copy_row(ikv__kv_at(e, blk, (int)l, 0, (int)(r / H), slot), e->dk + i * nkv + r,
+                         H);
+        }
+    }
+    if (vb > va) {
+        linear(e, t, IKV__QM_V, c->l, e->dxn, D, &xa, nb, e->dv, nkv, va, vb);
+        for (size_t i = 0; i < nb; i++) {
+            const size_t pos = e->dpos[i];
+            const uint32_t blk = blk_of(e, e->dseq[i], pos), slot = (uint32_t)(pos % e->bt);
+            for (size_t r = va; r < vb; r += H)
+                copy_row(ikv__kv_at(e, blk, (int)l, 1, (int)(r / H), slot), e->dv + i * nkv + r,
+                         H);
         }
     }
 }
