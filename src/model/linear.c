@@ -17,9 +17,10 @@
  *
  * Two kernels: 8-lane FMA (AVX2 + FMA) and 4-lane SSE2 (plain multiply-add elsewhere), chosen
  * once per process by ikv__use_avx2(); results are comparable only within one choice. On an
- * AVX-512 CPU batches of >= 4 rows go through 4 x 4 tiles (dot44_512) that give every product
- * the 8-lane kernel's exact bits (ikv__batch512_on; tests/test_verify.c checks them against
- * one-row products).
+ * AVX-512 CPU batches of >= 4 rows go through kernels that give every product the 8-lane
+ * kernel's exact bits (ikv__batch512_on; tests/test_verify.c checks them against one-row
+ * products): groups of 16 batch rows as the vector lanes (rows_t16) where the call's weight
+ * rows are many and in cache, 4 x 4 tiles (dot44_512) otherwise.
  * Does not allocate.
  */
 #include "internal.h"
