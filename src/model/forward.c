@@ -1451,6 +1451,11 @@ static inline void copy_row(float *dst, const float *src, size_t n) {
         dst[i] = src[i];
 }
 
+/* x limited to [lo, hi]. */
+static inline size_t clampz(size_t x, size_t lo, size_t hi) {
+    return x < lo ? lo : x > hi ? hi : x;
+}
+
 /* Rows of [q | k | v] split at head boundaries: q, k, v of every batch row; RoPE on its heads;
  * K and V heads written into each row's block. */
 static void dc_qkv(void *vc, int t, int P) {
@@ -1464,10 +1469,10 @@ static void dc_qkv(void *vc, int t, int P) {
     const ikv__q8act xa = act_prep_rows(e, t, e->dxn, D, nb, D);
     /* the share's query, key and value rows, each in one product call (a call's shape does
      * not change a row's bits), then RoPE and the K/V writes head by head */
-    const size_t qa = a < nq ? a : nq, qb = b < nq ? b : nq;
-    const size_t ka = (a > nq ? a : nq) - nq, kb = (b < nq + nkv ? b : nq + nkv) - nq;
-    const size_t va = (a > nq + nkv ? a : nq + nkv) - nq - nkv,
-                 vb = (b > nq + nkv ? b : nq + nkv) - nq - nkv;
+    const size_t qa = clampz(a, 0, nq), qb = clampz(b, 0, nq);
+    const size_t ka = clampz(a, nq, nq + nkv) - nq, kb = clampz(b, nq, nq + nkv) - nq;
+    const size_t va = clampz(a, nq + nkv, nq + 2 * nkv) - nq - nkv,
+                 vb = clampz(b, nq + nkv, nq + 2 * nkv) - nq - nkv;
     if (qb > qa) {
         linear(e, t, IKV__QM_Q, c->l, e->dxn, D, &xa, nb, e->dq, nq, qa, qb);
         for (size_t i = 0; i < nb; i++)
