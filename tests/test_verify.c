@@ -546,8 +546,8 @@ static void test_verify_sampling_distribution(void **st) {
 /* One long verify against decoding, with the AVX-512 batch kernels (batch512.c, linear.c) on
  * and off, the reference being a decode with them off (and a decode with them on must give the
  * same bits): a draft of DEC tokens (rows in groups of 16, 16, ..., and a short last group), at
- * block sizes 16 and 5 (a row's last block then holds fewer than 8 keys: the exp sums' tail), at 1
- * and 2 threads; every row's logits bit-identical to the decode reference in both settings. */
+ * block sizes 16 and 5 (a row's last block then holds fewer than 8 keys: the exp sums' tail), at 1,
+ * 2 and 3 threads; every row's logits bit-identical to the decode reference in both settings. */
 static void rows_kernel_on(const ikv_model *m, const uint32_t *P, size_t np, int expect_usable) {
     const int V = m->cfg.vocab_size;
     enum { DEC = 70 };
@@ -557,7 +557,7 @@ static void rows_kernel_on(const ikv_model *m, const uint32_t *P, size_t np, int
     uint32_t gen[DEC], gen2[DEC];
     static const uint32_t bts[] = {16, 5};
     for (size_t bi = 0; bi < 2; bi++)
-        for (int th = 1; th <= 2; th++) {
+        for (int th = 1; th <= 3; th++) { /* 3: uneven shares (Q|K|V split inside Q) */
             ikv_engine_options o;
             ikv_engine_options_default(&o);
             o.threads = th;
