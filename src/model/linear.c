@@ -326,7 +326,9 @@ __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void tr
 
 /* y[r] lane b = w_r . (batch row b) for the 4 weight rows w[0..4) against xT ([K][16]). */
 __attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
-t16_four(const float *const *w, size_t K, const float *xT, __m512 *y) {
+t16_four(const float *w0, const float *w1, const float *w2, const float *w3, size_t K,
+         const float *xT, __m512 *y) {
+    const float *const w[4] = {w0, w1, w2, w3};
     const size_t k32 = K & ~(size_t)31, k8 = K & ~(size_t)7;
     const __m512 z = _mm512_setzero_ps();
     __m512 P[4][3]; /* the lane tree of each row, built as the lanes come */
@@ -406,7 +408,10 @@ __attribute__((target("avx512f,avx2,fma"))) static void rows_t16(const float *W,
             const float *w[4]; /* rows past r1 repeat the last one; their results are dropped */
             for (size_t r = 0; r < 4; r++)
                 w[r] = W + (q + (k + r < nr ? k + r : nr - 1)) * K;
-            t16_four(w, K, xT, &blk[k]);
+            if (K == 64) /* the bundled model's dim: loops unrolled by the compiler */
+                t16_four(w[0], w[1], w[2], w[3], 64, xT, &blk[k]);
+            else
+                t16_four(w[0], w[1], w[2], w[3], K, xT, &blk[k]);
         }
         tr16(blk);
         const __mmask16 mr = (__mmask16)((1u << nr) - 1);
