@@ -405,6 +405,10 @@ __attribute__((target("avx512f,avx2,fma"))) static void rows_t16(const float *W,
     for (size_t q = r0; q < r1; q += 16) {
         const size_t nr = r1 - q < 16 ? r1 - q : 16;
         for (size_t k = 0; k < 16; k += 4) {
+            if (k >= nr) { /* past r1: nothing to compute, the store drops these lanes */
+                blk[k] = blk[k + 1] = blk[k + 2] = blk[k + 3] = _mm512_setzero_ps();
+                continue;
+            }
             const float *w[4]; /* rows past r1 repeat the last one; their results are dropped */
             for (size_t r = 0; r < 4; r++)
                 w[r] = W + (q + (k + r < nr ? k + r : nr - 1)) * K;
