@@ -159,8 +159,7 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
             for (int c = 0; c < hd; c += 8)
 #pragma GCC unroll 8
                 for (int u = 0; u < 8; u++)
-                    acc[u] = _mm512_fmadd_ps(qv[c + u],
-                                             _mm512_set1_ps(k[c + u]), acc[u]);
+                    acc[u] = _mm512_fmadd_ps(qv[c + u], _mm512_set1_ps(k[c + u]), acc[u]);
             const __m512 si = _mm512_mul_ps(tree8(acc), vscale);
             _mm512_storeu_ps(S + i * AR_LANES, si);
             if (i == 0) {
@@ -348,6 +347,21 @@ __attribute__((target("avx512f"))) static float max_nonnan512(const float *x, si
         m = x[i] > m ? x[i] : m;
     return m;
 }
+/* The first i with x[i] == m (one exists), 16 comparisons at a time: == as the scalar test
+ * (+0 == -0, NaN never equal). */
+__attribute__((target("avx512f"))) static uint32_t first_equal512(const float *x, size_t n,
+                                                                  float m) {
+    const __m512 vm = _mm512_set1_ps(m);
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __mmask16 k = _mm512_cmp_ps_mask(_mm512_loadu_ps(x + i), vm, _CMP_EQ_OQ);
+        if (k) return (uint32_t)(i + (size_t)__builtin_ctz((unsigned)k));
+    }
+    for (; i < n; i++)
+        if (x[i] == m) return (uint32_t)i;
+    IKV_ASSERT(0 && "the maximum is one of the values");
+    return 0;
+}
 #else
 void ikv__rmsnorm_rows(float *o, const float *x, const float *w, size_t n, size_t nr, size_t ld) {
     (void)o, (void)x, (void)w, (void)n, (void)nr, (void)ld;
@@ -367,8 +381,7 @@ uint32_t ikv__argmax(const float *x, size_t n) {
         /* the largest non-NaN value (values that compare equal, +0 and -0, are the same
          * maximum), then its first index: what the strict > scan returns */
         const float m = max_nonnan512(x, n, x[0]);
-        for (uint32_t i = 0;; i++)
-            if (x[i] == m) return i;
+        return first_equal512(x, n, m);
     }
 #endif
     uint32_t best = 0;
