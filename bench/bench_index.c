@@ -17,7 +17,7 @@
  * block (node + hash bucket share + policy arrays, at the cache's full size).
  * Everything printed is measured on this machine, single thread.
  *
- *     bench_index [--ops N] [--cap BLOCKS] [--seqs S] [--policy NAME] [--seed S]
+ *     bench_index [--ops N] [--cap BLOCKS] [--seqs S] [--policy NAME[:k=v,...]] [--seed S]
  */
 #include <inttypes.h>
 #include <math.h>
@@ -233,7 +233,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            printf("usage: bench_index [--ops N] [--cap BLOCKS] [--seqs S] [--policy NAME] "
+            printf("usage: bench_index [--ops N] [--cap BLOCKS] [--seqs S] [--policy NAME[:k=v,...]] "
                    "[--seed S]\n(counts take k/M/G suffixes)\n");
             return 0;
         }
@@ -265,9 +265,11 @@ int main(int argc, char **argv) {
             only = v;
     }
     if (only) {
+        /* NAME or NAME:params; the cache rejects bad parameters when it is created */
+        size_t nl = strcspn(only, ":");
         int found = 0;
         for (size_t p = 0; p < ikv_policy_count(); p++)
-            found |= !strcmp(only, ikv_policy_name(p));
+            found |= strlen(ikv_policy_name(p)) == nl && !strncmp(only, ikv_policy_name(p), nl);
         if (!found) {
             fprintf(stderr, "bench_index: unknown policy '%s'\n", only);
             return 2;
@@ -283,10 +285,14 @@ int main(int argc, char **argv) {
            w.n_seqs, w.n_keys, ops, cap);
     printf("%-8s %11s %11s %11s %11s %9s %8s\n", "policy", "lookup M/s", "insert M/s",
            "evict/ins", "mixed M/s", "mixed hit", "B/block");
-    for (size_t p = 0; p < ikv_policy_count(); p++) {
-        if (only && strcmp(only, ikv_policy_name(p))) continue;
-        run_policy(&w, ikv_policy_name(p), cap, ops);
-        fflush(stdout);
+    if (only && only[strcspn(only, ":")]) {
+        run_policy(&w, only, cap, ops);
+    } else {
+        for (size_t p = 0; p < ikv_policy_count(); p++) {
+            if (only && strcmp(only, ikv_policy_name(p))) continue;
+            run_policy(&w, ikv_policy_name(p), cap, ops);
+            fflush(stdout);
+        }
     }
     free(w.keys);
     free(w.off);

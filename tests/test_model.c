@@ -1218,6 +1218,16 @@ static void test_eviction_and_limits(void **st) {
     o.kv_mem = 0;
     o.policy = "no-such-policy";
     assert_int_equal(ikv_engine_create(m, &o, &e), IKV_EPOLICY);
+    /* a policy that needs the future is refused by a live engine, with the reason */
+    const char *offline[] = {"opt", "value:oracle=3", "value:split=0,oracle=4"};
+    for (int i = 0; i < 3; i++) {
+        o.policy = offline[i];
+        assert_int_equal(ikv_engine_create(m, &o, &e), IKV_EPARAM);
+        assert_non_null(strstr(ikv_errdetail(), "isokv sim"));
+    }
+    o.policy = "value:oracle=0";
+    assert_int_equal(ikv_engine_create(m, &o, &e), 0);
+    ikv_engine_destroy(e);
     ikv_model_destroy(m);
 }
 

@@ -188,6 +188,11 @@ int ikv_engine_create(const ikv_model *m, const ikv_engine_options *oin, ikv_eng
     else
         ikv_engine_options_default(&o);
     if (!o.policy) o.policy = "lru";
+    if (ikv_policy_offline(o.policy))
+        return ikv_error(IKV_EPARAM,
+                         "policy %s reads next-use times (the future of a known trace): only "
+                         "`isokv sim` can run it",
+                         o.policy);
     int brc = ikv__blas_load(); /* BLAS starts here, not when the binary loads (blas.h) */
     if (brc) return brc;
     const ikv_model_config *c = &m->cfg;

@@ -267,6 +267,12 @@ typedef struct replay {
     size_t nu_cap;
     uint64_t *next_buf;
     size_t next_cap;
+    /* oracle diagnostics (value:oracle=2; docs/policies.md): every block of a request
+     * gets its conversation's next request (index + 1) instead of its own next use */
+    int conv_next;
+    uint32_t *ns;            /* per request: the next request of the same session, NEVER32 */
+    uint64_t ns_len, qn;
+    size_t ns_cap;
     /* scratch */
     uint32_t *ids;
     uint8_t *tiers;
@@ -378,16 +384,34 @@ void ikv_replay_result_free(ikv_replay_result *r) {
 /* Counts requests and distinct keys (doc keys too, with chunk reuse) and, for opt, records the
  * next use of every occurrence. Leaves the trace rewound. */
 static int prepass(replay *s, ikv_trace *t, uint64_t *distinct, uint64_t *requests) {
-    kmap m;
+    kmap m, sm;
+    memset(&sm, 0, sizeof sm);
     int rc = kmap_init(&m, 1 << 16);
+    if (!rc) rc = kmap_init(&sm, s->conv_next ? 1 << 12 : 1);
     if (rc) {
         kmap_free(&m);
+        kmap_free(&sm);
         return rc;
     }
     ikv_trace_request req;
     uint64_t n = 0, p = 0;
     while ((rc = ikv_trace_next(t, &req)) == 1) {
         uint32_t now = (uint32_t)(req.index + 1 < NEVER32 ? req.index + 1 : NEVER32 - 1);
+        if (s->conv_next) {
+            GROW(s->ns, s->ns_cap, n + 1, { rc = IKV_ENOMEM; goto out; });
+            s->ns[n] = NEVER32;
+            if (req.session) {
+                uint64_t slot;
+                ikv_key sk = {.lo = req.session, .hi = 0x5e5510e5ull};
+                int had = kmap_upsert(&sm, sk, n, &slot);
+                if (had < 0) {
+                    rc = had;
+                    goto out;
+                }
+                if (had) s->ns[sm.v[slot]] = now;
+                sm.v[slot] = n;
+            }
+        }
         if (s->need_next) GROW(s->nu, s->nu_cap, p + req.n_blocks, { rc = IKV_ENOMEM; goto out; });
         for (size_t i = 0; i < req.n_blocks; i++, p++) {
             uint64_t slot;
@@ -418,9 +442,11 @@ static int prepass(replay *s, ikv_trace *t, uint64_t *distinct, uint64_t *reques
     *distinct = m.len;
     *requests = n;
     s->nu_len = p;
+    s->ns_len = s->conv_next ? n : 0;
     rc = ikv_trace_rewind(t);
 out:
     kmap_free(&m);
+    kmap_free(&sm);
     return rc;
 }
 
@@ -575,6 +601,11 @@ static const uint64_t *next_uses(replay *s, const ikv_trace_request *q) {
     for (size_t i = 0; i < q->n_blocks; i++) {
         uint64_t p = s->occ + i;
         s->next_buf[i] = p < s->nu_len && s->nu[p] != NEVER32 ? s->nu[p] : IKV_NEVER;
+    }
+    if (s->conv_next) {
+        uint64_t v = s->qn < s->ns_len && s->ns[s->qn] != NEVER32 ? s->ns[s->qn] : IKV_NEVER;
+        for (size_t i = 0; i < q->n_blocks; i++) s->next_buf[i] = v;
+        s->qn++;
     }
     s->occ += q->n_blocks;
     return s->next_buf;
@@ -807,6 +838,13 @@ static int setup(replay *s, ikv_trace *t, uint64_t *total) {
     if (o->chunk_reuse > 1)
         return ikv_error(IKV_ERANGE, "chunk reuse fraction R must be in [0, 1], got %g", o->chunk_reuse);
     s->need_next = !strncmp(policy, "opt", 3) && (policy[3] == 0 || policy[3] == ':');
+    /* value:oracle=N (diagnostic only, docs/policies.md): reads the future like opt; 2 sees
+     * its conversation's next turn instead of each block's next use */
+    const char *orc = strstr(policy, "oracle=");
+    if (orc && orc[7] >= '1' && orc[7] <= '9') {
+        s->need_next = 1;
+        s->conv_next = orc[7] == '2';
+    }
     snprintf(r->policy, sizeof r->policy, "%s", policy);
     snprintf(r->model, sizeof r->model, "%s", model->name);
     snprintf(r->hw, sizeof r->hw, "%s", hw->name);
@@ -889,6 +927,7 @@ static void teardown(replay *s) {
     ghost_free(&s->g);
     kmap_free(&s->pinned);
     ikv_free(s->nu);
+    ikv_free(s->ns);
     ikv_free(s->next_buf);
     ikv_free(s->ids);
     ikv_free(s->tiers);

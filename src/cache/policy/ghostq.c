@@ -78,8 +78,8 @@ int ikv__ghostq_drop_oldest(ikv__ghostq *g, int list) {
     return 1;
 }
 
-void ikv__ghostq_add(ikv__ghostq *g, ikv_key k, int list) {
-    if (!g->cap) return;
+uint32_t ikv__ghostq_add(ikv__ghostq *g, ikv_key k, int list) {
+    if (!g->cap) return IKV_NIL;
     if (g->free == IKV_NIL) {
         if (!ikv__ghostq_drop_oldest(g, list)) ikv__ghostq_drop_oldest(g, !list);
         g->forced++;
@@ -101,15 +101,23 @@ void ikv__ghostq_add(ikv__ghostq *g, ikv_key k, int list) {
         g->tail[list] = i;
     g->head[list] = i;
     g->n[list]++;
+    return i;
 }
 
 int ikv__ghostq_take(ikv__ghostq *g, ikv_key k) {
+    uint32_t slot;
+    return ikv__ghostq_take_slot(g, k, &slot);
+}
+
+int ikv__ghostq_take_slot(ikv__ghostq *g, ikv_key k, uint32_t *slot) {
+    *slot = IKV_NIL;
     if (!g->cap) return -1;
     uint64_t want = k.hi & ~(uint64_t)1;
     for (uint32_t i = g->bucket[bucket_of(g, want)]; i != IKV_NIL; i = g->slot[i].hnext)
         if ((fp_at(g, i) & ~(uint64_t)1) == want) {
             int l = list_of(g, i);
             release(g, i);
+            *slot = i;
             return l;
         }
     return -1;
@@ -153,7 +161,12 @@ int ikv__ghostq_check(const ikv__ghostq *g) {
 }
 
 int ikv__ghostq_arc_adapt(ikv__ghostq *g, ikv_key k, double c, double *p) {
-    int l = ikv__ghostq_take(g, k);
+    uint32_t slot;
+    return ikv__ghostq_arc_adapt_slot(g, k, c, p, &slot);
+}
+
+int ikv__ghostq_arc_adapt_slot(ikv__ghostq *g, ikv_key k, double c, double *p, uint32_t *slot) {
+    int l = ikv__ghostq_take_slot(g, k, slot);
     double b1 = (double)ikv__ghostq_len(g, 0) + (l == 0);
     double b2 = (double)ikv__ghostq_len(g, 1) + (l == 1);
     if (l == 0) {

@@ -54,12 +54,16 @@ void ikv__ghostq_free(ikv__ghostq *g);
 /* Remembers key k as the newest entry of list 0 or 1. When every slot is in use the oldest
  * entry of `list` (of the other list if `list` is empty) is forgotten first and `forced` is
  * counted: s3fifo's FIFO of fixed size works that way; arc keeps its lists within the pool by
- * its directory rules, so there it is a safety valve. O(1), does not allocate. */
-void ikv__ghostq_add(ikv__ghostq *g, ikv_key k, int list);
+ * its directory rules, so there it is a safety valve. Returns the entry's slot (below cap; a
+ * caller may keep data of its own per slot, as lhd does), IKV_NIL for a ghost of cap 0. O(1),
+ * does not allocate. */
+uint32_t ikv__ghostq_add(ikv__ghostq *g, ikv_key k, int list);
 
 /* Looks k up; if it is remembered, forgets it (its slot is free again) and returns its list
  * (0 or 1), else -1. O(1) expected, does not allocate. */
 int ikv__ghostq_take(ikv__ghostq *g, ikv_key k);
+/* The same, and *slot is the slot the key had (what ikv__ghostq_add returned for it). */
+int ikv__ghostq_take_slot(ikv__ghostq *g, ikv_key k, uint32_t *slot);
 
 /* ARC's cases II and III (Megiddo & Modha, FAST'03, Fig. 4) for a missed key k: takes k out of
  * B1 (list 0) or B2 (list 1) and adapts the target size *p of T1 within [0, c] by the ratio of
@@ -67,6 +71,8 @@ int ikv__ghostq_take(ikv__ghostq *g, ikv_key k);
  * down by max(|B1|/|B2|, 1) on a B2 hit). Returns the list k was in, or -1 (case IV: nothing
  * changes). Shared by arc and value's split classes. O(1) expected, does not allocate. */
 int ikv__ghostq_arc_adapt(ikv__ghostq *g, ikv_key k, double c, double *p);
+/* The same, and *slot is the slot k had (IKV_NIL when it was in neither list). */
+int ikv__ghostq_arc_adapt_slot(ikv__ghostq *g, ikv_key k, double c, double *p, uint32_t *slot);
 
 /* Forgets the oldest entry of `list`. 1 if one was dropped, 0 if the list is empty. */
 int ikv__ghostq_drop_oldest(ikv__ghostq *g, int list);
