@@ -47,12 +47,7 @@
 #include <emmintrin.h>
 #endif
 
-/* pause instructions before yielding (~10 us here). Was 4000 (~170 us): when another process
- * holds one of 2 cores, the scheduler can put both pool threads on the other, and every region
- * then cost a full spin before the waiting thread let the other run (measured: a 128-row verify
- * on stories260K at 2 threads 6.45 ms against 1.14 with both cores free; 1.98 ms with 300,
- * unchanged with both cores free) */
-#define SPIN_PAUSES 300
+#define SPIN_PAUSES 4000 /* pause instructions before yielding (~50-200 us) */
 #define SPIN_YIELDS 50   /* sched_yield calls before sleeping */
 
 struct worker {
