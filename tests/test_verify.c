@@ -543,12 +543,176 @@ static void test_verify_sampling_distribution(void **st) {
     ikv_model_destroy(m);
 }
 
+/* One long verify against decoding, with the AVX-512 batch kernels (batch512.c, linear.c) on
+ * and off, the reference being a decode with them off (and a decode with them on must give the
+ * same bits): a draft of DEC tokens (rows in groups of 16, 16, ..., and a short last group), at
+ * block sizes 16 and 5 (a row's last block then holds fewer than 8 keys: the exp sums' tail), at 1,
+ * 2 and 3 threads; every row's logits bit-identical to the decode reference in both settings. */
+static void rows_kernel_on(const ikv_model *m, const uint32_t *P, size_t np, int expect_usable) {
+    const int V = m->cfg.vocab_size;
+    enum { DEC = 70 };
+    float *ref = malloc(sizeof(float) * (size_t)V * (DEC + 1));
+    float *all = malloc(sizeof(float) * (size_t)V * DEC);
+    float *ref2 = malloc(sizeof(float) * (size_t)V * (DEC + 1));
+    uint32_t gen[DEC], gen2[DEC];
+    static const uint32_t bts[] = {16, 5};
+    for (size_t bi = 0; bi < 2; bi++)
+        for (int th = 1; th <= 3; th++) { /* 3: uneven shares (Q|K|V split inside Q) */
+            ikv_engine_options o;
+            ikv_engine_options_default(&o);
+            o.threads = th;
+            o.max_seqs = 2;
+            o.tile = 16;
+            o.block_tokens = bts[bi];
+            o.max_draft = DEC;
+            /* the reference: decoding with every AVX-512 kernel off (the AVX2 + FMA path) */
+            ikv__batch512_force(0);
+            tu_greedy_ref(m, &o, P, np, DEC, ref, gen);
+            /* decoding with them on gives the same bits (they apply to batches of >= 4 rows) */
+            ikv__batch512_force(1);
+            tu_greedy_ref(m, &o, P, np, DEC, ref2, gen2);
+            assert_memory_equal(ref2, ref, sizeof(float) * (size_t)V * (DEC + 1));
+            assert_memory_equal(gen2, gen, sizeof gen);
+            ikv_engine *e;
+            assert_int_equal(ikv_engine_create(m, &o, &e), 0);
+            for (int on = 1; on >= 0; on--) {
+                ikv__batch512_force(on);
+                assert_int_equal(ikv__attn_rows_usable(e), on && expect_usable);
+                ikv_request rq = {.tokens = P, .n = np, .tenant = "T", .max_new = DEC + 2};
+                ikv_seq *s;
+                assert_int_equal(ikv_engine_begin(e, &rq, &s, NULL), 0);
+                ikv_verify v = {.draft = gen, .k = DEC, .logits_all = all};
+                assert_int_equal(ikv_engine_verify(e, s, &v), 0);
+                assert_int_equal(v.accepted, DEC);
+                /* row i follows draft[i]: decode's logits after gen[i] */
+                for (size_t i = 0; i < DEC; i++)
+                    assert_memory_equal(all + i * (size_t)V, ref + (i + 1) * (size_t)V,
+                                        sizeof(float) * (size_t)V);
+                ikv_engine_end(e, s);
+                assert_true(ikv_engine_check(e));
+            }
+            ikv__batch512_force(-1);
+            ikv_engine_destroy(e);
+        }
+    free(ref), free(ref2);
+    free(all);
+}
+
+static void test_verify_rows_kernel(void **st) {
+    (void)st;
+#if defined(__x86_64__) && defined(__GNUC__)
+    const int avx512 = ikv__use_avx2() && __builtin_cpu_supports("avx512f");
+#else
+    const int avx512 = 0;
+#endif
+    if (!avx512) printf("(no AVX-512F here: the multi-row kernel is off, checked as such)\n");
+    ikv_model *m;
+    if (ikv_model_load("data/models/stories260K/stories260K.bin", &m))
+        fail_msg("bundled model: %s", ikv_errdetail());
+    uint32_t P[40];
+    for (int i = 0; i < 40; i++)
+        P[i] = (uint32_t)(3 + (i * 37) % 500);
+    rows_kernel_on(m, P, 23, avx512); /* head_dim 8: the unrolled kernel */
+    ikv_model_destroy(m);
+    ikv_model_config c;
+    assert_int_equal(ikv_model_config_named("tiny", &c), 0); /* head_dim 16: the general one */
+    assert_int_equal(ikv_model_random(&c, 5, &m), 0);
+    rows_kernel_on(m, P, 17, avx512);
+    ikv_model_destroy(m);
+    c.dim = 48, c.hidden_dim = 96; /* head_dim 12: not a multiple of 8, the per-row kernels */
+    assert_int_equal(ikv_model_random(&c, 5, &m), 0);
+    rows_kernel_on(m, P, 17, 0);
+    ikv_model_destroy(m);
+}
+
+/* The weight-product seam (ikv__linear_rows) with the AVX-512 kernels on and off: every output
+ * of a batched call, over row ranges with odd ends and batches of 1..37 rows (16-row transposed
+ * groups, 4 x 4 tiles and leftovers), at K from 1 to 172 (32-wide steps, 8-wide steps, tails, and
+ * none of them), is bit-identical to the same product computed alone (one weight row, one batch
+ * row). Values span several binades so that any change of summation order shows in the last bits.
+ */
+static void test_linear_rows_tiles(void **st) {
+    (void)st;
+    static const size_t Ks[] = {1, 7, 8, 13, 32, 40, 64, 100, 172};
+    enum { N = 45, NX = 37, LDX = 180, LDY = 47 }; /* N >= 32 + 3: the transposed groups */
+    static const size_t nxs[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 11, 15, 16, 17, 31, 32, 37};
+    float *W = malloc(sizeof(float) * N * 172), *X = malloc(sizeof(float) * NX * LDX);
+    float *Y = malloc(sizeof(float) * NX * LDY), one[N];
+    uint64_t seed = 12345;
+    for (size_t i = 0; i < (size_t)N * 172; i++) {
+        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        W[i] = ((float)(seed >> 40) / 16777216.0f - 0.5f) * (float)(1u << (seed >> 61));
+    }
+    for (size_t i = 0; i < (size_t)NX * LDX; i++) {
+        seed = seed * 6364136223846793005u + 1442695040888963407u;
+        X[i] = ((float)(seed >> 40) / 16777216.0f - 0.5f) * (float)(1u << (seed >> 61));
+    }
+    for (int on = 1; on >= 0; on--) {
+        ikv__batch512_force(on);
+        for (size_t ki = 0; ki < sizeof Ks / sizeof Ks[0]; ki++)
+            for (size_t ni = 0; ni < sizeof nxs / sizeof nxs[0]; ni++)
+                for (size_t r0 = 0; r0 < 3; r0++) {
+                    const size_t K = Ks[ki], r1 = N - r0, nx = nxs[ni];
+                    memset(Y, 0, sizeof(float) * NX * LDY);
+                    ikv__linear_rows(W, K, r0, r1, X, LDX, nx, Y, LDY);
+                    for (size_t b = 0; b < nx; b++)
+                        for (size_t r = r0; r < r1; r++) {
+                            ikv__linear_rows(W, K, r, r + 1, X + b * LDX, LDX, 1, one, 0);
+                            if (memcmp(&one[r], &Y[b * LDY + r], sizeof one[r]))
+                                fail_msg("K %zu, %zu rows, row %zu, output %zu: %a vs %a alone", K,
+                                         nx, b, r, (double)Y[b * LDY + r], (double)one[r]);
+                        }
+                }
+    }
+    ikv__batch512_force(-1);
+    free(W), free(X), free(Y);
+}
+
+/* ikv__argmax against the scalar scan it replaces, with the AVX-512 path on and off: ties
+ * (the first wins), +0 / -0, -inf, NaNs anywhere (never chosen; x[0] NaN gives 0), lengths
+ * 0..200 around the 16- and 64-wide steps. */
+static uint32_t argmax_scan(const float *x, size_t n) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < (uint32_t)n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+static void test_argmax_exact(void **st) {
+    (void)st;
+    float x[200];
+    uint64_t seed = 99;
+    for (int on = 1; on >= 0; on--) {
+        ikv__batch512_force(on);
+        for (int trial = 0; trial < 400; trial++)
+            for (size_t n = 0; n <= 200; n += 1 + (size_t)(trial % 7)) {
+                for (size_t i = 0; i < n; i++) {
+                    seed = seed * 6364136223846793005u + 1442695040888963407u;
+                    const unsigned k = (unsigned)(seed >> 58) % 16;
+                    x[i] = k == 0   ? NAN
+                           : k == 1 ? -INFINITY
+                           : k == 2 ? 0.0f
+                           : k == 3 ? -0.0f
+                           : k < 8  ? (float)(k - 5) /* small ints: many ties */
+                                    : (float)((int64_t)(seed >> 40) - (1 << 23)) / 4096.0f;
+                }
+                if (trial % 5 == 0 && n) x[0] = NAN;
+                if (trial % 3 == 0 && n) x[n - 1] = 1e30f; /* the last one wins */
+                assert_int_equal(ikv__argmax(x, n), argmax_scan(x, n));
+            }
+    }
+    ikv__batch512_force(-1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accept_rule_arithmetic),
         cmocka_unit_test(test_accept_rule_statistics),
         cmocka_unit_test(test_verify_exact_generated),
         cmocka_unit_test(test_verify_exact_real),
+        cmocka_unit_test(test_verify_rows_kernel),
+        cmocka_unit_test(test_linear_rows_tiles),
+        cmocka_unit_test(test_argmax_exact),
         cmocka_unit_test(test_step_drafts_mixed),
         cmocka_unit_test(test_lookup_draft_oracle),
         cmocka_unit_test(test_verify_sampling_distribution),

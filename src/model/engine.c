@@ -795,10 +795,7 @@ static void prefill_chunk(ikv_engine *e, ikv_seq *s, size_t cnt, float *logits_a
 
 /* The greedy token: argmax, the lowest index on ties (as ikv_sampler_sample). */
 static uint32_t argmax_row(const float *x, size_t n) {
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < (uint32_t)n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
+    return ikv__argmax(x, n);
 }
 
 size_t ikv_engine_max_rows(const ikv_engine *e) {

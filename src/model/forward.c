@@ -80,6 +80,13 @@
  *
  * then the final RMSNorm and the classifier split by vocabulary rows. Nothing here allocates.
  *
+ * Batches of >= 4 rows on an AVX-512 CPU (a draft verification is one sequence's 1 + k rows in
+ * one such step) take batch kernels with exactly the per-row arithmetic above, only scheduled
+ * across rows (batch512.c, linear.c; ikv__batch512_on): the weight products in 4 x 4 tiles, the
+ * attention of each group of up to 16 rows of one sequence with the rows as vector lanes
+ * (dc_attn_rows: units of (group, chunk) split between threads by cost), RMSNorm of 16 rows and
+ * a 16-lane SwiGLU. A one-row step keeps the 8-lane kernels (faster there, measured).
+ *
  * Int8 weights (llama2.c version 2, m->gs > 0): every weight product goes through one dispatch,
  * `matvec` in decode and `proj_mul` in prefill, to quant.c's kernels (runq.c's arithmetic: the
  * input row quantized per group, int32 group sums scaled and added in group order), which give
@@ -743,12 +750,14 @@ static void rope(const struct ikv_engine *e, float *vec, int width, size_t pos) 
     int hs = e->m->head_dim;
     const float *c = e->rope_cos + pos * (size_t)(hs / 2),
                 *sn = e->rope_sin + pos * (size_t)(hs / 2);
-    for (int i = 0; i < width; i += 2) {
-        int j = (i % hs) / 2;
-        float v0 = vec[i], v1 = vec[i + 1];
-        vec[i] = v0 * c[j] - v1 * sn[j];
-        vec[i + 1] = v0 * sn[j] + v1 * c[j];
-    }
+    /* head by head (no division per pair): pair j of every head turns by angle j */
+    for (int h0 = 0; h0 < width; h0 += hs)
+        for (int j = 0; 2 * j < hs && h0 + 2 * j < width; j++) {
+            float *v = vec + h0 + 2 * j;
+            float v0 = v[0], v1 = v[1];
+            v[0] = v0 * c[j] - v1 * sn[j];
+            v[1] = v0 * sn[j] + v1 * c[j];
+        }
 }
 
 /* ---- matrix products ------------------------------------------------------------------------ */
@@ -908,10 +917,15 @@ __attribute__((target("avx2"))) static size_t swiglu_avx2(float *hb, const float
 }
 #endif
 
-static void swiglu(float *hb, const float *hb2, size_t n) {
+/* wide: use the 16-lane kernel (batches only where ikv__batch512_on: in a one-row decode step
+ * it made the step slower, measured: 5.0 -> 5.4 ms for 128 tokens on stories260K). */
+static void swiglu_n(float *hb, const float *hb2, size_t n, int wide) {
     size_t i = 0;
 #ifdef HAVE_AVX2_PATH
-    if (use_avx2()) i = swiglu_avx2(hb, hb2, n);
+    if (use_avx2()) {
+        if (wide) i = ikv__swiglu512(hb, hb2, n);
+        i += swiglu_avx2(hb + i, hb2 + i, n - i);
+    }
 #endif
 #if defined(__SSE2__)
     const __m128 one = _mm_set1_ps(1.0f), zero = _mm_setzero_ps(), sign = _mm_set1_ps(-0.0f);
@@ -931,6 +945,11 @@ static void swiglu(float *hb, const float *hb2, size_t n) {
         float sig = a >= 0.0f ? d : t * d;
         hb[i] = (a * sig) * hb2[i];
     }
+}
+
+/* swiglu on the 8 / 4-lane kernels (prefill, one-row decode). */
+static void swiglu(float *hb, const float *hb2, size_t n) {
+    swiglu_n(hb, hb2, n, 0);
 }
 
 /* ---- fixed partitions ----------------------------------------------------------------------- */
@@ -1400,6 +1419,9 @@ static void dc_norm(void *vc, int t, int P) {
     const size_t D = (size_t)e->m->cfg.dim;
     size_t a, b;
     part(c->nb, t, P, 1, &a, &b);
+    if (b - a >= IKV__AR_LANES && ikv__batch512_on()) /* 16 rows at a time, the same bits */
+        for (; a + IKV__AR_LANES <= b; a += IKV__AR_LANES)
+            ikv__rmsnorm_rows(e->dxn + a * D, e->dx + a * D, c->xrow, D, IKV__AR_LANES, D);
     for (size_t i = a; i < b; i++)
         rmsnorm(e->dxn + i * D, e->dx + i * D, c->xrow, (int)D);
 }
@@ -1418,6 +1440,38 @@ static const float *normed_rows(const fwd *c, int t) {
     return xn;
 }
 
+/* x[0..n) += y[0..n), element by element (the residual adds of decode), 8 at a time on AVX2:
+ * the same single rounding per element. */
+#ifdef HAVE_AVX2_PATH
+__attribute__((target("avx2"))) static size_t add_row_avx2(float *x, const float *y, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+    return i;
+}
+#endif
+
+static inline void add_row(float *x, const float *y, size_t n) {
+    size_t i = 0;
+#ifdef HAVE_AVX2_PATH
+    if (use_avx2()) i = add_row_avx2(x, y, n);
+#endif
+    for (; i < n; i++)
+        x[i] += y[i];
+}
+
+/* dst[0..n) = src[0..n): a head's K or V row, inline (a libc call per 8 floats cost more than
+ * the copy: 5000 calls in a 128-row verify). */
+static inline void copy_row(float *dst, const float *src, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        dst[i] = src[i];
+}
+
+/* x limited to [lo, hi]. */
+static inline size_t clampz(size_t x, size_t lo, size_t hi) {
+    return x < lo ? lo : x > hi ? hi : x;
+}
+
 /* Rows of [q | k | v] split at head boundaries: q, k, v of every batch row; RoPE on its heads;
  * K and V heads written into each row's block. */
 static void dc_qkv(void *vc, int t, int P) {
@@ -1430,31 +1484,37 @@ static void dc_qkv(void *vc, int t, int P) {
     part(nq + 2 * nkv, t, P, H, &a, &b);
     const float *xn = normed_rows(c, t);
     const ikv__q8act xa = act_prep_rows(e, t, xn, D, nb, D);
-    for (size_t h = a; h < b; h += H) {
-        if (h < nq) { /* a query head */
-            linear(e, t, IKV__QM_Q, c->l, xn, D, &xa, nb, e->dq, nq, h, h + H);
-            for (size_t i = 0; i < nb; i++)
-                rope(e, e->dq + i * nq + h, (int)H, e->dpos[i]);
-        } else if (h < nq + nkv) { /* a key head */
-            size_t r = h - nq;
-            linear(e, t, IKV__QM_K, c->l, xn, D, &xa, nb, e->dk, nkv, r, r + H);
-            for (size_t i = 0; i < nb; i++) {
-                const size_t pos = e->dpos[i];
-                float *kr = e->dk + i * nkv + r;
-                rope(e, kr, (int)H, pos);
-                memcpy(ikv__kv_at(e, blk_of(e, e->dseq[i], pos), (int)l, 0, (int)(r / H),
-                                  (uint32_t)(pos % e->bt)),
-                       kr, sizeof(float) * H);
-            }
-        } else { /* a value head */
-            size_t r = h - nq - nkv;
-            linear(e, t, IKV__QM_V, c->l, xn, D, &xa, nb, e->dv, nkv, r, r + H);
-            for (size_t i = 0; i < nb; i++) {
-                const size_t pos = e->dpos[i];
-                memcpy(ikv__kv_at(e, blk_of(e, e->dseq[i], pos), (int)l, 1, (int)(r / H),
-                                  (uint32_t)(pos % e->bt)),
-                       e->dv + i * nkv + r, sizeof(float) * H);
-            }
+    /* the share's query, key and value rows, each in one product call (a call's shape does
+     * not change a row's bits), then RoPE and the K/V writes head by head */
+    const size_t qa = clampz(a, 0, nq), qb = clampz(b, 0, nq);
+    const size_t ka = clampz(a, nq, nq + nkv) - nq, kb = clampz(b, nq, nq + nkv) - nq;
+    const size_t va = clampz(a, nq + nkv, nq + 2 * nkv) - nq - nkv,
+                 vb = clampz(b, nq + nkv, nq + 2 * nkv) - nq - nkv;
+    if (qb > qa) {
+        linear(e, t, IKV__QM_Q, c->l, xn, D, &xa, nb, e->dq, nq, qa, qb);
+        for (size_t i = 0; i < nb; i++)
+            rope(e, e->dq + i * nq + qa, (int)(qb - qa), e->dpos[i]);
+    }
+    if (kb > ka) {
+        linear(e, t, IKV__QM_K, c->l, xn, D, &xa, nb, e->dk, nkv, ka, kb);
+        for (size_t i = 0; i < nb; i++) {
+            const size_t pos = e->dpos[i];
+            const uint32_t blk = blk_of(e, e->dseq[i], pos), slot = (uint32_t)(pos % e->bt);
+            float *kr = e->dk + i * nkv + ka;
+            rope(e, kr, (int)(kb - ka), pos);
+            for (size_t r = ka; r < kb; r += H)
+                copy_row(ikv__kv_at(e, blk, (int)l, 0, (int)(r / H), slot), e->dk + i * nkv + r,
+                         H);
+        }
+    }
+    if (vb > va) {
+        linear(e, t, IKV__QM_V, c->l, xn, D, &xa, nb, e->dv, nkv, va, vb);
+        for (size_t i = 0; i < nb; i++) {
+            const size_t pos = e->dpos[i];
+            const uint32_t blk = blk_of(e, e->dseq[i], pos), slot = (uint32_t)(pos % e->bt);
+            for (size_t r = va; r < vb; r += H)
+                copy_row(ikv__kv_at(e, blk, (int)l, 1, (int)(r / H), slot), e->dv + i * nkv + r,
+                         H);
         }
     }
 }
@@ -1589,13 +1649,88 @@ static void attn_chunk(const struct ikv_engine *e, const struct ikv_seq *s, cons
     }
 }
 
-/* Attention chunks of all batch rows split: item i is chunk i - dcoff[b] of row b. */
+/* The end of the group of batch rows starting at b for the multi-row kernel: the run of rows
+ * of b's sequence after it, at most IKV__AR_LANES. */
+static size_t ar_group_end(const struct ikv_engine *e, size_t b, size_t nb) {
+    size_t g = b + 1;
+    while (g < nb && g - b < IKV__AR_LANES && e->dseq[g] == e->dseq[b])
+        g++;
+    return g;
+}
+
+/* dc_attn with the multi-row kernel (batch512.c): the work units are, in batch order, each
+ * group of >= IKV__AR_MIN rows of one sequence times its chunks (the most any of its rows
+ * has), and each chunk of a row outside such groups. Units differ in cost (a chunk's blocks;
+ * a group unit costs about 4 row units), so they are split between the threads by cost: unit u
+ * goes to thread floor(P (C_u + c_u / 2) / C), C_u the cost of the units before it, c_u its
+ * own, C the total: a fixed partition given the shapes (no output depends on it). */
+static size_t ar_chunk_blocks(const struct ikv_engine *e, size_t pos, size_t ch) {
+    const size_t nb = (pos + 1 + e->bt - 1) / e->bt, b0 = ch * IKV__DC_CHUNK;
+    return nb <= b0 ? 0 : nb - b0 < IKV__DC_CHUNK ? nb - b0 : IKV__DC_CHUNK;
+}
+
+/* The largest position among rows [b, g), and so the most chunks any of them has. */
+static size_t ar_max_pos(const struct ikv_engine *e, size_t b, size_t g) {
+    size_t mx = 0;
+    for (size_t i = b; i < g; i++)
+        mx = e->dpos[i] > mx ? e->dpos[i] : mx;
+    return mx;
+}
+
+static void dc_attn_rows(const fwd *c, int t, int P, float *sc) {
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, qd = (size_t)m->q_dim;
+    const size_t nb = c->nb, pd = nh * (H + 2);
+    uint64_t total = 0; /* pass 0 adds up the costs, pass 1 runs this thread's units */
+    for (int pass = 0; pass < 2; pass++) {
+        uint64_t acc = 0;
+        for (size_t b = 0, g; b < nb; b = g) {
+            g = ar_group_end(e, b, nb);
+            if (g - b >= IKV__AR_MIN) {
+                const size_t mp = ar_max_pos(e, b, g);
+                const size_t span = e->bt * IKV__DC_CHUNK, nch = (mp + span) / span;
+                for (size_t ch = 0; ch < nch; ch++) {
+                    const uint64_t cu = 4 * (uint64_t)ar_chunk_blocks(e, mp, ch);
+                    if (pass && (int)((uint64_t)P * (2 * acc + cu) / (2 * total)) == t) {
+                        float *out[IKV__AR_LANES];
+                        for (size_t i = b; i < g; i++)
+                            out[i - b] = ch < e->dcoff[i + 1] - e->dcoff[i]
+                                             ? e->dpart + (e->dcoff[i] + ch) * pd
+                                             : NULL;
+                        ikv__attn_rows(e, e->dseq[b], c->l, ch, g - b, e->dq + b * qd, qd,
+                                       e->dpos + b, out, sc);
+                    }
+                    acc += cu;
+                }
+            } else {
+                for (size_t i = b; i < g; i++)
+                    for (size_t ch = 0; ch < e->dcoff[i + 1] - e->dcoff[i]; ch++) {
+                        const uint64_t cu = ar_chunk_blocks(e, e->dpos[i], ch);
+                        if (pass && (int)((uint64_t)P * (2 * acc + cu) / (2 * total)) == t)
+                            attn_chunk(e, e->dseq[i], e->dq + i * qd, e->dpos[i], c->l, ch,
+                                       e->dpart + (e->dcoff[i] + ch) * pd, sc);
+                        acc += cu;
+                    }
+            }
+        }
+        total = acc;
+        if (!total) return;
+    }
+}
+
+/* Attention chunks of all batch rows split: item i is chunk i - dcoff[b] of row b (or the
+ * multi-row kernel's units, above, where it applies). */
 static void dc_attn(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
     const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, qd = (size_t)m->q_dim;
     float *sc = e->S + (size_t)t * e->S_rows * e->Lmax;
+    if (c->nb >= IKV__AR_MIN && ikv__attn_rows_usable(e)) {
+        dc_attn_rows(c, t, P, sc);
+        return;
+    }
     size_t i0, i1, b = 0;
     part(e->dcoff[c->nb], t, P, 1, &i0, &i1);
     for (size_t i = i0; i < i1; i++) {
@@ -1624,15 +1759,59 @@ static void dc_attn_runq(void *vc, int t, int P) {
 
 /* att_h = sum_c O_c e^(M_c - M) / sum_c L_c e^(M_c - M), M = max_c M_c, over the chunks
  * part[0..nch) of dc_attn in order, for every query head h, into out [n_heads][head_dim]. */
+#ifdef HAVE_AVX2_PATH
+/* The chunk loop of attn_merge for one head on 8 lanes (H a multiple of 8): per element the
+ * same operations in the same order (o = o + O_c * a, no FMA; then o * (1 / sum)). */
+__attribute__((target("avx2"))) static void merge_head_avx2(const float *ph0, size_t nch,
+                                                            size_t cstride, size_t H, float mx,
+                                                            float *o) {
+    float sum = 0.0f;
+    if (H == 8) { /* one register */
+        __m256 acc = _mm256_setzero_ps();
+        for (size_t ch = 0; ch < nch; ch++) {
+            const float *ph = ph0 + ch * cstride;
+            const float a = exp_neg_scalar(ph[H] - mx);
+            sum += ph[H + 1] * a;
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(ph), _mm256_set1_ps(a)));
+        }
+        _mm256_storeu_ps(o, _mm256_mul_ps(acc, _mm256_set1_ps(1.0f / sum)));
+        return;
+    }
+    for (size_t d = 0; d < H; d += 8)
+        _mm256_storeu_ps(o + d, _mm256_setzero_ps());
+    for (size_t ch = 0; ch < nch; ch++) {
+        const float *ph = ph0 + ch * cstride;
+        const float a = exp_neg_scalar(ph[H] - mx);
+        sum += ph[H + 1] * a;
+        const __m256 va = _mm256_set1_ps(a);
+        for (size_t d = 0; d < H; d += 8)
+            _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_loadu_ps(o + d),
+                                                  _mm256_mul_ps(_mm256_loadu_ps(ph + d), va)));
+    }
+    const __m256 inv = _mm256_set1_ps(1.0f / sum);
+    for (size_t d = 0; d < H; d += 8)
+        _mm256_storeu_ps(o + d, _mm256_mul_ps(_mm256_loadu_ps(o + d), inv));
+}
+#endif
+
 static void attn_merge(const struct ikv_engine *e, const float *part_, size_t nch, float *out) {
     const struct ikv_model *m = e->m;
     const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, pstride = H + 2;
+#ifdef HAVE_AVX2_PATH
+    const int vec = use_avx2() && H % 8 == 0;
+#endif
     for (size_t h = 0; h < nh; h++) {
         float *o = out + h * H, mx = -INFINITY, sum = 0.0f;
         for (size_t ch = 0; ch < nch; ch++) {
             const float mc = part_[(ch * nh + h) * pstride + H];
             mx = mc > mx ? mc : mx;
         }
+#ifdef HAVE_AVX2_PATH
+        if (vec) { /* o from 0 in registers, written once */
+            merge_head_avx2(part_ + h * pstride, nch, nh * pstride, H, mx, o);
+            continue;
+        }
+#endif
         memset(o, 0, sizeof(float) * H);
         for (size_t ch = 0; ch < nch; ch++) {
             const float *ph = part_ + (ch * nh + h) * pstride;
@@ -1647,17 +1826,19 @@ static void attn_merge(const struct ikv_engine *e, const float *part_, size_t nc
     }
 }
 
-/* Batch rows split: att[b] = the merge of row b's attention chunks. */
+/* Batch rows split (by chunks): att[b] = the merge of row b's attention chunks. */
 static void dc_merge(void *vc, int t, int P) {
     const fwd *c = vc;
     struct ikv_engine *e = c->e;
     const struct ikv_model *m = e->m;
     const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, qd = (size_t)m->q_dim;
-    size_t a, b;
-    part(c->nb, t, P, 1, &a, &b);
-    for (size_t i = a; i < b; i++)
-        attn_merge(e, e->dpart + e->dcoff[i] * nh * (H + 2), e->dcoff[i + 1] - e->dcoff[i],
-                   e->datt + i * qd);
+    /* rows split by their chunks (a verify's later rows have more): row i goes to thread
+     * floor(P (dcoff[i] + dcoff[i + 1]) / (2 dcoff[nb])), a fixed partition */
+    const uint64_t tot = 2 * (uint64_t)e->dcoff[c->nb];
+    for (size_t i = 0; i < c->nb; i++)
+        if ((int)((uint64_t)P * (e->dcoff[i] + e->dcoff[i + 1]) / tot) == t)
+            attn_merge(e, e->dpart + e->dcoff[i] * nh * (H + 2), e->dcoff[i + 1] - e->dcoff[i],
+                       e->datt + i * qd);
 }
 
 /* Rows of dim split: x[b] += Wo att[b] on this thread's rows. */
@@ -1671,8 +1852,7 @@ static void dc_wo(void *vc, int t, int P) {
     const ikv__q8act xa = act_prep_rows(e, t, e->datt, qd, c->nb, qd);
     linear(e, t, IKV__QM_O, c->l, e->datt, qd, &xa, c->nb, e->dxb, D, a, b);
     for (size_t i = 0; i < c->nb; i++)
-        for (size_t j = a; j < b; j++)
-            e->dx[i * D + j] += e->dxb[i * D + j];
+        add_row(e->dx + i * D + a, e->dxb + i * D + a, b - a);
 }
 
 /* Rows of hidden split: hb = silu(W1 xn) * (W3 xn) on this thread's rows, every batch row. */
@@ -1682,13 +1862,18 @@ static void dc_ffn13(void *vc, int t, int P) {
     const struct ikv_model *m = e->m;
     const size_t D = (size_t)m->cfg.dim, Hd = (size_t)m->cfg.hidden_dim;
     size_t a, b;
-    part(Hd, t, P, 16, &a, &b);
+    /* a multiple of 4 rows per share (the AVX-512 tiles); 16 on int8 (its packed blocks) */
+    part(Hd, t, P, m->gs ? 16 : 4, &a, &b);
     const float *xn = normed_rows(c, t);
     const ikv__q8act xa = act_prep_rows(e, t, xn, D, c->nb, D);
     linear(e, t, IKV__QM_1, c->l, xn, D, &xa, c->nb, e->dhb, Hd, a, b);
     linear(e, t, IKV__QM_3, c->l, xn, D, &xa, c->nb, e->dhb2, Hd, a, b);
+    const int wide = c->nb >= IKV__AR_MIN && ikv__batch512_on();
     for (size_t i = 0; i < c->nb; i++)
-        (m->gs ? ikv__runq_swiglu : swiglu)(e->dhb + i * Hd + a, e->dhb2 + i * Hd + a, b - a);
+        if (m->gs)
+            ikv__runq_swiglu(e->dhb + i * Hd + a, e->dhb2 + i * Hd + a, b - a);
+        else
+            swiglu_n(e->dhb + i * Hd + a, e->dhb2 + i * Hd + a, b - a, wide);
 }
 
 /* Rows of dim split: x[b] += W2 hb[b] on this thread's rows. */
@@ -1702,8 +1887,7 @@ static void dc_w2(void *vc, int t, int P) {
     const ikv__q8act xa = act_prep_rows(e, t, e->dhb, Hd, c->nb, Hd);
     linear(e, t, IKV__QM_2, c->l, e->dhb, Hd, &xa, c->nb, e->dxb, D, a, b);
     for (size_t i = 0; i < c->nb; i++)
-        for (size_t j = a; j < b; j++)
-            e->dx[i * D + j] += e->dxb[i * D + j];
+        add_row(e->dx + i * D + a, e->dxb + i * D + a, b - a);
 }
 
 /* Vocabulary rows split: the classifier on every batch row's normed final row. */
@@ -1772,8 +1956,12 @@ void ikv__decode_batch(struct ikv_engine *e, size_t nb) {
     c.xrow = m->w.rms_final;
     if (!m->gs) region(e, inl, dc_norm, &c);
     region(e, inl, dc_logits, &c);
+    /* each sequence's logits are its last row's (a verify's earlier rows stay in e->dlog for
+     * the acceptance; copying them all, as the same sequence's buffer, was 127 wasted copies
+     * of a 128-row verify) */
     for (size_t i = 0; i < nb; i++)
-        memcpy(e->dseq[i]->logits, e->dlog + i * V, sizeof(float) * V);
+        if (i + 1 == nb || e->dseq[i + 1] != e->dseq[i])
+            memcpy(e->dseq[i]->logits, e->dlog + i * V, sizeof(float) * V);
 }
 
 void ikv__decode_step(struct ikv_engine *e, struct ikv_seq *s, uint32_t token, size_t pos) {

@@ -425,6 +425,39 @@ int ikv__use_avx2(void);
  * tests, before any engine runs: results are only comparable within one setting. Not thread-safe.
  */
 void ikv__simd_force(int avx2);
+/* The AVX-512 batch kernels (a verify's rows, batches of >= 4 rows), which give every row
+ * exactly the bits of the AVX2 + FMA kernels: the 4 x 4 weight-product tiles of linear.c and
+ * the multi-row decode attention of batch512.c. ikv__batch512_on: whether they are in use (the
+ * CPU has AVX-512F, the AVX2 path is in use, not forced off). ikv__batch512_force(0 / 1 / -1):
+ * off, on where the CPU has them, back to the default (on where it has them); for tests,
+ * between steps. */
+int ikv__batch512_on(void);
+void ikv__batch512_force(int on);
+/* Multi-row decode attention (batch512.c): groups of at least IKV__AR_MIN consecutive batch
+ * rows of one sequence (a verify's rows) take the kernel whose vector lanes are rows.
+ * ikv__attn_rows_usable: whether engine e takes it (ikv__batch512_on, fp32, head_dim a
+ * multiple of 8 and <= 64, the thread scratch large enough). */
+#define IKV__AR_MIN   4
+#define IKV__AR_LANES 16
+int ikv__attn_rows_usable(const struct ikv_engine *e);
+/* RMSNorm of nr (1..16) rows x[j * ld .. + n) into o (same stride) with weights w: each row
+ * the bits of forward.c's rmsnorm (only where ikv__batch512_on). Does not allocate. */
+void ikv__rmsnorm_rows(float *o, const float *x, const float *w, size_t n, size_t nr, size_t ld);
+/* hb[i] = silu(hb[i]) * hb2[i] for the first n & ~15 elements, with swiglu_avx2's operations
+ * per element; returns how many it did (0 without AVX-512 compiled in; call only where
+ * ikv__batch512_on). */
+size_t ikv__swiglu512(float *hb, const float *hb2, size_t n);
+/* The greedy pick: the first index of the largest of x[0..n) by the strict > scan (NaNs never
+ * chosen, 0 when x[0] is NaN or n is 0), vectorized where ikv__batch512_on. */
+uint32_t ikv__argmax(const float *x, size_t n);
+/* Chunk ch of dc_attn for nr (1..16) rows of sequence s in layer l: row j's query is
+ * q + j * qstride ([n_heads][head_dim], after RoPE), its position pos[j]; its (O, M, L) per
+ * head go to out[j] ([n_heads][head_dim + 2], dc_attn's layout), or nowhere when out[j] is NULL
+ * (a row without chunk ch). scratch: 16 * (min(bt, Lmax) + head_dim) floats. Does not
+ * allocate. */
+void ikv__attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, size_t ch,
+                    size_t nr, const float *q, size_t qstride, const size_t *pos, float *const *out,
+                    float *scratch);
 /* Fills the RoPE tables. */
 void ikv__rope_init(struct ikv_engine *e);
 

@@ -16,7 +16,11 @@
  * must keep that property.
  *
  * Two kernels: 8-lane FMA (AVX2 + FMA) and 4-lane SSE2 (plain multiply-add elsewhere), chosen
- * once per process by ikv__use_avx2(); results are comparable only within one choice.
+ * once per process by ikv__use_avx2(); results are comparable only within one choice. On an
+ * AVX-512 CPU batches of >= 4 rows go through kernels that give every product the 8-lane
+ * kernel's exact bits (ikv__batch512_on; tests/test_verify.c checks them against one-row
+ * products): groups of 16 batch rows as the vector lanes (rows_t16) where the call's weight
+ * rows are many and in cache, 4 x 4 tiles (dot44_512) otherwise.
  * Does not allocate.
  */
 #include "internal.h"
@@ -159,6 +163,268 @@ __attribute__((target("avx2,fma"))) static void dot22_avx2(const float *w0, cons
     *y00 = o[0], *y01 = o[1], *y10 = o[2], *y11 = o[3];
 }
 
+/* ---- AVX-512: 4 weight rows x 4 batch rows at a time (batches of >= 4 rows) ------------------
+ * Each of the 16 products gets exactly dot_avx2's arithmetic: per product the four 8-lane
+ * accumulators a0..a3 over the 32-wide steps, the 8-wide steps into a0, (a0 + a1) + (a2 + a3),
+ * the lane tree ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) and the scalar tail added last.
+ * What differs is the packing: one 16-lane register holds the same accumulator of two
+ * products, weight rows r and r + 1 in its two halves against one batch row broadcast to both,
+ * so every FMA does two products' 8-lane steps (the same per-lane operation as the 8-lane FMA),
+ * each weight pair is built once per chunk for 4 batch rows, and the 16 lane trees are done
+ * together by in-lane shuffles (the hadd pairing) and one cross-lane step. The accumulators run
+ * in two phases (a0, a1 of all 16 products, then a2, a3), so 16 + 8 registers hold them. */
+#define LIN512_ON 1
+__attribute__((target("avx512f,avx2,fma"))) static inline __m512 hadd512(__m512 a, __m512 b) {
+    /* per 128-bit lane [a0 + a1, a2 + a3, b0 + b1, b2 + b3]: _mm256_hadd_ps's pairing */
+    return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static inline __m512 wpair(const float *w0,
+                                                                       const float *w1) {
+    return _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(_mm256_loadu_ps(w0))),
+                           _mm256_castps_pd(_mm256_loadu_ps(w1)), 1));
+}
+
+__attribute__((target("avx512f,avx2,fma"))) static inline __m512 xbcast(const float *x) {
+    return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(x))));
+}
+
+/* Y[b][r0 + r] = W[r0 + r] . X[b] for r, b in 0..3 (W rows w, stride K; X rows x, stride ldx). */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
+dot44_512(const float *w, size_t K, const float *x, size_t ldx, float *y, size_t ldy) {
+    const size_t k32 = K & ~(size_t)31, k8 = K & ~(size_t)7;
+    const float *w0 = w, *w1 = w + K, *w2 = w + 2 * K, *w3 = w + 3 * K;
+    const float *x0 = x, *x1 = x + ldx, *x2 = x + 2 * ldx, *x3 = x + 3 * ldx;
+    const __m512 z = _mm512_setzero_ps();
+    /* p = pw * 4 + b: lanes 0..7 product (2 pw, b), lanes 8..15 product (2 pw + 1, b) */
+    __m512 A[8], B[8], S[8];
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; p++)
+        A[p] = z, B[p] = z;
+#define STEP(ACC, o)                                                                               \
+    do {                                                                                           \
+        const __m512 u0 = wpair(w0 + (o), w1 + (o)), u1 = wpair(w2 + (o), w3 + (o));               \
+        __m512 v = xbcast(x0 + (o));                                                               \
+        ACC[0] = _mm512_fmadd_ps(u0, v, ACC[0]), ACC[4] = _mm512_fmadd_ps(u1, v, ACC[4]);          \
+        v = xbcast(x1 + (o));                                                                      \
+        ACC[1] = _mm512_fmadd_ps(u0, v, ACC[1]), ACC[5] = _mm512_fmadd_ps(u1, v, ACC[5]);          \
+        v = xbcast(x2 + (o));                                                                      \
+        ACC[2] = _mm512_fmadd_ps(u0, v, ACC[2]), ACC[6] = _mm512_fmadd_ps(u1, v, ACC[6]);          \
+        v = xbcast(x3 + (o));                                                                      \
+        ACC[3] = _mm512_fmadd_ps(u0, v, ACC[3]), ACC[7] = _mm512_fmadd_ps(u1, v, ACC[7]);          \
+    } while (0)
+    for (size_t i = 0; i < k32; i += 32) {
+        STEP(A, i);
+        STEP(B, i + 8);
+    }
+    for (size_t i = k32; i < k8; i += 8)
+        STEP(A, i);
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; p++)
+        S[p] = _mm512_add_ps(A[p], B[p]), A[p] = z, B[p] = z; /* a0 + a1 */
+    for (size_t i = 0; i < k32; i += 32) {
+        STEP(A, i + 16);
+        STEP(B, i + 24);
+    }
+#undef STEP
+#pragma GCC unroll 8
+    for (int p = 0; p < 8; p++)
+        S[p] = _mm512_add_ps(S[p], _mm512_add_ps(A[p], B[p])); /* (a0 + a1) + (a2 + a3) */
+    /* lane trees: G0 128-bit lanes = [A0..A3 (l0123), A0..A3 (l4567), B0..B3 (l0123), ..] of
+     * products 0..3, G1 of products 4..7 (A = low half, B = high half of each register) */
+    const __m512 G0 = hadd512(hadd512(S[0], S[1]), hadd512(S[2], S[3]));
+    const __m512 G1 = hadd512(hadd512(S[4], S[5]), hadd512(S[6], S[7]));
+    /* lane 4 r + b = product (weight row r, batch row b) */
+    __m512 R =
+        _mm512_add_ps(_mm512_shuffle_f32x4(G0, G1, 0x88), _mm512_shuffle_f32x4(G0, G1, 0xDD));
+    if (k8 < K) { /* the tails, t[4 r + b] += w_r[i] * x_b[i] in the order of i, 16 at once */
+        const __m512i rep = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+        __m512 t = z;
+        for (size_t i = k8; i < K; i++) {
+            const __m512 wv = _mm512_permutexvar_ps(
+                rep, _mm512_castps128_ps512(_mm_set_ps(w3[i], w2[i], w1[i], w0[i])));
+            const __m512 xv = _mm512_broadcast_f32x4(_mm_set_ps(x3[i], x2[i], x1[i], x0[i]));
+            t = _mm512_add_ps(t, _mm512_mul_ps(wv, xv));
+        }
+        R = _mm512_add_ps(R, t);
+    }
+    /* to lane 4 b + r: each batch row's 4 outputs contiguous */
+    const __m512i tr = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+    R = _mm512_permutexvar_ps(tr, R);
+    _mm_storeu_ps(y, _mm512_castps512_ps128(R));
+    _mm_storeu_ps(y + ldy, _mm512_extractf32x4_ps(R, 1));
+    _mm_storeu_ps(y + 2 * ldy, _mm512_extractf32x4_ps(R, 2));
+    _mm_storeu_ps(y + 3 * ldy, _mm512_extractf32x4_ps(R, 3));
+}
+/* Rows [q0, q1) of W against the batch rows in fours (4 x 4 tiles; leftover weight rows by
+ * dot2_avx2, the same bits); returns the batch rows done (nx rounded down to 4). */
+__attribute__((target("avx512f,avx2,fma"))) static size_t tiles44(const float *W, size_t K,
+                                                                  size_t q0, size_t q1,
+                                                                  const float *X, size_t ldx,
+                                                                  size_t nx, float *Y, size_t ldy) {
+    size_t b = 0;
+    for (; b + 4 <= nx; b += 4) {
+        const float *x = X + b * ldx;
+        float *y = Y + b * ldy;
+        size_t r = q0;
+        for (; r + 4 <= q1; r += 4)
+            dot44_512(W + r * K, K, x, ldx, y + r, ldy);
+        for (; r < q1; r++) {
+            dot2_avx2(W + r * K, x, x + ldx, K, &y[r], &y[ldy + r]);
+            dot2_avx2(W + r * K, x + 2 * ldx, x + 3 * ldx, K, &y[2 * ldy + r], &y[3 * ldy + r]);
+        }
+    }
+    return b;
+}
+
+/* ---- AVX-512, the lanes being 16 batch rows (>= 16 rows, the weight rows in cache) ---------
+ * The 16 batch rows are transposed once per call (16 x 16 blocks in registers: xT[i] = element
+ * i of every row), then each weight row's 32 accumulators of dot_avx2 (accumulator c of lane l
+ * sums the elements i = 32 j + 8 c + l, and accumulator 0 the 8-wide steps) run as FMA chains
+ * with w[i] broadcast, the 16 batch rows at once, and are combined exactly as dot_avx2 does:
+ * (a0 + a1) + (a2 + a3) per lane, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)), then
+ * the tail added one element at a time. No horizontal sums: 10-15% faster than the 4 x 4 tiles
+ * here (1.25-1.35 against 1.45 ns a product at K = 64, 3.1 against 3.65 at K = 172, 128 batch
+ * rows). Every group of 16 batch rows sweeps all the call's weight rows, so it is used only
+ * where they fit in cache (T16_BYTES), for K <= T16_KMAX (xT lives on the stack), and for calls
+ * of >= T16_MIN_ROWS weight rows (decode's Q|K|V calls are one head, 8 rows, on stories260K). */
+#define T16_KMAX     512
+#define T16_BYTES    (512u * 1024u)
+#define T16_MIN_ROWS 32 /* fewer weight rows do not pay for the transposition (measured) */
+
+/* r[0..16) := its transpose (r[c] lane j = old r[j] lane c): moves only, no arithmetic. */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void tr16(__m512 *r) {
+    __m512 t[16], u[16];
+#pragma GCC unroll 16
+    for (int k = 0; k < 8; k++) {
+        t[2 * k] = _mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+        t[2 * k + 1] = _mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+    }
+    /* u[4 g + e], 128-bit lane q: old rows 4 g .. 4 g + 3, element 4 q + e */
+#pragma GCC unroll 16
+    for (int g = 0; g < 4; g++) {
+        const __m512d a = _mm512_castps_pd(t[4 * g]), b = _mm512_castps_pd(t[4 * g + 2]);
+        const __m512d c = _mm512_castps_pd(t[4 * g + 1]), d = _mm512_castps_pd(t[4 * g + 3]);
+        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+    }
+#pragma GCC unroll 16
+    for (int e = 0; e < 4; e++) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0x88);
+        const __m512 v1 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0xDD);
+        const __m512 w0 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0x88);
+        const __m512 w1 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0xDD);
+        r[e] = _mm512_shuffle_f32x4(v0, w0, 0x88);
+        r[8 + e] = _mm512_shuffle_f32x4(v0, w0, 0xDD);
+        r[4 + e] = _mm512_shuffle_f32x4(v1, w1, 0x88);
+        r[12 + e] = _mm512_shuffle_f32x4(v1, w1, 0xDD);
+    }
+}
+
+/* y[r] lane b = w_r . (batch row b) for the 4 weight rows w[0..4) against xT ([K][16]). */
+__attribute__((target("avx512f,avx2,fma"), always_inline)) static inline void
+t16_four(const float *w0, const float *w1, const float *w2, const float *w3, size_t K,
+         const float *xT, __m512 *y) {
+    const float *const w[4] = {w0, w1, w2, w3};
+    const size_t k32 = K & ~(size_t)31, k8 = K & ~(size_t)7;
+    const __m512 z = _mm512_setzero_ps();
+    __m512 P[4][3]; /* the lane tree of each row, built as the lanes come */
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; l++) {
+        __m512 a[4][4];
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++)
+            a[r][0] = a[r][1] = a[r][2] = a[r][3] = z;
+        for (size_t j = 0; j < k32; j += 32) {
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++) {
+                const size_t i = j + 8 * (size_t)c + (size_t)l;
+                const __m512 v = _mm512_loadu_ps(xT + i * 16);
+#pragma GCC unroll 4
+                for (int r = 0; r < 4; r++)
+                    a[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(w[r][i]), v, a[r][c]);
+            }
+        }
+        for (size_t j = k32; j < k8; j += 8) {
+            const size_t i = j + (size_t)l;
+            const __m512 v = _mm512_loadu_ps(xT + i * 16);
+#pragma GCC unroll 4
+            for (int r = 0; r < 4; r++)
+                a[r][0] = _mm512_fmadd_ps(_mm512_set1_ps(w[r][i]), v, a[r][0]);
+        }
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m512 S =
+                _mm512_add_ps(_mm512_add_ps(a[r][0], a[r][1]), _mm512_add_ps(a[r][2], a[r][3]));
+            if ((l & 1) == 0) /* S_l, kept for its pair */
+                P[r][0] = S;
+            else if (l == 1 || l == 5) /* S0 + S1, S4 + S5 */
+                P[r][1] = _mm512_add_ps(P[r][0], S);
+            else if (l == 3) /* (S0 + S1) + (S2 + S3) */
+                P[r][2] = _mm512_add_ps(P[r][1], _mm512_add_ps(P[r][0], S));
+            else /* ((S0 + S1) + (S2 + S3)) + ((S4 + S5) + (S6 + S7)) */
+                P[r][1] = _mm512_add_ps(P[r][2], _mm512_add_ps(P[r][1], _mm512_add_ps(P[r][0], S)));
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < 4; r++) {
+        __m512 R = P[r][1];
+        if (k8 < K) {
+            __m512 t = z;
+            for (size_t i = k8; i < K; i++)
+                t = _mm512_add_ps(
+                    t, _mm512_mul_ps(_mm512_set1_ps(w[r][i]), _mm512_loadu_ps(xT + i * 16)));
+            R = _mm512_add_ps(R, t);
+        }
+        y[r] = R;
+    }
+}
+
+/* Rows [r0, r1) of W against the 16 batch rows X[0..16) (stride ldx), into Y (stride ldy):
+ * 16 weight rows at a time, their results transposed back so that each batch row's outputs
+ * are stored contiguously. */
+__attribute__((target("avx512f,avx2,fma"))) static void rows_t16(const float *W, size_t K,
+                                                                 size_t r0, size_t r1,
+                                                                 const float *X, size_t ldx,
+                                                                 float *Y, size_t ldy) {
+    float xT[T16_KMAX * 16];
+    __m512 blk[16];
+    for (size_t c0 = 0; c0 < K; c0 += 16) {
+        const size_t nc = K - c0 < 16 ? K - c0 : 16;
+        const __mmask16 mk = (__mmask16)((1u << nc) - 1);
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++)
+            blk[j] = _mm512_maskz_loadu_ps(mk, X + (size_t)j * ldx + c0);
+        tr16(blk);
+        for (size_t c = 0; c < nc; c++)
+            _mm512_storeu_ps(xT + (c0 + c) * 16, blk[c]);
+    }
+    for (size_t q = r0; q < r1; q += 16) {
+        const size_t nr = r1 - q < 16 ? r1 - q : 16;
+        for (size_t k = 0; k < 16; k += 4) {
+            if (k >= nr) { /* past r1: nothing to compute, the store drops these lanes */
+                blk[k] = blk[k + 1] = blk[k + 2] = blk[k + 3] = _mm512_setzero_ps();
+                continue;
+            }
+            const float *w[4]; /* rows past r1 repeat the last one; their results are dropped */
+            for (size_t r = 0; r < 4; r++)
+                w[r] = W + (q + (k + r < nr ? k + r : nr - 1)) * K;
+            if (K == 64) /* the bundled model's dim: loops unrolled by the compiler */
+                t16_four(w[0], w[1], w[2], w[3], 64, xT, &blk[k]);
+            else
+                t16_four(w[0], w[1], w[2], w[3], K, xT, &blk[k]);
+        }
+        tr16(blk);
+        const __mmask16 mr = (__mmask16)((1u << nr) - 1);
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++)
+            _mm512_mask_storeu_ps(Y + (size_t)j * ldy + q, mr, blk[j]);
+    }
+}
+
 /* Weight rows per block: as many as fit in 16 KiB (2..16), so a block stays in L1 while every
  * batch row passes over it, and each batch row is read from L2 once per block rather than
  * once per weight row. */
@@ -175,10 +441,18 @@ static size_t row_block(size_t K) {
 __attribute__((target("avx2,fma"))) static void rows_avx2(const float *W, size_t K, size_t r0,
                                                           size_t r1, const float *X, size_t ldx,
                                                           size_t nx, float *Y, size_t ldy) {
+    size_t b0 = 0; /* batch rows done by the transposed kernel over all of [r0, r1) */
+    if (nx >= 16 && r1 - r0 >= T16_MIN_ROWS && K <= T16_KMAX &&
+        (r1 - r0) * K * sizeof(float) <= T16_BYTES && ikv__batch512_on())
+        for (; b0 + 16 <= nx; b0 += 16)
+            rows_t16(W, K, r0, r1, X + b0 * ldx, ldx, Y + b0 * ldy, ldy);
+    X += b0 * ldx, Y += b0 * ldy, nx -= b0;
     const size_t rb = row_block(K);
-    for (size_t q0 = r0; q0 < r1; q0 += rb) {
+    for (size_t q0 = r0; q0 < r1 && nx; q0 += rb) {
         const size_t q1 = q0 + rb < r1 ? q0 + rb : r1;
         size_t b = 0;
+        if (nx >= 4 && ikv__batch512_on()) /* 4 x 4 tiles, then the rest below */
+            b = tiles44(W, K, q0, q1, X, ldx, nx, Y, ldy);
         for (; b + 2 <= nx; b += 2) {
             const float *x0 = X + b * ldx, *x1 = x0 + ldx;
             float *y0 = Y + b * ldy, *y1 = y0 + ldy;
