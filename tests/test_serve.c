@@ -1465,7 +1465,9 @@ static void test_route_response_cache(void **st) {
 /* The lever: a higher step is admitted first. One sequence at a time; a blocker of 16 long
  * medium prompts (step 4) holds the engine while three simple requests (step 1) and then one
  * complex (step 5) queue: the complex one completes before the blocker's request, the simple
- * ones after it. */
+ * ones after it. The blocker opts out of the semantic cache and prompt lookup (this server
+ * has both): its similar prompts would otherwise be verified from each other's cached
+ * answers in a few passes, and it could drain before the complex request arrives. */
 static void test_route_priority(void **st) {
     (void)st;
     char blocker[4096];
@@ -1474,7 +1476,8 @@ static void test_route_priority(void **st) {
         k += snprintf(blocker + k, sizeof blocker - (size_t)k, "%s\"Tom had a red ball %d\"",
                       i ? "," : "", i);
     snprintf(blocker + k, sizeof blocker - (size_t)k,
-             "],\"max_tokens\":480,\"ignore_eos\":true,\"temperature\":0}");
+             "],\"max_tokens\":480,\"ignore_eos\":true,\"temperature\":0,"
+             "\"isokv\":{\"semantic_cache\":false,\"spec\":\"off\"}}");
     const char *simple = "{\"prompt\":\"Once\",\"max_tokens\":2,\"isokv\":{\"class\":\"simple\"}}";
     const char *complex =
         "{\"prompt\":\"Once\",\"max_tokens\":2,\"isokv\":{\"class\":\"complex\"}}";
