@@ -120,6 +120,9 @@ int ikv__params_each(const char *params, int (*fn)(void *ctx, const char *k, con
                      void *ctx);
 int ikv__param_double(const char *policy, const char *k, const char *v, double lo, double hi,
                       double *out);
+/* As ikv__param_double, and the number must be whole (a switch or a choice among lo..hi). */
+int ikv__param_whole(const char *policy, const char *k, const char *v, double lo, double hi,
+                     double *out);
 
 /* ---- shared queue helpers (policy_util.c) ------------------------------------------------ */
 

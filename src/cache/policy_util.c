@@ -262,3 +262,14 @@ int ikv__param_double(const char *policy, const char *k, const char *v, double l
     *out = d;
     return 0;
 }
+
+int ikv__param_whole(const char *policy, const char *k, const char *v, double lo, double hi,
+                     double *out) {
+    double d;
+    int rc = ikv__param_double(policy, k, v, lo, hi, &d);
+    if (!rc && d != (double)(long long)d)
+        rc = ikv_error(IKV_EPARAM, "%s: parameter %s=%s must be a whole number in [%g, %g]",
+                       policy, k, v, lo, hi);
+    if (!rc) *out = d;
+    return rc;
+}

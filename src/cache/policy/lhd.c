@@ -95,13 +95,8 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "pool")) return ikv__param_double("lhd", k, v, 0, 1e12, &p->pool);
     if (!strcmp(k, "cost")) return ikv__param_double("lhd", k, v, 0, 1e3, &p->cost);
     if (!strcmp(k, "ghost")) return ikv__param_double("lhd", k, v, 0, 4, &p->ghostw);
-    if (!strcmp(k, "tail") || !strcmp(k, "root")) {
-        double b;
-        int rc = ikv__param_double("lhd", k, v, 0, 1, &b);
-        if (!rc && b != 0 && b != 1) rc = ikv_error(IKV_EPARAM, "lhd: %s=%s must be 0 or 1", k, v);
-        *(k[0] == 't' ? &p->tail : &p->root) = b;
-        return rc;
-    }
+    if (!strcmp(k, "tail")) return ikv__param_whole("lhd", k, v, 0, 1, &p->tail);
+    if (!strcmp(k, "root")) return ikv__param_whole("lhd", k, v, 0, 1, &p->root);
     return ikv_error(IKV_EPARAM,
                      "lhd: unknown parameter '%s' (sample, period, decay, pool, cost, tail, "
                      "root, ghost)",

@@ -312,44 +312,19 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "t2key")) return ikv__param_double("value", k, v, 0, 1, &p->t2key);
     if (!strcmp(k, "t1key")) return ikv__param_double("value", k, v, 0, 1, &p->t1key);
     if (!strcmp(k, "tlfu")) return ikv__param_double("value", k, v, 0, 15, &p->tlfu);
-    if (!strcmp(k, "mix")) {
-        int rc = ikv__param_double("value", k, v, 0, 2, &p->mix);
-        if (!rc && p->mix != 0 && p->mix != 1 && p->mix != 2)
-            rc = ikv_error(IKV_EPARAM, "value: mix=%s must be 0, 1 or 2", v);
-        return rc;
-    }
-    if (!strcmp(k, "hd")) {
-        int rc = ikv__param_double("value", k, v, 0, 3, &p->hd);
-        if (!rc && p->hd != (int)p->hd)
-            rc = ikv_error(IKV_EPARAM, "value: hd=%s must be 0, 1, 2 or 3", v);
-        return rc;
-    }
+    if (!strcmp(k, "mix")) return ikv__param_whole("value", k, v, 0, 2, &p->mix);
+    if (!strcmp(k, "hd")) return ikv__param_whole("value", k, v, 0, 3, &p->hd);
     if (!strcmp(k, "hdsample")) return ikv__param_double("value", k, v, 1, 1024, &p->hd_sample);
     if (!strcmp(k, "hdperiod")) return ikv__param_double("value", k, v, 16, 1e12, &p->hd_period);
     if (!strcmp(k, "hddecay")) return ikv__param_double("value", k, v, 0, 1, &p->hd_decay);
     if (!strcmp(k, "pred")) return ikv__param_double("value", k, v, 0, 1, &p->pred);
-    if (!strcmp(k, "prcls")) {
-        int rc = ikv__param_double("value", k, v, 1, 3, &p->pr_cls);
-        if (!rc && p->pr_cls != (int)p->pr_cls)
-            rc = ikv_error(IKV_EPARAM, "value: prcls=%s must be 1, 2 or 3", v);
-        return rc;
-    }
+    if (!strcmp(k, "prcls")) return ikv__param_whole("value", k, v, 1, 3, &p->pr_cls);
     if (!strcmp(k, "prdepth")) return ikv__param_double("value", k, v, 0, 1, &p->pr_depth);
     if (!strcmp(k, "prperiod")) return ikv__param_double("value", k, v, 16, 1e12, &p->pr_period);
-    if (!strcmp(k, "oracle")) {
-        int rc = ikv__param_double("value", k, v, 0, 6, &p->oracle);
-        if (!rc && p->oracle != (int)p->oracle)
-            rc = ikv_error(IKV_EPARAM, "value: oracle=%s must be an integer 0-6", v);
-        return rc;
-    }
+    if (!strcmp(k, "oracle")) return ikv__param_whole("value", k, v, 0, 6, &p->oracle);
     if (!strcmp(k, "lr")) return ikv__param_double("value", k, v, 0.001, 10, &p->lr);
     if (!strcmp(k, "sample")) return ikv__param_double("value", k, v, 1, 1024, &p->sample);
-    if (!strcmp(k, "fork")) {
-        int rc = ikv__param_double("value", k, v, 0, 1, &p->fork);
-        if (!rc && p->fork != 0 && p->fork != 1)
-            rc = ikv_error(IKV_EPARAM, "value: fork=%s must be 0 or 1", v);
-        return rc;
-    }
+    if (!strcmp(k, "fork")) return ikv__param_whole("value", k, v, 0, 1, &p->fork);
     return ikv_error(IKV_EPARAM,
                      "value: unknown parameter '%s' (new, smooth, cost, lru2, horizon, fork, "
                      "ghost, split, t2in, tlfu, mix, lr, sample, hd, hdsample, hdperiod, hddecay, "
