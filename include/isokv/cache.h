@@ -187,8 +187,9 @@ const char *ikv_policy_name(size_t i);
 const char *ikv_policy_doc(size_t i);
 
 /* 1 if the policy spec ("name[:k=v,...]") reads next-use times, which only a replay of a known
- * trace can give (opt; any policy with a nonzero oracle= diagnostic), else 0. A live cache
- * (the engine, the server) refuses such a spec instead of running it without its future. */
+ * trace can give (opt; value with a nonzero oracle= diagnostic: each policy says so through
+ * its ops), else 0. A live cache (the engine, the server) refuses such a spec instead of
+ * running it without its future. */
 int ikv_policy_offline(const char *spec);
 
 #ifdef __cplusplus

@@ -109,6 +109,8 @@ typedef struct ikv_policy_ops {
     uint64_t (*queued)(const void *s);     /* blocks on the eviction queue(s) */
     size_t (*bytes)(const void *s);        /* bytes of the policy's per-block arrays (heap
                                               slots, ghosts), not its fixed-size state */
+    int (*offline)(const char *params);    /* 1 if with these params it reads next-use times
+                                              (ikv_policy_offline); NULL: never */
 } ikv_policy_ops;
 
 /* The registry (policy.c). */

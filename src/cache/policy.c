@@ -18,16 +18,8 @@ extern const ikv_policy_ops ikv_policy_gdsf;
 extern const ikv_policy_ops ikv_policy_lhd;
 
 static const ikv_policy_ops *const registry[] = {
-    &ikv_policy_lru,
-    &ikv_policy_value,
-    &ikv_policy_opt,
-    &ikv_policy_fifo,
-    &ikv_policy_lfu,
-    &ikv_policy_s3fifo,
-    &ikv_policy_sieve,
-    &ikv_policy_arc,
-    &ikv_policy_gdsf,
-    &ikv_policy_lhd,
+    &ikv_policy_lru,    &ikv_policy_value, &ikv_policy_opt, &ikv_policy_fifo, &ikv_policy_lfu,
+    &ikv_policy_s3fifo, &ikv_policy_sieve, &ikv_policy_arc, &ikv_policy_gdsf, &ikv_policy_lhd,
 };
 
 #define N_POLICIES (sizeof registry / sizeof registry[0])
@@ -54,15 +46,7 @@ const char *ikv_policy_doc(size_t i) {
 int ikv_policy_offline(const char *spec) {
     if (!spec) return 0;
     const char *colon = strchr(spec, ':');
-    size_t len = colon ? (size_t)(colon - spec) : strlen(spec);
-    if (len == 3 && !memcmp(spec, "opt", 3)) return 1;
-    /* oracle=V at the start of a pair, V not a plain zero */
-    for (const char *p = colon; p; p = strchr(p + 1, ',')) {
-        if (strncmp(p + 1, "oracle=", 7)) continue;
-        const char *v = p + 8;
-        while (*v == '0' || *v == '.')
-            v++;
-        if (*v && *v != ',') return 1;
-    }
-    return 0;
+    const ikv_policy_ops *ops =
+        ikv__policy_find(spec, colon ? (size_t)(colon - spec) : strlen(spec));
+    return ops && ops->offline && ops->offline(colon ? colon + 1 : "");
 }

@@ -63,6 +63,12 @@ static size_t opt_bytes(const void *s) {
     return (size_t)p->hp.h.cap * sizeof(ikv__hslot);
 }
 
+/* opt always reads next-use times. */
+static int opt_offline(const char *params) {
+    (void)params;
+    return 1;
+}
+
 const ikv_policy_ops ikv_policy_opt = {
     .name = "opt",
     .doc = "Belady's offline optimum: farthest next use (needs next-use times)",
@@ -77,4 +83,5 @@ const ikv_policy_ops ikv_policy_opt = {
     .check = ikv__hp_check,
     .queued = ikv__hp_queued,
     .bytes = opt_bytes,
+    .offline = opt_offline,
 };

@@ -186,6 +186,7 @@
 #include "sketch.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define TAG      0x76616c75u  /* "valu" */
@@ -931,6 +932,20 @@ static uint64_t value_queued(const void *s) {
     return p->hp.h.len + p->h1.len;
 }
 
+/* ikv__params_each callback: the oracle= value into *(double *)ctx (not a number: 0). */
+static int oracle_param(void *ctx, const char *k, const char *v) {
+    if (!strcmp(k, "oracle")) *(double *)ctx = strtod(v, NULL);
+    return 0;
+}
+
+/* value reads next-use times only for a nonzero oracle= diagnostic. A malformed spec is not
+ * offline here: creating the cache reports it. */
+static int value_offline(const char *params) {
+    double oracle = 0;
+    ikv__params_each(params, oracle_param, &oracle);
+    return oracle != 0;
+}
+
 const ikv_policy_ops ikv_policy_value = {
     .name = "value",
     .doc = "ARC's T1/T2 split (exact ghosts, adaptive p) with T1 ordered by cost-aware predicted "
@@ -950,4 +965,5 @@ const ikv_policy_ops ikv_policy_value = {
     .check = value_check,
     .queued = value_queued,
     .bytes = value_bytes,
+    .offline = value_offline,
 };
