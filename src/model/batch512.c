@@ -216,9 +216,9 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
 
 __attribute__((target("avx512f"))) void ikv__attn_rows(const struct ikv_engine *e,
                                                        const struct ikv_seq *s, int l, size_t ch,
-                                                       size_t nr, const float *q, size_t qstride,
-                                                       const size_t *pos, float *const *out,
-                                                       float *scratch) {
+                                                       int h0, int h1, size_t nr, const float *q,
+                                                       size_t qstride, const size_t *pos,
+                                                       float *const *out, float *scratch) {
     const struct ikv_model *m = e->m;
     const int nh = m->cfg.n_heads, kvmul = nh / m->cfg.n_kv_heads, hd = m->head_dim;
     const size_t bt = e->bt, H = (size_t)hd, pstride = H + 2;
@@ -236,7 +236,8 @@ __attribute__((target("avx512f"))) void ikv__attn_rows(const struct ikv_engine *
     const size_t nbmax = (nkmax + bt - 1) / bt, jb0 = ch * IKV__DC_CHUNK;
     const size_t jb1 = jb0 + IKV__DC_CHUNK < nbmax ? jb0 + IKV__DC_CHUNK : nbmax;
     IKV_ASSERT(jb0 < jb1);
-    for (int h = 0; h < nh; h++) {
+    IKV_ASSERT(0 <= h0 && h0 <= h1 && h1 <= nh);
+    for (int h = h0; h < h1; h++) {
         for (size_t c = 0; c < H; c++)
             for (size_t j = 0; j < AR_LANES; j++)
                 qT[c * AR_LANES + j] = j < nr ? q[j * qstride + (size_t)h * H + c] : 0.0f;
@@ -260,11 +261,11 @@ __attribute__((target("avx512f"))) void ikv__attn_rows(const struct ikv_engine *
     }
 }
 #else
-void ikv__attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, size_t ch,
-                    size_t nr, const float *q, size_t qstride, const size_t *pos, float *const *out,
-                    float *scratch) {
-    (void)e, (void)s, (void)l, (void)ch, (void)nr, (void)q, (void)qstride, (void)pos, (void)out,
-        (void)scratch;
+void ikv__attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, size_t ch, int h0,
+                    int h1, size_t nr, const float *q, size_t qstride, const size_t *pos,
+                    float *const *out, float *scratch) {
+    (void)e, (void)s, (void)l, (void)ch, (void)h0, (void)h1, (void)nr, (void)q, (void)qstride,
+        (void)pos, (void)out, (void)scratch;
     IKV_ASSERT(0 && "ikv__attn_rows without AVX-512 support compiled in");
 }
 #endif

@@ -1411,19 +1411,23 @@ void ikv__logits_row(struct ikv_engine *e, const float *xrow, float *out) {
  * loop in one order whichever thread and whichever batch computes it: a sequence's decode gives
  * the same bits alone or batched with any others, at any thread count. */
 
+/* xn[i] = RMSNorm(x[i]) for batch rows i in [a, b) with the weights w. */
+static void norm_rows(struct ikv_engine *e, size_t a, size_t b, const float *w) {
+    const size_t D = (size_t)e->m->cfg.dim;
+    if (b - a >= IKV__AR_LANES && ikv__batch512_on()) /* 16 rows at a time, the same bits */
+        for (; a + IKV__AR_LANES <= b; a += IKV__AR_LANES)
+            ikv__rmsnorm_rows(e->dxn + a * D, e->dx + a * D, w, D, IKV__AR_LANES, D);
+    for (size_t i = a; i < b; i++)
+        rmsnorm(e->dxn + i * D, e->dx + i * D, w, (int)D);
+}
+
 /* Batch rows split: xn[b] = RMSNorm(x[b]) with the weights c->xrow (rms_att, rms_ffn of the
  * layer, or rms_final). */
 static void dc_norm(void *vc, int t, int P) {
     const fwd *c = vc;
-    struct ikv_engine *e = c->e;
-    const size_t D = (size_t)e->m->cfg.dim;
     size_t a, b;
     part(c->nb, t, P, 1, &a, &b);
-    if (b - a >= IKV__AR_LANES && ikv__batch512_on()) /* 16 rows at a time, the same bits */
-        for (; a + IKV__AR_LANES <= b; a += IKV__AR_LANES)
-            ikv__rmsnorm_rows(e->dxn + a * D, e->dx + a * D, c->xrow, D, IKV__AR_LANES, D);
-    for (size_t i = a; i < b; i++)
-        rmsnorm(e->dxn + i * D, e->dx + i * D, c->xrow, (int)D);
+    norm_rows(c->e, a, b, c->xrow);
 }
 
 /* The normed rows (weights c->xrow) of every batch row as thread t's products take them: for an
@@ -1660,10 +1664,13 @@ static size_t ar_group_end(const struct ikv_engine *e, size_t b, size_t nb) {
 
 /* dc_attn with the multi-row kernel (batch512.c): the work units are, in batch order, each
  * group of >= IKV__AR_MIN rows of one sequence times its chunks (the most any of its rows
- * has), and each chunk of a row outside such groups. Units differ in cost (a chunk's blocks;
- * a group unit costs about 4 row units), so they are split between the threads by cost: unit u
- * goes to thread floor(P (C_u + c_u / 2) / C), C_u the cost of the units before it, c_u its
- * own, C the total: a fixed partition given the shapes (no output depends on it). */
+ * has), and each chunk of a row outside such groups. Every thread runs every group unit for
+ * its share of the query heads (part(n_heads, t, P): the heads of a unit cost the same, so the
+ * split is even whatever the units' sizes; a split of whole units by cost left one of two
+ * threads 30% more work on a 128-row verify, measured). The row units differ in cost (a
+ * chunk's blocks) and are split by it: unit u goes to thread floor(P (C_u + c_u / 2) / C), C_u
+ * the cost of the row units before it, c_u its own, C their total. Both are fixed partitions
+ * given the shapes (no output depends on them). */
 static size_t ar_chunk_blocks(const struct ikv_engine *e, size_t pos, size_t ch) {
     const size_t nb = (pos + 1 + e->bt - 1) / e->bt, b0 = ch * IKV__DC_CHUNK;
     return nb <= b0 ? 0 : nb - b0 < IKV__DC_CHUNK ? nb - b0 : IKV__DC_CHUNK;
@@ -1682,26 +1689,26 @@ static void dc_attn_rows(const fwd *c, int t, int P, float *sc) {
     const struct ikv_model *m = e->m;
     const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, qd = (size_t)m->q_dim;
     const size_t nb = c->nb, pd = nh * (H + 2);
-    uint64_t total = 0; /* pass 0 adds up the costs, pass 1 runs this thread's units */
+    size_t h0, h1;
+    part(nh, t, P, 1, &h0, &h1);
+    uint64_t total = 0; /* pass 0 runs the group units and adds up the row units' costs, pass 1
+                           runs this thread's row units */
     for (int pass = 0; pass < 2; pass++) {
         uint64_t acc = 0;
         for (size_t b = 0, g; b < nb; b = g) {
             g = ar_group_end(e, b, nb);
             if (g - b >= IKV__AR_MIN) {
+                if (pass || h1 == h0) continue;
                 const size_t mp = ar_max_pos(e, b, g);
                 const size_t span = e->bt * IKV__DC_CHUNK, nch = (mp + span) / span;
                 for (size_t ch = 0; ch < nch; ch++) {
-                    const uint64_t cu = 4 * (uint64_t)ar_chunk_blocks(e, mp, ch);
-                    if (pass && (int)((uint64_t)P * (2 * acc + cu) / (2 * total)) == t) {
-                        float *out[IKV__AR_LANES];
-                        for (size_t i = b; i < g; i++)
-                            out[i - b] = ch < e->dcoff[i + 1] - e->dcoff[i]
-                                             ? e->dpart + (e->dcoff[i] + ch) * pd
-                                             : NULL;
-                        ikv__attn_rows(e, e->dseq[b], c->l, ch, g - b, e->dq + b * qd, qd,
-                                       e->dpos + b, out, sc);
-                    }
-                    acc += cu;
+                    float *out[IKV__AR_LANES];
+                    for (size_t i = b; i < g; i++)
+                        out[i - b] = ch < e->dcoff[i + 1] - e->dcoff[i]
+                                         ? e->dpart + (e->dcoff[i] + ch) * pd
+                                         : NULL;
+                    ikv__attn_rows(e, e->dseq[b], c->l, ch, (int)h0, (int)h1, g - b,
+                                   e->dq + b * qd, qd, e->dpos + b, out, sc);
                 }
             } else {
                 for (size_t i = b; i < g; i++)
@@ -1919,6 +1926,121 @@ static void region(struct ikv_engine *e, int inl, ikv__task fn, fwd *c) {
         ikv__pool_run(e->pool, fn, c);
 }
 
+/* ---- the fused pass: a whole batched step in one region ------------------------------------
+ *
+ * The regions above split every weight product by its OUTPUT rows, which is what a model whose
+ * weights stream from memory needs (each weight read once per step). On a model whose weights
+ * sit in cache (the bundled stories260K: 1 MB, in each core's L2) a verify of 128 rows is
+ * compute bound and that split costs: 42 regions a pass, every product's 128 input rows read
+ * (and, in the AVX-512 kernel, transposed) by both threads, each row's data moving between the
+ * cores' caches at every region (measured, 2 threads, per region: Wo and W2 no faster than on
+ * one thread, 1.45x on the whole pass). The fused pass splits the BATCH ROWS instead: thread t
+ * owns rows [a, b) (part(nb, t, P, 16)) and runs everything that is row-local on them, and the
+ * threads meet only where a row needs other rows' results, the K/V of the layer:
+ *
+ *     rows [a, b): RMSNorm, q | k | v, RoPE, K/V -> the blocks      (layer l)
+ *     --- barrier ---  attention: dc_attn (group units split by heads, row units by cost)
+ *     --- barrier ---  rows [a, b): merge, x += Wo att, RMSNorm, W1 | W3, SwiGLU, x += W2 hb,
+ *                      then layer l + 1's first phase ... and after the last layer the final
+ *                      RMSNorm and the classifier
+ *
+ * one pool region and 2 barriers per layer (ikv__pool_barrier) instead of 8 regions. Every
+ * output element is still computed by the same kernel call on the same inputs (a product's row
+ * bits do not depend on the rows or the range of the call, linear.c; attention's units write
+ * disjoint (row, chunk, head) outputs), so the results are the bits of the region path and of
+ * sequential decoding (tests/test_verify.c runs both paths, 1-3 threads). Used for fp32
+ * models whose weights fit FZ_WEIGHT_BYTES, steps of >= FZ_MIN_ROWS rows, and only when every
+ * pool share has its own thread (a barrier needs that); ikv__fused_force for tests. */
+#define FZ_MIN_ROWS     32
+#define FZ_WEIGHT_BYTES (UINT64_C(8) << 20) /* larger models keep the output-row split */
+
+static int fz_mode = -1; /* -1: where it applies, 0: never, 1: wherever it can run */
+
+void ikv__fused_force(int on) {
+    fz_mode = on < 0 ? -1 : on ? 1 : 0;
+}
+
+/* Layer l's first phase on batch rows [a, b): xn = RMSNorm(x), q, k, v, RoPE, K/V written. */
+static void fz_qkv(struct ikv_engine *e, int t, int l, size_t a, size_t b) {
+    const struct ikv_model *m = e->m;
+    const size_t D = (size_t)m->cfg.dim, H = (size_t)m->head_dim, L = (size_t)l;
+    const size_t nq = (size_t)m->q_dim, nkv = (size_t)m->kv_dim, n = b - a;
+    const ikv__q8act xa = act_buf(e, t); /* unused: fp32 */
+    norm_rows(e, a, b, m->w.rms_att + L * D);
+    const float *xn = e->dxn + a * D;
+    linear(e, t, IKV__QM_Q, l, xn, D, &xa, n, e->dq + a * nq, nq, 0, nq);
+    linear(e, t, IKV__QM_K, l, xn, D, &xa, n, e->dk + a * nkv, nkv, 0, nkv);
+    linear(e, t, IKV__QM_V, l, xn, D, &xa, n, e->dv + a * nkv, nkv, 0, nkv);
+    for (size_t i = a; i < b; i++) {
+        const size_t pos = e->dpos[i];
+        const uint32_t blk = blk_of(e, e->dseq[i], pos), slot = (uint32_t)(pos % e->bt);
+        float *kr = e->dk + i * nkv, *vr = e->dv + i * nkv;
+        rope(e, e->dq + i * nq, (int)nq, pos);
+        rope(e, kr, (int)nkv, pos);
+        for (size_t r = 0; r < nkv; r += H) {
+            copy_row(ikv__kv_at(e, blk, l, 0, (int)(r / H), slot), kr + r, H);
+            copy_row(ikv__kv_at(e, blk, l, 1, (int)(r / H), slot), vr + r, H);
+        }
+    }
+}
+
+/* Layer l's second phase on batch rows [a, b) of nb: att = the merge of the row's chunks,
+ * x += Wo att, xn = RMSNorm(x), hb = SwiGLU(W1 xn, W3 xn), x += W2 hb. */
+static void fz_out(struct ikv_engine *e, int t, int l, size_t a, size_t b, size_t nb) {
+    const struct ikv_model *m = e->m;
+    const size_t D = (size_t)m->cfg.dim, Hd = (size_t)m->cfg.hidden_dim, L = (size_t)l;
+    const size_t nh = (size_t)m->cfg.n_heads, H = (size_t)m->head_dim, qd = (size_t)m->q_dim;
+    const size_t n = b - a;
+    const ikv__q8act xa = act_buf(e, t); /* unused: fp32 */
+    for (size_t i = a; i < b; i++)
+        attn_merge(e, e->dpart + e->dcoff[i] * nh * (H + 2), e->dcoff[i + 1] - e->dcoff[i],
+                   e->datt + i * qd);
+    linear(e, t, IKV__QM_O, l, e->datt + a * qd, qd, &xa, n, e->dxb + a * D, D, 0, D);
+    for (size_t i = a; i < b; i++)
+        add_row(e->dx + i * D, e->dxb + i * D, D);
+    norm_rows(e, a, b, m->w.rms_ffn + L * D);
+    const float *xn = e->dxn + a * D;
+    linear(e, t, IKV__QM_1, l, xn, D, &xa, n, e->dhb + a * Hd, Hd, 0, Hd);
+    linear(e, t, IKV__QM_3, l, xn, D, &xa, n, e->dhb2 + a * Hd, Hd, 0, Hd);
+    const int wide = nb >= IKV__AR_MIN && ikv__batch512_on();
+    for (size_t i = a; i < b; i++)
+        swiglu_n(e->dhb + i * Hd, e->dhb2 + i * Hd, Hd, wide);
+    linear(e, t, IKV__QM_2, l, e->dhb + a * Hd, Hd, &xa, n, e->dxb + a * D, D, 0, D);
+    for (size_t i = a; i < b; i++)
+        add_row(e->dx + i * D, e->dxb + i * D, D);
+}
+
+/* The whole step as one region (above). */
+static void dc_fused(void *vc, int t, int P) {
+    const fwd *c = vc;
+    struct ikv_engine *e = c->e;
+    const struct ikv_model *m = e->m;
+    const size_t D = (size_t)m->cfg.dim, V = (size_t)m->cfg.vocab_size;
+    size_t a, b;
+    part(c->nb, t, P, IKV__AR_LANES, &a, &b);
+    fwd lc = *c;
+    for (lc.l = 0; lc.l < m->cfg.n_layers; lc.l++) {
+        if (b > a) fz_qkv(e, t, lc.l, a, b);
+        ikv__pool_barrier(e->pool, P); /* every row's K/V of the layer written */
+        dc_attn(&lc, t, P);
+        ikv__pool_barrier(e->pool, P); /* every row's attention chunks done */
+        if (b > a) fz_out(e, t, lc.l, a, b, c->nb);
+    }
+    if (b == a) return;
+    const ikv__q8act xa = act_buf(e, t);
+    norm_rows(e, a, b, m->w.rms_final);
+    linear(e, t, IKV__QM_CLS, 0, e->dxn + a * D, D, &xa, b - a, e->dlog + a * V, V, 0, V);
+}
+
+/* Whether a step of nb rows takes the fused pass (inl: it would run on the calling thread). */
+static int fused_use(const struct ikv_engine *e, size_t nb, int inl) {
+    const struct ikv_model *m = e->m;
+    if (m->gs || fz_mode == 0 || ikv__pool_active(e->pool) != ikv__pool_size(e->pool)) return 0;
+    if (fz_mode == 1) return 1;
+    return !inl && nb >= FZ_MIN_ROWS &&
+           ikv_model_params(&m->cfg) * sizeof(float) <= FZ_WEIGHT_BYTES;
+}
+
 void ikv__decode_batch(struct ikv_engine *e, size_t nb) {
     const struct ikv_model *m = e->m;
     const size_t D = (size_t)m->cfg.dim, V = (size_t)m->cfg.vocab_size;
@@ -1937,25 +2059,29 @@ void ikv__decode_batch(struct ikv_engine *e, size_t nb) {
         e->dcoff[i + 1] = e->dcoff[i] + (nblk + IKV__DC_CHUNK - 1) / IKV__DC_CHUNK;
         embed_row(m, e->dtok[i], e->dx + i * D);
     }
-    for (c.l = 0; c.l < m->cfg.n_layers; c.l++) {
-        c.xrow = m->w.rms_att + (size_t)c.l * D;
-        if (!m->gs) region(e, inl, dc_norm, &c); /* int8: each thread norms (normed_rows) */
-        region(e, inl, dc_qkv, &c);
-        if (m->gs) {
-            region(e, inl, dc_attn_runq, &c);
-        } else {
-            region(e, inl, dc_attn, &c);
-            region(e, inl, dc_merge, &c);
+    if (fused_use(e, nb, inl)) {
+        ikv__pool_run(e->pool, dc_fused, &c);
+    } else {
+        for (c.l = 0; c.l < m->cfg.n_layers; c.l++) {
+            c.xrow = m->w.rms_att + (size_t)c.l * D;
+            if (!m->gs) region(e, inl, dc_norm, &c); /* int8: each thread norms (normed_rows) */
+            region(e, inl, dc_qkv, &c);
+            if (m->gs) {
+                region(e, inl, dc_attn_runq, &c);
+            } else {
+                region(e, inl, dc_attn, &c);
+                region(e, inl, dc_merge, &c);
+            }
+            region(e, inl, dc_wo, &c);
+            c.xrow = m->w.rms_ffn + (size_t)c.l * D;
+            if (!m->gs) region(e, inl, dc_norm, &c);
+            region(e, inl, dc_ffn13, &c);
+            region(e, inl, dc_w2, &c);
         }
-        region(e, inl, dc_wo, &c);
-        c.xrow = m->w.rms_ffn + (size_t)c.l * D;
+        c.xrow = m->w.rms_final;
         if (!m->gs) region(e, inl, dc_norm, &c);
-        region(e, inl, dc_ffn13, &c);
-        region(e, inl, dc_w2, &c);
+        region(e, inl, dc_logits, &c);
     }
-    c.xrow = m->w.rms_final;
-    if (!m->gs) region(e, inl, dc_norm, &c);
-    region(e, inl, dc_logits, &c);
     /* each sequence's logits are its last row's (a verify's earlier rows stay in e->dlog for
      * the acceptance; copying them all, as the same sequence's buffer, was 127 wasted copies
      * of a 128-row verify) */

@@ -182,6 +182,10 @@ int ikv__pool_size(const ikv__pool *p);
  * bits at any k); the others park without spinning. Between regions only. Returns 0 or
  * IKV_EINVAL (k outside 1..n; nothing changed). Does not allocate. */
 int ikv__pool_set_active(ikv__pool *p, int k);
+/* Inside a region fn(ctx, t, P): returns once all P threads have called it (a barrier between
+ * the phases of one region). Only where every share runs on its own thread: P equal to the
+ * pool's size and ikv__pool_active (asserted). Spins, then yields; does not allocate. */
+void ikv__pool_barrier(ikv__pool *p, int P);
 int ikv__pool_active(const ikv__pool *p);
 /* Regions thread t has run shares in since create (for tests). */
 uint64_t ikv__pool_ran(const ikv__pool *p, int t);
@@ -433,6 +437,11 @@ void ikv__simd_force(int avx2);
  * between steps. */
 int ikv__batch512_on(void);
 void ikv__batch512_force(int on);
+/* Batched decode steps as one pool region with the batch rows split between threads
+ * (forward.c, "the fused pass"; the same bits as the region-per-phase path):
+ * ikv__fused_force(0) never, (1) for every fp32 step the pool can run it on (even small ones),
+ * (-1) the default (fp32 models of <= 8 MB, steps of >= 32 rows). For tests, between steps. */
+void ikv__fused_force(int on);
 /* Multi-row decode attention (batch512.c): groups of at least IKV__AR_MIN consecutive batch
  * rows of one sequence (a verify's rows) take the kernel whose vector lanes are rows.
  * ikv__attn_rows_usable: whether engine e takes it (ikv__batch512_on, fp32, head_dim a
@@ -450,14 +459,15 @@ size_t ikv__swiglu512(float *hb, const float *hb2, size_t n);
 /* The greedy pick: the first index of the largest of x[0..n) by the strict > scan (NaNs never
  * chosen, 0 when x[0] is NaN or n is 0), vectorized where ikv__batch512_on. */
 uint32_t ikv__argmax(const float *x, size_t n);
-/* Chunk ch of dc_attn for nr (1..16) rows of sequence s in layer l: row j's query is
- * q + j * qstride ([n_heads][head_dim], after RoPE), its position pos[j]; its (O, M, L) per
- * head go to out[j] ([n_heads][head_dim + 2], dc_attn's layout), or nowhere when out[j] is NULL
+/* Chunk ch of dc_attn for nr (1..16) rows of sequence s in layer l, query heads [h0, h1): row
+ * j's query is q + j * qstride ([n_heads][head_dim], after RoPE), its position pos[j]; its
+ * (O, M, L) per head go to out[j] ([n_heads][head_dim + 2], dc_attn's layout; only heads
+ * [h0, h1) are written, so threads may split a unit by heads), or nowhere when out[j] is NULL
  * (a row without chunk ch). scratch: 16 * (min(bt, Lmax) + head_dim) floats. Does not
  * allocate. */
-void ikv__attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, size_t ch,
-                    size_t nr, const float *q, size_t qstride, const size_t *pos, float *const *out,
-                    float *scratch);
+void ikv__attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, size_t ch, int h0,
+                    int h1, size_t nr, const float *q, size_t qstride, const size_t *pos,
+                    float *const *out, float *scratch);
 /* Fills the RoPE tables. */
 void ikv__rope_init(struct ikv_engine *e);
 
