@@ -726,6 +726,57 @@ static void test_argmax_exact(void **st) {
     ikv__batch512_force(-1);
 }
 
+/* The decode path's exp (forward.c exp_neg8 / exp_neg_fma1, batch512.c exp_neg16 on AVX2 +
+ * FMA; exp_neg4 / exp_neg_scalar on SSE2): one lane, the 8- (or 4-) lane vector and the
+ * 16-lane one give the same bits for every input (every 256th float of [-87, 0], the ends,
+ * signed zeros, tiny and out-of-range values, NaN and infinities), and the result is within
+ * 2 ulp of the double-precision exp on [-87, 0] (inputs below are clamped to -87; NaN gives
+ * e^-87, +inf and positive values 1). */
+static void test_exp_paths(void **st) {
+    (void)st;
+    enum { SPECIAL = 16 };
+    const uint32_t lo = 0x80000000u, hi = 0xC2AE0000u, stride = 256; /* -0 .. -87 */
+    const size_t n = SPECIAL + (hi - lo) / stride + 1;
+    float *x = malloc(sizeof(float) * n), *o1 = malloc(sizeof(float) * n);
+    float *o8 = malloc(sizeof(float) * n), *o16 = malloc(sizeof(float) * n);
+    static const float sp[SPECIAL] = {0.0f, -0.0f, -87.0f, -87.5f, -100.0f, -1e-30f, -1e-45f,
+                                      1.0f, 1e30f, -0.34657359f, -0.693147181f, -1.0f,
+                                      -86.99999f, 0.5f, 0.0f, 0.0f};
+    memcpy(x, sp, sizeof sp);
+    x[13] = -INFINITY, x[14] = INFINITY, x[15] = NAN;
+    for (size_t i = SPECIAL; i < n; i++) {
+        const uint32_t b = lo + (uint32_t)(i - SPECIAL) * stride;
+        memcpy(&x[i], &b, sizeof b);
+    }
+    for (int sse = 1; sse >= 0; sse--) { /* the SSE2 path first, then the default */
+        ikv__simd_force(sse ? 0 : -1);
+        ikv__exp_neg_paths(x, n, o1, o8);
+        assert_memory_equal(o1, o8, sizeof(float) * n);
+        if (!sse && ikv__batch512_on()) {
+            memcpy(o16, o1, sizeof(float) * n);
+            assert_true(ikv__exp_neg16_buf(x, n, o16) == (n & ~(size_t)15));
+            assert_memory_equal(o16, o1, sizeof(float) * n);
+        }
+        const float e87 = o1[2];
+        assert_true(o1[0] == 1.0f && o1[1] == 1.0f && o1[7] == 1.0f && o1[8] == 1.0f);
+        assert_true(o1[14] == 1.0f && o1[13] == e87 && o1[15] == e87 && o1[4] == e87);
+        double worst = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!(x[i] <= 0.0f && x[i] >= -87.0f)) continue;
+            const double ex = exp((double)x[i]);
+            const float fe = (float)ex;
+            const double ulp = (double)nextafterf(fe, INFINITY) - (double)fe;
+            const double err = fabs((double)o1[i] - ex) / ulp;
+            if (err > worst) worst = err;
+        }
+        printf("exp on [-87, 0], %s path: at most %.3f ulp from the double exp over %zu inputs\n",
+               sse ? "SSE2" : "default", worst, n);
+        assert_true(worst <= 2.0);
+    }
+    ikv__simd_force(-1);
+    free(x), free(o1), free(o8), free(o16);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accept_rule_arithmetic),
@@ -735,6 +786,7 @@ int main(void) {
         cmocka_unit_test(test_verify_rows_kernel),
         cmocka_unit_test(test_linear_rows_tiles),
         cmocka_unit_test(test_argmax_exact),
+        cmocka_unit_test(test_exp_paths),
         cmocka_unit_test(test_step_drafts_mixed),
         cmocka_unit_test(test_lookup_draft_oracle),
         cmocka_unit_test(test_verify_sampling_distribution),

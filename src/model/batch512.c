@@ -91,29 +91,43 @@ int ikv__attn_rows_usable(const struct ikv_engine *e) {
 }
 
 #ifdef AR_AVX512
-/* exp_neg8 of forward.c on 16 lanes, operation for operation (no FMA: a separate multiply and
- * add, as the scalar code rounds them), so a value gets the same bits on any of the paths. */
-__attribute__((target("avx512f"))) static inline __m512 exp_neg16(__m512 r) {
+/* exp_neg8 of forward.c on 16 lanes, operation for operation (the same fused multiply-adds,
+ * each rounded once), so a value gets the same bits on any of the paths. */
+__attribute__((target("avx512f,fma"))) static inline __m512 exp_neg16(__m512 r) {
     r = _mm512_max_ps(r, _mm512_set1_ps(-87.0f));
     r = _mm512_min_ps(r, _mm512_setzero_ps());
     const __m512 mag = _mm512_set1_ps(12582912.0f);
-    __m512 nn = _mm512_sub_ps(
-        _mm512_add_ps(_mm512_mul_ps(r, _mm512_set1_ps(1.44269504088896341f)), mag), mag);
-    __m512 f = _mm512_sub_ps(_mm512_sub_ps(r, _mm512_mul_ps(nn, _mm512_set1_ps(0.693359375f))),
-                             _mm512_mul_ps(nn, _mm512_set1_ps(-2.12194440e-4f)));
+    const __m512 nn =
+        _mm512_sub_ps(_mm512_fmadd_ps(r, _mm512_set1_ps(1.44269504088896341f), mag), mag);
+    __m512 f = _mm512_fnmadd_ps(nn, _mm512_set1_ps(0.693359375f), r);
+    f = _mm512_fnmadd_ps(nn, _mm512_set1_ps(-2.12194440e-4f), f);
     __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_add_ps(_mm512_mul_ps(p, f), _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, f), _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, f), _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, f), _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, f), _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(f, f)), f),
-                      _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(f, f), f), _mm512_set1_ps(1.0f));
     __m512i e =
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(nn), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
+__attribute__((target("avx512f,fma"))) size_t ikv__exp_neg16_buf(const float *x, size_t n,
+                                                                 float *o) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(o + i, exp_neg16(_mm512_loadu_ps(x + i)));
+    return i;
+}
+#else
+size_t ikv__exp_neg16_buf(const float *x, size_t n, float *o) {
+    (void)x, (void)n, (void)o;
+    return 0;
+}
+#endif
+
+#ifdef AR_AVX512
 /* ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), lane by lane. */
 __attribute__((target("avx512f"))) static inline __m512 tree8(const __m512 *a) {
     return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])),
@@ -122,7 +136,7 @@ __attribute__((target("avx512f"))) static inline __m512 tree8(const __m512 *a) {
 
 /* One head of one chunk for the group's lanes: the state (O, M, L) after the chunk's blocks.
  * hd is a constant where the caller knows it (always_inline), so O stays in registers. */
-__attribute__((target("avx512f"), always_inline)) static inline void
+__attribute__((target("avx512f,fma"), always_inline)) static inline void
 head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, size_t jb0,
            size_t jb1, const float *qT, __m512i vnk, size_t nkmax, float *S, const int hd,
            __m512 *Oout, __m512 *Mout, __m512 *Lout) {
@@ -214,7 +228,7 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
     *Mout = M, *Lout = L;
 }
 
-__attribute__((target("avx512f"))) void ikv__attn_rows(const struct ikv_engine *e,
+__attribute__((target("avx512f,fma"))) void ikv__attn_rows(const struct ikv_engine *e,
                                                        const struct ikv_seq *s, int l, size_t ch,
                                                        int h0, int h1, size_t nr, const float *q,
                                                        size_t qstride, const size_t *pos,
@@ -309,7 +323,7 @@ __attribute__((target("avx512f"))) void ikv__rmsnorm_rows(float *o, const float 
     }
 }
 
-__attribute__((target("avx512f"))) size_t ikv__swiglu512(float *hb, const float *hb2, size_t n) {
+__attribute__((target("avx512f,fma"))) size_t ikv__swiglu512(float *hb, const float *hb2, size_t n) {
     const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {

@@ -459,6 +459,13 @@ size_t ikv__swiglu512(float *hb, const float *hb2, size_t n);
 /* The greedy pick: the first index of the largest of x[0..n) by the strict > scan (NaNs never
  * chosen, 0 when x[0] is NaN or n is 0), vectorized where ikv__batch512_on. */
 uint32_t ikv__argmax(const float *x, size_t n);
+/* The exps of the decode path, for tests: o1[i] one lane at a time, o8 by the widest vector of
+ * forward.c's path in use (8 lanes on the AVX2 path, 4 on SSE2; the tail one by one)
+ * (forward.c); ikv__exp_neg16_buf: the 16-lane exp of batch512.c on the first n & ~15 values,
+ * returning how many it did (0 without AVX-512 compiled in; call only where
+ * ikv__batch512_on). Inputs are exponents r <= 0 (larger ones give exp(0)). */
+void ikv__exp_neg_paths(const float *x, size_t n, float *o1, float *o8);
+size_t ikv__exp_neg16_buf(const float *x, size_t n, float *o);
 /* Chunk ch of dc_attn for nr (1..16) rows of sequence s in layer l, query heads [h0, h1): row
  * j's query is q + j * qstride ([n_heads][head_dim], after RoPE), its position pos[j]; its
  * (O, M, L) per head go to out[j] ([n_heads][head_dim + 2], dc_attn's layout; only heads

@@ -43,7 +43,7 @@
  * per phase: a barrier is one atomic add per thread and a spin on a phase counter (the last
  * thread to arrive resets the count, then bumps the phase, both sequentially consistent, so a
  * thread that leaves and reaches the next barrier first cannot count twice). Waiting pauses
- * SPIN_PAUSES rounds, then yields (never sleeps: a region is short, and every thread of it is
+ * BAR_PAUSES rounds, then yields (never sleeps: a region is short, and every thread of it is
  * running or runnable). Only where every share has its own thread (active == n): with fewer
  * threads, shares run one after another on a thread and a barrier inside one would wait for a
  * share that cannot start.
@@ -60,6 +60,16 @@
 
 #define SPIN_PAUSES 4000 /* pause instructions before yielding (~50-200 us) */
 #define SPIN_YIELDS 50   /* sched_yield calls before sleeping */
+/* In-region barrier: pauses before yielding. Short: on a quiet machine the threads of a
+ * fused pass reach a barrier within a few microseconds of each other, and a yield with
+ * nothing else runnable returns at once, so polling by yields costs nothing there; with other
+ * jobs on the cores, a long spin is what a waiting thread burns while the one it waits for
+ * is off-CPU (measured, 128-row verify of stories260K, 2 threads, load average 4-5 from
+ * niced jobs: best of 9 1.69-0.96 ms at 30 pauses, 1.70-1.78 at 300, 1.82-1.85 at 1000,
+ * 2.19-2.27 at 4000; 1.58 on one thread). */
+#ifndef BAR_PAUSES
+#define BAR_PAUSES 30
+#endif
 
 struct worker {
     struct ikv__pool *pool;
@@ -201,13 +211,13 @@ void ikv__pool_barrier(struct ikv__pool *p, int P) {
         return;
     }
     for (int i = 0; atomic_load(&p->bar_phase) == ph; i++) {
-        if (i < SPIN_PAUSES) {
+        if (i < BAR_PAUSES) {
 #if defined(__SSE2__)
             _mm_pause();
 #endif
         } else {
             sched_yield();
-            i = SPIN_PAUSES; /* no overflow, keep yielding */
+            i = BAR_PAUSES; /* no overflow, keep yielding */
         }
     }
 }
