@@ -967,7 +967,8 @@ static void gemv_rows(const float *W, const float *x, float *y, size_t r0, size_
  * the same operations. */
 #ifdef HAVE_AVX2_PATH
 /* swiglu's lanes on 8 lanes (the same operations per element); returns how many it did. */
-__attribute__((target("avx2,fma"))) static size_t swiglu_avx2(float *hb, const float *hb2, size_t n) {
+__attribute__((target("avx2,fma"))) static size_t swiglu_avx2(float *hb, const float *hb2,
+                                                               size_t n) {
     const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps(),
                  sign = _mm256_set1_ps(-0.0f);
     size_t i = 0;
@@ -1837,15 +1838,15 @@ static void dc_attn_runq(void *vc, int t, int P) {
 #ifdef HAVE_AVX2_PATH
 /* The chunk loop of attn_merge for one head on 8 lanes (H a multiple of 8): per element the
  * same operations in the same order (o = o + O_c * a, no FMA; then o * (1 / sum)). */
-__attribute__((target("avx2"))) static void merge_head_avx2(const float *ph0, size_t nch,
-                                                            size_t cstride, size_t H, float mx,
-                                                            float *o) {
+__attribute__((target("avx2,fma"))) static void merge_head_avx2(const float *ph0, size_t nch,
+                                                                size_t cstride, size_t H,
+                                                                float mx, float *o) {
     float sum = 0.0f;
     if (H == 8) { /* one register */
         __m256 acc = _mm256_setzero_ps();
         for (size_t ch = 0; ch < nch; ch++) {
             const float *ph = ph0 + ch * cstride;
-            const float a = exp_neg(ph[H] - mx);
+            const float a = exp_neg_fma1(ph[H] - mx);
             sum += ph[H + 1] * a;
             acc = _mm256_add_ps(acc, _mm256_mul_ps(_mm256_loadu_ps(ph), _mm256_set1_ps(a)));
         }
@@ -1856,7 +1857,7 @@ __attribute__((target("avx2"))) static void merge_head_avx2(const float *ph0, si
         _mm256_storeu_ps(o + d, _mm256_setzero_ps());
     for (size_t ch = 0; ch < nch; ch++) {
         const float *ph = ph0 + ch * cstride;
-        const float a = exp_neg(ph[H] - mx);
+        const float a = exp_neg_fma1(ph[H] - mx);
         sum += ph[H + 1] * a;
         const __m256 va = _mm256_set1_ps(a);
         for (size_t d = 0; d < H; d += 8)
