@@ -323,7 +323,8 @@ __attribute__((target("avx512f"))) void ikv__rmsnorm_rows(float *o, const float 
     }
 }
 
-__attribute__((target("avx512f,fma"))) size_t ikv__swiglu512(float *hb, const float *hb2, size_t n) {
+__attribute__((target("avx512f,fma"))) size_t ikv__swiglu512(float *hb, const float *hb2,
+                                                              size_t n) {
     const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {

@@ -357,7 +357,8 @@ static float softmax_exp(float *row, size_t n) {
  * sum, 8 (AVX2) or 4 (SSE2) partial lanes combined in a fixed order, then the tail: one fixed
  * order for a given n. Decode's online softmax, a block of scores at a time. */
 #ifdef HAVE_AVX2_PATH
-__attribute__((target("avx2,fma"))) static float exp_shift_sum_avx2(float *row, size_t n, float mx) {
+__attribute__((target("avx2,fma"))) static float exp_shift_sum_avx2(float *row, size_t n,
+                                                                    float mx) {
     const __m256 vmx = _mm256_set1_ps(mx);
     __m256 s8 = _mm256_setzero_ps();
     size_t i = 0;
