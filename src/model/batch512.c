@@ -134,6 +134,22 @@ __attribute__((target("avx512f"))) static inline __m512 tree8(const __m512 *a) {
                          _mm512_add_ps(_mm512_add_ps(a[4], a[5]), _mm512_add_ps(a[6], a[7])));
 }
 
+/* The 16 lanes' scores of key k (one head): dot products with the query's 8-float chunks in 8
+ * accumulators, their tree, times the scale (scores1_fma's arithmetic per lane). */
+__attribute__((target("avx512f,fma"), always_inline)) static inline __m512
+score16(const __m512 *qv, const float *k, const int hd, const __m512 vscale) {
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; u++)
+        acc[u] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int c = 0; c < hd; c += 8)
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; u++)
+            acc[u] = _mm512_fmadd_ps(qv[c + u], _mm512_set1_ps(k[c + u]), acc[u]);
+    return _mm512_mul_ps(tree8(acc), vscale);
+}
+
 /* One head of one chunk for the group's lanes: the state (O, M, L) after the chunk's blocks.
  * hd is a constant where the caller knows it (always_inline), so O stays in registers. */
 __attribute__((target("avx512f,fma"), always_inline)) static inline void
@@ -161,27 +177,24 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
         const __mmask16 act = _mm512_cmpgt_epi32_mask(vc, zi);
         const uint32_t blk = s->table[jb];
         const float *kb = ikv__kv_at(e, blk, l, 0, g, 0), *vb = ikv__kv_at(e, blk, l, 1, g, 0);
+        /* keys [0, lo) are seen by every active lane, [0, lo8) are in every active lane's
+         * 8-wide partial sums: there a key's lane mask is act, computed once (lo8 <= lo) */
+        const size_t lo = (size_t)_mm512_mask_reduce_min_epi32(act, vc);
+        const size_t lo8 = (size_t)_mm512_mask_reduce_min_epi32(act, vc8);
         /* scores, and each lane's block maximum over its keys in key order */
-        __m512 bm = _mm512_setzero_ps();
-        for (size_t i = 0; i < cntmax; i++) {
-            const float *k = kb + i * H;
-            __m512 acc[8];
-#pragma GCC unroll 8
-            for (int u = 0; u < 8; u++)
-                acc[u] = _mm512_setzero_ps();
-#pragma GCC unroll 8
-            for (int c = 0; c < hd; c += 8)
-#pragma GCC unroll 8
-                for (int u = 0; u < 8; u++)
-                    acc[u] = _mm512_fmadd_ps(qv[c + u], _mm512_set1_ps(k[c + u]), acc[u]);
-            const __m512 si = _mm512_mul_ps(tree8(acc), vscale);
+        __m512 bm = score16(qv, kb, hd, vscale);
+        _mm512_storeu_ps(S, bm);
+        size_t i = 1;
+        for (; i < lo; i++) {
+            const __m512 si = score16(qv, kb + i * H, hd, vscale);
             _mm512_storeu_ps(S + i * AR_LANES, si);
-            if (i == 0) {
-                bm = si;
-            } else {
-                const __mmask16 mi = _mm512_cmplt_epi32_mask(_mm512_set1_epi32((int)i), vc);
-                bm = _mm512_mask_mov_ps(bm, _mm512_mask_cmp_ps_mask(mi, si, bm, _CMP_GT_OQ), si);
-            }
+            bm = _mm512_mask_mov_ps(bm, _mm512_mask_cmp_ps_mask(act, si, bm, _CMP_GT_OQ), si);
+        }
+        for (; i < cntmax; i++) {
+            const __m512 si = score16(qv, kb + i * H, hd, vscale);
+            _mm512_storeu_ps(S + i * AR_LANES, si);
+            const __mmask16 mi = _mm512_cmplt_epi32_mask(_mm512_set1_epi32((int)i), vc);
+            bm = _mm512_mask_mov_ps(bm, _mm512_mask_cmp_ps_mask(mi, si, bm, _CMP_GT_OQ), si);
         }
         /* raise M; rescale O and L where M was finite */
         const __mmask16 upd = act & _mm512_cmp_ps_mask(bm, M, _CMP_GT_OQ);
@@ -201,7 +214,15 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
             part[u] = _mm512_setzero_ps();
         /* in one pass over the keys: the weight, its partial sum, O += weight x value row (in
          * key order); then the sums' tree and the tail (from the lowest tail start of a lane) */
-        for (size_t i = 0; i < cntmax; i++) {
+        for (i = 0; i < lo8; i++) { /* masks act; the weight is not needed again */
+            const __m512 ev = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(S + i * AR_LANES), M));
+            part[i & 7] = _mm512_mask_add_ps(part[i & 7], act, part[i & 7], ev);
+            const float *v = vb + i * H;
+#pragma GCC unroll 64
+            for (int c = 0; c < hd; c++)
+                O[c] = _mm512_mask3_fmadd_ps(ev, _mm512_set1_ps(v[c]), O[c], act);
+        }
+        for (; i < cntmax; i++) {
             const __m512i vi = _mm512_set1_epi32((int)i);
             const __m512 ev = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(S + i * AR_LANES), M));
             _mm512_storeu_ps(S + i * AR_LANES, ev);
@@ -214,7 +235,7 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
                 O[c] = _mm512_mask3_fmadd_ps(ev, _mm512_set1_ps(v[c]), O[c], mi);
         }
         __m512 sum = tree8(part);
-        for (size_t i = (size_t)_mm512_mask_reduce_min_epi32(act, vc8); i < cntmax; i++) {
+        for (i = lo8; i < cntmax; i++) {
             const __m512i vi = _mm512_set1_epi32((int)i);
             const __mmask16 mt =
                 _mm512_cmplt_epi32_mask(vi, vc) & ~_mm512_cmplt_epi32_mask(vi, vc8);
