@@ -6,7 +6,8 @@
  *   - multi-row decode attention (ikv__attn_rows), below;
  *   - RMSNorm of 16 rows at once (ikv__rmsnorm_rows): lane j is row j, the sum of squares in the
  *     scalar loop's order per lane, then the row scaled 16 elements at a time;
- *   - SwiGLU on 16 lanes (ikv__swiglu512): swiglu_avx2's operations per element;
+ *   - SwiGLU on 16 lanes (ikv__swiglu512): swiglu_avx2's operations per element (the last
+ *     n mod 16 elements under a lane mask);
  *   - the greedy argmax (ikv__argmax): the first index of the largest value, as the scalar
  *     loop `if (x[i] > x[best]) best = i` finds it (NaNs never win; x[0] NaN gives 0).
  * The weight-product kernels (16 batch rows as lanes, 4 x 4 tiles) live in linear.c, the seam of
@@ -347,9 +348,10 @@ __attribute__((target("avx512f"))) void ikv__rmsnorm_rows(float *o, const float 
 __attribute__((target("avx512f,fma"))) size_t ikv__swiglu512(float *hb, const float *hb2,
                                                               size_t n) {
     const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 a = _mm512_loadu_ps(hb + i);
+    /* 16 at a time, the last (n mod 16) under a lane mask (lanes are independent) */
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 a = _mm512_maskz_loadu_ps(k, hb + i);
         /* 0 - |a| (andnot of the sign bit, as swiglu_avx2) */
         const __m512 t = exp_neg16(_mm512_sub_ps(
             zero, _mm512_castsi512_ps(_mm512_andnot_si512(
@@ -357,9 +359,10 @@ __attribute__((target("avx512f,fma"))) size_t ikv__swiglu512(float *hb, const fl
         const __m512 d = _mm512_div_ps(one, _mm512_add_ps(one, t));
         const __mmask16 pos = _mm512_cmp_ps_mask(a, zero, _CMP_GE_OQ);
         const __m512 sig = _mm512_mask_mov_ps(_mm512_mul_ps(t, d), pos, d);
-        _mm512_storeu_ps(hb + i, _mm512_mul_ps(_mm512_mul_ps(a, sig), _mm512_loadu_ps(hb2 + i)));
+        _mm512_mask_storeu_ps(
+            hb + i, k, _mm512_mul_ps(_mm512_mul_ps(a, sig), _mm512_maskz_loadu_ps(k, hb2 + i)));
     }
-    return i;
+    return n;
 }
 
 __attribute__((target("avx512f"))) static float max_nonnan512(const float *x, size_t n,

@@ -452,9 +452,9 @@ int ikv__attn_rows_usable(const struct ikv_engine *e);
 /* RMSNorm of nr (1..16) rows x[j * ld .. + n) into o (same stride) with weights w: each row
  * the bits of forward.c's rmsnorm (only where ikv__batch512_on). Does not allocate. */
 void ikv__rmsnorm_rows(float *o, const float *x, const float *w, size_t n, size_t nr, size_t ld);
-/* hb[i] = silu(hb[i]) * hb2[i] for the first n & ~15 elements, with swiglu_avx2's operations
- * per element; returns how many it did (0 without AVX-512 compiled in; call only where
- * ikv__batch512_on). */
+/* hb[i] = silu(hb[i]) * hb2[i] for the n elements (16 at a time, the rest under a lane mask),
+ * with swiglu_avx2's operations per element; returns how many it did (n; 0 without AVX-512
+ * compiled in; call only where ikv__batch512_on). */
 size_t ikv__swiglu512(float *hb, const float *hb2, size_t n);
 /* The greedy pick: the first index of the largest of x[0..n) by the strict > scan (NaNs never
  * chosen, 0 when x[0] is NaN or n is 0), vectorized where ikv__batch512_on. */
