@@ -251,57 +251,66 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
 }
 
 __attribute__((target("avx512f,fma"))) void ikv__attn_rows(const struct ikv_engine *e,
-                                                       const struct ikv_seq *s, int l, size_t ch,
-                                                       int h0, int h1, size_t nr, const float *q,
-                                                       size_t qstride, const size_t *pos,
-                                                       float *const *out, float *scratch) {
+                                                       const struct ikv_seq *s, int l, size_t ch0,
+                                                       size_t ch1, int h0, int h1, size_t nr,
+                                                       const float *q, size_t qstride,
+                                                       const size_t *pos, float *const *out,
+                                                       size_t ostride, float *scratch) {
     const struct ikv_model *m = e->m;
     const int nh = m->cfg.n_heads, kvmul = nh / m->cfg.n_kv_heads, hd = m->head_dim;
     const size_t bt = e->bt, H = (size_t)hd, pstride = H + 2;
     const size_t ss = bt < e->Lmax ? bt : e->Lmax;
     float *S = scratch, *qT = scratch + (size_t)AR_LANES * ss;
     IKV_ASSERT(nr >= 1 && nr <= AR_LANES);
+    IKV_ASSERT(0 <= h0 && h0 <= h1 && h1 <= nh);
+    /* lane j: row j's keys (0: no row); rows without chunk ch have no key in it, so their
+     * lanes are inactive there and their outputs are not written */
     int32_t nk[AR_LANES];
-    size_t nkmax = 0;
+    size_t nkmax = 0, nch[AR_LANES];
     for (size_t j = 0; j < AR_LANES; j++) {
         nk[j] = j < nr && out[j] ? (int32_t)(pos[j] + 1) : 0;
+        nch[j] = ((size_t)nk[j] + bt * IKV__DC_CHUNK - 1) / (bt * IKV__DC_CHUNK);
         if ((size_t)nk[j] > nkmax) nkmax = (size_t)nk[j];
     }
     if (!nkmax) return;
     const __m512i vnk = _mm512_loadu_si512(nk);
-    const size_t nbmax = (nkmax + bt - 1) / bt, jb0 = ch * IKV__DC_CHUNK;
-    const size_t jb1 = jb0 + IKV__DC_CHUNK < nbmax ? jb0 + IKV__DC_CHUNK : nbmax;
-    IKV_ASSERT(jb0 < jb1);
-    IKV_ASSERT(0 <= h0 && h0 <= h1 && h1 <= nh);
+    const size_t nbmax = (nkmax + bt - 1) / bt;
     for (int h = h0; h < h1; h++) {
+        /* the head's queries with the rows as lanes, once for all the chunks */
         for (size_t c = 0; c < H; c++)
             for (size_t j = 0; j < AR_LANES; j++)
                 qT[c * AR_LANES + j] = j < nr ? q[j * qstride + (size_t)h * H + c] : 0.0f;
-        __m512 O[AR_HDMAX], M, L;
-        if (hd == 8)
-            head_chunk(e, s, l, h / kvmul, jb0, jb1, qT, vnk, nkmax, S, 8, O, &M, &L);
-        else
-            head_chunk(e, s, l, h / kvmul, jb0, jb1, qT, vnk, nkmax, S, hd, O, &M, &L);
-        float t[AR_LANES];
-        for (size_t c = 0; c < H; c++) {
-            _mm512_storeu_ps(t, O[c]);
+        for (size_t ch = ch0; ch < ch1; ch++) {
+            const size_t jb0 = ch * IKV__DC_CHUNK;
+            const size_t jb1 = jb0 + IKV__DC_CHUNK < nbmax ? jb0 + IKV__DC_CHUNK : nbmax;
+            if (jb0 >= jb1) break;
+            __m512 O[AR_HDMAX], M, L;
+            if (hd == 8)
+                head_chunk(e, s, l, h / kvmul, jb0, jb1, qT, vnk, nkmax, S, 8, O, &M, &L);
+            else
+                head_chunk(e, s, l, h / kvmul, jb0, jb1, qT, vnk, nkmax, S, hd, O, &M, &L);
+            float t[AR_LANES];
+            const size_t off = ch * ostride + (size_t)h * pstride;
+            for (size_t c = 0; c < H; c++) {
+                _mm512_storeu_ps(t, O[c]);
+                for (size_t j = 0; j < nr; j++)
+                    if (ch < nch[j]) out[j][off + c] = t[j];
+            }
+            _mm512_storeu_ps(t, M);
             for (size_t j = 0; j < nr; j++)
-                if (out[j]) out[j][(size_t)h * pstride + c] = t[j];
+                if (ch < nch[j]) out[j][off + H] = t[j];
+            _mm512_storeu_ps(t, L);
+            for (size_t j = 0; j < nr; j++)
+                if (ch < nch[j]) out[j][off + H + 1] = t[j];
         }
-        _mm512_storeu_ps(t, M);
-        for (size_t j = 0; j < nr; j++)
-            if (out[j]) out[j][(size_t)h * pstride + H] = t[j];
-        _mm512_storeu_ps(t, L);
-        for (size_t j = 0; j < nr; j++)
-            if (out[j]) out[j][(size_t)h * pstride + H + 1] = t[j];
     }
 }
 #else
-void ikv__attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, size_t ch, int h0,
-                    int h1, size_t nr, const float *q, size_t qstride, const size_t *pos,
-                    float *const *out, float *scratch) {
-    (void)e, (void)s, (void)l, (void)ch, (void)h0, (void)h1, (void)nr, (void)q, (void)qstride,
-        (void)pos, (void)out, (void)scratch;
+void ikv__attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, size_t ch0,
+                    size_t ch1, int h0, int h1, size_t nr, const float *q, size_t qstride,
+                    const size_t *pos, float *const *out, size_t ostride, float *scratch) {
+    (void)e, (void)s, (void)l, (void)ch0, (void)ch1, (void)h0, (void)h1, (void)nr, (void)q,
+        (void)qstride, (void)pos, (void)out, (void)ostride, (void)scratch;
     IKV_ASSERT(0 && "ikv__attn_rows without AVX-512 support compiled in");
 }
 #endif

@@ -1763,10 +1763,11 @@ static size_t ar_group_end(const struct ikv_engine *e, size_t b, size_t nb) {
 }
 
 /* dc_attn with the multi-row kernel (batch512.c): the work units are, in batch order, each
- * group of >= IKV__AR_MIN rows of one sequence times its chunks (the most any of its rows
- * has), and each chunk of a row outside such groups. Every thread runs every group unit for
- * its share of the query heads (part(n_heads, t, P): the heads of a unit cost the same, so the
- * split is even whatever the units' sizes; a split of whole units by cost left one of two
+ * group of >= IKV__AR_MIN rows of one sequence with all its chunks (the most any of its rows
+ * has; one call, so each head's queries are transposed once for all of them), and each chunk
+ * of a row outside such groups. Every thread runs every group for its share of the query
+ * heads (part(n_heads, t, P): the heads of a group cost the same, so the split is even
+ * whatever the groups' sizes; a split of whole (group, chunk) units by cost left one of two
  * threads 30% more work on a 128-row verify, measured). The row units differ in cost (a
  * chunk's blocks) and are split by it: unit u goes to thread floor(P (C_u + c_u / 2) / C), C_u
  * the cost of the row units before it, c_u its own, C their total. Both are fixed partitions
@@ -1801,15 +1802,11 @@ static void dc_attn_rows(const fwd *c, int t, int P, float *sc) {
                 if (pass || h1 == h0) continue;
                 const size_t mp = ar_max_pos(e, b, g);
                 const size_t span = e->bt * IKV__DC_CHUNK, nch = (mp + span) / span;
-                for (size_t ch = 0; ch < nch; ch++) {
-                    float *out[IKV__AR_LANES];
-                    for (size_t i = b; i < g; i++)
-                        out[i - b] = ch < e->dcoff[i + 1] - e->dcoff[i]
-                                         ? e->dpart + (e->dcoff[i] + ch) * pd
-                                         : NULL;
-                    ikv__attn_rows(e, e->dseq[b], c->l, ch, (int)h0, (int)h1, g - b,
-                                   e->dq + b * qd, qd, e->dpos + b, out, sc);
-                }
+                float *out[IKV__AR_LANES];
+                for (size_t i = b; i < g; i++)
+                    out[i - b] = e->dpart + e->dcoff[i] * pd;
+                ikv__attn_rows(e, e->dseq[b], c->l, 0, nch, (int)h0, (int)h1, g - b,
+                               e->dq + b * qd, qd, e->dpos + b, out, pd, sc);
             } else {
                 for (size_t i = b; i < g; i++)
                     for (size_t ch = 0; ch < e->dcoff[i + 1] - e->dcoff[i]; ch++) {

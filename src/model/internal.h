@@ -466,15 +466,15 @@ uint32_t ikv__argmax(const float *x, size_t n);
  * ikv__batch512_on). Inputs are exponents r <= 0 (larger ones give exp(0)). */
 void ikv__exp_neg_paths(const float *x, size_t n, float *o1, float *o8);
 size_t ikv__exp_neg16_buf(const float *x, size_t n, float *o);
-/* Chunk ch of dc_attn for nr (1..16) rows of sequence s in layer l, query heads [h0, h1): row
- * j's query is q + j * qstride ([n_heads][head_dim], after RoPE), its position pos[j]; its
- * (O, M, L) per head go to out[j] ([n_heads][head_dim + 2], dc_attn's layout; only heads
- * [h0, h1) are written, so threads may split a unit by heads), or nowhere when out[j] is NULL
- * (a row without chunk ch). scratch: 16 * (min(bt, Lmax) + head_dim) floats. Does not
- * allocate. */
-void ikv__attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, size_t ch, int h0,
-                    int h1, size_t nr, const float *q, size_t qstride, const size_t *pos,
-                    float *const *out, float *scratch);
+/* Chunks [ch0, ch1) of dc_attn for nr (1..16) rows of sequence s in layer l, query heads
+ * [h0, h1): row j's query is q + j * qstride ([n_heads][head_dim], after RoPE), its position
+ * pos[j]; its (O, M, L) per head of chunk ch go to out[j] + ch * ostride ([n_heads][head_dim +
+ * 2], dc_attn's layout) where row j has chunk ch; only heads [h0, h1) are written, so threads
+ * may split a group by heads; out[j] NULL: row j is left out. scratch: 16 * (min(bt, Lmax) +
+ * head_dim) floats. Does not allocate. */
+void ikv__attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, size_t ch0,
+                    size_t ch1, int h0, int h1, size_t nr, const float *q, size_t qstride,
+                    const size_t *pos, float *const *out, size_t ostride, float *scratch);
 /* Fills the RoPE tables. */
 void ikv__rope_init(struct ikv_engine *e);
 
