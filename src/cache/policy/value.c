@@ -183,6 +183,7 @@
 #include "../internal.h"
 #include "ghostq.h"
 #include "hdmodel.h"
+#include "nextuse.h"
 #include "sketch.h"
 
 #include <math.h>
@@ -263,11 +264,33 @@ typedef struct value {
     float pr_no[128];     /* per class: evictions (less those a ghost hit took back) */
     double pr_yes_all, pr_no_all; /* the sums over the classes */
     uint64_t pr_doomed;   /* blocks keyed as doomed (tests, docs) */
+    /* next-use predictor (nu > 0, split=1; nextuse.h): per-block access history; a block
+     * predicted back later than num x its class's horizon is doomed, one older than nuk x its
+     * predicted gap is overdue (evicted first once evictable) */
+    double nu;      /* 0 off, 1 on */
+    double nu_mode; /* IKV__NU_LAST / MAX / MEAN / MIN over the last nugaps gaps */
+    double nu_gaps; /* gaps the prediction reads (1-3) */
+    double nu_k;    /* overdue at age > nuk x predicted gap (0: no overdue rule) */
+    double nu_m;    /* doomed when the predicted gap > num x the class's horizon (0: never) */
+    double nu_cls;  /* classes that may be doomed: 1 T1, 2 T2, 3 both */
+    double nu_ew;   /* 1: predict with value's smoothed gap (gap_of) instead of the history */
+    double nu_sess; /* 1: a block without a gap of its own takes its session's last turn gap */
+    double nu_own;  /* 0: T2 blocks are doomed only by their session's gap, never their own */
+    double nu_lr;   /* nuadapt: num *= exp(+-nulr) per ghost hit (0 = num fixed) */
+    uint32_t *nu_glast; /* per B1/B2 slot: the block's last access (32 bits), bit 0 of nu_gdoom */
+    uint8_t *nu_gdoom;  /* per B1/B2 slot: 1 if the predictor chose that eviction (doomed, overdue) */
+    int nu_pdoom;       /* the pending victim was chosen by the predictor */
+    uint64_t nu_false, nu_late; /* ghost hits: of predictor evictions within the horizon, of
+                                   live evictions within twice it (num up / down) */
+    ikv__nu nuu;
+    uint64_t nu_doomed; /* blocks keyed as doomed by the predictor (tests, docs) */
 } value;
 
 /* oracle=1/2: the key of a block with no future use (below every real key: evicted first) */
 #define DEADK (-5e14) /* at or below: doomed (oracle_key) */
 
+#define NU_MMIN 0.125 /* nuadapt keeps num within [NU_MMIN, NU_MMAX] */
+#define NU_MMAX 64.0
 #define W_MIN 0.001 /* an expert's weight never falls below this: it can win back */
 
 /* pol.u32[2] (split=1): bit 0 the class (T1 / T2), bits 3-4 t2in=2's record of children */
@@ -323,13 +346,25 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "prdepth")) return ikv__param_double("value", k, v, 0, 1, &p->pr_depth);
     if (!strcmp(k, "prperiod")) return ikv__param_double("value", k, v, 16, 1e12, &p->pr_period);
     if (!strcmp(k, "oracle")) return ikv__param_whole("value", k, v, 0, 6, &p->oracle);
+    if (!strcmp(k, "nu")) return ikv__param_whole("value", k, v, 0, 1, &p->nu);
+    if (!strcmp(k, "numode")) return ikv__param_whole("value", k, v, 0, 3, &p->nu_mode);
+    if (!strcmp(k, "nugaps")) return ikv__param_whole("value", k, v, 1, 3, &p->nu_gaps);
+    if (!strcmp(k, "nuk")) return ikv__param_double("value", k, v, 0, 1e3, &p->nu_k);
+    if (!strcmp(k, "num")) return ikv__param_double("value", k, v, 0, 1e3, &p->nu_m);
+    if (!strcmp(k, "nucls")) return ikv__param_whole("value", k, v, 1, 3, &p->nu_cls);
+    if (!strcmp(k, "nuew")) return ikv__param_whole("value", k, v, 0, 1, &p->nu_ew);
+    if (!strcmp(k, "nusess")) return ikv__param_whole("value", k, v, 0, 1, &p->nu_sess);
+    if (!strcmp(k, "nuown")) return ikv__param_whole("value", k, v, 0, 1, &p->nu_own);
+    if (!strcmp(k, "nuadapt")) return ikv__param_double("value", k, v, 0, 1, &p->nu_lr);
     if (!strcmp(k, "lr")) return ikv__param_double("value", k, v, 0.001, 10, &p->lr);
     if (!strcmp(k, "sample")) return ikv__param_double("value", k, v, 1, 1024, &p->sample);
     if (!strcmp(k, "fork")) return ikv__param_whole("value", k, v, 0, 1, &p->fork);
     return ikv_error(IKV_EPARAM,
                      "value: unknown parameter '%s' (new, smooth, cost, lru2, horizon, fork, "
                      "ghost, split, t2in, tlfu, mix, lr, sample, hd, hdsample, hdperiod, hddecay, "
-                     "pred, prperiod, prdepth, prcls, oracle)",
+                     "pred, prperiod, prdepth, prcls, nu, numode, nugaps, nuk, num, nucls, nuew, nusess, "
+                     "nuadapt, "
+                     "oracle)",
                      k);
 }
 
@@ -352,6 +387,12 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
     p->hd_decay = 0.9;
     p->pr_period = 65536;
     p->pr_cls = 3;
+    p->nu_mode = IKV__NU_MAX;
+    p->nu_gaps = 3;
+    p->nu_k = 0;
+    p->nu_m = 1;
+    p->nu_cls = 3;
+    p->nu_own = 1;
     int rc = ikv__params_each(params, set_param, p);
     if (!rc && p->hd > 0 && !p->split)
         rc = ikv_error(IKV_EPARAM, "value: hd needs split=1 (it orders T1 and/or T2)");
@@ -366,6 +407,20 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
         p->hgd = ikv_calloc(env->capacity ? env->capacity : 1, sizeof *p->hgd);
         if (!p->hdm || !p->hgd) rc = IKV_ENOMEM;
         else ikv__hd_init(p->hdm, p->hd_period, p->hd_decay, 16);
+    }
+    if (!rc && p->nu > 0 && !p->split)
+        rc = ikv_error(IKV_EPARAM, "value: nu needs split=1 (it dooms within ARC's classes)");
+    if (!rc && p->nu > 0 &&
+        ikv__nu_init(&p->nuu, env->node_limit, env->capacity, (int)p->nu_mode, (int)p->nu_gaps,
+                     p->nu_sess > 0))
+        rc = IKV_ENOMEM;
+    if (!rc && p->nu_lr > 0 && (p->nu <= 0 || p->pred > 0 || p->hd > 0))
+        rc = ikv_error(IKV_EPARAM, "value: nuadapt needs nu=1, pred=0 and hd=0 (ghost slots)");
+    if (!rc && p->nu_lr > 0) {
+        uint64_t gc = env->capacity ? env->capacity : 1;
+        p->nu_glast = ikv_calloc(gc, sizeof *p->nu_glast);
+        p->nu_gdoom = ikv_calloc(gc, sizeof *p->nu_gdoom);
+        if (!p->nu_glast || !p->nu_gdoom) rc = IKV_ENOMEM;
     }
     if (!rc && p->oracle == 4 && p->split)
         rc = ikv_error(IKV_EPARAM, "value: oracle=4 orders one heap: it needs split=0");
@@ -385,6 +440,9 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
         ikv__ghostq_free(&p->xg);
         ikv_free(p->hdm);
         ikv_free(p->hgd);
+        ikv__nu_free(&p->nuu);
+        ikv_free(p->nu_glast);
+        ikv_free(p->nu_gdoom);
         ikv_free(p);
         return rc;
     }
@@ -416,6 +474,9 @@ static void value_destroy(void *s) {
     ikv__ghostq_free(&p->xg);
     ikv_free(p->hdm);
     ikv_free(p->hgd);
+    ikv__nu_free(&p->nuu);
+    ikv_free(p->nu_glast);
+    ikv_free(p->nu_gdoom);
     ikv_free(p);
 }
 
@@ -478,6 +539,44 @@ static double pr_key(value *p, ikv__node *n, int cls, double now, double k) {
     return k - DOOM;
 }
 
+/* nu: the block's predicted gap to its next use (its own access history, or with nuew=1
+ * value's smoothed gap), < 0 when none is known. */
+static inline double nu_gap(const value *p, uint32_t id) {
+    return p->nu_ew > 0 ? *gap_of(&p->hp.nodes[id]) : ikv__nu_gap(&p->nuu, id);
+}
+
+/* nu: after an access at `now` that left block id in class cls with key k, returns k, or
+ * k - DOOM when its predicted next use lies beyond num x the class's eviction horizon (it would
+ * be dropped before it comes back, were it kept like the others: evicted first, from either
+ * class, as oracle=3's doomed blocks); a live block with a known gap gets the overdue deadline
+ * now + nuk x gap. A block without a known gap keeps k and has no deadline. O(log n). */
+
+static double nu_key(value *p, uint32_t id, int cls, const ikv_access *a, double now, double k) {
+    ikv__node *n = &p->hp.nodes[id];
+    int queued = (n->flags & IKV__QUEUED) != 0;
+    double g = nu_gap(p, id);
+    int own = g >= 0;
+    /* nusess: no gap of its own (a first block, a chain back after its eviction): the
+     * session's last turn gap, which is the block's own had it stayed */
+    if (p->nu_sess > 0 && a) {
+        double sg = ikv__nu_session(&p->nuu, a->scope, (uint64_t)now);
+        if (g < 0) g = sg;
+    }
+    if (g < 0) {
+        ikv__nu_set_deadline(&p->nuu, id, IKV__NU_NONE, queued);
+        return k;
+    }
+    if (p->nu_m > 0 && ((int)p->nu_cls & (1 << cls)) && !(own && cls == T2 && p->nu_own <= 0) &&
+        g > p->nu_m * pr_horizon(p, cls, now)) {
+        ikv__nu_set_deadline(&p->nuu, id, IKV__NU_NONE, queued);
+        p->nu_doomed++;
+        return k - DOOM;
+    }
+    double dl = p->nu_k > 0 ? now + p->nu_k * g + 1 : (double)IKV__NU_NONE;
+    ikv__nu_set_deadline(&p->nuu, id, dl < (double)IKV__NU_NONE ? (uint32_t)dl : IKV__NU_NONE - 1,
+                         queued);
+    return k;
+}
 
 /* The heap a block of this policy is queued on: T1's (split=1, probation) or the main one. */
 static inline ikv__heap *heap_of(value *p, ikv__node *n) {
@@ -502,6 +601,17 @@ static void value_miss(void *s, ikv_key k) {
                 if (p->pr_no[c] >= 1) p->pr_no[c] -= 1, p->pr_no_all -= 1;
                 p->pr_yes[c] += 1, p->pr_yes_all += 1;
             }
+        }
+        if (g >= 0 && p->nu_lr > 0) {
+            /* nuadapt: a block the predictor evicted that is back within its horizon was a
+             * false doom (doom less); a live victim back within twice its horizon is a miss
+             * that room made by dooming more would have avoided (doom more) */
+            double age = (double)(uint32_t)((uint32_t)*p->now - p->nu_glast[slot]);
+            double h = pr_horizon(p, g, (double)*p->now);
+            if (p->nu_gdoom[slot] && age <= h) p->nu_m *= exp(p->nu_lr), p->nu_false++;
+            else if (!p->nu_gdoom[slot] && age <= 2 * h) p->nu_m *= exp(-p->nu_lr), p->nu_late++;
+            if (p->nu_m < NU_MMIN) p->nu_m = NU_MMIN;
+            if (p->nu_m > NU_MMAX) p->nu_m = NU_MMAX;
         }
         if (g >= 0 && p->hdm) {
             /* the eviction cost a hit: the model counts the hit it would have been */
@@ -557,13 +667,18 @@ static void value_leave(void *s, uint32_t id) {
                 if (slot != IKV_NIL) p->hgd[slot] = (uint32_t)n->last | (uint64_t)HDC(n) << 56;
             }
         } else if (id == p->pending && p->pending_ghost) {
-            ikv__ghostq_add(&p->ghost, n->key, (int)CLS(n));
+            uint32_t slot = ikv__ghostq_add(&p->ghost, n->key, (int)CLS(n));
+            if (p->nu_lr > 0 && slot != IKV_NIL) {
+                p->nu_glast[slot] = (uint32_t)n->last;
+                p->nu_gdoom[slot] = (uint8_t)p->nu_pdoom;
+            }
         }
         if (id == p->pending && p->pending_exp >= 0)
             ikv__ghostq_add(&p->xg, n->key, p->pending_exp);
     } else if (id == p->pending && p->ghostw > 0) {
         ikv__ghostq_add(&p->ghost, n->key, 0);
     }
+    if (p->nu > 0) ikv__nu_set_deadline(&p->nuu, id, IKV__NU_NONE, 0);
     p->pending = IKV_NIL;
 }
 
@@ -571,11 +686,13 @@ static void value_queue(void *s, uint32_t id) {
     value *p = s;
     ikv__node *n = &p->hp.nodes[id];
     ikv__heap_push(heap_of(p, n), p->hp.nodes, id, IKV__HKEY(n));
+    if (p->nu > 0) ikv__nu_queue(&p->nuu, id);
 }
 
 static void value_dequeue(void *s, uint32_t id) {
     value *p = s;
     ikv__heap_remove(heap_of(p, &p->hp.nodes[id]), p->hp.nodes, id);
+    if (p->nu > 0) ikv__nu_dequeue(&p->nuu, id);
 }
 
 /* K(b) for a block last accessed at `last` (see the header). The horizon is read at `last`,
@@ -639,12 +756,19 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         if (!ntok) ntok = 1;
         *cpt_of(n) = (float)(p->cost_fn(p->cost_ctx, n->depth, ntok) / (double)ntok);
         float g = UNPROVEN;
+        uint32_t inh = IKV_NIL; /* the parent whose history n inherits */
         if (n->parent != IKV_NIL) {
             ikv__node *pa = &p->hp.nodes[n->parent];
             /* pa->nchild counts n already: more than 1 means n forks beside a sibling */
             if (pa->pol.u32[3] == TAG && pa->tier == n->tier &&
                 !(p->fork > 0 && pa->nchild[n->tier] > 1))
-                g = *gap_of(pa);
+                g = *gap_of(pa), inh = n->parent;
+        }
+        if (p->nu > 0) {
+            /* a tail inserted with its parent shares its future: it takes the parent's history */
+            if (inh != IKV_NIL && p->x_from < 0) ikv__nu_inherit(&p->nuu, id, inh);
+            else ikv__nu_start(&p->nuu, id, n->last);
+            ikv__nu_access(&p->nuu, id, n->last);
         }
         /* a block that came back from the ghost is proven: its gap is `ghost` horizons */
         if (p->ghostw > 0 && p->x_valid && p->x_hit && ikv_key_eq(p->x, n->key) && p->have_kv &&
@@ -654,6 +778,7 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         *gap_of(n) = g;
         n->pol.u32[3] = TAG;
     } else if (n->pol.u32[3] != TAG) {
+        if (p->nu > 0) ikv__nu_start(&p->nuu, id, n->last);
         *gap_of(n) = UNPROVEN;
         *cpt_of(n) = (float)(p->cost_fn(p->cost_ctx, n->depth, p->block_tokens) / p->block_tokens);
         n->pol.u32[3] = TAG;
@@ -702,6 +827,7 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
                                   : (double)n->last;
         if (a) IKV__HKEY(n) = oracle_key(p, (int)cls, a, pos, IKV__HKEY(n));
         if (p->pred > 0) IKV__HKEY(n) = pr_key(p, n, (int)cls, (double)n->last, IKV__HKEY(n));
+        if (p->nu > 0) IKV__HKEY(n) = nu_key(p, id, (int)cls, a, (double)n->last, IKV__HKEY(n));
         return;
     }
     IKV__HKEY(n) = key_of(p, n, n->last);
@@ -724,6 +850,10 @@ static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         p->pr_yes[HDC(n)] += 1, p->pr_yes_all += 1;
         pr_event(p);
         k = pr_key(p, n, T2, (double)now, k);
+    }
+    if (p->nu > 0) {
+        ikv__nu_access(&p->nuu, id, now);
+        k = nu_key(p, id, T2, a, (double)now, k);
     }
     if (p->split) {
         if (p->tlfu > 0) ikv__sketch_add(&p->sk, n->key);
@@ -828,7 +958,7 @@ static uint32_t replace(value *p) {
         l = !l;
         h = l == T1 ? &p->h1 : &p->hp.h;
     }
-    if (p->oracle > 0 || p->pred > 0) {
+    if (p->oracle > 0 || p->pred > 0 || p->nu > 0) {
         /* oracle=1/2: a block without future use goes first, from either class; the
          * frontiers (kv, kv1) stay where the live victims put them */
         for (int d = T1; d <= T2; d++) {
@@ -836,8 +966,20 @@ static uint32_t replace(value *p) {
             uint32_t t = ikv__heap_top(hd);
             if (t != IKV_NIL && IKV__HKEY(&p->hp.nodes[t]) <= DEADK) {
                 p->pending_ghost = 1;
+                p->nu_pdoom = 1;
                 return p->pending = t;
             }
+        }
+    }
+    if (p->nu > 0 && p->nu_k > 0) {
+        /* nu: a block older than nuk x its predicted gap (its conversation probably ended)
+         * goes next; the frontiers stay where the live victims put them */
+        uint32_t o = ikv__nu_overdue(&p->nuu, *p->now);
+        if (o != IKV_NIL) {
+            p->nuu.taken++;
+            p->pending_ghost = 1;
+            p->nu_pdoom = 1;
+            return p->pending = o;
         }
     }
     uint32_t id = top_of(p, l);
@@ -866,6 +1008,7 @@ static uint32_t replace(value *p) {
 /* split=1: ARC's case IV directory rules (arc.c), then REPLACE. */
 static uint32_t split_victim(value *p) {
     p->pending_exp = -1;
+    p->nu_pdoom = 0;
     if (p->x_valid && p->x_from >= 0) return replace(p);
     uint64_t t1 = p->res[T1], b1 = ikv__ghostq_len(&p->ghost, 0);
     uint64_t total = t1 + p->res[T2] + b1 + ikv__ghostq_len(&p->ghost, 1);
@@ -900,7 +1043,13 @@ static size_t value_bytes(const void *s) {
     const value *p = s;
     return (size_t)(p->hp.h.cap + p->h1.cap) * sizeof(ikv__hslot) + ikv__ghostq_bytes(&p->ghost) +
            ikv__sketch_bytes(&p->sk) + ikv__ghostq_bytes(&p->xg) +
-           (p->hgd ? (size_t)p->c * sizeof *p->hgd : 0);
+           (p->hgd ? (size_t)p->c * sizeof *p->hgd : 0) + (p->nu > 0 ? ikv__nu_bytes(&p->nuu) : 0) +
+           (p->nu_glast ? (size_t)p->c * (sizeof *p->nu_glast + sizeof *p->nu_gdoom) : 0);
+}
+
+/* nu's check: a block on the overdue heap must be evictable. */
+static int node_queued(const void *ctx, uint32_t id) {
+    return (((const ikv__node *)ctx)[id].flags & IKV__QUEUED) != 0;
 }
 
 /* Every queued block is on the heap of its class, and (split=1) the class counts, ARC's target
@@ -920,6 +1069,8 @@ static int value_check(const void *s) {
                         fabs(p->w[0] + p->w[1] - 1) < 1e-9 && ikv__ghostq_check(&p->xg) &&
                         ikv__ghostq_len(&p->xg, 0) + ikv__ghostq_len(&p->xg, 1) <= p->c))
         return 0;
+    if (p->nu > 0 && !ikv__nu_check(&p->nuu, node_queued, p->hp.nodes)) return 0;
+    if (p->nu_lr > 0 && !(p->nu_m >= NU_MMIN && p->nu_m <= NU_MMAX)) return 0;
     for (int i = 0; p->pred > 0 && i < 128; i++)
         if (!(p->pr_yes[i] >= 0 && p->pr_no[i] >= 0)) return 0;
     return p->res[T1] + p->res[T2] <= p->c && p->p >= 0 && p->p <= (double)p->c &&
