@@ -1214,7 +1214,7 @@ static void test_nextuse_fuzz(void **st) {
     (void)st;
     enum { N = 64 };
     ikv__nu u;
-    assert_int_equal(ikv__nu_init(&u, N, N, IKV__NU_MAX, 3, 1), 0);
+    assert_int_equal(ikv__nu_init(&u, N, N, IKV__NU_MAX, 3, 0), 0);
     uint32_t dl[N];
     int q[N] = {0};
     for (int i = 0; i < N; i++) dl[i] = IKV__NU_NONE;
@@ -1256,13 +1256,25 @@ static void test_nextuse_fuzz(void **st) {
     assert_true(ikv__nu_gap(&u, 5) == 1); /* only the last gap */
     ikv__nu_inherit(&u, 6, 5);
     assert_true(ikv__nu_gap(&u, 6) == 1 && ikv__nu_last(&u, 6) == 31);
-    /* sessions: unknown at the first request, then the last turn gap; one request counts once */
+    assert_true(ikv__nu_session(&u, 77, 100) < 0); /* no session table */
+    assert_true(ikv__nu_check(&u, NULL, NULL));
+    ikv__nu_free(&u);
+    /* sessions: unknown at the first request, then the last turn gap; one request counts once;
+     * a session whose entry another one took starts over */
+    assert_int_equal(ikv__nu_init(&u, N, N, IKV__NU_MAX, 3, 1), 0);
+    assert_int_equal(u.nsess, IKV__NU_SESS_MIN);
     assert_true(ikv__nu_session(&u, 77, 100) < 0);
     assert_true(ikv__nu_session(&u, 77, 100) < 0);
     assert_true(ikv__nu_session(&u, 77, 130) == 30);
     assert_true(ikv__nu_session(&u, 77, 130) == 30);
     assert_true(ikv__nu_session(&u, 77, 135) == 5);
     assert_true(ikv__nu_session(&u, 0, 140) < 0); /* no session id */
+    uint64_t twin = 78;
+    while (((twin * 0x9e3779b97f4a7c15ull >> 32) & (u.nsess - 1)) !=
+           ((77 * 0x9e3779b97f4a7c15ull >> 32) & (u.nsess - 1)))
+        twin++;
+    assert_true(ikv__nu_session(&u, twin, 150) < 0);
+    assert_true(ikv__nu_session(&u, 77, 160) < 0);
     assert_true(ikv__nu_check(&u, NULL, NULL));
     ikv__nu_free(&u);
     /* allocation failure leaves nothing behind (the allocator seam) */
@@ -1329,7 +1341,8 @@ static void test_value_nu_session(void **st) {
 }
 
 /* value:nu on the stream of test_value_pred (6 live conversations re-read every round,
- * one-turn dead chains between them, 24 blocks) against value, and bad parameters. */
+ * one-turn dead chains between them, 24 blocks, invariants after every request) against
+ * value, and bad parameters (IKV_EPARAM). */
 static void test_value_nu(void **st) {
     (void)st;
     const char *specs[] = {"value", "value:nu=1", "value:nu=1,nusess=1,num=1.5,nuown=0",
@@ -1344,6 +1357,12 @@ static void test_value_nu(void **st) {
                   ", dead %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 "\n",
                   hits[0], hits[1], hits[2], hits[3], hits[4], dead[0], dead[1], dead[2],
                   dead[3], dead[4]);
+    /* measured: 86 0 86 0 0. The session-only doom in T2 with a T1 doom past 1.5 horizons
+     * (no session ids here) loses nothing against value; dooming by own gaps in T2 loses the
+     * live conversations (a failure mode, kept visible: docs/policies.md) */
+    assert_true(hits[0] > 0);
+    assert_true(hits[2] >= hits[0]);
+    assert_true(hits[1] < hits[0]);
     const char *bad[] = {"value:nu=1,split=0", "value:nu=2",         "value:numode=4",
                          "value:nugaps=0",     "value:nugaps=4",     "value:nucls=0",
                          "value:nuk=-1",       "value:nuadapt=0.1",  "value:nu=1,nuadapt=2",
