@@ -15,28 +15,32 @@
 
 #include <string.h>
 
-int ikv__nu_init(ikv__nu *u, uint64_t nodes, uint64_t capacity, int mode, int ngaps,
-                 int sessions) {
+int ikv__nu_init(ikv__nu *u, uint64_t nodes, uint64_t capacity, int mode, int ngaps, int sessions,
+                 int overdue) {
     memset(u, 0, sizeof *u);
     if (!nodes) nodes = 1;
     if (!capacity) capacity = 1;
     u->t = ikv_calloc(nodes, sizeof *u->t);
-    u->dl = ikv_malloc(nodes * sizeof *u->dl);
-    u->hpos = ikv_malloc(nodes * sizeof *u->hpos);
-    u->slot = ikv_malloc(capacity * sizeof *u->slot);
+    if (overdue) {
+        u->dl = ikv_malloc(nodes * sizeof *u->dl);
+        u->hpos = ikv_malloc(nodes * sizeof *u->hpos);
+        u->slot = ikv_malloc(capacity * sizeof *u->slot);
+    }
     if (sessions) {
         uint64_t n = IKV__NU_SESS_MIN;
-        while (n < capacity && n < IKV__NU_SESS_MAX) n <<= 1;
+        while (n < capacity && n < IKV__NU_SESS_MAX)
+            n <<= 1;
         u->sess = ikv_calloc(n, sizeof *u->sess);
         u->nsess = n;
     }
-    if (!u->t || !u->dl || !u->hpos || !u->slot || (sessions && !u->sess)) {
+    if (!u->t || (overdue && (!u->dl || !u->hpos || !u->slot)) || (sessions && !u->sess)) {
         ikv__nu_free(u);
         return IKV_ENOMEM;
     }
-    for (uint64_t i = 0; i < nodes; i++) u->dl[i] = IKV__NU_NONE, u->hpos[i] = IKV_NIL;
+    for (uint64_t i = 0; overdue && i < nodes; i++)
+        u->dl[i] = IKV__NU_NONE, u->hpos[i] = IKV_NIL;
     u->nodes = nodes;
-    u->cap = capacity;
+    u->cap = overdue ? capacity : 0;
     u->mode = mode;
     u->ngaps = ngaps < 1 ? 1 : ngaps > IKV__NU_HIST - 1 ? IKV__NU_HIST - 1 : ngaps;
     return 0;
@@ -64,6 +68,12 @@ void ikv__nu_start(ikv__nu *u, uint32_t id, uint64_t now) {
 
 void ikv__nu_inherit(ikv__nu *u, uint32_t id, uint32_t parent) {
     memcpy(u->t[id], u->t[parent], sizeof u->t[id]);
+}
+
+void ikv__nu_resume(ikv__nu *u, uint32_t id, const uint32_t t[2]) {
+    memset(u->t[id], 0, sizeof u->t[id]);
+    u->t[id][0] = t[0];
+    u->t[id][1] = t[0] ? t[1] : 0;
 }
 
 void ikv__nu_access(ikv__nu *u, uint32_t id, uint64_t now) {
@@ -147,14 +157,14 @@ static void heap_del(ikv__nu *u, uint32_t id) {
 }
 
 void ikv__nu_set_deadline(ikv__nu *u, uint32_t id, uint32_t dl, int queued) {
-    if (u->dl[id] == dl) return;
+    if (!u->dl || u->dl[id] == dl) return;
     if (u->hpos[id] != IKV_NIL) heap_del(u, id);
     u->dl[id] = dl;
     if (queued) ikv__nu_queue(u, id);
 }
 
 void ikv__nu_queue(ikv__nu *u, uint32_t id) {
-    if (u->dl[id] == IKV__NU_NONE || u->hpos[id] != IKV_NIL || u->len >= u->cap) return;
+    if (!u->dl || u->dl[id] == IKV__NU_NONE || u->hpos[id] != IKV_NIL || u->len >= u->cap) return;
     u->slot[u->len].dl = u->dl[id];
     u->slot[u->len].id = id;
     u->hpos[id] = (uint32_t)u->len;
@@ -163,7 +173,7 @@ void ikv__nu_queue(ikv__nu *u, uint32_t id) {
 }
 
 void ikv__nu_dequeue(ikv__nu *u, uint32_t id) {
-    if (u->hpos[id] != IKV_NIL) heap_del(u, id);
+    if (u->hpos && u->hpos[id] != IKV_NIL) heap_del(u, id);
 }
 
 uint32_t ikv__nu_overdue(const ikv__nu *u, uint64_t now) {
@@ -172,7 +182,7 @@ uint32_t ikv__nu_overdue(const ikv__nu *u, uint64_t now) {
 }
 
 size_t ikv__nu_bytes(const ikv__nu *u) {
-    return (size_t)u->nodes * (sizeof *u->t + sizeof *u->dl + sizeof *u->hpos) +
+    return (size_t)u->nodes * (sizeof *u->t + (u->dl ? sizeof *u->dl + sizeof *u->hpos : 0)) +
            (size_t)u->cap * sizeof *u->slot + (size_t)u->nsess * sizeof *u->sess;
 }
 
@@ -187,7 +197,7 @@ int ikv__nu_check(const ikv__nu *u, int (*queued)(const void *ctx, uint32_t id),
     }
     uint64_t on = 0;
     for (uint64_t id = 0; id < u->nodes; id++) {
-        if (u->hpos[id] != IKV_NIL) on++;
+        if (u->hpos && u->hpos[id] != IKV_NIL) on++;
         const uint32_t *t = u->t[id];
         for (int k = 0; k + 1 < IKV__NU_HIST; k++)
             if (!t[k] && t[k + 1]) return 0;

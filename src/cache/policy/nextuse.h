@@ -11,15 +11,17 @@
  *     dl[id]       its overdue deadline: last access + k x predicted gap (UINT32_MAX none) 4 B
  *     hpos[id]     its position in the overdue heap (IKV_NIL: not on it)                4 B
  *
+ * (dl, hpos and the heap only with the overdue rule, value:nuk > 0).
  * With nusess=1 also a direct-mapped table of sessions (ikv_access.scope, "scope or session
  * id"): per entry the session id and its last two request times (16 bytes; as many entries as
- * the tier has blocks, rounded up to a power of two, within 2^12 and 2^20). A block with no gap of its
- * own (a first block, a chain re-inserted after its eviction) is predicted by its session's
+ * the tier has blocks, rounded up to a power of two, within 2^12 and 2^20). A block with no gap of
+ * its own (a first block, a chain re-inserted after its eviction) is predicted by its session's
  * last turn gap: the block's own gap had it stayed. A session whose entry another one took is
  * unknown again (no chaining: the table's budget is fixed).
  *
  * and one binary min-heap of (deadline, id) over the evictable blocks with a deadline, 8 bytes
- * per slot, sized for the tier's capacity. 24 bytes per node plus 8 per block of capacity.
+ * per slot, sized for the tier's capacity. 16 bytes per node; with the overdue rule 24 per
+ * node plus 8 per block of capacity.
  *
  * In a prefix cache a conversation's turn re-reads its whole prefix chain, so a block's own
  * inter-access gaps are its conversation's turn gaps; a new tail inserted with its parent in
@@ -38,10 +40,10 @@
 
 #include "../internal.h"
 
-#define IKV__NU_HIST 4           /* access times kept per block */
-#define IKV__NU_NONE 0xffffffffu /* no deadline */
-#define IKV__NU_SESS_MIN 4096u   /* session table entries: the power of two >= the capacity, */
-#define IKV__NU_SESS_MAX (1u << 20) /* within these bounds (64 KiB to 16 MiB) */
+#define IKV__NU_HIST     4           /* access times kept per block */
+#define IKV__NU_NONE     0xffffffffu /* no deadline */
+#define IKV__NU_SESS_MIN 4096u       /* session table entries: the power of two >= the capacity, */
+#define IKV__NU_SESS_MAX (1u << 20)  /* within these bounds (64 KiB to 16 MiB) */
 
 enum { IKV__NU_LAST = 0, IKV__NU_MAX = 1, IKV__NU_MEAN = 2, IKV__NU_MIN = 3 };
 
@@ -60,8 +62,8 @@ typedef struct ikv__nu {
     uint32_t *hpos;              /* per node: overdue-heap position, IKV_NIL = not on it */
     ikv__nu_slot *slot;          /* the overdue heap: cap slots, len used */
     uint64_t len, cap, nodes;
-    int mode;      /* IKV__NU_LAST / MAX / MEAN / MIN: how the gaps make the prediction */
-    int ngaps;     /* gaps used (1..3) */
+    int mode;  /* IKV__NU_LAST / MAX / MEAN / MIN: how the gaps make the prediction */
+    int ngaps; /* gaps used (1..3) */
     /* sessions (nusess=1): direct-mapped table of the last two request times per session id
      * (ikv_access.scope), for blocks with no history of their own */
     ikv__nu_sess *sess;
@@ -69,17 +71,22 @@ typedef struct ikv__nu {
     uint64_t taken; /* overdue victims handed out (tests, docs) */
 } ikv__nu;
 
-/* Sizes the side arrays for `nodes` node ids and the heap for `capacity` evictable blocks;
- * sessions != 0 adds a session table of the power of two >= capacity entries (2^12 to 2^20).
+/* Sizes the history for `nodes` node ids; overdue != 0 adds the deadlines, heap positions and
+ * the heap for `capacity` evictable blocks (without them the deadline and queue calls do
+ * nothing and nothing is ever overdue); sessions != 0 adds a session table of the power of
+ * two >= capacity entries (2^12 to 2^20).
  * 0 or IKV_ENOMEM (then nothing is held). */
-int ikv__nu_init(ikv__nu *u, uint64_t nodes, uint64_t capacity, int mode, int ngaps,
-                 int sessions);
+int ikv__nu_init(ikv__nu *u, uint64_t nodes, uint64_t capacity, int mode, int ngaps, int sessions,
+                 int overdue);
 void ikv__nu_free(ikv__nu *u);
 
 /* A block's first access at `now`: no gap is known. Does not allocate. */
 void ikv__nu_start(ikv__nu *u, uint32_t id, uint64_t now);
 /* A block inserted with its parent in one request takes the parent's access history. */
 void ikv__nu_inherit(ikv__nu *u, uint32_t id, uint32_t parent);
+/* A block back after its eviction takes the two access times its ghost kept (t[0] newest; 0 =
+ * none) as its history; the caller then records the new access. */
+void ikv__nu_resume(ikv__nu *u, uint32_t id, const uint32_t t[2]);
 /* A new access of the block at `now` (a hit): shifts it into the history. */
 void ikv__nu_access(ikv__nu *u, uint32_t id, uint64_t now);
 /* The predicted gap to the block's next use (time units), < 0 when no gap is known. O(1). */

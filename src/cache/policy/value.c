@@ -169,13 +169,15 @@
  * session gap) whose predicted gap exceeds num (1) x its class's horizon is doomed (keyed
  * k - DOOM, evicted first from either class, as oracle=3's doomed blocks); nuk=K > 0 (off by
  * default): a block older than K x its predicted gap is overdue and evicted next (a min-heap of
- * deadlines over the evictable blocks); nuadapt=LR: num moves by exp(+-LR) on ghost hits of
- * the predictor's evictions within the horizon (up) and of live ones within twice it (down).
- * 24 bytes per node + 8 per block of capacity (+ the session table; nuadapt 5 per ghost slot).
- * Measured (docs/policies.md): a block that is hit was by survival back within its horizon,
- * so its own history alone almost never predicts "beyond" (nu=1 alone ~ value on WEKA); the
- * session gap carries the information: nu=1,nusess=1,num=1.25,nucls=1 closes 17% of the
- * WEKA gap (value 15%); not the default.
+ * deadlines over the evictable blocks); nughost=1: a block back from B1/B2 resumes its last
+ * two access times from its ghost slot (8 bytes per slot); nuadapt=LR: num moves by exp(+-LR)
+ * on ghost hits of the predictor's evictions within the horizon (up) and of live ones within
+ * twice it (down). 16 bytes per node; nuk > 0: 24 per node + 8 per block of capacity;
+ * nusess: + the session table; nuadapt: 5 per ghost slot. Measured (docs/policies.md): a
+ * block that is hit was by survival back within its horizon, so its own history alone almost
+ * never predicts "beyond" (nu=1 alone ~ value on WEKA); the session gap carries the
+ * information: nu=1,nusess=1,num=1.25,nucls=1 closes 17% of the WEKA gap (value 15%), best
+ * online in 9 of 34 cells like value; not the default.
  *
  * Parameters: split (1 default, 0 = one heap), t1key (1 default; 0 = T1 by recency), t2key (0
  * default; 1 = T2 by K), t2in (0 default, 1, 2), tlfu (0 = off, default; 1..15), new (unproven
@@ -186,8 +188,8 @@
  * they inherit), mix (0 default, 1, 2), lr (0.45), sample (16), hd (0 default; 1, 2, 3),
  * hdsample (64), hdperiod (65536 events), hddecay (0.9), pred (0 = off; 0-1), prperiod
  * (65536), prdepth (0, 1), prcls (3; 1, 2), nu (0; 1), numode (1; 0-3), nugaps (3; 1-3), nuk
- * (0), num (1), nucls (3; 1, 2), nuown (1; 0), nusess (0; 1), nuew (0; 1), nuadapt (0), oracle
- * (0; 1-6, simulator only).
+ * (0), num (1), nucls (3; 1, 2), nuown (1; 0), nusess (0; 1), nuew (0; 1), nughost (0; 1),
+ * nuadapt (0), oracle (0; 1-6, simulator only).
  * value:split=0,new=0,lru2=0,cost=0 is LRU.
  *
  * Node fields: pol.u32[0] = gap (float, time units; -1 = unproven), pol.u32[1] = cost per token
@@ -298,9 +300,13 @@ typedef struct value {
     double nu_sess; /* 1: a block without a gap of its own takes its session's last turn gap */
     double nu_own;  /* 0: T2 blocks are doomed only by their session's gap, never their own */
     double nu_lr;   /* nuadapt: num *= exp(+-nulr) per ghost hit (0 = num fixed) */
-    uint32_t *nu_glast; /* per B1/B2 slot: the block's last access (32 bits), bit 0 of nu_gdoom */
-    uint8_t *nu_gdoom;  /* per B1/B2 slot: 1 if the predictor chose that eviction (doomed, overdue) */
+    uint32_t *nu_glast; /* per B1/B2 slot (nuadapt): the block's last access (32 bits) */
+    uint8_t *nu_gdoom;  /* per B1/B2 slot: 1 if the predictor chose that eviction */
     int nu_pdoom;       /* the pending victim was chosen by the predictor */
+    double nu_ghost;    /* 1: a block back from B1/B2 resumes its history from its ghost slot */
+    uint32_t (*nu_gt)[2]; /* per B1/B2 slot (nughost): the block's last two access times */
+    uint32_t nu_xt[2];    /* nughost: the announced miss's ghost history (its slot may be reused
+                             by the victims leaving before its admit) */
     uint64_t nu_false, nu_late; /* ghost hits: of predictor evictions within the horizon, of
                                    live evictions within twice it (num up / down) */
     ikv__nu nuu;
@@ -376,6 +382,7 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "nuew")) return ikv__param_whole("value", k, v, 0, 1, &p->nu_ew);
     if (!strcmp(k, "nusess")) return ikv__param_whole("value", k, v, 0, 1, &p->nu_sess);
     if (!strcmp(k, "nuown")) return ikv__param_whole("value", k, v, 0, 1, &p->nu_own);
+    if (!strcmp(k, "nughost")) return ikv__param_whole("value", k, v, 0, 1, &p->nu_ghost);
     if (!strcmp(k, "nuadapt")) return ikv__param_double("value", k, v, 0, 1, &p->nu_lr);
     if (!strcmp(k, "lr")) return ikv__param_double("value", k, v, 0.001, 10, &p->lr);
     if (!strcmp(k, "sample")) return ikv__param_double("value", k, v, 1, 1024, &p->sample);
@@ -383,8 +390,8 @@ static int set_param(void *ctx, const char *k, const char *v) {
     return ikv_error(IKV_EPARAM,
                      "value: unknown parameter '%s' (new, smooth, cost, lru2, horizon, fork, "
                      "ghost, split, t2in, tlfu, mix, lr, sample, hd, hdsample, hdperiod, hddecay, "
-                     "pred, prperiod, prdepth, prcls, nu, numode, nugaps, nuk, num, nucls, nuew, nusess, "
-                     "nuadapt, "
+                     "pred, prperiod, prdepth, prcls, nu, numode, nugaps, nuk, num, nucls, nuew, "
+                     "nusess, nughost, nuadapt, "
                      "oracle)",
                      k);
 }
@@ -433,10 +440,16 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
         rc = ikv_error(IKV_EPARAM, "value: nu needs split=1 (it dooms within ARC's classes)");
     if (!rc && p->nu > 0 &&
         ikv__nu_init(&p->nuu, env->node_limit, env->capacity, (int)p->nu_mode, (int)p->nu_gaps,
-                     p->nu_sess > 0))
+                     p->nu_sess > 0, p->nu_k > 0))
         rc = IKV_ENOMEM;
     if (!rc && p->nu_lr > 0 && (p->nu <= 0 || p->pred > 0 || p->hd > 0))
         rc = ikv_error(IKV_EPARAM, "value: nuadapt needs nu=1, pred=0 and hd=0 (ghost slots)");
+    if (!rc && p->nu_ghost > 0 && (p->nu <= 0 || p->pred > 0 || p->hd > 0))
+        rc = ikv_error(IKV_EPARAM, "value: nughost needs nu=1, pred=0 and hd=0 (ghost slots)");
+    if (!rc && p->nu_ghost > 0) {
+        p->nu_gt = ikv_calloc(env->capacity ? env->capacity : 1, sizeof *p->nu_gt);
+        if (!p->nu_gt) rc = IKV_ENOMEM;
+    }
     if (!rc && p->nu_lr > 0) {
         uint64_t gc = env->capacity ? env->capacity : 1;
         p->nu_glast = ikv_calloc(gc, sizeof *p->nu_glast);
@@ -464,6 +477,7 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
         ikv__nu_free(&p->nuu);
         ikv_free(p->nu_glast);
         ikv_free(p->nu_gdoom);
+        ikv_free(p->nu_gt);
         ikv_free(p);
         return rc;
     }
@@ -498,6 +512,7 @@ static void value_destroy(void *s) {
     ikv__nu_free(&p->nuu);
     ikv_free(p->nu_glast);
     ikv_free(p->nu_gdoom);
+    ikv_free(p->nu_gt);
     ikv_free(p);
 }
 
@@ -623,6 +638,10 @@ static void value_miss(void *s, ikv_key k) {
                 p->pr_yes[c] += 1, p->pr_yes_all += 1;
             }
         }
+        if (p->nu_ghost > 0) {
+            p->nu_xt[0] = g >= 0 ? p->nu_gt[slot][0] : 0;
+            p->nu_xt[1] = g >= 0 ? p->nu_gt[slot][1] : 0;
+        }
         if (g >= 0 && p->nu_lr > 0) {
             /* nuadapt: a block the predictor evicted that is back within its horizon was a
              * false doom (doom less); a live victim back within twice its horizon is a miss
@@ -693,6 +712,10 @@ static void value_leave(void *s, uint32_t id) {
                 p->nu_glast[slot] = (uint32_t)n->last;
                 p->nu_gdoom[slot] = (uint8_t)p->nu_pdoom;
             }
+            if (p->nu_ghost > 0 && slot != IKV_NIL) {
+                p->nu_gt[slot][0] = p->nuu.t[id][0];
+                p->nu_gt[slot][1] = p->nuu.t[id][1];
+            }
         }
         if (id == p->pending && p->pending_exp >= 0)
             ikv__ghostq_add(&p->xg, n->key, p->pending_exp);
@@ -707,13 +730,13 @@ static void value_queue(void *s, uint32_t id) {
     value *p = s;
     ikv__node *n = &p->hp.nodes[id];
     ikv__heap_push(heap_of(p, n), p->hp.nodes, id, IKV__HKEY(n));
-    if (p->nu > 0) ikv__nu_queue(&p->nuu, id);
+    if (p->nu_k > 0) ikv__nu_queue(&p->nuu, id);
 }
 
 static void value_dequeue(void *s, uint32_t id) {
     value *p = s;
     ikv__heap_remove(heap_of(p, &p->hp.nodes[id]), p->hp.nodes, id);
-    if (p->nu > 0) ikv__nu_dequeue(&p->nuu, id);
+    if (p->nu_k > 0) ikv__nu_dequeue(&p->nuu, id);
 }
 
 /* K(b) for a block last accessed at `last` (see the header). The horizon is read at `last`,
@@ -788,6 +811,8 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         if (p->nu > 0) {
             /* a tail inserted with its parent shares its future: it takes the parent's history */
             if (inh != IKV_NIL && p->x_from < 0) ikv__nu_inherit(&p->nuu, id, inh);
+            else if (p->nu_ghost > 0 && p->x_from >= 0 && p->x_valid && ikv_key_eq(p->x, n->key))
+                ikv__nu_resume(&p->nuu, id, p->nu_xt);
             else ikv__nu_start(&p->nuu, id, n->last);
             ikv__nu_access(&p->nuu, id, n->last);
         }
@@ -799,11 +824,13 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         *gap_of(n) = g;
         n->pol.u32[3] = TAG;
     } else if (n->pol.u32[3] != TAG) {
-        if (p->nu > 0) ikv__nu_start(&p->nuu, id, n->last);
         *gap_of(n) = UNPROVEN;
         *cpt_of(n) = (float)(p->cost_fn(p->cost_ctx, n->depth, p->block_tokens) / p->block_tokens);
         n->pol.u32[3] = TAG;
     }
+    /* nu: the history arrays are this tier's own; a block arriving from another tier starts
+     * with its last access only */
+    if (!a && p->nu > 0) ikv__nu_start(&p->nuu, id, n->last);
     if (p->split) {
         /* T2 for a block back from B1/B2 (ARC), one whose key the sketch has seen tlfu times
          * (TinyLFU's longer memory), and (t2in=1) one that inherits its chain's gap; T1 else */
@@ -1065,7 +1092,8 @@ static size_t value_bytes(const void *s) {
     return (size_t)(p->hp.h.cap + p->h1.cap) * sizeof(ikv__hslot) + ikv__ghostq_bytes(&p->ghost) +
            ikv__sketch_bytes(&p->sk) + ikv__ghostq_bytes(&p->xg) +
            (p->hgd ? (size_t)p->c * sizeof *p->hgd : 0) + (p->nu > 0 ? ikv__nu_bytes(&p->nuu) : 0) +
-           (p->nu_glast ? (size_t)p->c * (sizeof *p->nu_glast + sizeof *p->nu_gdoom) : 0);
+           (p->nu_glast ? (size_t)p->c * (sizeof *p->nu_glast + sizeof *p->nu_gdoom) : 0) +
+           (p->nu_gt ? (size_t)p->c * sizeof *p->nu_gt : 0);
 }
 
 /* nu's check: a block on the overdue heap must be evictable. */
