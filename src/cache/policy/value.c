@@ -585,8 +585,8 @@ static inline double nu_gap(const value *p, uint32_t id) {
  * k - DOOM when its predicted next use lies beyond num x the class's eviction horizon (it would
  * be dropped before it comes back, were it kept like the others: evicted first, from either
  * class, as oracle=3's doomed blocks); a live block with a known gap gets the overdue deadline
- * now + nuk x gap. A block without a known gap keeps k and has no deadline. O(log n). */
-
+ * now + nuk x gap (nuk > 0). A block without a known gap keeps k and has no deadline. O(1);
+ * O(log n) with nuk. Does not allocate. */
 static double nu_key(value *p, uint32_t id, int cls, const ikv_access *a, double now, double k) {
     ikv__node *n = &p->hp.nodes[id];
     int queued = (n->flags & IKV__QUEUED) != 0;
