@@ -47,6 +47,10 @@
 #include "lrbmodel.h"
 
 #include <string.h>
+#ifdef LRB_DEBUG
+#include <stdio.h>
+#include <stdlib.h>
+#endif
 
 /* What lrb keeps per node id (16 bytes). */
 typedef struct lrb_side {
@@ -56,7 +60,8 @@ typedef struct lrb_side {
     uint8_t cnt;    /* accesses (own, or inherited with the parent's history), saturating */
     uint8_t fl;     /* IKV__LRB_ROOT | FORK | BACK */
     uint8_t valid;  /* 1 while the block is in this tier */
-    uint8_t pad[2];
+    uint8_t cls;    /* split=1: ARC's class, 0 = T1, 1 = T2 (0 without the split) */
+    uint8_t pad;
 } lrb_side;
 
 /* What the ghost keeps of an evicted block, per ghost slot (16 bytes). */
@@ -70,22 +75,26 @@ typedef struct lrb {
     ikv__node *nodes;
     const uint64_t *now;
     uint64_t cap, node_limit;
-    double sample, train, period, pool, bmul, bound, ghostw, inherit;
-    uint32_t *set; /* the evictable blocks; a block's position is its hpos */
-    uint64_t len;
+    double sample, train, period, pool, bmul, bound, ghostw, inherit, hitw, split, order;
+    uint32_t *set[2]; /* the evictable blocks of each class; a block's position is its hpos */
+    uint64_t len[2];
+    uint64_t res[2];  /* split=1: resident blocks of T1 and T2 */
+    double p_arc;     /* split=1: ARC's target size of T1 */
+    int pending_ghost; /* whether the pending victim is remembered when it leaves */
     lrb_side *side; /* node_limit */
     uint32_t pending; /* the last victim returned, until it leaves */
     uint64_t rng;     /* xorshift64*, fixed seed: runs are deterministic */
     ikv__ghostq g;
     lrb_gdata *gd;
     ikv_key x; /* the announced miss, and what the ghost had of it */
-    int x_valid, x_back;
+    int x_valid, x_back, x_from; /* x_from: -1 new, else the ghost list it was found in */
     lrb_gdata xd;
     /* the boundary */
     double B;          /* in logical time */
     uint32_t cb;       /* ikv__lrb_code(B) */
-    uint64_t win_ev;   /* evictions in the current window */
-    uint64_t win_t0;   /* its start time */
+    uint64_t snap_t[16], snap_e[16]; /* bound=0: (time, evictions) every c/16 evictions */
+    uint32_t snap_n;
+    uint64_t t0; /* the time of the first eviction */
     uint64_t evictions, ghost_hits, samples;
     ikv__lrbm m; /* last: large */
 } lrb;
@@ -100,19 +109,39 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "bound")) return ikv__param_whole("lrb", k, v, 0, 1, &p->bound);
     if (!strcmp(k, "ghost")) return ikv__param_double("lrb", k, v, 0, 4, &p->ghostw);
     if (!strcmp(k, "inherit")) return ikv__param_whole("lrb", k, v, 0, 1, &p->inherit);
+    if (!strcmp(k, "hitw")) return ikv__param_double("lrb", k, v, 0, 10, &p->hitw);
+    if (!strcmp(k, "split")) return ikv__param_whole("lrb", k, v, 0, 1, &p->split);
+    if (!strcmp(k, "order")) return ikv__param_whole("lrb", k, v, 0, 3, &p->order);
     return ikv_error(IKV_EPARAM,
                      "lrb: unknown parameter '%s' (sample, train, period, pool, bmul, bound, "
-                     "ghost, inherit)",
+                     "ghost, inherit, hitw, split, order)",
                      k);
 }
 
 static void lrb_destroy(void *s) {
     lrb *p = s;
     if (!p) return;
+#ifdef LRB_DEBUG
+    if (getenv("LRB_DEBUG")) {
+        fprintf(stderr, "lrb: B %.1f cb %u ev %llu ghost_hits %llu samples %llu labels %llu pos %llu\n",
+                p->B, p->cb, (unsigned long long)p->evictions, (unsigned long long)p->ghost_hits,
+                (unsigned long long)p->samples, (unsigned long long)p->m.total,
+                (unsigned long long)p->m.total_pos);
+        for (int a = 0; a < IKV__LRB_NA; a++) {
+            fprintf(stderr, "A%2d:", a);
+            for (int d = 0; d < IKV__LRB_ND1; d++) {
+                const ikv__lrb_cnt *c = &p->m.l2[a * IKV__LRB_ND1 + d];
+                if (c->n >= 1) fprintf(stderr, " d%d %.2f/%.0f", d, c->pos / c->n, c->n);
+            }
+            fprintf(stderr, "\n");
+        }
+    }
+#endif
     ikv__ghostq_free(&p->g);
     ikv_free(p->gd);
     ikv_free(p->side);
-    ikv_free(p->set);
+    ikv_free(p->set[0]);
+    ikv_free(p->set[1]);
     ikv_free(p);
 }
 
@@ -127,12 +156,15 @@ static int lrb_create(const ikv__policy_env *env, const char *params, void **out
     p->bound = 0;
     p->ghostw = 1;
     p->inherit = 1;
+    p->order = 3;
     int rc = ikv__params_each(params, set_param, p);
     p->cap = env->capacity ? env->capacity : 1;
     p->node_limit = env->node_limit ? env->node_limit : 1;
-    if (!rc && !(p->set = ikv_calloc(p->cap, sizeof *p->set))) rc = IKV_ENOMEM;
+    for (int l = 0; l < 1 + (p->split > 0); l++)
+        if (!rc && !(p->set[l] = ikv_calloc(p->cap, sizeof *p->set[l]))) rc = IKV_ENOMEM;
     if (!rc && !(p->side = ikv_calloc(p->node_limit, sizeof *p->side))) rc = IKV_ENOMEM;
-    uint64_t gcap = (uint64_t)(p->ghostw * (double)env->capacity);
+    /* the split's B1 + B2 hold at most c keys (ARC's directory rules) */
+    uint64_t gcap = p->split > 0 ? env->capacity : (uint64_t)(p->ghostw * (double)env->capacity);
     if (!rc && gcap > 0 &&
         (ikv__ghostq_init(&p->g, gcap) || !(p->gd = ikv_calloc(gcap, sizeof *p->gd))))
         rc = IKV_ENOMEM;
@@ -146,6 +178,7 @@ static int lrb_create(const ikv__policy_env *env, const char *params, void **out
     p->nodes = env->nodes;
     p->now = env->now;
     p->pending = IKV_NIL;
+    p->x_from = -1;
     p->rng = 0x9e3779b97f4a7c15ull;
     *out = p;
     return 0;
@@ -176,12 +209,30 @@ static void lrb_miss(void *s, ikv_key k) {
     uint32_t slot;
     p->x = k;
     p->x_valid = 1;
-    p->x_back = ikv__ghostq_take_slot(&p->g, k, &slot) >= 0;
+    p->x_from = p->split > 0
+                    ? ikv__ghostq_arc_adapt_slot(&p->g, k, (double)p->cap, &p->p_arc, &slot)
+                    : ikv__ghostq_take_slot(&p->g, k, &slot);
+    p->x_back = p->x_from >= 0;
     if (!p->x_back) return;
     p->ghost_hits++;
     p->xd = p->gd[slot];
     p->gd[slot].cell = IKV_NIL;
     resolve(p, &p->xd.cell, p->xd.dl);
+}
+
+static void lrb_queue(void *s, uint32_t id) {
+    lrb *p = s;
+    uint32_t l = p->side[id].cls;
+    p->nodes[id].hpos = (uint32_t)p->len[l];
+    p->set[l][p->len[l]++] = id;
+}
+
+static void lrb_dequeue(void *s, uint32_t id) {
+    lrb *p = s;
+    uint32_t l = p->side[id].cls;
+    uint32_t i = p->nodes[id].hpos, last = p->set[l][--p->len[l]];
+    p->set[l][i] = last;
+    p->nodes[last].hpos = i;
 }
 
 /* A block entering the tier takes its history: its own from the ghost (plus this access), its
@@ -191,8 +242,11 @@ static void lrb_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     lrb *p = s;
     ikv__node *n = &p->nodes[id];
     lrb_side *sd = &p->side[id];
-    int back = p->x_valid && p->x_back && ikv_key_eq(p->x, n->key);
+    int announced = p->x_valid && ikv_key_eq(p->x, n->key);
+    if (!announced) lrb_miss(p, n->key); /* no core path admits unannounced today */
+    int back = p->x_back;
     p->x_valid = 0;
+    p->x_from = -1;
     memset(sd, 0, sizeof *sd);
     sd->cell = IKV_NIL;
     sd->valid = 1;
@@ -208,6 +262,7 @@ static void lrb_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         if (pa->tier == n->tier && ps->valid && pa->last == now) {
             memcpy(sd->g, ps->g, sizeof sd->g);
             sd->cnt = ps->cnt;
+            sd->fl |= ps->fl & IKV__LRB_HIT;
         } else {
             sd->cnt = 1;
         }
@@ -215,6 +270,7 @@ static void lrb_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         sd->cnt = 1;
     }
     if (n->depth == 0) sd->fl |= IKV__LRB_ROOT;
+    if (p->split > 0) sd->cls = back ? 1 : 0, p->res[sd->cls]++;
     if (n->parent != IKV_NIL) {
         const ikv__node *pa = &p->nodes[n->parent];
         /* pa->nchild counts n already: more than 1 means n was admitted beside a sibling */
@@ -230,36 +286,38 @@ static void lrb_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     ikv__node *n = &p->nodes[id];
     lrb_side *sd = &p->side[id];
     resolve(p, &sd->cell, sd->dl);
+    if (p->split > 0 && sd->cls == 0) { /* ARC: a hit moves the block to T2 */
+        int queued = (n->flags & IKV__QUEUED) != 0;
+        if (queued) lrb_dequeue(p, id);
+        sd->cls = 1;
+        p->res[0]--, p->res[1]++;
+        if (queued) lrb_queue(p, id);
+    }
     uint64_t now = *p->now;
     push_gap(sd->g, &sd->cnt, now > n->last ? now - n->last : 0);
+    sd->fl |= IKV__LRB_HIT;
 }
 
-static void lrb_queue(void *s, uint32_t id) {
-    lrb *p = s;
-    p->nodes[id].hpos = (uint32_t)p->len;
-    p->set[p->len++] = id;
-}
 
-static void lrb_dequeue(void *s, uint32_t id) {
-    lrb *p = s;
-    uint32_t i = p->nodes[id].hpos, last = p->set[--p->len];
-    p->set[i] = last;
-    p->nodes[last].hpos = i;
-}
-
-/* The boundary after one more eviction of a block of this age. */
+/* The boundary after one more eviction of a block of this age. bound=0: capacity x the time
+ * the last ~c evictions took / their number (Little's law over one turnover of the cache; a
+ * snapshot of (time, evictions) is kept every c/16 evictions in a ring of 16). bound=1: a
+ * running mean of the victims' ages. */
 static void boundary_step(lrb *p, uint64_t age) {
     uint64_t now = *p->now;
-    p->evictions++;
+    if (!p->evictions++) p->t0 = now;
     if (p->bound > 0) {
         p->B = p->evictions == 1 ? (double)age : p->B + ((double)age - p->B) / 256.0;
     } else {
-        uint64_t w = p->cap / 64 > 64 ? p->cap / 64 : 64;
-        if (++p->win_ev >= w) {
-            double b = (double)p->cap * (double)(now - p->win_t0) / (double)p->win_ev;
-            p->B = p->B > 0 ? 0.75 * p->B + 0.25 * b : b;
-            p->win_ev = 0;
-            p->win_t0 = now;
+        uint64_t w = p->cap / 16 > 1 ? p->cap / 16 : 1;
+        if (p->evictions % w == 0) {
+            p->snap_t[p->snap_n % 16] = now;
+            p->snap_e[p->snap_n % 16] = p->evictions;
+            p->snap_n++;
+            uint32_t o = p->snap_n <= 16 ? 0 : p->snap_n % 16; /* the oldest snapshot */
+            uint64_t dt = now - p->snap_t[o], de = p->evictions - p->snap_e[o];
+            if (p->snap_n <= 16) dt = now - p->t0, de = p->evictions;
+            if (de) p->B = (double)p->cap * (double)dt / (double)de;
         }
     }
     double bm = p->B * p->bmul;
@@ -274,18 +332,19 @@ static void lrb_leave(void *s, uint32_t id) {
     lrb *p = s;
     ikv__node *n = &p->nodes[id];
     lrb_side *sd = &p->side[id];
+    if (p->split > 0) p->res[sd->cls]--;
     if (id == p->pending) {
         uint64_t now = *p->now;
         boundary_step(p, now > n->last ? now - n->last : 0);
         if (sd->cell != IKV_NIL && past(now, sd->dl)) resolve(p, &sd->cell, sd->dl);
-        uint32_t slot = ikv__ghostq_add(&p->g, n->key, 0);
+        uint32_t slot = p->pending_ghost ? ikv__ghostq_add(&p->g, n->key, sd->cls) : IKV_NIL;
         if (slot != IKV_NIL) {
             lrb_gdata *d = &p->gd[slot];
             if (d->cell != IKV_NIL) ikv__lrbm_label(&p->m, d->cell, 0);
             *d = (lrb_gdata){sd->cell, sd->dl, (uint32_t)n->last, {sd->g[0], sd->g[1], sd->g[2]},
                              sd->cnt};
         } else if (sd->cell != IKV_NIL) {
-            ikv__lrbm_label(&p->m, sd->cell, 0); /* no ghost: it cannot be seen coming back */
+            ikv__lrbm_label(&p->m, sd->cell, 0); /* not remembered: cannot be seen coming back */
         }
     }
     sd->cell = IKV_NIL;
@@ -305,14 +364,14 @@ static inline uint32_t cell_of(const lrb *p, const ikv__node *n, const lrb_side 
                          sd->cnt, sd->fl, p->cb);
 }
 
-/* The least likely to come back within the boundary among `sample` evictable blocks (all of
- * them when no more are queued); ties go to the older block, then the lower id. `train` of the
- * sampled blocks without a pending sample become samples (their cell now, deadline now + B).
- * The sampled slots and their nodes are prefetched in batches of up to 64. O(sample), does not
- * allocate. */
-static uint32_t lrb_victim(void *s) {
-    lrb *p = s;
-    uint64_t n = p->len, k = (uint64_t)p->sample;
+/* The least likely to come back within the boundary among `sample` evictable blocks of class
+ * l (all of them when no more are queued), or with learned = 0 the oldest of them; ties go to
+ * the older block, then the lower id. `train` of the sampled blocks without a pending sample
+ * become samples (their cell now, deadline now + B). The sampled slots and their nodes are
+ * prefetched in batches of up to 64. O(sample), does not allocate. */
+static uint32_t pick(lrb *p, int l, int learned) {
+    uint64_t n = p->len[l], k = (uint64_t)p->sample;
+    const uint32_t *set = p->set[l];
     uint32_t best = IKV_NIL;
     float bp = 0;
     if (n <= k) k = n;
@@ -324,15 +383,15 @@ static uint32_t lrb_victim(void *s) {
         uint64_t m = k - i0 < 64 ? k - i0 : 64;
         for (uint64_t j = 0; j < m; j++) {
             idx[j] = (uint32_t)(n == k ? i0 + j : next_index(p, n));
-            __builtin_prefetch(&p->set[idx[j]]);
+            __builtin_prefetch(&set[idx[j]]);
         }
         for (uint64_t j = 0; j < m; j++) {
-            uint32_t id = p->set[idx[j]];
+            uint32_t id = set[idx[j]];
             __builtin_prefetch(&p->nodes[id].last);
             __builtin_prefetch(&p->side[id]);
         }
         for (uint64_t j = 0; j < m; j++) {
-            uint32_t id = p->set[idx[j]];
+            uint32_t id = set[idx[j]];
             ikv__node *nd = &p->nodes[id];
             lrb_side *sd = &p->side[id];
             uint32_t cell = cell_of(p, nd, sd);
@@ -340,43 +399,106 @@ static uint32_t lrb_victim(void *s) {
                 sd->cell = cell, sd->dl = dl;
                 want--, p->samples++;
             }
-            float pr = ikv__lrbm_predict(&p->m, cell);
+            float pr = 0;
+            if (learned) {
+                pr = ikv__lrbm_predict(&p->m, cell);
+                if (sd->fl & IKV__LRB_HIT) pr += (float)p->hitw;
+            }
             if (best == IKV_NIL || pr < bp ||
                 (pr == bp && (nd->last < p->nodes[best].last ||
                               (nd->last == p->nodes[best].last && id < best))))
                 best = id, bp = pr;
         }
     }
-    return p->pending = best;
+    return best;
+}
+
+/* Forgets the oldest key of ghost list l, labelling its pending sample negative. */
+static void ghost_drop(lrb *p, int l) {
+    uint32_t slot = p->g.tail[l];
+    if (slot == IKV_NIL) return;
+    if (p->gd[slot].cell != IKV_NIL) ikv__lrbm_label(&p->m, p->gd[slot].cell, 0);
+    p->gd[slot].cell = IKV_NIL;
+    ikv__ghostq_drop_oldest(&p->g, l);
+}
+
+/* split=1: ARC's REPLACE (arc.c) chooses the class, the model the block within it. */
+static uint32_t replace(lrb *p) {
+    uint64_t t1 = p->res[0];
+    int x_in_b2 = p->x_valid && p->x_from == 1;
+    int l = (t1 >= 1 && ((double)t1 > p->p_arc || (x_in_b2 && (double)t1 == p->p_arc))) ||
+                    p->res[1] == 0
+                ? 0
+                : 1;
+    if (!p->len[l]) l = !l;
+    p->pending_ghost = 1;
+    return pick(p, l, ((int)p->order >> l) & 1);
+}
+
+/* The victim: without the split the model's pick among all evictable blocks; with it ARC's
+ * case analysis (FAST'03 Fig. 4, as arc.c) and the model's pick within the class. */
+static uint32_t lrb_victim(void *s) {
+    lrb *p = s;
+    if (p->split <= 0) {
+        p->pending_ghost = 1;
+        return p->pending = pick(p, 0, 1);
+    }
+    if (p->x_valid && p->x_from >= 0) return p->pending = replace(p); /* cases II, III */
+    uint64_t t1 = p->res[0], b1 = ikv__ghostq_len(&p->g, 0);
+    uint64_t total = t1 + p->res[1] + b1 + ikv__ghostq_len(&p->g, 1);
+    if (t1 + b1 >= p->cap) {
+        if (b1 > 0) {
+            ghost_drop(p, 0);
+            return p->pending = replace(p);
+        }
+        if (p->len[0]) {
+            p->pending_ghost = 0; /* T1's victim leaves the directory */
+            return p->pending = pick(p, 0, (int)p->order & 1);
+        }
+        return p->pending = replace(p);
+    }
+    if (total >= 2 * p->cap) ghost_drop(p, 1);
+    return p->pending = replace(p);
 }
 
 /* Every queued block is in the set at its hpos, queued and known to lrb; every pending cell
  * (per node and per ghost slot) is a valid cell; the model and the ghost are consistent. */
 static int lrb_check(const void *s) {
     const lrb *p = s;
-    if (p->len > p->cap) return 0;
-    for (uint64_t i = 0; i < p->len; i++) {
-        const ikv__node *n = &p->nodes[p->set[i]];
-        if (n->hpos != i || !(n->flags & IKV__QUEUED) || !p->side[p->set[i]].valid) return 0;
-    }
+    if (p->len[0] + p->len[1] > p->cap) return 0;
+    for (int l = 0; l < 2; l++)
+        for (uint64_t i = 0; i < p->len[l]; i++) {
+            uint32_t id = p->set[l][i];
+            const ikv__node *n = &p->nodes[id];
+            if (n->hpos != i || !(n->flags & IKV__QUEUED) || !p->side[id].valid ||
+                p->side[id].cls != l)
+                return 0;
+        }
+    uint64_t res[2] = {0, 0};
     for (uint64_t i = 0; i < p->node_limit; i++) {
         const lrb_side *sd = &p->side[i];
         if (sd->cell != IKV_NIL && (sd->cell >= IKV__LRB_NCELL || !sd->valid)) return 0;
         if (sd->valid && p->nodes[i].tier == IKV__FREE) return 0;
+        if (sd->valid) res[sd->cls]++;
+        if (sd->cls > (p->split > 0)) return 0;
     }
+    if (p->split > 0 && (res[0] != p->res[0] || res[1] != p->res[1] || p->p_arc < 0 ||
+                         p->p_arc > (double)p->cap))
+        return 0;
     for (uint64_t i = 0; i < p->g.cap; i++)
         if (p->gd[i].cell != IKV_NIL && p->gd[i].cell >= IKV__LRB_NCELL) return 0;
-    return ikv__lrbm_check(&p->m) && ikv__ghostq_check(&p->g) && ikv__ghostq_len(&p->g, 1) == 0 &&
+    return ikv__lrbm_check(&p->m) && ikv__ghostq_check(&p->g) &&
+           (p->split > 0 || ikv__ghostq_len(&p->g, 1) == 0) &&
            p->B >= 0;
 }
 
 static uint64_t lrb_queued(const void *s) {
-    return ((const lrb *)s)->len;
+    return ((const lrb *)s)->len[0] + ((const lrb *)s)->len[1];
 }
 
 static size_t lrb_bytes(const void *s) {
     const lrb *p = s;
-    return (size_t)p->cap * sizeof *p->set + (size_t)p->node_limit * sizeof *p->side +
+    return (size_t)p->cap * sizeof *p->set[0] * (p->split > 0 ? 2 : 1) + (size_t)p->node_limit * sizeof *p->side +
            ikv__ghostq_bytes(&p->g) + (size_t)p->g.cap * sizeof *p->gd;
 }
 
