@@ -47,10 +47,6 @@
 #include "lrbmodel.h"
 
 #include <string.h>
-#ifdef LRB_DEBUG
-#include <stdio.h>
-#include <stdlib.h>
-#endif
 
 /* What lrb keeps per node id (16 bytes). */
 typedef struct lrb_side {
@@ -75,7 +71,7 @@ typedef struct lrb {
     ikv__node *nodes;
     const uint64_t *now;
     uint64_t cap, node_limit;
-    double sample, train, period, pool, bmul, bound, ghostw, inherit, hitw, split, order;
+    double sample, train, period, pool, bmul, bound, ghostw, inherit, hitw, split, order, cbound;
     uint32_t *set[2]; /* the evictable blocks of each class; a block's position is its hpos */
     uint64_t len[2];
     uint64_t res[2];  /* split=1: resident blocks of T1 and T2 */
@@ -90,11 +86,12 @@ typedef struct lrb {
     int x_valid, x_back, x_from; /* x_from: -1 new, else the ghost list it was found in */
     lrb_gdata xd;
     /* the boundary */
-    double B;          /* in logical time */
-    uint32_t cb;       /* ikv__lrb_code(B) */
-    uint64_t snap_t[16], snap_e[16]; /* bound=0: (time, evictions) every c/16 evictions */
-    uint32_t snap_n;
-    uint64_t t0; /* the time of the first eviction */
+    /* the boundary, per class with cbound=1 (else only [0]) */
+    double B[2];      /* in logical time */
+    uint32_t cb[2];   /* ikv__lrb_code(B x bmul) */
+    uint64_t snap_t[2][16], snap_e[2][16]; /* bound=0: (time, evictions) every c/16 evictions */
+    uint32_t snap_n[2];
+    uint64_t t0[2], cev[2]; /* the time of the first eviction, the evictions */
     uint64_t evictions, ghost_hits, samples;
     ikv__lrbm m; /* last: large */
 } lrb;
@@ -112,6 +109,7 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "hitw")) return ikv__param_double("lrb", k, v, 0, 10, &p->hitw);
     if (!strcmp(k, "split")) return ikv__param_whole("lrb", k, v, 0, 1, &p->split);
     if (!strcmp(k, "order")) return ikv__param_whole("lrb", k, v, 0, 3, &p->order);
+    if (!strcmp(k, "cbound")) return ikv__param_whole("lrb", k, v, 0, 1, &p->cbound);
     return ikv_error(IKV_EPARAM,
                      "lrb: unknown parameter '%s' (sample, train, period, pool, bmul, bound, "
                      "ghost, inherit, hitw, split, order)",
@@ -121,22 +119,6 @@ static int set_param(void *ctx, const char *k, const char *v) {
 static void lrb_destroy(void *s) {
     lrb *p = s;
     if (!p) return;
-#ifdef LRB_DEBUG
-    if (getenv("LRB_DEBUG")) {
-        fprintf(stderr, "lrb: B %.1f cb %u ev %llu ghost_hits %llu samples %llu labels %llu pos %llu\n",
-                p->B, p->cb, (unsigned long long)p->evictions, (unsigned long long)p->ghost_hits,
-                (unsigned long long)p->samples, (unsigned long long)p->m.total,
-                (unsigned long long)p->m.total_pos);
-        for (int a = 0; a < IKV__LRB_NA; a++) {
-            fprintf(stderr, "A%2d:", a);
-            for (int d = 0; d < IKV__LRB_ND1; d++) {
-                const ikv__lrb_cnt *c = &p->m.l2[a * IKV__LRB_ND1 + d];
-                if (c->n >= 1) fprintf(stderr, " d%d %.2f/%.0f", d, c->pos / c->n, c->n);
-            }
-            fprintf(stderr, "\n");
-        }
-    }
-#endif
     ikv__ghostq_free(&p->g);
     ikv_free(p->gd);
     ikv_free(p->side);
@@ -148,7 +130,7 @@ static void lrb_destroy(void *s) {
 static int lrb_create(const ikv__policy_env *env, const char *params, void **out) {
     lrb *p = ikv_calloc(1, sizeof *p);
     if (!p) return IKV_ENOMEM;
-    p->sample = 64;
+    p->sample = 16;
     p->train = 1;
     p->period = 32768;
     p->pool = 8;
@@ -156,7 +138,9 @@ static int lrb_create(const ikv__policy_env *env, const char *params, void **out
     p->bound = 0;
     p->ghostw = 1;
     p->inherit = 1;
-    p->order = 3;
+    p->split = 1;
+    p->order = 1;
+    p->cbound = -1; /* unset: on with the split */
     int rc = ikv__params_each(params, set_param, p);
     p->cap = env->capacity ? env->capacity : 1;
     p->node_limit = env->node_limit ? env->node_limit : 1;
@@ -168,6 +152,9 @@ static int lrb_create(const ikv__policy_env *env, const char *params, void **out
     if (!rc && gcap > 0 &&
         (ikv__ghostq_init(&p->g, gcap) || !(p->gd = ikv_calloc(gcap, sizeof *p->gd))))
         rc = IKV_ENOMEM;
+    if (!rc && p->cbound > 0 && !(p->split > 0))
+        rc = ikv_error(IKV_EPARAM, "lrb: cbound=1 needs the class split (split=1)");
+    if (p->cbound < 0) p->cbound = p->split;
     if (rc) {
         lrb_destroy(p);
         return rc;
@@ -303,25 +290,30 @@ static void lrb_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
  * the last ~c evictions took / their number (Little's law over one turnover of the cache; a
  * snapshot of (time, evictions) is kept every c/16 evictions in a ring of 16). bound=1: a
  * running mean of the victims' ages. */
-static void boundary_step(lrb *p, uint64_t age) {
+static void boundary_step(lrb *p, int l, uint64_t age) {
     uint64_t now = *p->now;
-    if (!p->evictions++) p->t0 = now;
+    p->evictions++;
+    if (!(p->cbound > 0)) l = 0;
+    uint64_t ev = ++p->cev[l];
+    if (ev == 1) p->t0[l] = now;
     if (p->bound > 0) {
-        p->B = p->evictions == 1 ? (double)age : p->B + ((double)age - p->B) / 256.0;
+        p->B[l] = ev == 1 ? (double)age : p->B[l] + ((double)age - p->B[l]) / 256.0;
     } else {
         uint64_t w = p->cap / 16 > 1 ? p->cap / 16 : 1;
-        if (p->evictions % w == 0) {
-            p->snap_t[p->snap_n % 16] = now;
-            p->snap_e[p->snap_n % 16] = p->evictions;
-            p->snap_n++;
-            uint32_t o = p->snap_n <= 16 ? 0 : p->snap_n % 16; /* the oldest snapshot */
-            uint64_t dt = now - p->snap_t[o], de = p->evictions - p->snap_e[o];
-            if (p->snap_n <= 16) dt = now - p->t0, de = p->evictions;
-            if (de) p->B = (double)p->cap * (double)dt / (double)de;
+        if (ev % w == 0) {
+            uint32_t k = p->snap_n[l]++;
+            p->snap_t[l][k % 16] = now;
+            p->snap_e[l][k % 16] = ev;
+            uint32_t o = (k + 1) % 16; /* the oldest snapshot, once the ring is full */
+            uint64_t dt = now - p->snap_t[l][o], de = ev - p->snap_e[l][o];
+            if (k < 16) dt = now - p->t0[l], de = ev;
+            /* Little's law: the blocks of the class (of the tier) over their eviction rate */
+            double size = p->cbound > 0 ? (double)p->res[l] + 1 : (double)p->cap;
+            if (de) p->B[l] = size * (double)dt / (double)de;
         }
     }
-    double bm = p->B * p->bmul;
-    p->cb = ikv__lrb_code(bm < 1.8e19 ? (uint64_t)bm : UINT64_MAX);
+    double bm = p->B[l] * p->bmul;
+    p->cb[l] = ikv__lrb_code(bm < 1.8e19 ? (uint64_t)bm : UINT64_MAX);
 }
 
 /* An evicted block goes to the ghost with its history and its pending sample (labelled
@@ -335,7 +327,7 @@ static void lrb_leave(void *s, uint32_t id) {
     if (p->split > 0) p->res[sd->cls]--;
     if (id == p->pending) {
         uint64_t now = *p->now;
-        boundary_step(p, now > n->last ? now - n->last : 0);
+        boundary_step(p, sd->cls, now > n->last ? now - n->last : 0);
         if (sd->cell != IKV_NIL && past(now, sd->dl)) resolve(p, &sd->cell, sd->dl);
         uint32_t slot = p->pending_ghost ? ikv__ghostq_add(&p->g, n->key, sd->cls) : IKV_NIL;
         if (slot != IKV_NIL) {
@@ -358,10 +350,13 @@ static uint64_t next_index(lrb *p, uint64_t n) {
     return ((p->rng * 2685821657736338717ull) >> 11) % n;
 }
 
+/* The block's cell now, against its class's boundary (cbound=1, with the class as a flag) or
+ * the tier's. */
 static inline uint32_t cell_of(const lrb *p, const ikv__node *n, const lrb_side *sd) {
     uint64_t now = *p->now;
+    int l = p->cbound > 0 ? sd->cls : 0;
     return ikv__lrb_cell(ikv__lrb_code(now > n->last ? now - n->last : 0), sd->g[0], sd->g[1],
-                         sd->cnt, sd->fl, p->cb);
+                         sd->cnt, sd->fl | (l ? IKV__LRB_T2 : 0u), p->cb[l]);
 }
 
 /* The least likely to come back within the boundary among `sample` evictable blocks of class
@@ -376,7 +371,7 @@ static uint32_t pick(lrb *p, int l, int learned) {
     float bp = 0;
     if (n <= k) k = n;
     uint64_t now = *p->now;
-    uint32_t dl = (uint32_t)(now + (uint64_t)(p->B * p->bmul));
+    uint32_t dl = (uint32_t)(now + (uint64_t)(p->B[p->cbound > 0 ? l : 0] * p->bmul));
     uint64_t want = (uint64_t)p->train;
     for (uint64_t i0 = 0; i0 < k; i0 += 64) {
         uint32_t idx[64];
@@ -489,7 +484,7 @@ static int lrb_check(const void *s) {
         if (p->gd[i].cell != IKV_NIL && p->gd[i].cell >= IKV__LRB_NCELL) return 0;
     return ikv__lrbm_check(&p->m) && ikv__ghostq_check(&p->g) &&
            (p->split > 0 || ikv__ghostq_len(&p->g, 1) == 0) &&
-           p->B >= 0;
+           p->B[0] >= 0 && p->B[1] >= 0;
 }
 
 static uint64_t lrb_queued(const void *s) {

@@ -33,7 +33,7 @@
 #define IKV__LRB_ND1  17 /* 0 = no gap known, 1 + age bins */
 #define IKV__LRB_NC   4
 #define IKV__LRB_ND2  4
-#define IKV__LRB_NF   16
+#define IKV__LRB_NF   32
 #define IKV__LRB_NL1  (IKV__LRB_NA * IKV__LRB_ND1 * IKV__LRB_NC)
 #define IKV__LRB_NL2  (IKV__LRB_NA * IKV__LRB_ND1)
 #define IKV__LRB_NCELL (IKV__LRB_NL1 * IKV__LRB_ND2 * IKV__LRB_NF)
@@ -42,6 +42,7 @@
 #define IKV__LRB_FORK 2u
 #define IKV__LRB_BACK 4u
 #define IKV__LRB_HIT  8u
+#define IKV__LRB_T2   16u
 
 typedef struct ikv__lrb_cnt {
     float pos, n; /* decayed labels: positive, all */
