@@ -11,11 +11,23 @@
  *     victim = argmin over `sample` evictable blocks of P(access within B | features)
  *              (ties: the oldest last access, then the lower id)
  *
+ * Class split (split=1, the default). Plain LRB (split=0) lost to LRU on WEKA (docs): when
+ * many similar conversations compete, which ones the cache keeps must be a stable choice, and
+ * a per-block estimate of "back within B" flips between near-equal chains. So by default the
+ * blocks are split as ARC splits them (FAST'03 Fig. 4, exactly as arc.c: T1 not hit since
+ * admission, T2 hit or back from the ghosts B1/B2, the target p adapted on ghost hits before
+ * REPLACE, the tie and directory rules) and the model only orders the victims within a class:
+ * order=1 (default) T1 by the model and T2 by the oldest of the sample; order bit 0 / bit 1 turn
+ * the model on for T1 / T2 (order=0: a sampled ARC, no model; order=3 both). With cbound=1 (the
+ * default with the split) each class has its own boundary and the class is a feature: a T1
+ * block is asked whether it comes back before T1 would drop it.
+ *
  * Features (lrbmodel.h): the block's age and its last gap, both against B, the gap before it,
- * its access count, and root / fork / back-from-ghost flags. In a prefix cache every turn of a
- * conversation re-reads its whole chain, so a block's gaps are its conversation's turn gaps;
- * a block inserted under a parent accessed in the same request (a conversation's new tail)
- * starts with its parent's history (inherit=1), and a block back from the ghost with its own.
+ * its access count, and root / fork / back-from-ghost / hit / class flags. In a prefix cache
+ * every turn of a conversation re-reads its whole chain, so a block's gaps are its
+ * conversation's turn gaps; a block inserted under a parent accessed in the same request (a
+ * conversation's new tail) starts with its parent's history (inherit=1), and a block back from
+ * the ghost with its own.
  *
  * Labels, online as LRB makes them: at every eviction `train` of the sampled blocks without a
  * pending sample are sampled: their cell (features now) and a deadline now + B are kept with
@@ -23,24 +35,28 @@
  * resident, or missed while its key is in the ghost — and negative if it is accessed after it,
  * evicted after it, or forgotten by the ghost first.
  *
- * The boundary B (bound=0, default) is the cache's characteristic time by Little's law:
- * capacity / eviction rate (blocks evicted per unit of logical time, over windows of
- * max(64, c/64) evictions, smoothed 1/4 per window); bound=1 uses a running mean (weight 2^-8)
- * of the victims' ages instead. bmul scales it. 0 until the first window closes (every
- * prediction then has an age >= B: the model starts from the count and flags alone).
+ * The boundary B (bound=0, default) is a characteristic time by Little's law: the blocks of the
+ * class (cbound=1) or of the tier over their eviction rate, measured over the last ~16 windows
+ * of c/16 evictions; bound=1 uses a running mean (weight 2^-8) of the victims' ages instead.
+ * bmul scales it. 0 until the first window closes (every age is then >= B: the model starts from
+ * the gaps, count and flags alone).
  *
- *     node id ->  side[id]  { pending cell, deadline, gap codes g1 g2 g3, count, flags }
+ *     node id ->  side[id]  { pending cell, deadline, gap codes g1 g2 g3, count, flags, class }
  *     ghost slot -> gd[s]   { pending cell, deadline, last access, gap codes, count }
- *     set[]       the evictable blocks (position in the node's hpos, swap-remove, as lhd)
+ *     set[l]      the evictable blocks of class l (position in the node's hpos, swap-remove)
  *
  * Leaf-only eviction: only evictable blocks (the core's queue) are sampled; an exposed parent
- * is sampled with its own age and history. Memory: 16 bytes per node of the pool (side),
- * 4 per block (set), 24 + 16 per ghost key (ghost x c keys); a fixed ~285 KiB model. Cost:
- * admit, hit, queue, dequeue, leave, miss O(1) (expected, for the ghost); victim O(sample);
- * a label O(1), halving O(cells) every `period` labels. Nothing allocated after create.
+ * is sampled with its own age and history; if the class REPLACE chooses has no evictable block
+ * the other class's pick goes instead (as arc.c). Memory: 16 bytes per node of the pool (side),
+ * 4 per block per class set (8 with the split), 24 + 16 per ghost key (c keys with the split,
+ * ghost x c without); a fixed ~1.1 MiB model per tier. Cost: admit, hit, queue, dequeue, leave,
+ * miss O(1) (expected, for the ghost); victim O(sample); a label O(1), halving O(cells) every
+ * `period` labels. Nothing allocated after create. The node's own pol area is not used (the
+ * side arrays would let another policy carry the model).
  *
- * Parameters: sample (64), train (1), period (32768), pool (8), bmul (1), bound (0), ghost (1),
- * inherit (1).
+ * Parameters: sample (16), train (1), period (32768), pool (8), bmul (1), bound (0), ghost (1,
+ * without the split), inherit (1), hitw (0: a bonus added to P of blocks hit since admission),
+ * split (1), order (1), cbound (1 with the split).
  */
 #include "../internal.h"
 #include "ghostq.h"
@@ -499,11 +515,12 @@ static size_t lrb_bytes(const void *s) {
 
 const ikv_policy_ops ikv_policy_lrb = {
     .name = "lrb",
-    .doc = "learned relaxed Belady (LRB, NSDI'20): evict the least likely of `sample` evictable "
-           "blocks to be accessed within the boundary (the cache's characteristic time), "
-           "learned online from each block's gaps, age, count and flags, with labels from "
-           "sampled blocks and the ghost (params sample, train, period, pool, bmul, bound, "
-           "ghost, inherit)",
+    .doc = "learned relaxed Belady (LRB, NSDI'20) inside ARC's classes: REPLACE picks T1 or "
+           "T2 as ARC does, then the least likely of `sample` evictable blocks of T1 to be "
+           "accessed within its class's boundary (Little's law) goes, learned online from each "
+           "block's gaps, age, count and flags with labels from sampled blocks and the ghosts "
+           "(params sample, train, period, pool, bmul, bound, ghost, inherit, hitw, split, "
+           "order, cbound)",
     .create = lrb_create,
     .destroy = lrb_destroy,
     .miss = lrb_miss,

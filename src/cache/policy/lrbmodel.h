@@ -13,12 +13,13 @@
  *     C   its access count                          1, 2, 3, 4+ (0: never seen accessed)
  *     D2  the gap before it, against D1             none, shorter (< D1 / 1.4), alike, longer
  *     F   flags: root (depth 0), fork (admitted beside a resident sibling), back (from the
- *         ghost)
+ *         ghost), hit (hit since admission, or under a parent hit in the same request), T2
+ *         (ARC's class, with lrb's cbound=1)
  *
- * One cell per tuple (16 x 17 x 4 x 4 x 8 = 34,816), and coarser tables over (A, D1, C), (A, D1)
+ * One cell per tuple (16 x 17 x 4 x 4 x 32 = 139,264), and coarser tables over (A, D1, C), (A, D1)
  * and (A) alone for back-off: a prediction uses the finest level whose cell holds at least
  * `pool` (decayed) labels, as (pos + 1/2) / (n + 1). Every `period` labels all counts are
- * halved (LRB's sliding training window). Memory: about 285 KiB per model (fixed, not per
+ * halved (LRB's sliding training window). Memory: about 1.1 MiB per model (fixed, not per
  * block). Nothing allocates.
  *
  * Gaps are kept per block as 8-bit half-octave codes of the absolute gap (code 0 = none), so a
