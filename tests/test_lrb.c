@@ -105,8 +105,16 @@ static void test_lrb_model(void **st) {
     assert_float_equal(ikv__lrbm_predict(m, b), 3.5 / 7.5, 1e-6);
     assert_int_equal(m->labels, 0);
     assert_true(ikv__lrbm_check(m));
-    m->l2[3].pos = m->l2[3].n + 1; /* the walker notices a corrupt count */
+    /* the walkers notice a corrupt count: the full one anywhere, the coarse one (lrb's, after
+     * every request) in the coarse levels */
+    m->l0[a].pos = m->l0[a].n + 1;
     assert_false(ikv__lrbm_check(m));
+    assert_true(ikv__lrbm_check_coarse(m));
+    m->l0[a].pos = 0;
+    assert_true(ikv__lrbm_check(m));
+    m->l2[3].pos = m->l2[3].n + 1;
+    assert_false(ikv__lrbm_check(m));
+    assert_false(ikv__lrbm_check_coarse(m));
     free(m);
 }
 

@@ -62,6 +62,7 @@
 #include "ghostq.h"
 #include "lrbmodel.h"
 
+#include <math.h>
 #include <string.h>
 
 /* What lrb keeps per node id (16 bytes). */
@@ -70,7 +71,7 @@ typedef struct lrb_side {
     uint32_t dl;    /* its deadline (low 32 bits of the logical time) */
     uint8_t g[3];   /* half-octave codes of the last three gaps, newest first (0 = none) */
     uint8_t cnt;    /* accesses (own, or inherited with the parent's history), saturating */
-    uint8_t fl;     /* IKV__LRB_ROOT | FORK | BACK */
+    uint8_t fl;     /* IKV__LRB_ROOT | FORK | BACK | HIT */
     uint8_t valid;  /* 1 while the block is in this tier */
     uint8_t cls;    /* split=1: ARC's class, 0 = T1, 1 = T2 (0 without the split) */
     uint8_t pad;
@@ -87,7 +88,7 @@ typedef struct lrb {
     ikv__node *nodes;
     const uint64_t *now;
     uint64_t cap, node_limit;
-    double sample, train, period, pool, bmul, bound, ghostw, inherit, hitw, split, order, cbound;
+    double sample, train, period, pool, bmul, bound, ghostw, inherit, hitw, split, order, cbound, pq;
     uint32_t *set[2]; /* the evictable blocks of each class; a block's position is its hpos */
     uint64_t len[2];
     uint64_t res[2];  /* split=1: resident blocks of T1 and T2 */
@@ -101,7 +102,6 @@ typedef struct lrb {
     ikv_key x; /* the announced miss, and what the ghost had of it */
     int x_valid, x_back, x_from; /* x_from: -1 new, else the ghost list it was found in */
     lrb_gdata xd;
-    /* the boundary */
     /* the boundary, per class with cbound=1 (else only [0]) */
     double B[2];      /* in logical time */
     uint32_t cb[2];   /* ikv__lrb_code(B x bmul) */
@@ -126,9 +126,10 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "split")) return ikv__param_whole("lrb", k, v, 0, 1, &p->split);
     if (!strcmp(k, "order")) return ikv__param_whole("lrb", k, v, 0, 3, &p->order);
     if (!strcmp(k, "cbound")) return ikv__param_whole("lrb", k, v, 0, 1, &p->cbound);
+    if (!strcmp(k, "pq")) return ikv__param_double("lrb", k, v, 0, 1, &p->pq);
     return ikv_error(IKV_EPARAM,
                      "lrb: unknown parameter '%s' (sample, train, period, pool, bmul, bound, "
-                     "ghost, inherit, hitw, split, order)",
+                     "ghost, inherit, hitw, split, order, cbound, pq)",
                      k);
 }
 
@@ -413,6 +414,7 @@ static uint32_t pick(lrb *p, int l, int learned) {
             float pr = 0;
             if (learned) {
                 pr = ikv__lrbm_predict(&p->m, cell);
+                if (p->pq > 0) pr = floorf(pr / (float)p->pq); /* coarser: more ties, by age */
                 if (sd->fl & IKV__LRB_HIT) pr += (float)p->hitw;
             }
             if (best == IKV_NIL || pr < bp ||
@@ -498,7 +500,7 @@ static int lrb_check(const void *s) {
         return 0;
     for (uint64_t i = 0; i < p->g.cap; i++)
         if (p->gd[i].cell != IKV_NIL && p->gd[i].cell >= IKV__LRB_NCELL) return 0;
-    return ikv__lrbm_check(&p->m) && ikv__ghostq_check(&p->g) &&
+    return ikv__lrbm_check_coarse(&p->m) && ikv__ghostq_check(&p->g) &&
            (p->split > 0 || ikv__ghostq_len(&p->g, 1) == 0) &&
            p->B[0] >= 0 && p->B[1] >= 0;
 }

@@ -30,6 +30,7 @@ void ikv__lrbm_label(ikv__lrbm *m, uint32_t cell, int pos) {
     m->total++;
     m->total_pos += pos != 0;
     if ((double)++m->labels >= m->period) {
+        IKV_ASSERT(ikv__lrbm_check(m));
         halve(m->l0, IKV__LRB_NCELL);
         halve(m->l1, IKV__LRB_NL1);
         halve(m->l2, IKV__LRB_NL2);
@@ -54,8 +55,11 @@ static int sane(const ikv__lrb_cnt *c, size_t n) {
     return 1;
 }
 
+int ikv__lrbm_check_coarse(const ikv__lrbm *m) {
+    return m->total_pos <= m->total && (double)m->labels <= m->period &&
+           sane(m->l1, IKV__LRB_NL1) && sane(m->l2, IKV__LRB_NL2) && sane(m->l3, IKV__LRB_NA);
+}
+
 int ikv__lrbm_check(const ikv__lrbm *m) {
-    return m->total_pos <= m->total && (double)m->labels < m->period &&
-           sane(m->l0, IKV__LRB_NCELL) && sane(m->l1, IKV__LRB_NL1) && sane(m->l2, IKV__LRB_NL2) &&
-           sane(m->l3, IKV__LRB_NA);
+    return ikv__lrbm_check_coarse(m) && sane(m->l0, IKV__LRB_NCELL);
 }

@@ -96,7 +96,11 @@ void ikv__lrbm_label(ikv__lrbm *m, uint32_t cell, int pos);
  * at least `pool` labels (1/2 before any). O(1). */
 float ikv__lrbm_predict(const ikv__lrbm *m, uint32_t cell);
 
-/* Counts finite, non-negative, pos <= n in every cell; the totals consistent. */
+/* Counts finite, non-negative, pos <= n in every cell; the totals consistent. O(cells): also
+ * asserted (IKV_ASSERT) at every halving, which costs as much. */
 int ikv__lrbm_check(const ikv__lrbm *m);
+/* The same for the coarse levels and the totals only (1,376 cells), for lrb's walker, which
+ * the tests run after every request. */
+int ikv__lrbm_check_coarse(const ikv__lrbm *m);
 
 #endif
