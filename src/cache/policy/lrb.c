@@ -56,7 +56,8 @@
  *
  * Parameters: sample (16), train (1), period (32768), pool (8), bmul (1), bound (0), ghost (1,
  * without the split), inherit (1), hitw (0: a bonus added to P of blocks hit since admission),
- * split (1), order (1), cbound (1 with the split).
+ * split (1), order (1), cbound (1 with the split), pq (0: P rounded down to steps of pq, so more
+ * victims fall to the oldest; measured worse).
  */
 #include "../internal.h"
 #include "ghostq.h"
