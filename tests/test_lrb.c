@@ -28,13 +28,14 @@ static ikv_cache *make(uint64_t cap, const char *policy) {
     return c;
 }
 
-#define CHECKED(c)                                                                              \
-    do {                                                                                       \
-        if (!ikv_cache_check(c)) fail_msg("invariant: %s", ikv_errdetail());                   \
+#define CHECKED(c)                                                                                 \
+    do {                                                                                           \
+        if (!ikv_cache_check(c)) fail_msg("invariant: %s", ikv_errdetail());                       \
     } while (0)
 
 static void chain(const uint32_t *ids, size_t n, ikv_key *out) {
-    for (size_t i = 0; i < n; i++) out[i] = ikv_key_chain(7, i ? &out[i - 1] : NULL, &ids[i], 1, 0);
+    for (size_t i = 0; i < n; i++)
+        out[i] = ikv_key_chain(7, i ? &out[i - 1] : NULL, &ids[i], 1, 0);
 }
 
 /* One request for the chain ids[0..n) at time now; returns the blocks matched. Checks the
@@ -73,9 +74,9 @@ static void test_lrb_model(void **st) {
     assert_int_equal(ikv__lrb_code(1u << 20), 41);
     assert_int_equal(ikv__lrb_code(UINT64_MAX), 128);
     uint32_t cb = ikv__lrb_code(100);
-    assert_int_equal(ikv__lrb_rel(cb, cb), 8);            /* age = B */
+    assert_int_equal(ikv__lrb_rel(cb, cb), 8);                  /* age = B */
     assert_int_equal(ikv__lrb_rel(ikv__lrb_code(200), cb), 10); /* 2 B: two half-octaves */
-    assert_int_equal(ikv__lrb_rel(0, cb), 0);               /* clamped */
+    assert_int_equal(ikv__lrb_rel(0, cb), 0);                   /* clamped */
     assert_int_equal(ikv__lrb_rel(128, cb), IKV__LRB_NA - 1);
     /* two cells that differ only in the gap before the last one share levels 1-3 */
     uint32_t a = ikv__lrb_cell(ikv__lrb_code(50), ikv__lrb_code(80), ikv__lrb_code(80), 3, 0, cb);
@@ -86,11 +87,13 @@ static void test_lrb_model(void **st) {
     assert_non_null(m);
     ikv__lrbm_init(m, 1000, 4);
     assert_float_equal(ikv__lrbm_predict(m, a), 0.5, 1e-6); /* nothing known */
-    for (int i = 0; i < 9; i++) ikv__lrbm_label(m, a, i < 6); /* 6 of 9 positive */
+    for (int i = 0; i < 9; i++)
+        ikv__lrbm_label(m, a, i < 6); /* 6 of 9 positive */
     assert_float_equal(ikv__lrbm_predict(m, a), 6.5 / 10, 1e-6);
     /* b has no labels of its own: its level-1 cell (age, gap, count) is a's */
     assert_float_equal(ikv__lrbm_predict(m, b), 6.5 / 10, 1e-6);
-    for (int i = 0; i < 4; i++) ikv__lrbm_label(m, b, 0); /* now b has pool = 4 labels */
+    for (int i = 0; i < 4; i++)
+        ikv__lrbm_label(m, b, 0); /* now b has pool = 4 labels */
     assert_float_equal(ikv__lrbm_predict(m, b), 0.5 / 5, 1e-6);
     assert_float_equal(ikv__lrbm_predict(m, a), 6.5 / 10, 1e-6);
     /* o (another age bin) shares no level with a or b */
@@ -100,7 +103,8 @@ static void test_lrb_model(void **st) {
     assert_int_equal(m->total_pos, 6);
     /* halving: after 1000 labels the counts halve: a 9 -> 4.5 (6 -> 3 positive), still its
      * own; b 4 -> 2, below the pool: read from level 1, a's and b's halved: 3 of 6.5 */
-    for (int i = 13; i < 1000; i++) ikv__lrbm_label(m, o, 1);
+    for (int i = 13; i < 1000; i++)
+        ikv__lrbm_label(m, o, 1);
     assert_float_equal(ikv__lrbm_predict(m, a), 3.5 / 5.5, 1e-6);
     assert_float_equal(ikv__lrbm_predict(m, b), 3.5 / 7.5, 1e-6);
     assert_int_equal(m->labels, 0);
@@ -190,7 +194,8 @@ static uint64_t convs(ikv_cache *c, int rounds) {
         for (uint32_t v = 0; v < 8; v++) {
             uint32_t ids[8];
             size_t n = (size_t)(r % 6) + 1; /* a conversation restarts every 6 turns */
-            for (size_t i = 0; i < n; i++) ids[i] = v * 1000 + (uint32_t)(r / 6) * 10 + (uint32_t)i;
+            for (size_t i = 0; i < n; i++)
+                ids[i] = v * 1000 + (uint32_t)(r / 6) * 10 + (uint32_t)i;
             size_t m = req(c, ids, n, t++);
             if (r >= rounds / 2) hits += m;
             uint32_t d[2] = {fresh, fresh + 1};
@@ -231,10 +236,18 @@ static void test_lrb_bad_params(void **st) {
     static const struct {
         const char *spec, *word;
     } bad[] = {
-        {"lrb:nope=1", "nope"},       {"lrb:split=2", "split"},   {"lrb:split=0.5", "split"},
-        {"lrb:sample=0", "sample"},   {"lrb:bmul=0", "bmul"},     {"lrb:order=4", "order"},
-        {"lrb:period=8", "period"},   {"lrb:ghost=-1", "ghost"},  {"lrb:train=x", "train"},
-        {"lrb:bound=3", "bound"},     {"lrb:inherit=2", "inherit"}, {"lrb:pool=", "pool"},
+        {"lrb:nope=1", "nope"},
+        {"lrb:split=2", "split"},
+        {"lrb:split=0.5", "split"},
+        {"lrb:sample=0", "sample"},
+        {"lrb:bmul=0", "bmul"},
+        {"lrb:order=4", "order"},
+        {"lrb:period=8", "period"},
+        {"lrb:ghost=-1", "ghost"},
+        {"lrb:train=x", "train"},
+        {"lrb:bound=3", "bound"},
+        {"lrb:inherit=2", "inherit"},
+        {"lrb:pool=", "pool"},
         {"lrb:split=0,cbound=1", "cbound"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {

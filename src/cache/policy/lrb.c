@@ -68,13 +68,13 @@
 
 /* What lrb keeps per node id (16 bytes). */
 typedef struct lrb_side {
-    uint32_t cell;  /* pending sample's cell, IKV_NIL when none */
-    uint32_t dl;    /* its deadline (low 32 bits of the logical time) */
-    uint8_t g[3];   /* half-octave codes of the last three gaps, newest first (0 = none) */
-    uint8_t cnt;    /* accesses (own, or inherited with the parent's history), saturating */
-    uint8_t fl;     /* IKV__LRB_ROOT | FORK | BACK | HIT */
-    uint8_t valid;  /* 1 while the block is in this tier */
-    uint8_t cls;    /* split=1: ARC's class, 0 = T1, 1 = T2 (0 without the split) */
+    uint32_t cell; /* pending sample's cell, IKV_NIL when none */
+    uint32_t dl;   /* its deadline (low 32 bits of the logical time) */
+    uint8_t g[3];  /* half-octave codes of the last three gaps, newest first (0 = none) */
+    uint8_t cnt;   /* accesses (own, or inherited with the parent's history), saturating */
+    uint8_t fl;    /* IKV__LRB_ROOT | FORK | BACK | HIT */
+    uint8_t valid; /* 1 while the block is in this tier */
+    uint8_t cls;   /* split=1: ARC's class, 0 = T1, 1 = T2 (0 without the split) */
     uint8_t pad;
 } lrb_side;
 
@@ -89,23 +89,24 @@ typedef struct lrb {
     ikv__node *nodes;
     const uint64_t *now;
     uint64_t cap, node_limit;
-    double sample, train, period, pool, bmul, bound, ghostw, inherit, hitw, split, order, cbound, pq;
+    double sample, train, period, pool, bmul, bound, ghostw, inherit, hitw, split, order, cbound,
+        pq;
     uint32_t *set[2]; /* the evictable blocks of each class; a block's position is its hpos */
     uint64_t len[2];
-    uint64_t res[2];  /* split=1: resident blocks of T1 and T2 */
-    double p_arc;     /* split=1: ARC's target size of T1 */
+    uint64_t res[2];   /* split=1: resident blocks of T1 and T2 */
+    double p_arc;      /* split=1: ARC's target size of T1 */
     int pending_ghost; /* whether the pending victim is remembered when it leaves */
-    lrb_side *side; /* node_limit */
-    uint32_t pending; /* the last victim returned, until it leaves */
-    uint64_t rng;     /* xorshift64*, fixed seed: runs are deterministic */
+    lrb_side *side;    /* node_limit */
+    uint32_t pending;  /* the last victim returned, until it leaves */
+    uint64_t rng;      /* xorshift64*, fixed seed: runs are deterministic */
     ikv__ghostq g;
     lrb_gdata *gd;
-    ikv_key x; /* the announced miss, and what the ghost had of it */
+    ikv_key x;                   /* the announced miss, and what the ghost had of it */
     int x_valid, x_back, x_from; /* x_from: -1 new, else the ghost list it was found in */
     lrb_gdata xd;
     /* the boundary, per class with cbound=1 (else only [0]) */
-    double B[2];      /* in logical time */
-    uint32_t cb[2];   /* ikv__lrb_code(B x bmul) */
+    double B[2];                           /* in logical time */
+    uint32_t cb[2];                        /* ikv__lrb_code(B x bmul) */
     uint64_t snap_t[2][16], snap_e[2][16]; /* bound=0: (time, evictions) every c/16 evictions */
     uint32_t snap_n[2];
     uint64_t t0[2], cev[2]; /* the time of the first eviction, the evictions */
@@ -177,8 +178,10 @@ static int lrb_create(const ikv__policy_env *env, const char *params, void **out
         lrb_destroy(p);
         return rc;
     }
-    for (uint64_t i = 0; i < gcap; i++) p->gd[i].cell = IKV_NIL;
-    for (uint64_t i = 0; i < p->node_limit; i++) p->side[i].cell = IKV_NIL;
+    for (uint64_t i = 0; i < gcap; i++)
+        p->gd[i].cell = IKV_NIL;
+    for (uint64_t i = 0; i < p->node_limit; i++)
+        p->side[i].cell = IKV_NIL;
     ikv__lrbm_init(&p->m, p->period, p->pool);
     p->nodes = env->nodes;
     p->now = env->now;
@@ -303,7 +306,6 @@ static void lrb_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     sd->fl |= IKV__LRB_HIT;
 }
 
-
 /* The boundary after one more eviction of a block of this age. bound=0: capacity x the time
  * the last ~c evictions took / their number (Little's law over one turnover of the cache; a
  * snapshot of (time, evictions) is kept every c/16 evictions in a ring of 16). bound=1: a
@@ -351,8 +353,8 @@ static void lrb_leave(void *s, uint32_t id) {
         if (slot != IKV_NIL) {
             lrb_gdata *d = &p->gd[slot];
             if (d->cell != IKV_NIL) ikv__lrbm_label(&p->m, d->cell, 0);
-            *d = (lrb_gdata){sd->cell, sd->dl, (uint32_t)n->last, {sd->g[0], sd->g[1], sd->g[2]},
-                             sd->cnt};
+            *d = (lrb_gdata){
+                sd->cell, sd->dl, (uint32_t)n->last, {sd->g[0], sd->g[1], sd->g[2]}, sd->cnt};
         } else if (sd->cell != IKV_NIL) {
             ikv__lrbm_label(&p->m, sd->cell, 0); /* not remembered: cannot be seen coming back */
         }
@@ -496,14 +498,13 @@ static int lrb_check(const void *s) {
         if (sd->valid) res[sd->cls]++;
         if (sd->cls > (p->split > 0)) return 0;
     }
-    if (p->split > 0 && (res[0] != p->res[0] || res[1] != p->res[1] || p->p_arc < 0 ||
-                         p->p_arc > (double)p->cap))
+    if (p->split > 0 &&
+        (res[0] != p->res[0] || res[1] != p->res[1] || p->p_arc < 0 || p->p_arc > (double)p->cap))
         return 0;
     for (uint64_t i = 0; i < p->g.cap; i++)
         if (p->gd[i].cell != IKV_NIL && p->gd[i].cell >= IKV__LRB_NCELL) return 0;
     return ikv__lrbm_check_coarse(&p->m) && ikv__ghostq_check(&p->g) &&
-           (p->split > 0 || ikv__ghostq_len(&p->g, 1) == 0) &&
-           p->B[0] >= 0 && p->B[1] >= 0;
+           (p->split > 0 || ikv__ghostq_len(&p->g, 1) == 0) && p->B[0] >= 0 && p->B[1] >= 0;
 }
 
 static uint64_t lrb_queued(const void *s) {
@@ -512,8 +513,9 @@ static uint64_t lrb_queued(const void *s) {
 
 static size_t lrb_bytes(const void *s) {
     const lrb *p = s;
-    return (size_t)p->cap * sizeof *p->set[0] * (p->split > 0 ? 2 : 1) + (size_t)p->node_limit * sizeof *p->side +
-           ikv__ghostq_bytes(&p->g) + (size_t)p->g.cap * sizeof *p->gd;
+    return (size_t)p->cap * sizeof *p->set[0] * (p->split > 0 ? 2 : 1) +
+           (size_t)p->node_limit * sizeof *p->side + ikv__ghostq_bytes(&p->g) +
+           (size_t)p->g.cap * sizeof *p->gd;
 }
 
 const ikv_policy_ops ikv_policy_lrb = {

@@ -13,7 +13,8 @@ void ikv__lrbm_init(ikv__lrbm *m, double period, double pool) {
 }
 
 static void halve(ikv__lrb_cnt *c, size_t n) {
-    for (size_t i = 0; i < n; i++) c[i].pos *= 0.5f, c[i].n *= 0.5f;
+    for (size_t i = 0; i < n; i++)
+        c[i].pos *= 0.5f, c[i].n *= 0.5f;
 }
 
 static inline void add(ikv__lrb_cnt *c, int pos) {
@@ -22,7 +23,8 @@ static inline void add(ikv__lrb_cnt *c, int pos) {
 }
 
 void ikv__lrbm_label(ikv__lrbm *m, uint32_t cell, int pos) {
-    uint32_t i1 = cell / (IKV__LRB_ND2 * IKV__LRB_NF), i2 = i1 / IKV__LRB_NC, i3 = i2 / IKV__LRB_ND1;
+    uint32_t i1 = cell / (IKV__LRB_ND2 * IKV__LRB_NF), i2 = i1 / IKV__LRB_NC,
+             i3 = i2 / IKV__LRB_ND1;
     add(&m->l0[cell], pos);
     add(&m->l1[i1], pos);
     add(&m->l2[i2], pos);
@@ -40,7 +42,8 @@ void ikv__lrbm_label(ikv__lrbm *m, uint32_t cell, int pos) {
 }
 
 float ikv__lrbm_predict(const ikv__lrbm *m, uint32_t cell) {
-    uint32_t i1 = cell / (IKV__LRB_ND2 * IKV__LRB_NF), i2 = i1 / IKV__LRB_NC, i3 = i2 / IKV__LRB_ND1;
+    uint32_t i1 = cell / (IKV__LRB_ND2 * IKV__LRB_NF), i2 = i1 / IKV__LRB_NC,
+             i3 = i2 / IKV__LRB_ND1;
     const ikv__lrb_cnt *c = &m->l0[cell];
     float pool = (float)m->pool;
     if (c->n < pool) c = &m->l1[i1];

@@ -30,13 +30,13 @@
 
 #include "../internal.h"
 
-#define IKV__LRB_NA   16 /* age bins */
-#define IKV__LRB_ND1  17 /* 0 = no gap known, 1 + age bins */
-#define IKV__LRB_NC   4
-#define IKV__LRB_ND2  4
-#define IKV__LRB_NF   32
-#define IKV__LRB_NL1  (IKV__LRB_NA * IKV__LRB_ND1 * IKV__LRB_NC)
-#define IKV__LRB_NL2  (IKV__LRB_NA * IKV__LRB_ND1)
+#define IKV__LRB_NA    16 /* age bins */
+#define IKV__LRB_ND1   17 /* 0 = no gap known, 1 + age bins */
+#define IKV__LRB_NC    4
+#define IKV__LRB_ND2   4
+#define IKV__LRB_NF    32
+#define IKV__LRB_NL1   (IKV__LRB_NA * IKV__LRB_ND1 * IKV__LRB_NC)
+#define IKV__LRB_NL2   (IKV__LRB_NA * IKV__LRB_ND1)
 #define IKV__LRB_NCELL (IKV__LRB_NL1 * IKV__LRB_ND2 * IKV__LRB_NF)
 
 #define IKV__LRB_ROOT 1u
@@ -51,8 +51,8 @@ typedef struct ikv__lrb_cnt {
 
 typedef struct ikv__lrbm {
     ikv__lrb_cnt l0[IKV__LRB_NCELL], l1[IKV__LRB_NL1], l2[IKV__LRB_NL2], l3[IKV__LRB_NA];
-    uint64_t labels;  /* since the last halving */
-    uint64_t total;   /* all labels ever, and of them positive */
+    uint64_t labels; /* since the last halving */
+    uint64_t total;  /* all labels ever, and of them positive */
     uint64_t total_pos;
     double period, pool;
 } ikv__lrbm;
