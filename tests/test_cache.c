@@ -1404,7 +1404,7 @@ static uint64_t gt_brute(const char *policy, uint64_t cap) {
  * sieve, s3fifo and arc were replayed by tests/tools/policy_model.py, an independent Python
  * model of each algorithm under the same leaf-only rules (plain lists, exact ghost lists
  * instead of the bucketed ghost table), which gives the same numbers at 1000-6000 blocks.
- * lhd's numbers (issue 15) are recorded from this implementation, not from an independent
+ * lhd's and lrb's numbers (issue 15) are recorded from the implementation, not from an independent
  * model: its sampled victims and learned densities have no simpler equivalent; what is
  * checked independently is its model (test_hd_model) and its decisions on a hand-built
  * stream (test_lhd_learns_hot_blocks).
@@ -1417,7 +1417,7 @@ static const struct {
     {"lru", {299, 360, 464}},    {"value", {299, 364, 464}}, {"opt", {676, 676, 676}},
     {"fifo", {299, 360, 464}},   {"lfu", {299, 364, 464}},   {"s3fifo", {299, 356, 464}},
     {"sieve", {299, 410, 596}},  {"arc", {299, 364, 464}},   {"gdsf", {299, 336, 563}},
-    {"lhd", {299, 356, 461}},
+    {"lhd", {299, 356, 461}},    {"lrb", {301, 401, 608}},
 };
 static const uint64_t GT_CAPS[3] = {1000, 3000, 5000};
 
@@ -1744,8 +1744,9 @@ static void test_fuzz_all_policies(void **st) {
                 fuzz_one(ikv_policy_name(p), tiers, 700, seed * 7919 + (uint64_t)tiers * 31 + p);
     /* the learned options with a model that recomputes often and samples few blocks */
     static const char *const learned[] = {"lhd:period=32,sample=4", "value:hd=3,hdperiod=32,hdsample=4",
-                                          "value:hd=1,hdperiod=32"};
-    for (size_t i = 0; i < 3; i++)
+                                          "value:hd=1,hdperiod=32", "lrb:period=32,sample=4,order=3",
+                                          "lrb:split=0,period=32,sample=4"};
+    for (size_t i = 0; i < sizeof learned / sizeof learned[0]; i++)
         for (int tiers = 1; tiers <= 3; tiers++)
             for (uint64_t seed = 1; seed <= 4; seed++)
                 fuzz_one(learned[i], tiers, 700, seed * 104729 + (uint64_t)tiers * 17 + i);
@@ -1819,6 +1820,8 @@ static void test_bytes_per_block(void **st) {
             /* value: ARC's exact ghosts and a second heap (T1) of 8 bytes a slot */
             double ghost = !strcmp(name, "value")    ? 24.0 + 8.0
                            : !strcmp(name, "lhd")    ? 24.0 + 8.0 /* and its class data */
+                           /* lrb: B1/B2, 16 bytes of data per ghost slot, 16 per node */
+                           : !strcmp(name, "lrb")    ? 24.0 + 16.0 + 16.0
                            : !strcmp(name, "arc")    ? 24.0
                            : !strcmp(name, "s3fifo") ? 24.0 * (double)(uint64_t)(0.9 * (double)caps[k]) /
                                                            (double)caps[k]
@@ -1827,7 +1830,10 @@ static void test_bytes_per_block(void **st) {
                 fail_msg("policy %s at %" PRIu64 " blocks: %.2f bytes per block > %.2f", name,
                          caps[k], b, 96.0 + ghost);
             /* value's main heap (as gdsf's); lhd's evictable set, 4 bytes a block */
-            double heap = !strcmp(name, "value") ? 8.0 : !strcmp(name, "lhd") ? 4.0 : 0.0;
+            double heap = !strcmp(name, "value") ? 8.0
+                          : !strcmp(name, "lhd") ? 4.0
+                          : !strcmp(name, "lrb") ? 8.0 /* two evictable sets */
+                                                 : 0.0;
             if (ghost > 0 && fabs(b - base - heap - ghost) > 1e-9)
                 fail_msg("policy %s at %" PRIu64 " blocks: ghost costs %.4f bytes per block, "
                          "not %.4f", name, caps[k], b - base - heap, ghost);
