@@ -965,6 +965,53 @@ static void test_value_pred(void **st) {
     }
 }
 
+/* value:hint=1: a chain whose last request ended its turn (IKV_HINT_TURN) goes before one whose
+ * client is expected back (a pending tool call), even when it is the more recent of the two;
+ * without the hint (value, and value:hint=1 fed no hints) the older chain goes, as by recency. */
+static uint64_t hint_run(const char *spec, int use_hints) {
+    ikv_cache *c = make(8, spec);
+    uint32_t a[3] = {1, 2, 3}, b[3] = {4, 5, 6}, d[3] = {7, 8, 9};
+    ikv_key ka[3], kb[3], kd[3];
+    chain(a, 3, 0, ka);
+    chain(b, 3, 0, kb);
+    chain(d, 3, 0, kd);
+    ikv_access_result r;
+    /* b first (its client will be back), then a (its turn ended): both reread once (T2) */
+    for (uint64_t round = 0; round < 2; round++) {
+        ikv_access acc = {.now = 10 * round + 1, .hint = use_hints ? IKV_HINT_SOON : 0};
+        assert_int_equal(ikv_cache_access(c, kb, 3, &acc, &r), 0);
+        acc = (ikv_access){.now = 10 * round + 2, .hint = use_hints ? IKV_HINT_TURN : 0};
+        assert_int_equal(ikv_cache_access(c, ka, 3, &acc, &r), 0);
+        CHECKED(c);
+    }
+    /* a new 3-block chain needs 1 more block than is free (8 - 6 = 2): one leaf goes */
+    ikv_access acc = {.now = 30};
+    assert_int_equal(ikv_cache_access(c, kd, 3, &acc, &r), 0);
+    CHECKED(c);
+    size_t ma = 0, mb = 0;
+    ikv_cache_match(c, ka, 3, NULL, NULL, &ma);
+    ikv_cache_match(c, kb, 3, NULL, NULL, &mb);
+    ikv_cache_destroy(c);
+    assert_true(ma + mb == 5);
+    return ma; /* 2: a lost its tail, 3: b did */
+}
+
+static void test_value_hint(void **st) {
+    (void)st;
+    assert_int_equal(hint_run("value:hint=1", 1), 2); /* the finished turn goes */
+    assert_int_equal(hint_run("value:hint=3", 1), 2); /* both are in T2 */
+    assert_int_equal(hint_run("value:hint=2", 1), 3); /* T1 only: recency decides in T2 */
+    assert_int_equal(hint_run("value:hint=1", 0), 3); /* no hints: the older (b) goes */
+    assert_int_equal(hint_run("value", 1), 3);        /* hints ignored by default */
+    const char *bad[] = {"value:hint=4", "value:hint=0.5", "value:hint=-1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ikv_cache_config cfg;
+        ikv_cache_config_default(&cfg, 16, bad[i]);
+        ikv_cache *c = NULL;
+        if (ikv_cache_create(&cfg, &c) != IKV_EPARAM) fail_msg("%s accepted", bad[i]);
+    }
+}
+
 /* value:hd=1 keeps ARC's split and orders T1 by the learned density (sampled): on a seeded
  * stream of 2-block chains (a skewed root, then one of 3 children) through 16 blocks, two caches
  * agree request for request (the sampling is seeded), the invariant walk holds after every
@@ -1950,6 +1997,7 @@ int main(void) {
         cmocka_unit_test(test_hd_model),
         cmocka_unit_test(test_value_hd),
         cmocka_unit_test(test_value_pred),
+        cmocka_unit_test(test_value_hint),
         cmocka_unit_test(test_policy_params),
         cmocka_unit_test(test_golden_mooncake),
         cmocka_unit_test(test_value_oracle),
