@@ -966,6 +966,53 @@ static void test_value_pred(void **st) {
     }
 }
 
+/* value:hint=1: a chain whose last request ended its turn (IKV_HINT_TURN) goes before one whose
+ * client is expected back (a pending tool call), even when it is the more recent of the two;
+ * without the hint (value, and value:hint=1 fed no hints) the older chain goes, as by recency. */
+static uint64_t hint_run(const char *spec, int use_hints) {
+    ikv_cache *c = make(8, spec);
+    uint32_t a[3] = {1, 2, 3}, b[3] = {4, 5, 6}, d[3] = {7, 8, 9};
+    ikv_key ka[3], kb[3], kd[3];
+    chain(a, 3, 0, ka);
+    chain(b, 3, 0, kb);
+    chain(d, 3, 0, kd);
+    ikv_access_result r;
+    /* b first (its client will be back), then a (its turn ended): both reread once (T2) */
+    for (uint64_t round = 0; round < 2; round++) {
+        ikv_access acc = {.now = 10 * round + 1, .hint = use_hints ? IKV_HINT_SOON : 0};
+        assert_int_equal(ikv_cache_access(c, kb, 3, &acc, &r), 0);
+        acc = (ikv_access){.now = 10 * round + 2, .hint = use_hints ? IKV_HINT_TURN : 0};
+        assert_int_equal(ikv_cache_access(c, ka, 3, &acc, &r), 0);
+        CHECKED(c);
+    }
+    /* a new 3-block chain needs 1 more block than is free (8 - 6 = 2): one leaf goes */
+    ikv_access acc = {.now = 30};
+    assert_int_equal(ikv_cache_access(c, kd, 3, &acc, &r), 0);
+    CHECKED(c);
+    size_t ma = 0, mb = 0;
+    ikv_cache_match(c, ka, 3, NULL, NULL, &ma);
+    ikv_cache_match(c, kb, 3, NULL, NULL, &mb);
+    ikv_cache_destroy(c);
+    assert_true(ma + mb == 5);
+    return ma; /* 2: a lost its tail, 3: b did */
+}
+
+static void test_value_hint(void **st) {
+    (void)st;
+    assert_int_equal(hint_run("value:hint=1", 1), 2); /* the finished turn goes */
+    assert_int_equal(hint_run("value:hint=3", 1), 2); /* both are in T2 */
+    assert_int_equal(hint_run("value:hint=2", 1), 3); /* T1 only: recency decides in T2 */
+    assert_int_equal(hint_run("value:hint=1", 0), 3); /* no hints: the older (b) goes */
+    assert_int_equal(hint_run("value", 1), 3);        /* hints ignored by default */
+    const char *bad[] = {"value:hint=4", "value:hint=0.5", "value:hint=-1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ikv_cache_config cfg;
+        ikv_cache_config_default(&cfg, 16, bad[i]);
+        ikv_cache *c = NULL;
+        if (ikv_cache_create(&cfg, &c) != IKV_EPARAM) fail_msg("%s accepted", bad[i]);
+    }
+}
+
 /* value:hd=1 keeps ARC's split and orders T1 by the learned density (sampled): on a seeded
  * stream of 2-block chains (a skewed root, then one of 3 children) through 16 blocks, two caches
  * agree request for request (the sampling is seeded), the invariant walk holds after every
@@ -1582,7 +1629,7 @@ static uint64_t gt_brute(const char *policy, uint64_t cap) {
  * sieve, s3fifo and arc were replayed by tests/tools/policy_model.py, an independent Python
  * model of each algorithm under the same leaf-only rules (plain lists, exact ghost lists
  * instead of the bucketed ghost table), which gives the same numbers at 1000-6000 blocks.
- * lhd's numbers (issue 15) are recorded from this implementation, not from an independent
+ * lhd's and lrb's numbers (issue 15) are recorded from the implementation, not from an independent
  * model: its sampled victims and learned densities have no simpler equivalent; what is
  * checked independently is its model (test_hd_model) and its decisions on a hand-built
  * stream (test_lhd_learns_hot_blocks).
@@ -1595,7 +1642,7 @@ static const struct {
     {"lru", {299, 360, 464}},    {"value", {299, 364, 464}}, {"opt", {676, 676, 676}},
     {"fifo", {299, 360, 464}},   {"lfu", {299, 364, 464}},   {"s3fifo", {299, 356, 464}},
     {"sieve", {299, 410, 596}},  {"arc", {299, 364, 464}},   {"gdsf", {299, 336, 563}},
-    {"lhd", {299, 356, 461}},
+    {"lhd", {299, 356, 461}},    {"lrb", {301, 401, 608}},
 };
 static const uint64_t GT_CAPS[3] = {1000, 3000, 5000};
 
@@ -1922,11 +1969,12 @@ static void test_fuzz_all_policies(void **st) {
                 fuzz_one(ikv_policy_name(p), tiers, 700, seed * 7919 + (uint64_t)tiers * 31 + p);
     /* the learned options with a model that recomputes often and samples few blocks */
     static const char *const learned[] = {"lhd:period=32,sample=4", "value:hd=3,hdperiod=32,hdsample=4",
-                                          "value:hd=1,hdperiod=32",
+                                          "value:hd=1,hdperiod=32", "lrb:period=32,sample=4,order=3",
+                                          "lrb:split=0,period=32,sample=4",
                                           /* the next-use predictor with every rule on */
                                           "value:nu=1,nusess=1,nuk=2,num=0.5,nughost=1",
                                           "value:nu=1,nuk=1,numode=3,nuadapt=0.5"};
-    for (size_t i = 0; i < 5; i++)
+    for (size_t i = 0; i < sizeof learned / sizeof learned[0]; i++)
         for (int tiers = 1; tiers <= 3; tiers++)
             for (uint64_t seed = 1; seed <= 4; seed++)
                 fuzz_one(learned[i], tiers, 700, seed * 104729 + (uint64_t)tiers * 17 + i);
@@ -2000,6 +2048,8 @@ static void test_bytes_per_block(void **st) {
             /* value: ARC's exact ghosts and a second heap (T1) of 8 bytes a slot */
             double ghost = !strcmp(name, "value")    ? 24.0 + 8.0
                            : !strcmp(name, "lhd")    ? 24.0 + 8.0 /* and its class data */
+                           /* lrb: B1/B2, 16 bytes of data per ghost slot, 16 per node */
+                           : !strcmp(name, "lrb")    ? 24.0 + 16.0 + 16.0
                            : !strcmp(name, "arc")    ? 24.0
                            : !strcmp(name, "s3fifo") ? 24.0 * (double)(uint64_t)(0.9 * (double)caps[k]) /
                                                            (double)caps[k]
@@ -2008,7 +2058,10 @@ static void test_bytes_per_block(void **st) {
                 fail_msg("policy %s at %" PRIu64 " blocks: %.2f bytes per block > %.2f", name,
                          caps[k], b, 96.0 + ghost);
             /* value's main heap (as gdsf's); lhd's evictable set, 4 bytes a block */
-            double heap = !strcmp(name, "value") ? 8.0 : !strcmp(name, "lhd") ? 4.0 : 0.0;
+            double heap = !strcmp(name, "value") ? 8.0
+                          : !strcmp(name, "lhd") ? 4.0
+                          : !strcmp(name, "lrb") ? 8.0 /* two evictable sets */
+                                                 : 0.0;
             if (ghost > 0 && fabs(b - base - heap - ghost) > 1e-9)
                 fail_msg("policy %s at %" PRIu64 " blocks: ghost costs %.4f bytes per block, "
                          "not %.4f", name, caps[k], b - base - heap, ghost);
@@ -2129,6 +2182,7 @@ int main(void) {
         cmocka_unit_test(test_value_nu_overdue),
         cmocka_unit_test(test_value_nu_session),
         cmocka_unit_test(test_value_nu),
+        cmocka_unit_test(test_value_hint),
         cmocka_unit_test(test_policy_params),
         cmocka_unit_test(test_golden_mooncake),
         cmocka_unit_test(test_value_oracle),
