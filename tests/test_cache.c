@@ -997,6 +997,35 @@ static uint64_t hint_run(const char *spec, int use_hints) {
     return ma; /* 2: a lost its tail, 3: b did */
 }
 
+/* Regression (value:hint=1 before 2026-12-01 20:50 UTC): a hint-doomed block went first only
+ * when REPLACE chose its own class, and a doomed victim moved that class's horizon to its
+ * key (-1e15), so the doom did not reach across classes as documented. Here a (hit: T2) ends
+ * its turn; b (new: T1) is a client expected back; REPLACE picks T1 (|T1| = 1 > p = 0): the
+ * doomed a must go all the same, b stays. Without hints b goes. */
+static void test_value_hint_either_class(void **st) {
+    (void)st;
+    for (int hint = 0; hint < 2; hint++) {
+        ikv_cache *c = make(2, "value:hint=1");
+        uint32_t ids[3] = {1, 2, 3};
+        ikv_key k[3];
+        for (int i = 0; i < 3; i++) chain(&ids[i], 1, 0, &k[i]);
+        ikv_access_result r;
+        ikv_access acc = {.now = 1, .hint = hint ? IKV_HINT_SOON : 0};
+        assert_int_equal(ikv_cache_access(c, &k[0], 1, &acc, &r), 0); /* a */
+        acc = (ikv_access){.now = 2, .hint = hint ? IKV_HINT_TURN : 0};
+        assert_int_equal(ikv_cache_access(c, &k[0], 1, &acc, &r), 0); /* a hit: T2, turn ended */
+        assert_int_equal(r.matched, 1);
+        acc = (ikv_access){.now = 3, .hint = hint ? IKV_HINT_SOON : 0};
+        assert_int_equal(ikv_cache_access(c, &k[1], 1, &acc, &r), 0); /* b: T1 */
+        acc.now = 4;
+        assert_int_equal(ikv_cache_access(c, &k[2], 1, &acc, &r), 0); /* c: needs room */
+        CHECKED(c);
+        assert_int_equal(resident1(c, 1), !hint);
+        assert_int_equal(resident1(c, 2), hint);
+        ikv_cache_destroy(c);
+    }
+}
+
 static void test_value_hint(void **st) {
     (void)st;
     assert_int_equal(hint_run("value:hint=1", 1), 2); /* the finished turn goes */
@@ -2183,6 +2212,7 @@ int main(void) {
         cmocka_unit_test(test_value_nu_session),
         cmocka_unit_test(test_value_nu),
         cmocka_unit_test(test_value_hint),
+        cmocka_unit_test(test_value_hint_either_class),
         cmocka_unit_test(test_policy_params),
         cmocka_unit_test(test_golden_mooncake),
         cmocka_unit_test(test_value_oracle),

@@ -130,9 +130,9 @@
  * says the request's response ended its turn (IKV_HINT_TURN: the chain waits for a person, or
  * is done) or left a tool call pending (IKV_HINT_SOON: back within seconds). hint=1 dooms a
  * block whose latest access ended a turn (k - DOOM: before every block whose client is
- * expected back); hint=2 in T1 only, hint=3 in T2 only. Measured (docs/policies.md): WEKA gap
- * closed 19% against 15%, best online in 5 of the 6 WEKA cells against 3; no other trace
- * carries the hint.
+ * expected back; from either class, as oracle's and pred's doomed blocks); hint=2 in T1 only,
+ * hint=3 in T2 only. Measured (docs/policies.md): WEKA gap closed 21% against 15%, best online
+ * in 5 of the 6 WEKA cells against 3; no other trace carries the hint.
  *
  * Hit density (hd=1, 2 or 3, off by default; issue 15): LHD's learned model (hdmodel.h; Beckmann
  * et al., NSDI'18; the `lhd` policy) orders T1 (hd=1), T2 (hd=2) or both (hd=3): the class's
@@ -1026,7 +1026,7 @@ static uint32_t replace(value *p) {
         l = !l;
         h = l == T1 ? &p->h1 : &p->hp.h;
     }
-    if (p->oracle > 0 || p->pred > 0 || p->nu > 0) {
+    if (p->oracle > 0 || p->pred > 0 || p->hint > 0 || p->nu > 0) {
         /* oracle=1/2: a block without future use goes first, from either class; the
          * frontiers (kv, kv1) stay where the live victims put them */
         for (int d = T1; d <= T2; d++) {
