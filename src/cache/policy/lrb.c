@@ -57,7 +57,8 @@
  * Parameters: sample (16), train (1), period (32768), pool (8), bmul (1), bound (0), ghost (1,
  * without the split), inherit (1), hitw (0: a bonus added to P of blocks hit since admission),
  * split (1), order (1), cbound (1 with the split), pq (0: P rounded down to steps of pq, so more
- * victims fall to the oldest; measured worse).
+ * victims fall to the oldest; measured worse), hint (0; 1: a sampled block whose latest access
+ * came with IKV_HINT_TURN, its turn ended, is taken first: P = -1).
  */
 #include "../internal.h"
 #include "ghostq.h"
@@ -75,7 +76,7 @@ typedef struct lrb_side {
     uint8_t fl;    /* IKV__LRB_ROOT | FORK | BACK | HIT */
     uint8_t valid; /* 1 while the block is in this tier */
     uint8_t cls;   /* split=1: ARC's class, 0 = T1, 1 = T2 (0 without the split) */
-    uint8_t pad;
+    uint8_t hint;  /* ikv_hint of its latest access (hint=1 uses it) */
 } lrb_side;
 
 /* What the ghost keeps of an evicted block, per ghost slot (16 bytes). */
@@ -90,7 +91,7 @@ typedef struct lrb {
     const uint64_t *now;
     uint64_t cap, node_limit;
     double sample, train, period, pool, bmul, bound, ghostw, inherit, hitw, split, order, cbound,
-        pq;
+        pq, hint;
     uint32_t *set[2]; /* the evictable blocks of each class; a block's position is its hpos */
     uint64_t len[2];
     uint64_t res[2];   /* split=1: resident blocks of T1 and T2 */
@@ -129,9 +130,10 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "order")) return ikv__param_whole("lrb", k, v, 0, 3, &p->order);
     if (!strcmp(k, "cbound")) return ikv__param_whole("lrb", k, v, 0, 1, &p->cbound);
     if (!strcmp(k, "pq")) return ikv__param_double("lrb", k, v, 0, 1, &p->pq);
+    if (!strcmp(k, "hint")) return ikv__param_whole("lrb", k, v, 0, 1, &p->hint);
     return ikv_error(IKV_EPARAM,
                      "lrb: unknown parameter '%s' (sample, train, period, pool, bmul, bound, "
-                     "ghost, inherit, hitw, split, order, cbound, pq)",
+                     "ghost, inherit, hitw, split, order, cbound, pq, hint)",
                      k);
 }
 
@@ -246,7 +248,7 @@ static void lrb_dequeue(void *s, uint32_t id) {
 /* A block entering the tier takes its history: its own from the ghost (plus this access), its
  * parent's when the parent was accessed in the same request (inherit=1), else none. */
 static void lrb_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
-    (void)a, (void)pos;
+    (void)pos;
     lrb *p = s;
     ikv__node *n = &p->nodes[id];
     lrb_side *sd = &p->side[id];
@@ -278,6 +280,7 @@ static void lrb_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         sd->cnt = 1;
     }
     if (n->depth == 0) sd->fl |= IKV__LRB_ROOT;
+    sd->hint = a ? (uint8_t)a->hint : 0;
     if (p->split > 0) sd->cls = back ? 1 : 0, p->res[sd->cls]++;
     if (n->parent != IKV_NIL) {
         const ikv__node *pa = &p->nodes[n->parent];
@@ -289,7 +292,7 @@ static void lrb_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
 /* A hit decides the block's pending sample and adds the gap to its history (node->last is
  * still the previous access). */
 static void lrb_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
-    (void)a, (void)pos;
+    (void)pos;
     lrb *p = s;
     ikv__node *n = &p->nodes[id];
     lrb_side *sd = &p->side[id];
@@ -304,6 +307,7 @@ static void lrb_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     uint64_t now = *p->now;
     push_gap(sd->g, &sd->cnt, now > n->last ? now - n->last : 0);
     sd->fl |= IKV__LRB_HIT;
+    sd->hint = a ? (uint8_t)a->hint : 0;
 }
 
 /* The boundary after one more eviction of a block of this age. bound=0: capacity x the time
@@ -420,6 +424,7 @@ static uint32_t pick(lrb *p, int l, int learned) {
                 if (p->pq > 0) pr = floorf(pr / (float)p->pq); /* coarser: more ties, by age */
                 if (sd->fl & IKV__LRB_HIT) pr += (float)p->hitw;
             }
+            if (p->hint > 0 && sd->hint == IKV_HINT_TURN) pr = -1; /* its turn ended */
             if (best == IKV_NIL || pr < bp ||
                 (pr == bp && (nd->last < p->nodes[best].last ||
                               (nd->last == p->nodes[best].last && id < best))))
