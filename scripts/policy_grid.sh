@@ -109,7 +109,7 @@ run_one() {
 }
 export -f run_one
 while read -r n p f; do printf '%s\0%s\0%s\0%s\0' "$n" "$p" "$f" "${CELL[$n]}"; done <"$jobs_file" |
-  xargs -0 -n 4 -P "$JOBS" bash -c 'run_one "$@"' _
+  xargs -0 -r -n 4 -P "$JOBS" bash -c 'run_one "$@"' _
 end=$(date +%s.%N)
 
 # the table

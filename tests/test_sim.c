@@ -1184,6 +1184,37 @@ static void test_regress_weka_zero_requests(void **state) {
     assert_non_null(strstr(first, want));
 }
 
+/* WEKA's "stop" becomes the request's hint (how its response ended: a pending tool call, the
+ * end of the turn, unknown for anything else or a missing field), including in a subagent. */
+static void test_weka_stop_hint(void **state) {
+    (void)state;
+    char path[512];
+    tmp_path(path, sizeof path, "weka_stop.jsonl");
+    write_file(path,
+               "{\"id\":\"a\",\"block_size\":64,\"requests\":["
+               "{\"t\":0,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[1],\"stop\":\"tool_use\"},"
+               "{\"t\":1,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[1],\"stop\":\"end_turn\"},"
+               "{\"t\":2,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[1]},"
+               "{\"t\":3,\"type\":\"subagent\",\"requests\":["
+               "{\"t\":0,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[2],\"stop\":\"end_turn\"}]},"
+               "{\"t\":4,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[1],\"stop\":\"max_tokens\"},"
+               "{\"t\":5,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[1],\"stop\":7}]}\n");
+    ikv_trace_opts to = {0};
+    ikv_trace *t;
+    assert_int_equal(ikv_trace_open(path, &to, &t), 0);
+    const int want[] = {IKV_HINT_SOON, IKV_HINT_TURN, IKV_HINT_NONE, IKV_HINT_TURN, IKV_HINT_NONE,
+                        IKV_HINT_NONE};
+    ikv_trace_request q;
+    size_t n = 0;
+    while (ikv_trace_next(t, &q) == 1) {
+        assert_true(n < 6);
+        if (q.hint != want[n]) fail_msg("request %zu: hint %d, want %d", n, q.hint, want[n]);
+        n++;
+    }
+    assert_int_equal(n, 6);
+    ikv_trace_close(t);
+}
+
 /* A 139-byte segments line could make the reader derive and hash 2^24 tokens; tokens per
  * segment and per request are capped (configurable), the line named with the limit. */
 static void test_regress_segment_token_caps(void **state) {
@@ -1320,6 +1351,7 @@ int main(void) {
         cmocka_unit_test(test_regress_absurd_numbers),
         cmocka_unit_test(test_regress_deep_nesting),
         cmocka_unit_test(test_regress_weka_zero_requests),
+        cmocka_unit_test(test_weka_stop_hint),
         cmocka_unit_test(test_regress_segment_token_caps),
         cmocka_unit_test(test_regress_thrash_window_bounded),
         cmocka_unit_test(test_regress_tiers_spec),

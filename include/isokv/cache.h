@@ -90,6 +90,17 @@ void ikv_cache_config_default(ikv_cache_config *cfg, uint64_t capacity, const ch
 int ikv_cache_create(const ikv_cache_config *cfg, ikv_cache **out);
 void ikv_cache_destroy(ikv_cache *c);
 
+/* What the caller knows, when a request's response ends, about the next read of its chain
+ * (ikv_access.hint). A response that ended in a tool call (OpenAI finish_reason "tool_calls",
+ * an agent's "tool_use" stop) is followed within seconds by the client's next turn carrying
+ * the tool's result; one that ended the turn waits for a person, or is the conversation's
+ * last. Online information a server has; a policy may use it (value: hint=W) or ignore it. */
+typedef enum ikv_hint {
+    IKV_HINT_NONE = 0, /* unknown */
+    IKV_HINT_SOON = 1, /* a tool call is pending: the client returns soon */
+    IKV_HINT_TURN = 2  /* the turn ended: the next read waits for a person, or never comes */
+} ikv_hint;
+
 /* Per-access information supplied by the caller. */
 typedef struct ikv_access {
     uint64_t now;             /* logical time of this access (monotonic; ms, request index...) */
@@ -97,6 +108,7 @@ typedef struct ikv_access {
     const uint64_t *next_use; /* per block: time of the next access to that block, IKV_NEVER if
                                  none; needed only by the opt policy (NULL otherwise) */
     const uint32_t *ntokens;  /* per block token count; NULL = all full blocks */
+    int hint;                 /* ikv_hint of this request's response; 0 = unknown */
 } ikv_access;
 
 /* Finds the longest resident prefix of keys[0..n). Writes its length to *matched, and for each

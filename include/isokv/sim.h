@@ -63,6 +63,8 @@ typedef struct ikv_trace_request {
     double service_ttft, service_latency;
     double service_queue;     /* "queue_s" (optional, <= ttft_s): the server's wait before it
                                  admitted the request (looked its prefix up); 0 if absent */
+    int hint;                 /* ikv_hint (cache.h) from how its response ended: weka "stop"
+                                 "tool_use" -> SOON, "end_turn" -> TURN; 0 = unknown */
 } ikv_trace_request;
 
 typedef struct ikv_trace_opts {

@@ -639,7 +639,7 @@ static void thrash(replay *s, const ikv_trace_request *q, size_t k) {
 
 static int order_one(replay *s, const ikv_trace_request *q) {
     ikv_replay_result *r = s->r;
-    ikv_access a = {.now = q->index + 1, .scope = q->session, .ntokens = q->ntokens};
+    ikv_access a = {.now = q->index + 1, .scope = q->session, .ntokens = q->ntokens, .hint = q->hint};
     a.next_use = next_uses(s, q);
     if (s->need_next && !a.next_use) return IKV_ENOMEM;
     ikv_access_result ar;
@@ -690,7 +690,7 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
     if (rc) return rc;
     if ((rc = ensure_scratch(s, q->n_blocks ? q->n_blocks : 1))) return rc;
 
-    ikv_access a = {.now = q->index + 1, .scope = q->session, .ntokens = q->ntokens};
+    ikv_access a = {.now = q->index + 1, .scope = q->session, .ntokens = q->ntokens, .hint = q->hint};
     a.next_use = next_uses(s, q);
     if (s->need_next && !a.next_use) return IKV_ENOMEM;
     ikv_cache_set_time(s->c, a.now);

@@ -42,6 +42,7 @@ typedef struct wreq {
     uint32_t conv;    /* accepted conversation index */
     uint32_t order;   /* position in the file within the conversation (depth-first) */
     uint32_t in, out; /* tokens */
+    uint8_t hint;     /* ikv_hint from "stop" */
     uint32_t n_blocks;
     uint32_t n_runs;
     uint64_t run_off; /* index of the first run in runs[] */
@@ -242,6 +243,11 @@ static int add_requests(weka *w, const cJSON *arr, double base, uint32_t conv, u
         q->order = (*order)++;
         q->in = (uint32_t)in;
         q->out = (uint32_t)out;
+        const cJSON *stop = cJSON_GetObjectItemCaseSensitive(r, "stop");
+        q->hint = !cJSON_IsString(stop)                       ? IKV_HINT_NONE
+                  : !strcmp(stop->valuestring, "tool_use") ? IKV_HINT_SOON
+                  : !strcmp(stop->valuestring, "end_turn") ? IKV_HINT_TURN
+                                                           : IKV_HINT_NONE;
         q->run_off = ar->run_off;
         size_t i = ar->n_ids;
         if (i != in / WEKA_BLOCK) {
@@ -359,6 +365,7 @@ static int wk_next(ikv_trace *t, ikv_trace_request *req) {
     req->session = (uint64_t)q->conv + 1;
     req->input_tokens = q->in;
     req->output_tokens = q->out;
+    req->hint = q->hint;
     req->n_blocks = q->n_blocks;
     req->keys = t->keys;
     req->ntokens = t->ntokens;

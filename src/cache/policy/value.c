@@ -126,6 +126,14 @@
  * each expert's evictions spoil the other's order (2M / 355: 0.408 against 0.427 split, 0.419
  * single heap; synthetic B personal-first 100,000 users: 0.177 against 0.313 and 0.159).
  *
+ * How the response ended (hint=1, 2 or 3, off by default; issue 15): the caller's ikv_access.hint
+ * says the request's response ended its turn (IKV_HINT_TURN: the chain waits for a person, or
+ * is done) or left a tool call pending (IKV_HINT_SOON: back within seconds). hint=1 dooms a
+ * block whose latest access ended a turn (k - DOOM: before every block whose client is
+ * expected back; from either class, as oracle's and pred's doomed blocks); hint=2 in T1 only,
+ * hint=3 in T2 only. Measured (docs/policies.md): WEKA gap closed 21% against 15%, best online
+ * in 5 of the 6 WEKA cells against 3; no other trace carries the hint.
+ *
  * Hit density (hd=1, 2 or 3, off by default; issue 15): LHD's learned model (hdmodel.h; Beckmann
  * et al., NSDI'18; the `lhd` policy) orders T1 (hd=1), T2 (hd=2) or both (hd=3): the class's
  * victim is the least dense of `hdsample` (64) blocks drawn from that heap's slots (the heap
@@ -158,6 +166,27 @@
  * Measured: WEKA gap closed 15-16% (the default's 15%; prcls=2 above the default in 16 of
  * 34 cells, below in 4 by <= 0.06 points), not the default (docs/policies.md).
  *
+ * Next-use predictor (nu=1, off by default; issue 15; nextuse.h; relaxed Belady as in LRB,
+ * Song et al., NSDI'20): per node, in side arrays indexed by node id (the pol area is full),
+ * the times of its last 4 accesses, a new tail inheriting its parent's history (same rule as
+ * the gap); the predicted gap is the largest of the last nugaps (3) gaps (numode=1; 0 the last,
+ * 2 the mean, 3 the smallest; nuew=1 value's smoothed gap instead); nusess=1: a block with no
+ * gap of its own (a first block, a chain re-inserted after its eviction) takes its session's
+ * last turn gap (ikv_access.scope; a direct-mapped table of 2^12-2^20 entries, 16 bytes each).
+ * At every access a block in a class of nucls (1 T1, 2 T2, 3 both; nuown=0: in T2 only by a
+ * session gap) whose predicted gap exceeds num (1) x its class's horizon is doomed (keyed
+ * k - DOOM, evicted first from either class, as oracle=3's doomed blocks); nuk=K > 0 (off by
+ * default): a block older than K x its predicted gap is overdue and evicted next (a min-heap of
+ * deadlines over the evictable blocks); nughost=1: a block back from B1/B2 resumes its last
+ * two access times from its ghost slot (8 bytes per slot); nuadapt=LR: num moves by exp(+-LR)
+ * on ghost hits of the predictor's evictions within the horizon (up) and of live ones within
+ * twice it (down). 16 bytes per node; nuk > 0: 24 per node + 8 per block of capacity;
+ * nusess: + the session table; nuadapt: 5 per ghost slot. Measured (docs/policies.md): a
+ * block that is hit was by survival back within its horizon, so its own history alone almost
+ * never predicts "beyond" (nu=1 alone ~ value on WEKA); the session gap carries the
+ * information: nu=1,nusess=1,num=1.25,nucls=1 closes 17% of the WEKA gap (value 15%), best
+ * online in 9 of 34 cells like value; not the default.
+ *
  * Parameters: split (1 default, 0 = one heap), t1key (1 default; 0 = T1 by recency), t2key (0
  * default; 1 = T2 by K), t2in (0 default, 1, 2), tlfu (0 = off, default; 1..15), new (unproven
  * gap in mean gaps, default 4; 0 = no penalty), ghost (split=0 only; default 0), smooth (default
@@ -166,7 +195,9 @@
  * H, default 1; 0 = every gap counts in full), fork (1 = forks start unproven, default; 0 =
  * they inherit), mix (0 default, 1, 2), lr (0.45), sample (16), hd (0 default; 1, 2, 3),
  * hdsample (64), hdperiod (65536 events), hddecay (0.9), pred (0 = off; 0-1), prperiod
- * (65536), prdepth (0, 1), prcls (3; 1, 2), oracle (0; 1-6, simulator only).
+ * (65536), prdepth (0, 1), prcls (3; 1, 2), nu (0; 1), numode (1; 0-3), nugaps (3; 1-3), nuk
+ * (0), num (1), nucls (3; 1, 2), nuown (1; 0), nusess (0; 1), nuew (0; 1), nughost (0; 1),
+ * nuadapt (0), oracle (0; 1-6, simulator only).
  * value:split=0,new=0,lru2=0,cost=0 is LRU.
  *
  * Node fields: pol.u32[0] = gap (float, time units; -1 = unproven), pol.u32[1] = cost per token
@@ -183,6 +214,7 @@
 #include "../internal.h"
 #include "ghostq.h"
 #include "hdmodel.h"
+#include "nextuse.h"
 #include "sketch.h"
 
 #include <math.h>
@@ -252,6 +284,7 @@ typedef struct value {
     /* oracle diagnostics (oracle > 0; simulator only, never an online policy): the replay
      * hands the future in ikv_access.next_use, as for opt */
     double oracle;
+    double hint; /* hint=1: a block whose last access came with IKV_HINT_TURN is doomed */
     /* reuse predictor (pred > 0, split=1): P(a block is reused before its class's eviction
      * horizon | its class), learned online; a block whose P is below `pred` is doomed */
     double pred;          /* doom threshold (0 = off) */
@@ -263,11 +296,37 @@ typedef struct value {
     float pr_no[128];     /* per class: evictions (less those a ghost hit took back) */
     double pr_yes_all, pr_no_all; /* the sums over the classes */
     uint64_t pr_doomed;   /* blocks keyed as doomed (tests, docs) */
+    /* next-use predictor (nu > 0, split=1; nextuse.h): per-block access history; a block
+     * predicted back later than num x its class's horizon is doomed, one older than nuk x its
+     * predicted gap is overdue (evicted first once evictable) */
+    double nu;      /* 0 off, 1 on */
+    double nu_mode; /* IKV__NU_LAST / MAX / MEAN / MIN over the last nugaps gaps */
+    double nu_gaps; /* gaps the prediction reads (1-3) */
+    double nu_k;    /* overdue at age > nuk x predicted gap (0: no overdue rule) */
+    double nu_m;    /* doomed when the predicted gap > num x the class's horizon (0: never) */
+    double nu_cls;  /* classes that may be doomed: 1 T1, 2 T2, 3 both */
+    double nu_ew;   /* 1: predict with value's smoothed gap (gap_of) instead of the history */
+    double nu_sess; /* 1: a block without a gap of its own takes its session's last turn gap */
+    double nu_own;  /* 0: T2 blocks are doomed only by their session's gap, never their own */
+    double nu_lr;   /* nuadapt: num *= exp(+-nulr) per ghost hit (0 = num fixed) */
+    uint32_t *nu_glast; /* per B1/B2 slot (nuadapt): the block's last access (32 bits) */
+    uint8_t *nu_gdoom;  /* per B1/B2 slot: 1 if the predictor chose that eviction */
+    int nu_pdoom;       /* the pending victim was chosen by the predictor */
+    double nu_ghost;    /* 1: a block back from B1/B2 resumes its history from its ghost slot */
+    uint32_t (*nu_gt)[2]; /* per B1/B2 slot (nughost): the block's last two access times */
+    uint32_t nu_xt[2];    /* nughost: the announced miss's ghost history (its slot may be reused
+                             by the victims leaving before its admit) */
+    uint64_t nu_false, nu_late; /* ghost hits: of predictor evictions within the horizon, of
+                                   live evictions within twice it (num up / down) */
+    ikv__nu nuu;
+    uint64_t nu_doomed; /* blocks keyed as doomed by the predictor (tests, docs) */
 } value;
 
 /* oracle=1/2: the key of a block with no future use (below every real key: evicted first) */
 #define DEADK (-5e14) /* at or below: doomed (oracle_key) */
 
+#define NU_MMIN 0.125 /* nuadapt keeps num within [NU_MMIN, NU_MMAX] */
+#define NU_MMAX 64.0
 #define W_MIN 0.001 /* an expert's weight never falls below this: it can win back */
 
 /* pol.u32[2] (split=1): bit 0 the class (T1 / T2), bits 3-4 t2in=2's record of children */
@@ -322,14 +381,27 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "prcls")) return ikv__param_whole("value", k, v, 1, 3, &p->pr_cls);
     if (!strcmp(k, "prdepth")) return ikv__param_double("value", k, v, 0, 1, &p->pr_depth);
     if (!strcmp(k, "prperiod")) return ikv__param_double("value", k, v, 16, 1e12, &p->pr_period);
+    if (!strcmp(k, "hint")) return ikv__param_whole("value", k, v, 0, 3, &p->hint);
     if (!strcmp(k, "oracle")) return ikv__param_whole("value", k, v, 0, 6, &p->oracle);
+    if (!strcmp(k, "nu")) return ikv__param_whole("value", k, v, 0, 1, &p->nu);
+    if (!strcmp(k, "numode")) return ikv__param_whole("value", k, v, 0, 3, &p->nu_mode);
+    if (!strcmp(k, "nugaps")) return ikv__param_whole("value", k, v, 1, 3, &p->nu_gaps);
+    if (!strcmp(k, "nuk")) return ikv__param_double("value", k, v, 0, 1e3, &p->nu_k);
+    if (!strcmp(k, "num")) return ikv__param_double("value", k, v, 0, 1e3, &p->nu_m);
+    if (!strcmp(k, "nucls")) return ikv__param_whole("value", k, v, 1, 3, &p->nu_cls);
+    if (!strcmp(k, "nuew")) return ikv__param_whole("value", k, v, 0, 1, &p->nu_ew);
+    if (!strcmp(k, "nusess")) return ikv__param_whole("value", k, v, 0, 1, &p->nu_sess);
+    if (!strcmp(k, "nuown")) return ikv__param_whole("value", k, v, 0, 1, &p->nu_own);
+    if (!strcmp(k, "nughost")) return ikv__param_whole("value", k, v, 0, 1, &p->nu_ghost);
+    if (!strcmp(k, "nuadapt")) return ikv__param_double("value", k, v, 0, 1, &p->nu_lr);
     if (!strcmp(k, "lr")) return ikv__param_double("value", k, v, 0.001, 10, &p->lr);
     if (!strcmp(k, "sample")) return ikv__param_double("value", k, v, 1, 1024, &p->sample);
     if (!strcmp(k, "fork")) return ikv__param_whole("value", k, v, 0, 1, &p->fork);
     return ikv_error(IKV_EPARAM,
                      "value: unknown parameter '%s' (new, smooth, cost, lru2, horizon, fork, "
                      "ghost, split, t2in, tlfu, mix, lr, sample, hd, hdsample, hdperiod, hddecay, "
-                     "pred, prperiod, prdepth, prcls, oracle)",
+                     "pred, prperiod, prdepth, prcls, hint, nu, numode, nugaps, nuk, num, nucls, "
+                     "nuew, nusess, nughost, nuadapt, oracle)",
                      k);
 }
 
@@ -352,6 +424,12 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
     p->hd_decay = 0.9;
     p->pr_period = 65536;
     p->pr_cls = 3;
+    p->nu_mode = IKV__NU_MAX;
+    p->nu_gaps = 3;
+    p->nu_k = 0;
+    p->nu_m = 1;
+    p->nu_cls = 3;
+    p->nu_own = 1;
     int rc = ikv__params_each(params, set_param, p);
     if (!rc && p->hd > 0 && !p->split)
         rc = ikv_error(IKV_EPARAM, "value: hd needs split=1 (it orders T1 and/or T2)");
@@ -366,6 +444,26 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
         p->hgd = ikv_calloc(env->capacity ? env->capacity : 1, sizeof *p->hgd);
         if (!p->hdm || !p->hgd) rc = IKV_ENOMEM;
         else ikv__hd_init(p->hdm, p->hd_period, p->hd_decay, 16);
+    }
+    if (!rc && p->nu > 0 && !p->split)
+        rc = ikv_error(IKV_EPARAM, "value: nu needs split=1 (it dooms within ARC's classes)");
+    if (!rc && p->nu > 0 &&
+        ikv__nu_init(&p->nuu, env->node_limit, env->capacity, (int)p->nu_mode, (int)p->nu_gaps,
+                     p->nu_sess > 0, p->nu_k > 0))
+        rc = IKV_ENOMEM;
+    if (!rc && p->nu_lr > 0 && (p->nu <= 0 || p->pred > 0 || p->hd > 0))
+        rc = ikv_error(IKV_EPARAM, "value: nuadapt needs nu=1, pred=0 and hd=0 (ghost slots)");
+    if (!rc && p->nu_ghost > 0 && (p->nu <= 0 || p->pred > 0 || p->hd > 0))
+        rc = ikv_error(IKV_EPARAM, "value: nughost needs nu=1, pred=0 and hd=0 (ghost slots)");
+    if (!rc && p->nu_ghost > 0) {
+        p->nu_gt = ikv_calloc(env->capacity ? env->capacity : 1, sizeof *p->nu_gt);
+        if (!p->nu_gt) rc = IKV_ENOMEM;
+    }
+    if (!rc && p->nu_lr > 0) {
+        uint64_t gc = env->capacity ? env->capacity : 1;
+        p->nu_glast = ikv_calloc(gc, sizeof *p->nu_glast);
+        p->nu_gdoom = ikv_calloc(gc, sizeof *p->nu_gdoom);
+        if (!p->nu_glast || !p->nu_gdoom) rc = IKV_ENOMEM;
     }
     if (!rc && p->oracle == 4 && p->split)
         rc = ikv_error(IKV_EPARAM, "value: oracle=4 orders one heap: it needs split=0");
@@ -385,6 +483,10 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
         ikv__ghostq_free(&p->xg);
         ikv_free(p->hdm);
         ikv_free(p->hgd);
+        ikv__nu_free(&p->nuu);
+        ikv_free(p->nu_glast);
+        ikv_free(p->nu_gdoom);
+        ikv_free(p->nu_gt);
         ikv_free(p);
         return rc;
     }
@@ -416,6 +518,10 @@ static void value_destroy(void *s) {
     ikv__ghostq_free(&p->xg);
     ikv_free(p->hdm);
     ikv_free(p->hgd);
+    ikv__nu_free(&p->nuu);
+    ikv_free(p->nu_glast);
+    ikv_free(p->nu_gdoom);
+    ikv_free(p->nu_gt);
     ikv_free(p);
 }
 
@@ -478,6 +584,44 @@ static double pr_key(value *p, ikv__node *n, int cls, double now, double k) {
     return k - DOOM;
 }
 
+/* nu: the block's predicted gap to its next use (its own access history, or with nuew=1
+ * value's smoothed gap), < 0 when none is known. */
+static inline double nu_gap(const value *p, uint32_t id) {
+    return p->nu_ew > 0 ? *gap_of(&p->hp.nodes[id]) : ikv__nu_gap(&p->nuu, id);
+}
+
+/* nu: after an access at `now` that left block id in class cls with key k, returns k, or
+ * k - DOOM when its predicted next use lies beyond num x the class's eviction horizon (it would
+ * be dropped before it comes back, were it kept like the others: evicted first, from either
+ * class, as oracle=3's doomed blocks); a live block with a known gap gets the overdue deadline
+ * now + nuk x gap (nuk > 0). A block without a known gap keeps k and has no deadline. O(1);
+ * O(log n) with nuk. Does not allocate. */
+static double nu_key(value *p, uint32_t id, int cls, const ikv_access *a, double now, double k) {
+    ikv__node *n = &p->hp.nodes[id];
+    int queued = (n->flags & IKV__QUEUED) != 0;
+    double g = nu_gap(p, id);
+    int own = g >= 0;
+    /* nusess: no gap of its own (a first block, a chain back after its eviction): the
+     * session's last turn gap, which is the block's own had it stayed */
+    if (p->nu_sess > 0 && a) {
+        double sg = ikv__nu_session(&p->nuu, a->scope, (uint64_t)now);
+        if (g < 0) g = sg;
+    }
+    if (g < 0) {
+        ikv__nu_set_deadline(&p->nuu, id, IKV__NU_NONE, queued);
+        return k;
+    }
+    if (p->nu_m > 0 && ((int)p->nu_cls & (1 << cls)) && !(own && cls == T2 && p->nu_own <= 0) &&
+        g > p->nu_m * pr_horizon(p, cls, now)) {
+        ikv__nu_set_deadline(&p->nuu, id, IKV__NU_NONE, queued);
+        p->nu_doomed++;
+        return k - DOOM;
+    }
+    double dl = p->nu_k > 0 ? now + p->nu_k * g + 1 : (double)IKV__NU_NONE;
+    ikv__nu_set_deadline(&p->nuu, id, dl < (double)IKV__NU_NONE ? (uint32_t)dl : IKV__NU_NONE - 1,
+                         queued);
+    return k;
+}
 
 /* The heap a block of this policy is queued on: T1's (split=1, probation) or the main one. */
 static inline ikv__heap *heap_of(value *p, ikv__node *n) {
@@ -502,6 +646,21 @@ static void value_miss(void *s, ikv_key k) {
                 if (p->pr_no[c] >= 1) p->pr_no[c] -= 1, p->pr_no_all -= 1;
                 p->pr_yes[c] += 1, p->pr_yes_all += 1;
             }
+        }
+        if (p->nu_ghost > 0) {
+            p->nu_xt[0] = g >= 0 ? p->nu_gt[slot][0] : 0;
+            p->nu_xt[1] = g >= 0 ? p->nu_gt[slot][1] : 0;
+        }
+        if (g >= 0 && p->nu_lr > 0) {
+            /* nuadapt: a block the predictor evicted that is back within its horizon was a
+             * false doom (doom less); a live victim back within twice its horizon is a miss
+             * that room made by dooming more would have avoided (doom more) */
+            double age = (double)(uint32_t)((uint32_t)*p->now - p->nu_glast[slot]);
+            double h = pr_horizon(p, g, (double)*p->now);
+            if (p->nu_gdoom[slot] && age <= h) p->nu_m *= exp(p->nu_lr), p->nu_false++;
+            else if (!p->nu_gdoom[slot] && age <= 2 * h) p->nu_m *= exp(-p->nu_lr), p->nu_late++;
+            if (p->nu_m < NU_MMIN) p->nu_m = NU_MMIN;
+            if (p->nu_m > NU_MMAX) p->nu_m = NU_MMAX;
         }
         if (g >= 0 && p->hdm) {
             /* the eviction cost a hit: the model counts the hit it would have been */
@@ -557,13 +716,22 @@ static void value_leave(void *s, uint32_t id) {
                 if (slot != IKV_NIL) p->hgd[slot] = (uint32_t)n->last | (uint64_t)HDC(n) << 56;
             }
         } else if (id == p->pending && p->pending_ghost) {
-            ikv__ghostq_add(&p->ghost, n->key, (int)CLS(n));
+            uint32_t slot = ikv__ghostq_add(&p->ghost, n->key, (int)CLS(n));
+            if (p->nu_lr > 0 && slot != IKV_NIL) {
+                p->nu_glast[slot] = (uint32_t)n->last;
+                p->nu_gdoom[slot] = (uint8_t)p->nu_pdoom;
+            }
+            if (p->nu_ghost > 0 && slot != IKV_NIL) {
+                p->nu_gt[slot][0] = p->nuu.t[id][0];
+                p->nu_gt[slot][1] = p->nuu.t[id][1];
+            }
         }
         if (id == p->pending && p->pending_exp >= 0)
             ikv__ghostq_add(&p->xg, n->key, p->pending_exp);
     } else if (id == p->pending && p->ghostw > 0) {
         ikv__ghostq_add(&p->ghost, n->key, 0);
     }
+    if (p->nu > 0) ikv__nu_set_deadline(&p->nuu, id, IKV__NU_NONE, 0);
     p->pending = IKV_NIL;
 }
 
@@ -571,11 +739,13 @@ static void value_queue(void *s, uint32_t id) {
     value *p = s;
     ikv__node *n = &p->hp.nodes[id];
     ikv__heap_push(heap_of(p, n), p->hp.nodes, id, IKV__HKEY(n));
+    if (p->nu_k > 0) ikv__nu_queue(&p->nuu, id);
 }
 
 static void value_dequeue(void *s, uint32_t id) {
     value *p = s;
     ikv__heap_remove(heap_of(p, &p->hp.nodes[id]), p->hp.nodes, id);
+    if (p->nu_k > 0) ikv__nu_dequeue(&p->nuu, id);
 }
 
 /* K(b) for a block last accessed at `last` (see the header). The horizon is read at `last`,
@@ -620,6 +790,15 @@ static inline double oracle_key(const value *p, int cls, const ikv_access *a, si
     return k;
 }
 
+/* hint=1: the request's response ended its turn (ikv_access.hint): its chain waits for a
+ * person's next message, or is done; doomed (k - DOOM), so it goes before any block whose
+ * client is expected back. hint=2: only in T1. hint=3: only in T2. */
+static inline double hint_key(const value *p, int cls, const ikv_access *a, double k) {
+    if (p->hint <= 0 || !a || a->hint != IKV_HINT_TURN) return k;
+    if ((p->hint == 2 && cls != T1) || (p->hint == 3 && cls != T2)) return k;
+    return k - DOOM;
+}
+
 /* split=1: the block's parent (same tier, same policy) had a child at this access. */
 static inline void mark_parent(value *p, ikv__node *n) {
     if (n->parent == IKV_NIL) return;
@@ -639,12 +818,21 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         if (!ntok) ntok = 1;
         *cpt_of(n) = (float)(p->cost_fn(p->cost_ctx, n->depth, ntok) / (double)ntok);
         float g = UNPROVEN;
+        uint32_t inh = IKV_NIL; /* the parent whose history n inherits */
         if (n->parent != IKV_NIL) {
             ikv__node *pa = &p->hp.nodes[n->parent];
             /* pa->nchild counts n already: more than 1 means n forks beside a sibling */
             if (pa->pol.u32[3] == TAG && pa->tier == n->tier &&
                 !(p->fork > 0 && pa->nchild[n->tier] > 1))
-                g = *gap_of(pa);
+                g = *gap_of(pa), inh = n->parent;
+        }
+        if (p->nu > 0) {
+            /* a tail inserted with its parent shares its future: it takes the parent's history */
+            if (inh != IKV_NIL && p->x_from < 0) ikv__nu_inherit(&p->nuu, id, inh);
+            else if (p->nu_ghost > 0 && p->x_from >= 0 && p->x_valid && ikv_key_eq(p->x, n->key))
+                ikv__nu_resume(&p->nuu, id, p->nu_xt);
+            else ikv__nu_start(&p->nuu, id, n->last);
+            ikv__nu_access(&p->nuu, id, n->last);
         }
         /* a block that came back from the ghost is proven: its gap is `ghost` horizons */
         if (p->ghostw > 0 && p->x_valid && p->x_hit && ikv_key_eq(p->x, n->key) && p->have_kv &&
@@ -658,6 +846,9 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         *cpt_of(n) = (float)(p->cost_fn(p->cost_ctx, n->depth, p->block_tokens) / p->block_tokens);
         n->pol.u32[3] = TAG;
     }
+    /* nu: the history arrays are this tier's own; a block arriving from another tier starts
+     * with its last access only */
+    if (!a && p->nu > 0) ikv__nu_start(&p->nuu, id, n->last);
     if (p->split) {
         /* T2 for a block back from B1/B2 (ARC), one whose key the sketch has seen tlfu times
          * (TinyLFU's longer memory), and (t2in=1) one that inherits its chain's gap; T1 else */
@@ -701,7 +892,9 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
                        : p->t1key ? key_at(p, n, n->last, p->kv1, p->have_kv1)
                                   : (double)n->last;
         if (a) IKV__HKEY(n) = oracle_key(p, (int)cls, a, pos, IKV__HKEY(n));
+        IKV__HKEY(n) = hint_key(p, (int)cls, a, IKV__HKEY(n));
         if (p->pred > 0) IKV__HKEY(n) = pr_key(p, n, (int)cls, (double)n->last, IKV__HKEY(n));
+        if (p->nu > 0) IKV__HKEY(n) = nu_key(p, id, (int)cls, a, (double)n->last, IKV__HKEY(n));
         return;
     }
     IKV__HKEY(n) = key_of(p, n, n->last);
@@ -719,11 +912,16 @@ static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     p->gbar = p->gbar == 0 ? gap : (1 - GBAR_W) * p->gbar + GBAR_W * gap;
     double k = p->split && p->t2key == 0 ? (double)now : key_of(p, n, now);
     k = oracle_key(p, T2, a, pos, k); /* a hit block is in T2 after this call */
+    k = hint_key(p, T2, a, k);
     if (p->pred > 0) {
         /* the class it had since its last access was reused while resident */
         p->pr_yes[HDC(n)] += 1, p->pr_yes_all += 1;
         pr_event(p);
         k = pr_key(p, n, T2, (double)now, k);
+    }
+    if (p->nu > 0) {
+        ikv__nu_access(&p->nuu, id, now);
+        k = nu_key(p, id, T2, a, (double)now, k);
     }
     if (p->split) {
         if (p->tlfu > 0) ikv__sketch_add(&p->sk, n->key);
@@ -828,7 +1026,7 @@ static uint32_t replace(value *p) {
         l = !l;
         h = l == T1 ? &p->h1 : &p->hp.h;
     }
-    if (p->oracle > 0 || p->pred > 0) {
+    if (p->oracle > 0 || p->pred > 0 || p->hint > 0 || p->nu > 0) {
         /* oracle=1/2: a block without future use goes first, from either class; the
          * frontiers (kv, kv1) stay where the live victims put them */
         for (int d = T1; d <= T2; d++) {
@@ -836,8 +1034,20 @@ static uint32_t replace(value *p) {
             uint32_t t = ikv__heap_top(hd);
             if (t != IKV_NIL && IKV__HKEY(&p->hp.nodes[t]) <= DEADK) {
                 p->pending_ghost = 1;
+                p->nu_pdoom = 1;
                 return p->pending = t;
             }
+        }
+    }
+    if (p->nu > 0 && p->nu_k > 0) {
+        /* nu: a block older than nuk x its predicted gap (its conversation probably ended)
+         * goes next; the frontiers stay where the live victims put them */
+        uint32_t o = ikv__nu_overdue(&p->nuu, *p->now);
+        if (o != IKV_NIL) {
+            p->nuu.taken++;
+            p->pending_ghost = 1;
+            p->nu_pdoom = 1;
+            return p->pending = o;
         }
     }
     uint32_t id = top_of(p, l);
@@ -866,6 +1076,7 @@ static uint32_t replace(value *p) {
 /* split=1: ARC's case IV directory rules (arc.c), then REPLACE. */
 static uint32_t split_victim(value *p) {
     p->pending_exp = -1;
+    p->nu_pdoom = 0;
     if (p->x_valid && p->x_from >= 0) return replace(p);
     uint64_t t1 = p->res[T1], b1 = ikv__ghostq_len(&p->ghost, 0);
     uint64_t total = t1 + p->res[T2] + b1 + ikv__ghostq_len(&p->ghost, 1);
@@ -900,7 +1111,14 @@ static size_t value_bytes(const void *s) {
     const value *p = s;
     return (size_t)(p->hp.h.cap + p->h1.cap) * sizeof(ikv__hslot) + ikv__ghostq_bytes(&p->ghost) +
            ikv__sketch_bytes(&p->sk) + ikv__ghostq_bytes(&p->xg) +
-           (p->hgd ? (size_t)p->c * sizeof *p->hgd : 0);
+           (p->hgd ? (size_t)p->c * sizeof *p->hgd : 0) + (p->nu > 0 ? ikv__nu_bytes(&p->nuu) : 0) +
+           (p->nu_glast ? (size_t)p->c * (sizeof *p->nu_glast + sizeof *p->nu_gdoom) : 0) +
+           (p->nu_gt ? (size_t)p->c * sizeof *p->nu_gt : 0);
+}
+
+/* nu's check: a block on the overdue heap must be evictable. */
+static int node_queued(const void *ctx, uint32_t id) {
+    return (((const ikv__node *)ctx)[id].flags & IKV__QUEUED) != 0;
 }
 
 /* Every queued block is on the heap of its class, and (split=1) the class counts, ARC's target
@@ -920,6 +1138,8 @@ static int value_check(const void *s) {
                         fabs(p->w[0] + p->w[1] - 1) < 1e-9 && ikv__ghostq_check(&p->xg) &&
                         ikv__ghostq_len(&p->xg, 0) + ikv__ghostq_len(&p->xg, 1) <= p->c))
         return 0;
+    if (p->nu > 0 && !ikv__nu_check(&p->nuu, node_queued, p->hp.nodes)) return 0;
+    if (p->nu_lr > 0 && !(p->nu_m >= NU_MMIN && p->nu_m <= NU_MMAX)) return 0;
     for (int i = 0; p->pred > 0 && i < 128; i++)
         if (!(p->pr_yes[i] >= 0 && p->pr_no[i] >= 0)) return 0;
     return p->res[T1] + p->res[T2] <= p->c && p->p >= 0 && p->p <= (double)p->c &&
@@ -952,7 +1172,7 @@ const ikv_policy_ops ikv_policy_value = {
            "next use: last - the part of the chain's reuse gap beyond the eviction horizon "
            "(unproven chains and forks: 4 mean gaps) + cost * mean gap * ln(recompute "
            "cost/token) (params split, t1key, t2key, t2in, tlfu, new, smooth, cost, lru2, "
-           "horizon, fork, ghost, mix, hd, pred; oracle: simulator diagnostics)",
+           "horizon, fork, ghost, mix, hd, pred, hint, nu; oracle: simulator diagnostics)",
     .create = value_create,
     .destroy = value_destroy,
     .miss = value_miss,

@@ -1,0 +1,311 @@
+/*
+ * Tests for the `lrb` policy (src/cache/policy/lrb.c, learned relaxed Belady) and its table
+ * model (lrbmodel.{h,c}): the model's quantization, labels, back-off and halving against
+ * numbers computed by hand; the policy learning on hand-built streams what LRU and its own
+ * unlearned order cannot (a periodically re-read block kept over once-read ones; the live
+ * conversations' new tails kept over dead chains); determinism and the invariant walker after
+ * every request; bad parameters rejected with a message naming them. The registry-wide tests
+ * of test_cache.c (differential fuzz against the brute-force oracle, golden counts, bytes per
+ * block, allocation failure) cover lrb too.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <cmocka.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "isokv/cache.h"
+#include "../src/cache/policy/lrbmodel.h"
+
+static ikv_cache *make(uint64_t cap, const char *policy) {
+    ikv_cache_config cfg;
+    ikv_cache_config_default(&cfg, cap, policy);
+    ikv_cache *c = NULL;
+    assert_int_equal(ikv_cache_create(&cfg, &c), 0);
+    return c;
+}
+
+#define CHECKED(c)                                                                                 \
+    do {                                                                                           \
+        if (!ikv_cache_check(c)) fail_msg("invariant: %s", ikv_errdetail());                       \
+    } while (0)
+
+static void chain(const uint32_t *ids, size_t n, ikv_key *out) {
+    for (size_t i = 0; i < n; i++)
+        out[i] = ikv_key_chain(7, i ? &out[i - 1] : NULL, &ids[i], 1, 0);
+}
+
+/* One request for the chain ids[0..n) at time now; returns the blocks matched. Checks the
+ * invariants (lrb's walker included) after it. */
+static size_t req(ikv_cache *c, const uint32_t *ids, size_t n, uint64_t now) {
+    ikv_key k[8];
+    chain(ids, n, k);
+    ikv_access acc = {.now = now};
+    ikv_access_result r;
+    assert_int_equal(ikv_cache_access(c, k, n, &acc, &r), 0);
+    CHECKED(c);
+    return r.matched;
+}
+
+static int resident1(const ikv_cache *c, uint32_t id) {
+    ikv_key k;
+    chain(&id, 1, &k);
+    size_t m;
+    ikv_cache_match(c, &k, 1, NULL, NULL, &m);
+    return m == 1;
+}
+
+/* ---- the model ---------------------------------------------------------------------------- */
+
+/* Half-octave codes and bins against the boundary, by hand; labels into a cell and its
+ * back-off levels; a cell with fewer than `pool` labels reads the next coarser level; every
+ * `period` labels the counts halve; the walker notices a corrupt count. */
+static void test_lrb_model(void **st) {
+    (void)st;
+    assert_int_equal(ikv__lrb_code(0), 0);
+    assert_int_equal(ikv__lrb_code(1), 1);
+    assert_int_equal(ikv__lrb_code(2), 3);
+    assert_int_equal(ikv__lrb_code(3), 4);
+    assert_int_equal(ikv__lrb_code(4), 5);
+    assert_int_equal(ikv__lrb_code(6), 6);
+    assert_int_equal(ikv__lrb_code(1u << 20), 41);
+    assert_int_equal(ikv__lrb_code(UINT64_MAX), 128);
+    uint32_t cb = ikv__lrb_code(100);
+    assert_int_equal(ikv__lrb_rel(cb, cb), 8);                  /* age = B */
+    assert_int_equal(ikv__lrb_rel(ikv__lrb_code(200), cb), 10); /* 2 B: two half-octaves */
+    assert_int_equal(ikv__lrb_rel(0, cb), 0);                   /* clamped */
+    assert_int_equal(ikv__lrb_rel(128, cb), IKV__LRB_NA - 1);
+    /* two cells that differ only in the gap before the last one share levels 1-3 */
+    uint32_t a = ikv__lrb_cell(ikv__lrb_code(50), ikv__lrb_code(80), ikv__lrb_code(80), 3, 0, cb);
+    uint32_t b = ikv__lrb_cell(ikv__lrb_code(50), ikv__lrb_code(80), ikv__lrb_code(8), 3, 0, cb);
+    uint32_t o = ikv__lrb_cell(ikv__lrb_code(800), ikv__lrb_code(80), 0, 1, IKV__LRB_ROOT, cb);
+    assert_true(a != b && a < IKV__LRB_NCELL && b < IKV__LRB_NCELL && o < IKV__LRB_NCELL);
+    ikv__lrbm *m = malloc(sizeof *m);
+    assert_non_null(m);
+    ikv__lrbm_init(m, 1000, 4);
+    assert_float_equal(ikv__lrbm_predict(m, a), 0.5, 1e-6); /* nothing known */
+    for (int i = 0; i < 9; i++)
+        ikv__lrbm_label(m, a, i < 6); /* 6 of 9 positive */
+    assert_float_equal(ikv__lrbm_predict(m, a), 6.5 / 10, 1e-6);
+    /* b has no labels of its own: its level-1 cell (age, gap, count) is a's */
+    assert_float_equal(ikv__lrbm_predict(m, b), 6.5 / 10, 1e-6);
+    for (int i = 0; i < 4; i++)
+        ikv__lrbm_label(m, b, 0); /* now b has pool = 4 labels */
+    assert_float_equal(ikv__lrbm_predict(m, b), 0.5 / 5, 1e-6);
+    assert_float_equal(ikv__lrbm_predict(m, a), 6.5 / 10, 1e-6);
+    /* o (another age bin) shares no level with a or b */
+    assert_float_equal(ikv__lrbm_predict(m, o), 0.5, 1e-6);
+    assert_true(ikv__lrbm_check(m));
+    assert_int_equal(m->total, 13);
+    assert_int_equal(m->total_pos, 6);
+    /* halving: after 1000 labels the counts halve: a 9 -> 4.5 (6 -> 3 positive), still its
+     * own; b 4 -> 2, below the pool: read from level 1, a's and b's halved: 3 of 6.5 */
+    for (int i = 13; i < 1000; i++)
+        ikv__lrbm_label(m, o, 1);
+    assert_float_equal(ikv__lrbm_predict(m, a), 3.5 / 5.5, 1e-6);
+    assert_float_equal(ikv__lrbm_predict(m, b), 3.5 / 7.5, 1e-6);
+    assert_int_equal(m->labels, 0);
+    assert_true(ikv__lrbm_check(m));
+    /* the walkers notice a corrupt count: the full one anywhere, the coarse one (lrb's, after
+     * every request) in the coarse levels */
+    m->l0[a].pos = m->l0[a].n + 1;
+    assert_false(ikv__lrbm_check(m));
+    assert_true(ikv__lrbm_check_coarse(m));
+    m->l0[a].pos = 0;
+    assert_true(ikv__lrbm_check(m));
+    m->l2[3].pos = m->l2[3].n + 1;
+    assert_false(ikv__lrbm_check(m));
+    assert_false(ikv__lrbm_check_coarse(m));
+    free(m);
+}
+
+/* ---- the policy --------------------------------------------------------------------------- */
+
+/* Hot blocks 1, 2, 3, each asked for every 6 requests, between one-shot blocks that never come
+ * back, through a 4-block cache: LRU never hits (5 distinct blocks between two uses of a hot
+ * one). Returns the hits on hot blocks in the last 100 rounds. */
+static uint64_t hot_and_oneshots(ikv_cache *c, int rounds, uint64_t *tp) {
+    uint64_t t = 1, hits = 0;
+    uint32_t one = 1000;
+    for (int r = 0; r < rounds; r++)
+        for (uint32_t h = 1; h <= 3; h++) {
+            size_t m = req(c, &h, 1, t++);
+            if (r >= rounds - 100) hits += m;
+            uint32_t o = one++;
+            req(c, &o, 1, t++);
+        }
+    *tp = t;
+    return hits;
+}
+
+/* The default lrb learns that a block with a gap of 6 comes back within the boundary and a
+ * one-shot (count 1, no gap) does not: the hot blocks hit on nearly every request once labels
+ * have come in, and a new one-shot evicts the previous one-shot, not the oldest hot block.
+ * LRU never hits, nor does lrb:order=0 (ARC's classes with both ordered by the sample's
+ * oldest, no model): the learned order in T1 is what keeps them. Plain LRB (split=0, one
+ * sampled set) learns it too once the boundary covers the gap (bmul=2); at bmul=1 its
+ * boundary is the LRU-like cache's characteristic time, 4 requests, shorter than the hot
+ * gap, so no sample is ever labelled positive and it stays a sampled LRU (a failure mode,
+ * kept visible). */
+static void test_lrb_learns_periodic(void **st) {
+    (void)st;
+    uint64_t t;
+    static const struct {
+        const char *spec;
+        uint64_t lo, hi;
+    } cases[] = {
+        {"lru", 0, 0},
+        {"lrb:order=0", 0, 0},
+        {"lrb:split=0,period=256", 0, 0},
+        {"lrb:split=0,period=256,bmul=2", 250, 300},
+        {"lrb:period=256", 280, 300},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ikv_cache *c = make(4, cases[i].spec);
+        uint64_t hits = hot_and_oneshots(c, 400, &t);
+        if (hits < cases[i].lo || hits > cases[i].hi)
+            fail_msg("%s: %" PRIu64 " hot hits of 300 in the last 100 rounds (want %" PRIu64
+                     "-%" PRIu64 ")",
+                     cases[i].spec, hits, cases[i].lo, cases[i].hi);
+        if (i + 1 < sizeof cases / sizeof cases[0]) {
+            ikv_cache_destroy(c);
+            continue;
+        }
+        uint32_t five = 5000;
+        assert_true(resident1(c, 1000 + 1199)); /* the last one-shot */
+        req(c, &five, 1, t++);
+        assert_false(resident1(c, 1000 + 1199));
+        assert_true(resident1(c, 1) && resident1(c, 2) && resident1(c, 3) && resident1(c, 5000));
+        ikv_cache_destroy(c);
+    }
+}
+
+/* Conversations and dead chains: 8 live conversations, each re-read every round as a chain
+ * that grows by one block per turn (so each turn's new tail is a once-seen block under a
+ * reused chain: T1 in ARC's split), interleaved with a fresh 2-block chain per turn that never
+ * comes back. Returns the hit blocks of the last half of `rounds`. */
+static uint64_t convs(ikv_cache *c, int rounds) {
+    uint64_t t = 1, hits = 0;
+    uint32_t fresh = 100000;
+    for (int r = 0; r < rounds; r++)
+        for (uint32_t v = 0; v < 8; v++) {
+            uint32_t ids[8];
+            size_t n = (size_t)(r % 6) + 1; /* a conversation restarts every 6 turns */
+            for (size_t i = 0; i < n; i++)
+                ids[i] = v * 1000 + (uint32_t)(r / 6) * 10 + (uint32_t)i;
+            size_t m = req(c, ids, n, t++);
+            if (r >= rounds / 2) hits += m;
+            uint32_t d[2] = {fresh, fresh + 1};
+            fresh += 2;
+            req(c, d, 2, t++);
+        }
+    return hits;
+}
+
+/* The default lrb (ARC's classes, T1 by the learned order, T2 by the sample's oldest) keeps
+ * the live conversations' new tails, which inherit their chain's turn gaps, over the dead
+ * chains' blocks in T1; lrb:order=0 (both classes by the sample's oldest: a sampled ARC) and
+ * lru cannot tell them apart, and without the inheritance (inherit=0) a new tail looks like a
+ * dead chain's block. Two caches agree request for request (the sampling is seeded). */
+static void test_lrb_keeps_live_tails(void **st) {
+    (void)st;
+    const char *specs[] = {"lru", "lrb:order=0", "lrb", "lrb:inherit=0"};
+    uint64_t hits[4];
+    for (int i = 0; i < 4; i++) {
+        ikv_cache *c = make(40, specs[i]);
+        hits[i] = convs(c, 300);
+        ikv_cache_destroy(c);
+    }
+    /* measured: lru 750, lrb:order=0 1425, lrb 1825, lrb:inherit=0 1475 */
+    if (hits[2] < hits[1] + hits[1] / 8 || hits[2] <= hits[0] || hits[2] <= hits[3])
+        fail_msg("lrb %" PRIu64 " hits, lrb:order=0 %" PRIu64 ", lru %" PRIu64
+                 ", lrb:inherit=0 %" PRIu64,
+                 hits[2], hits[1], hits[0], hits[3]);
+    ikv_cache *a = make(40, "lrb:period=64"), *b = make(40, "lrb:period=64");
+    assert_int_equal(convs(a, 100), convs(b, 100));
+    ikv_cache_destroy(a);
+    ikv_cache_destroy(b);
+}
+
+/* Every bad parameter is IKV_EPARAM with a message naming it. */
+/* lrb:hint=1: a chain whose last request ended its turn (IKV_HINT_TURN) goes before one whose
+ * client is expected back (a pending tool call), though it is the more recent of the two; fed
+ * no hints, or without hint=1, the older chain goes (T2 by the oldest of the sample). */
+static size_t hint_run(const char *spec, int use_hints) {
+    ikv_cache *c = make(8, spec);
+    ikv_key ka[3], kb[3], kd[3];
+    const uint32_t a[3] = {1, 2, 3}, b[3] = {4, 5, 6}, d[3] = {7, 8, 9};
+    chain(a, 3, ka);
+    chain(b, 3, kb);
+    chain(d, 3, kd);
+    ikv_access_result r;
+    for (uint64_t round = 0; round < 2; round++) { /* both reread once: T2 */
+        ikv_access acc = {.now = 10 * round + 1, .hint = use_hints ? IKV_HINT_SOON : 0};
+        assert_int_equal(ikv_cache_access(c, kb, 3, &acc, &r), 0);
+        acc = (ikv_access){.now = 10 * round + 2, .hint = use_hints ? IKV_HINT_TURN : 0};
+        assert_int_equal(ikv_cache_access(c, ka, 3, &acc, &r), 0);
+        CHECKED(c);
+    }
+    ikv_access acc = {.now = 30}; /* 3 new blocks, 2 free: one leaf goes */
+    assert_int_equal(ikv_cache_access(c, kd, 3, &acc, &r), 0);
+    CHECKED(c);
+    size_t ma = 0, mb = 0;
+    ikv_cache_match(c, ka, 3, NULL, NULL, &ma);
+    ikv_cache_match(c, kb, 3, NULL, NULL, &mb);
+    ikv_cache_destroy(c);
+    assert_int_equal(ma + mb, 5);
+    return ma; /* 2: a lost its tail, 3: b did */
+}
+
+static void test_lrb_hint(void **st) {
+    (void)st;
+    assert_int_equal(hint_run("lrb:hint=1", 1), 2);
+    assert_int_equal(hint_run("lrb:hint=1", 0), 3);
+    assert_int_equal(hint_run("lrb", 1), 3);
+}
+
+static void test_lrb_bad_params(void **st) {
+    (void)st;
+    static const struct {
+        const char *spec, *word;
+    } bad[] = {
+        {"lrb:nope=1", "nope"},
+        {"lrb:split=2", "split"},
+        {"lrb:split=0.5", "split"},
+        {"lrb:sample=0", "sample"},
+        {"lrb:bmul=0", "bmul"},
+        {"lrb:order=4", "order"},
+        {"lrb:period=8", "period"},
+        {"lrb:ghost=-1", "ghost"},
+        {"lrb:train=x", "train"},
+        {"lrb:bound=3", "bound"},
+        {"lrb:inherit=2", "inherit"},
+        {"lrb:pool=", "pool"},
+        {"lrb:split=0,cbound=1", "cbound"},
+        {"lrb:hint=2", "hint"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ikv_cache_config cfg;
+        ikv_cache_config_default(&cfg, 16, bad[i].spec);
+        ikv_cache *c = NULL;
+        if (ikv_cache_create(&cfg, &c) != IKV_EPARAM) fail_msg("%s accepted", bad[i].spec);
+        assert_null(c);
+        if (!strstr(ikv_errdetail(), bad[i].word))
+            fail_msg("%s: message '%s' does not name '%s'", bad[i].spec, ikv_errdetail(),
+                     bad[i].word);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_lrb_model),
+        cmocka_unit_test(test_lrb_learns_periodic),
+        cmocka_unit_test(test_lrb_keeps_live_tails),
+        cmocka_unit_test(test_lrb_hint),
+        cmocka_unit_test(test_lrb_bad_params),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
