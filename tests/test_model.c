@@ -852,6 +852,49 @@ static void test_pool(void **st) {
     ikv__pool_destroy(NULL);
 }
 
+/* ikv__pool_barrier: inside one region, no thread passes barrier k before every thread has
+ * reached it (each thread writes its slot of phase k, passes the barrier, then must see every
+ * other thread's phase-k slot written), over 300 barriers a region, at pool sizes 1, 2, 3 and
+ * 5 (more threads than this machine's cores: the waiting threads yield), twice, with the
+ * workers asleep between the regions once. */
+enum { BAR_PHASES = 300, BAR_MAXT = 5 };
+typedef struct bar_probe {
+    ikv__pool *pool;
+    int slot[BAR_MAXT][BAR_PHASES];
+    int bad[BAR_MAXT]; /* phase-k slots thread t found unwritten after barrier k */
+} bar_probe;
+
+static void bar_task(void *ctx, int t, int n) {
+    bar_probe *p = ctx;
+    for (int k = 0; k < BAR_PHASES; k++) {
+        __atomic_store_n(&p->slot[t][k], k + 1, __ATOMIC_RELAXED);
+        ikv__pool_barrier(p->pool, n);
+        for (int u = 0; u < n; u++)
+            if (__atomic_load_n(&p->slot[u][k], __ATOMIC_RELAXED) != k + 1) p->bad[t]++;
+    }
+}
+
+static void test_pool_barrier(void **st) {
+    (void)st;
+    static const int sizes[] = {1, 2, 3, 5};
+    for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        bar_probe *p = calloc(1, sizeof *p);
+        assert_non_null(p);
+        assert_int_equal(ikv__pool_create(sizes[si], &p->pool), 0);
+        for (int rep = 0; rep < 2; rep++) {
+            memset(p->slot, 0, sizeof p->slot);
+            ikv__pool_run(p->pool, bar_task, p);
+            for (int t = 0; t < sizes[si]; t++) {
+                assert_int_equal(p->bad[t], 0);
+                assert_int_equal(p->slot[t][BAR_PHASES - 1], BAR_PHASES);
+            }
+            usleep(20000); /* the workers fall asleep before the second region */
+        }
+        ikv__pool_destroy(p->pool);
+        free(p);
+    }
+}
+
 /* Runs `isokv ARGS` (the words of args, no shell), capturing stdout into out (at most cap
  * bytes); returns the exit status. */
 static int run_isokv(const char *args, char *out, size_t cap) {
@@ -1559,6 +1602,7 @@ int main(void) {
         cmocka_unit_test(test_exact_with_cache),
         cmocka_unit_test(test_decode_thread_invariant),
         cmocka_unit_test(test_pool),
+        cmocka_unit_test(test_pool_barrier),
         cmocka_unit_test(test_grouped_calls_exact),
         cmocka_unit_test(test_bench_cli),
         cmocka_unit_test(test_model_run_cli),

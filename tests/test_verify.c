@@ -37,8 +37,10 @@ static uint64_t free_blocks(const ikv_engine *e) {
     return st.free_blocks;
 }
 
-/* The exactness checks on one model and prompt at one thread count. */
-static void exact_on(const ikv_model *m, const uint32_t *P, size_t np, int threads) {
+/* The exactness checks on one model and prompt at one thread count; fused: the engine's steps
+ * forced through the fused pass (forward.c; ikv__fused_force(1)), the reference decoded
+ * without it. */
+static void exact_on(const ikv_model *m, const uint32_t *P, size_t np, int threads, int fused) {
     const int V = m->cfg.vocab_size;
     enum { DEC = 48, K = 12 };
     ikv_engine_options o;
@@ -50,7 +52,9 @@ static void exact_on(const ikv_model *m, const uint32_t *P, size_t np, int threa
     float *ref = malloc(sizeof(float) * (size_t)V * (DEC + 1));
     float *all = malloc(sizeof(float) * (size_t)V * (K + 1));
     uint32_t gen[DEC];
+    ikv__fused_force(0);
     tu_greedy_ref(m, &o, P, np, DEC, ref, gen);
+    ikv__fused_force(fused ? 1 : -1);
     ikv_engine *e;
     assert_int_equal(ikv_engine_create(m, &o, &e), 0);
     ikv_request rq = {.tokens = P, .n = np, .tenant = "T", .max_new = DEC + K + 2};
@@ -167,6 +171,7 @@ static void exact_on(const ikv_model *m, const uint32_t *P, size_t np, int threa
     }
     assert_true(ikv_engine_check(e));
     ikv_engine_destroy(e);
+    ikv__fused_force(-1);
     free(ref);
     free(all);
 }
@@ -186,7 +191,8 @@ static void test_verify_exact_real(void **st) {
                                           1, 0, P, 128, &np),
                      0);
     for (int th = 1; th <= 2; th++)
-        exact_on(m, P, np, th);
+        for (int fz = 0; fz <= 1; fz++)
+            exact_on(m, P, np, th, fz);
     ikv_tokenizer_destroy(tk);
     ikv_model_destroy(m);
 }
@@ -200,8 +206,9 @@ static void test_verify_exact_generated(void **st) {
     uint32_t P[40];
     for (int i = 0; i < 40; i++)
         P[i] = (uint32_t)(3 + (i * 37) % 400);
-    for (int th = 1; th <= 2; th++)
-        exact_on(m, P, 29, th); /* 29: the draft crosses block boundaries at 32, 48, ... */
+    for (int th = 1; th <= 3; th++) /* 3: the fused pass's row shares of 16 leave one empty */
+        for (int fz = 0; fz <= 1; fz++)
+            exact_on(m, P, 29, th, fz); /* 29: the draft crosses block boundaries at 32, 48, ... */
     ikv_model_destroy(m);
 }
 
@@ -218,7 +225,9 @@ static void test_step_drafts_mixed(void **st) {
     assert_int_equal(ikv_model_random(&c, 11, &m), 0);
     const int V = c.vocab_size;
     enum { NS = 3, DEC = 40, K = 7, NP = 21 };
-    for (int th = 1; th <= 2; th++) {
+    for (int run = 0; run < 4; run++) { /* 1 and 2 threads, the fused pass off and forced on */
+        const int th = 1 + run / 2;
+        ikv__fused_force(0);
         ikv_engine_options o;
         ikv_engine_options_default(&o);
         o.threads = th;
@@ -233,6 +242,7 @@ static void test_step_drafts_mixed(void **st) {
             ref[q] = malloc(sizeof(float) * (size_t)V * (DEC + K + 3));
             tu_greedy_ref(m, &o, P[q], NP, DEC + K + 2, ref[q], gen[q]);
         }
+        ikv__fused_force(run % 2);
         ikv_engine *e;
         assert_int_equal(ikv_engine_create(m, &o, &e), 0);
         assert_true(ikv_engine_max_rows(e) >= 2 * (K + 1) + 1);
@@ -303,6 +313,7 @@ static void test_step_drafts_mixed(void **st) {
         }
         assert_true(ikv_engine_check(e));
         ikv_engine_destroy(e);
+        ikv__fused_force(-1);
     }
     ikv_model_destroy(m);
 }
@@ -547,7 +558,9 @@ static void test_verify_sampling_distribution(void **st) {
  * and off, the reference being a decode with them off (and a decode with them on must give the
  * same bits): a draft of DEC tokens (rows in groups of 16, 16, ..., and a short last group), at
  * block sizes 16 and 5 (a row's last block then holds fewer than 8 keys: the exp sums' tail), at 1,
- * 2 and 3 threads; every row's logits bit-identical to the decode reference in both settings. */
+ * 2 and 3 threads, through the fused pass and the region-per-phase one (forward.c), and with
+ * fewer threads active than the pool has; every row's logits bit-identical to the decode
+ * reference in every setting. */
 static void rows_kernel_on(const ikv_model *m, const uint32_t *P, size_t np, int expect_usable) {
     const int V = m->cfg.vocab_size;
     enum { DEC = 70 };
@@ -567,16 +580,24 @@ static void rows_kernel_on(const ikv_model *m, const uint32_t *P, size_t np, int
             o.max_draft = DEC;
             /* the reference: decoding with every AVX-512 kernel off (the AVX2 + FMA path) */
             ikv__batch512_force(0);
+            ikv__fused_force(0);
             tu_greedy_ref(m, &o, P, np, DEC, ref, gen);
-            /* decoding with them on gives the same bits (they apply to batches of >= 4 rows) */
+            /* decoding with them on gives the same bits (they apply to batches of >= 4 rows),
+             * and so does decoding every one-row step through the fused pass */
             ikv__batch512_force(1);
+            ikv__fused_force(1);
             tu_greedy_ref(m, &o, P, np, DEC, ref2, gen2);
             assert_memory_equal(ref2, ref, sizeof(float) * (size_t)V * (DEC + 1));
             assert_memory_equal(gen2, gen, sizeof gen);
             ikv_engine *e;
             assert_int_equal(ikv_engine_create(m, &o, &e), 0);
-            for (int on = 1; on >= 0; on--) {
+            /* the kernels on and off, each with the fused pass forced on, off, and by default;
+             * at 3 threads also with 2 of them active (the fused pass cannot run there) */
+            for (int run = 0; run < (th == 3 ? 8 : 6); run++) {
+                const int on = run % 2 == 0, fz = run / 2 % 3 == 2 ? -1 : run / 2 % 3;
                 ikv__batch512_force(on);
+                ikv__fused_force(fz);
+                assert_int_equal(ikv_engine_set_threads(e, run >= 6 ? 2 : 0), 0);
                 assert_int_equal(ikv__attn_rows_usable(e), on && expect_usable);
                 ikv_request rq = {.tokens = P, .n = np, .tenant = "T", .max_new = DEC + 2};
                 ikv_seq *s;
@@ -592,6 +613,7 @@ static void rows_kernel_on(const ikv_model *m, const uint32_t *P, size_t np, int
                 assert_true(ikv_engine_check(e));
             }
             ikv__batch512_force(-1);
+            ikv__fused_force(-1);
             ikv_engine_destroy(e);
         }
     free(ref), free(ref2);
@@ -704,6 +726,57 @@ static void test_argmax_exact(void **st) {
     ikv__batch512_force(-1);
 }
 
+/* The decode path's exp (forward.c exp_neg8 / exp_neg_fma1, batch512.c exp_neg16 on AVX2 +
+ * FMA; exp_neg4 / exp_neg_scalar on SSE2): one lane, the 8- (or 4-) lane vector and the
+ * 16-lane one give the same bits for every input (every 256th float of [-87, 0], the ends,
+ * signed zeros, tiny and out-of-range values, NaN and infinities), and the result is within
+ * 2 ulp of the double-precision exp on [-87, 0] (inputs below are clamped to -87; NaN gives
+ * e^-87, +inf and positive values 1). */
+static void test_exp_paths(void **st) {
+    (void)st;
+    enum { SPECIAL = 16 };
+    const uint32_t lo = 0x80000000u, hi = 0xC2AE0000u, stride = 256; /* -0 .. -87 */
+    const size_t n = SPECIAL + (hi - lo) / stride + 1;
+    float *x = malloc(sizeof(float) * n), *o1 = malloc(sizeof(float) * n);
+    float *o8 = malloc(sizeof(float) * n), *o16 = malloc(sizeof(float) * n);
+    static const float sp[SPECIAL] = {0.0f, -0.0f, -87.0f, -87.5f, -100.0f, -1e-30f, -1e-45f,
+                                      1.0f, 1e30f, -0.34657359f, -0.693147181f, -1.0f,
+                                      -86.99999f, 0.5f, 0.0f, 0.0f};
+    memcpy(x, sp, sizeof sp);
+    x[13] = -INFINITY, x[14] = INFINITY, x[15] = NAN;
+    for (size_t i = SPECIAL; i < n; i++) {
+        const uint32_t b = lo + (uint32_t)(i - SPECIAL) * stride;
+        memcpy(&x[i], &b, sizeof b);
+    }
+    for (int sse = 1; sse >= 0; sse--) { /* the SSE2 path first, then the default */
+        ikv__simd_force(sse ? 0 : -1);
+        ikv__exp_neg_paths(x, n, o1, o8);
+        assert_memory_equal(o1, o8, sizeof(float) * n);
+        if (!sse && ikv__batch512_on()) {
+            memcpy(o16, o1, sizeof(float) * n);
+            assert_true(ikv__exp_neg16_buf(x, n, o16) == (n & ~(size_t)15));
+            assert_memory_equal(o16, o1, sizeof(float) * n);
+        }
+        const float e87 = o1[2];
+        assert_true(o1[0] == 1.0f && o1[1] == 1.0f && o1[7] == 1.0f && o1[8] == 1.0f);
+        assert_true(o1[14] == 1.0f && o1[13] == e87 && o1[15] == e87 && o1[4] == e87);
+        double worst = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!(x[i] <= 0.0f && x[i] >= -87.0f)) continue;
+            const double ex = exp((double)x[i]);
+            const float fe = (float)ex;
+            const double ulp = (double)nextafterf(fe, INFINITY) - (double)fe;
+            const double err = fabs((double)o1[i] - ex) / ulp;
+            if (err > worst) worst = err;
+        }
+        printf("exp on [-87, 0], %s path: at most %.3f ulp from the double exp over %zu inputs\n",
+               sse ? "SSE2" : "default", worst, n);
+        assert_true(worst <= 2.0);
+    }
+    ikv__simd_force(-1);
+    free(x), free(o1), free(o8), free(o16);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_accept_rule_arithmetic),
@@ -713,6 +786,7 @@ int main(void) {
         cmocka_unit_test(test_verify_rows_kernel),
         cmocka_unit_test(test_linear_rows_tiles),
         cmocka_unit_test(test_argmax_exact),
+        cmocka_unit_test(test_exp_paths),
         cmocka_unit_test(test_step_drafts_mixed),
         cmocka_unit_test(test_lookup_draft_oracle),
         cmocka_unit_test(test_verify_sampling_distribution),

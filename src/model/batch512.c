@@ -6,7 +6,8 @@
  *   - multi-row decode attention (ikv__attn_rows), below;
  *   - RMSNorm of 16 rows at once (ikv__rmsnorm_rows): lane j is row j, the sum of squares in the
  *     scalar loop's order per lane, then the row scaled 16 elements at a time;
- *   - SwiGLU on 16 lanes (ikv__swiglu512): swiglu_avx2's operations per element;
+ *   - SwiGLU on 16 lanes (ikv__swiglu512): swiglu_avx2's operations per element (the last
+ *     n mod 16 elements under a lane mask);
  *   - the greedy argmax (ikv__argmax): the first index of the largest value, as the scalar
  *     loop `if (x[i] > x[best]) best = i` finds it (NaNs never win; x[0] NaN gives 0).
  * The weight-product kernels (16 batch rows as lanes, 4 x 4 tiles) live in linear.c, the seam of
@@ -91,38 +92,68 @@ int ikv__attn_rows_usable(const struct ikv_engine *e) {
 }
 
 #ifdef AR_AVX512
-/* exp_neg8 of forward.c on 16 lanes, operation for operation (no FMA: a separate multiply and
- * add, as the scalar code rounds them), so a value gets the same bits on any of the paths. */
-__attribute__((target("avx512f"))) static inline __m512 exp_neg16(__m512 r) {
+/* exp_neg8 of forward.c on 16 lanes, operation for operation (the same fused multiply-adds,
+ * each rounded once), so a value gets the same bits on any of the paths. */
+__attribute__((target("avx512f,fma"))) static inline __m512 exp_neg16(__m512 r) {
     r = _mm512_max_ps(r, _mm512_set1_ps(-87.0f));
     r = _mm512_min_ps(r, _mm512_setzero_ps());
     const __m512 mag = _mm512_set1_ps(12582912.0f);
-    __m512 nn = _mm512_sub_ps(
-        _mm512_add_ps(_mm512_mul_ps(r, _mm512_set1_ps(1.44269504088896341f)), mag), mag);
-    __m512 f = _mm512_sub_ps(_mm512_sub_ps(r, _mm512_mul_ps(nn, _mm512_set1_ps(0.693359375f))),
-                             _mm512_mul_ps(nn, _mm512_set1_ps(-2.12194440e-4f)));
+    const __m512 nn =
+        _mm512_sub_ps(_mm512_fmadd_ps(r, _mm512_set1_ps(1.44269504088896341f), mag), mag);
+    __m512 f = _mm512_fnmadd_ps(nn, _mm512_set1_ps(0.693359375f), r);
+    f = _mm512_fnmadd_ps(nn, _mm512_set1_ps(-2.12194440e-4f), f);
     __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_add_ps(_mm512_mul_ps(p, f), _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, f), _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, f), _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, f), _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_add_ps(_mm512_mul_ps(p, f), _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(p, _mm512_mul_ps(f, f)), f),
-                      _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(f, f), f), _mm512_set1_ps(1.0f));
     __m512i e =
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(nn), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
+__attribute__((target("avx512f,fma"))) size_t ikv__exp_neg16_buf(const float *x, size_t n,
+                                                                 float *o) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(o + i, exp_neg16(_mm512_loadu_ps(x + i)));
+    return i;
+}
+#else
+size_t ikv__exp_neg16_buf(const float *x, size_t n, float *o) {
+    (void)x, (void)n, (void)o;
+    return 0;
+}
+#endif
+
+#ifdef AR_AVX512
 /* ((a0 + a1) + (a2 + a3)) + ((a4 + a5) + (a6 + a7)), lane by lane. */
 __attribute__((target("avx512f"))) static inline __m512 tree8(const __m512 *a) {
     return _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])),
                          _mm512_add_ps(_mm512_add_ps(a[4], a[5]), _mm512_add_ps(a[6], a[7])));
 }
 
+/* The 16 lanes' scores of key k (one head): dot products with the query's 8-float chunks in 8
+ * accumulators, their tree, times the scale (scores1_fma's arithmetic per lane). */
+__attribute__((target("avx512f,fma"), always_inline)) static inline __m512
+score16(const __m512 *qv, const float *k, const int hd, const __m512 vscale) {
+    __m512 acc[8];
+#pragma GCC unroll 8
+    for (int u = 0; u < 8; u++)
+        acc[u] = _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int c = 0; c < hd; c += 8)
+#pragma GCC unroll 8
+        for (int u = 0; u < 8; u++)
+            acc[u] = _mm512_fmadd_ps(qv[c + u], _mm512_set1_ps(k[c + u]), acc[u]);
+    return _mm512_mul_ps(tree8(acc), vscale);
+}
+
 /* One head of one chunk for the group's lanes: the state (O, M, L) after the chunk's blocks.
  * hd is a constant where the caller knows it (always_inline), so O stays in registers. */
-__attribute__((target("avx512f"), always_inline)) static inline void
+__attribute__((target("avx512f,fma"), always_inline)) static inline void
 head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, size_t jb0,
            size_t jb1, const float *qT, __m512i vnk, size_t nkmax, float *S, const int hd,
            __m512 *Oout, __m512 *Mout, __m512 *Lout) {
@@ -147,27 +178,24 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
         const __mmask16 act = _mm512_cmpgt_epi32_mask(vc, zi);
         const uint32_t blk = s->table[jb];
         const float *kb = ikv__kv_at(e, blk, l, 0, g, 0), *vb = ikv__kv_at(e, blk, l, 1, g, 0);
+        /* keys [0, lo) are seen by every active lane, [0, lo8) are in every active lane's
+         * 8-wide partial sums: there a key's lane mask is act, computed once (lo8 <= lo) */
+        const size_t lo = (size_t)_mm512_mask_reduce_min_epi32(act, vc);
+        const size_t lo8 = (size_t)_mm512_mask_reduce_min_epi32(act, vc8);
         /* scores, and each lane's block maximum over its keys in key order */
-        __m512 bm = _mm512_setzero_ps();
-        for (size_t i = 0; i < cntmax; i++) {
-            const float *k = kb + i * H;
-            __m512 acc[8];
-#pragma GCC unroll 8
-            for (int u = 0; u < 8; u++)
-                acc[u] = _mm512_setzero_ps();
-#pragma GCC unroll 8
-            for (int c = 0; c < hd; c += 8)
-#pragma GCC unroll 8
-                for (int u = 0; u < 8; u++)
-                    acc[u] = _mm512_fmadd_ps(qv[c + u], _mm512_set1_ps(k[c + u]), acc[u]);
-            const __m512 si = _mm512_mul_ps(tree8(acc), vscale);
+        __m512 bm = score16(qv, kb, hd, vscale);
+        _mm512_storeu_ps(S, bm);
+        size_t i = 1;
+        for (; i < lo; i++) {
+            const __m512 si = score16(qv, kb + i * H, hd, vscale);
             _mm512_storeu_ps(S + i * AR_LANES, si);
-            if (i == 0) {
-                bm = si;
-            } else {
-                const __mmask16 mi = _mm512_cmplt_epi32_mask(_mm512_set1_epi32((int)i), vc);
-                bm = _mm512_mask_mov_ps(bm, _mm512_mask_cmp_ps_mask(mi, si, bm, _CMP_GT_OQ), si);
-            }
+            bm = _mm512_mask_mov_ps(bm, _mm512_mask_cmp_ps_mask(act, si, bm, _CMP_GT_OQ), si);
+        }
+        for (; i < cntmax; i++) {
+            const __m512 si = score16(qv, kb + i * H, hd, vscale);
+            _mm512_storeu_ps(S + i * AR_LANES, si);
+            const __mmask16 mi = _mm512_cmplt_epi32_mask(_mm512_set1_epi32((int)i), vc);
+            bm = _mm512_mask_mov_ps(bm, _mm512_mask_cmp_ps_mask(mi, si, bm, _CMP_GT_OQ), si);
         }
         /* raise M; rescale O and L where M was finite */
         const __mmask16 upd = act & _mm512_cmp_ps_mask(bm, M, _CMP_GT_OQ);
@@ -187,7 +215,15 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
             part[u] = _mm512_setzero_ps();
         /* in one pass over the keys: the weight, its partial sum, O += weight x value row (in
          * key order); then the sums' tree and the tail (from the lowest tail start of a lane) */
-        for (size_t i = 0; i < cntmax; i++) {
+        for (i = 0; i < lo8; i++) { /* masks act; the weight is not needed again */
+            const __m512 ev = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(S + i * AR_LANES), M));
+            part[i & 7] = _mm512_mask_add_ps(part[i & 7], act, part[i & 7], ev);
+            const float *v = vb + i * H;
+#pragma GCC unroll 64
+            for (int c = 0; c < hd; c++)
+                O[c] = _mm512_mask3_fmadd_ps(ev, _mm512_set1_ps(v[c]), O[c], act);
+        }
+        for (; i < cntmax; i++) {
             const __m512i vi = _mm512_set1_epi32((int)i);
             const __m512 ev = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(S + i * AR_LANES), M));
             _mm512_storeu_ps(S + i * AR_LANES, ev);
@@ -200,7 +236,7 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
                 O[c] = _mm512_mask3_fmadd_ps(ev, _mm512_set1_ps(v[c]), O[c], mi);
         }
         __m512 sum = tree8(part);
-        for (size_t i = (size_t)_mm512_mask_reduce_min_epi32(act, vc8); i < cntmax; i++) {
+        for (i = lo8; i < cntmax; i++) {
             const __m512i vi = _mm512_set1_epi32((int)i);
             const __mmask16 mt =
                 _mm512_cmplt_epi32_mask(vi, vc) & ~_mm512_cmplt_epi32_mask(vi, vc8);
@@ -214,57 +250,67 @@ head_chunk(const struct ikv_engine *e, const struct ikv_seq *s, int l, int g, si
     *Mout = M, *Lout = L;
 }
 
-__attribute__((target("avx512f"))) void ikv__attn_rows(const struct ikv_engine *e,
-                                                       const struct ikv_seq *s, int l, size_t ch,
-                                                       size_t nr, const float *q, size_t qstride,
+__attribute__((target("avx512f,fma"))) void ikv__attn_rows(const struct ikv_engine *e,
+                                                       const struct ikv_seq *s, int l, size_t ch0,
+                                                       size_t ch1, int h0, int h1, size_t nr,
+                                                       const float *q, size_t qstride,
                                                        const size_t *pos, float *const *out,
-                                                       float *scratch) {
+                                                       size_t ostride, float *scratch) {
     const struct ikv_model *m = e->m;
     const int nh = m->cfg.n_heads, kvmul = nh / m->cfg.n_kv_heads, hd = m->head_dim;
     const size_t bt = e->bt, H = (size_t)hd, pstride = H + 2;
     const size_t ss = bt < e->Lmax ? bt : e->Lmax;
     float *S = scratch, *qT = scratch + (size_t)AR_LANES * ss;
     IKV_ASSERT(nr >= 1 && nr <= AR_LANES);
+    IKV_ASSERT(0 <= h0 && h0 <= h1 && h1 <= nh);
+    /* lane j: row j's keys (0: no row); rows without chunk ch have no key in it, so their
+     * lanes are inactive there and their outputs are not written */
     int32_t nk[AR_LANES];
-    size_t nkmax = 0;
+    size_t nkmax = 0, nch[AR_LANES];
     for (size_t j = 0; j < AR_LANES; j++) {
         nk[j] = j < nr && out[j] ? (int32_t)(pos[j] + 1) : 0;
+        nch[j] = ((size_t)nk[j] + bt * IKV__DC_CHUNK - 1) / (bt * IKV__DC_CHUNK);
         if ((size_t)nk[j] > nkmax) nkmax = (size_t)nk[j];
     }
     if (!nkmax) return;
     const __m512i vnk = _mm512_loadu_si512(nk);
-    const size_t nbmax = (nkmax + bt - 1) / bt, jb0 = ch * IKV__DC_CHUNK;
-    const size_t jb1 = jb0 + IKV__DC_CHUNK < nbmax ? jb0 + IKV__DC_CHUNK : nbmax;
-    IKV_ASSERT(jb0 < jb1);
-    for (int h = 0; h < nh; h++) {
+    const size_t nbmax = (nkmax + bt - 1) / bt;
+    for (int h = h0; h < h1; h++) {
+        /* the head's queries with the rows as lanes, once for all the chunks */
         for (size_t c = 0; c < H; c++)
             for (size_t j = 0; j < AR_LANES; j++)
                 qT[c * AR_LANES + j] = j < nr ? q[j * qstride + (size_t)h * H + c] : 0.0f;
-        __m512 O[AR_HDMAX], M, L;
-        if (hd == 8)
-            head_chunk(e, s, l, h / kvmul, jb0, jb1, qT, vnk, nkmax, S, 8, O, &M, &L);
-        else
-            head_chunk(e, s, l, h / kvmul, jb0, jb1, qT, vnk, nkmax, S, hd, O, &M, &L);
-        float t[AR_LANES];
-        for (size_t c = 0; c < H; c++) {
-            _mm512_storeu_ps(t, O[c]);
+        for (size_t ch = ch0; ch < ch1; ch++) {
+            const size_t jb0 = ch * IKV__DC_CHUNK;
+            const size_t jb1 = jb0 + IKV__DC_CHUNK < nbmax ? jb0 + IKV__DC_CHUNK : nbmax;
+            if (jb0 >= jb1) break;
+            __m512 O[AR_HDMAX], M, L;
+            if (hd == 8)
+                head_chunk(e, s, l, h / kvmul, jb0, jb1, qT, vnk, nkmax, S, 8, O, &M, &L);
+            else
+                head_chunk(e, s, l, h / kvmul, jb0, jb1, qT, vnk, nkmax, S, hd, O, &M, &L);
+            float t[AR_LANES];
+            const size_t off = ch * ostride + (size_t)h * pstride;
+            for (size_t c = 0; c < H; c++) {
+                _mm512_storeu_ps(t, O[c]);
+                for (size_t j = 0; j < nr; j++)
+                    if (ch < nch[j]) out[j][off + c] = t[j];
+            }
+            _mm512_storeu_ps(t, M);
             for (size_t j = 0; j < nr; j++)
-                if (out[j]) out[j][(size_t)h * pstride + c] = t[j];
+                if (ch < nch[j]) out[j][off + H] = t[j];
+            _mm512_storeu_ps(t, L);
+            for (size_t j = 0; j < nr; j++)
+                if (ch < nch[j]) out[j][off + H + 1] = t[j];
         }
-        _mm512_storeu_ps(t, M);
-        for (size_t j = 0; j < nr; j++)
-            if (out[j]) out[j][(size_t)h * pstride + H] = t[j];
-        _mm512_storeu_ps(t, L);
-        for (size_t j = 0; j < nr; j++)
-            if (out[j]) out[j][(size_t)h * pstride + H + 1] = t[j];
     }
 }
 #else
-void ikv__attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, size_t ch,
-                    size_t nr, const float *q, size_t qstride, const size_t *pos, float *const *out,
-                    float *scratch) {
-    (void)e, (void)s, (void)l, (void)ch, (void)nr, (void)q, (void)qstride, (void)pos, (void)out,
-        (void)scratch;
+void ikv__attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, size_t ch0,
+                    size_t ch1, int h0, int h1, size_t nr, const float *q, size_t qstride,
+                    const size_t *pos, float *const *out, size_t ostride, float *scratch) {
+    (void)e, (void)s, (void)l, (void)ch0, (void)ch1, (void)h0, (void)h1, (void)nr, (void)q,
+        (void)qstride, (void)pos, (void)out, (void)ostride, (void)scratch;
     IKV_ASSERT(0 && "ikv__attn_rows without AVX-512 support compiled in");
 }
 #endif
@@ -308,11 +354,13 @@ __attribute__((target("avx512f"))) void ikv__rmsnorm_rows(float *o, const float 
     }
 }
 
-__attribute__((target("avx512f"))) size_t ikv__swiglu512(float *hb, const float *hb2, size_t n) {
+__attribute__((target("avx512f,fma"))) size_t ikv__swiglu512(float *hb, const float *hb2,
+                                                              size_t n) {
     const __m512 one = _mm512_set1_ps(1.0f), zero = _mm512_setzero_ps();
-    size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 a = _mm512_loadu_ps(hb + i);
+    /* 16 at a time, the last (n mod 16) under a lane mask (lanes are independent) */
+    for (size_t i = 0; i < n; i += 16) {
+        const __mmask16 k = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 a = _mm512_maskz_loadu_ps(k, hb + i);
         /* 0 - |a| (andnot of the sign bit, as swiglu_avx2) */
         const __m512 t = exp_neg16(_mm512_sub_ps(
             zero, _mm512_castsi512_ps(_mm512_andnot_si512(
@@ -320,9 +368,10 @@ __attribute__((target("avx512f"))) size_t ikv__swiglu512(float *hb, const float 
         const __m512 d = _mm512_div_ps(one, _mm512_add_ps(one, t));
         const __mmask16 pos = _mm512_cmp_ps_mask(a, zero, _CMP_GE_OQ);
         const __m512 sig = _mm512_mask_mov_ps(_mm512_mul_ps(t, d), pos, d);
-        _mm512_storeu_ps(hb + i, _mm512_mul_ps(_mm512_mul_ps(a, sig), _mm512_loadu_ps(hb2 + i)));
+        _mm512_mask_storeu_ps(
+            hb + i, k, _mm512_mul_ps(_mm512_mul_ps(a, sig), _mm512_maskz_loadu_ps(k, hb2 + i)));
     }
-    return i;
+    return n;
 }
 
 __attribute__((target("avx512f"))) static float max_nonnan512(const float *x, size_t n,

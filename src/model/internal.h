@@ -182,6 +182,10 @@ int ikv__pool_size(const ikv__pool *p);
  * bits at any k); the others park without spinning. Between regions only. Returns 0 or
  * IKV_EINVAL (k outside 1..n; nothing changed). Does not allocate. */
 int ikv__pool_set_active(ikv__pool *p, int k);
+/* Inside a region fn(ctx, t, P): returns once all P threads have called it (a barrier between
+ * the phases of one region). Only where every share runs on its own thread: P equal to the
+ * pool's size and ikv__pool_active (asserted). Spins, then yields; does not allocate. */
+void ikv__pool_barrier(ikv__pool *p, int P);
 int ikv__pool_active(const ikv__pool *p);
 /* Regions thread t has run shares in since create (for tests). */
 uint64_t ikv__pool_ran(const ikv__pool *p, int t);
@@ -433,6 +437,11 @@ void ikv__simd_force(int avx2);
  * between steps. */
 int ikv__batch512_on(void);
 void ikv__batch512_force(int on);
+/* Batched decode steps as one pool region with the batch rows split between threads
+ * (forward.c, "the fused pass"; the same bits as the region-per-phase path):
+ * ikv__fused_force(0) never, (1) for every fp32 step the pool can run it on (even small ones),
+ * (-1) the default (fp32 models of <= 8 MB, steps of >= 32 rows). For tests, between steps. */
+void ikv__fused_force(int on);
 /* Multi-row decode attention (batch512.c): groups of at least IKV__AR_MIN consecutive batch
  * rows of one sequence (a verify's rows) take the kernel whose vector lanes are rows.
  * ikv__attn_rows_usable: whether engine e takes it (ikv__batch512_on, fp32, head_dim a
@@ -443,21 +452,29 @@ int ikv__attn_rows_usable(const struct ikv_engine *e);
 /* RMSNorm of nr (1..16) rows x[j * ld .. + n) into o (same stride) with weights w: each row
  * the bits of forward.c's rmsnorm (only where ikv__batch512_on). Does not allocate. */
 void ikv__rmsnorm_rows(float *o, const float *x, const float *w, size_t n, size_t nr, size_t ld);
-/* hb[i] = silu(hb[i]) * hb2[i] for the first n & ~15 elements, with swiglu_avx2's operations
- * per element; returns how many it did (0 without AVX-512 compiled in; call only where
- * ikv__batch512_on). */
+/* hb[i] = silu(hb[i]) * hb2[i] for the n elements (16 at a time, the rest under a lane mask),
+ * with swiglu_avx2's operations per element; returns how many it did (n; 0 without AVX-512
+ * compiled in; call only where ikv__batch512_on). */
 size_t ikv__swiglu512(float *hb, const float *hb2, size_t n);
 /* The greedy pick: the first index of the largest of x[0..n) by the strict > scan (NaNs never
  * chosen, 0 when x[0] is NaN or n is 0), vectorized where ikv__batch512_on. */
 uint32_t ikv__argmax(const float *x, size_t n);
-/* Chunk ch of dc_attn for nr (1..16) rows of sequence s in layer l: row j's query is
- * q + j * qstride ([n_heads][head_dim], after RoPE), its position pos[j]; its (O, M, L) per
- * head go to out[j] ([n_heads][head_dim + 2], dc_attn's layout), or nowhere when out[j] is NULL
- * (a row without chunk ch). scratch: 16 * (min(bt, Lmax) + head_dim) floats. Does not
- * allocate. */
-void ikv__attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, size_t ch,
-                    size_t nr, const float *q, size_t qstride, const size_t *pos, float *const *out,
-                    float *scratch);
+/* The exps of the decode path, for tests: o1[i] one lane at a time, o8 by the widest vector of
+ * forward.c's path in use (8 lanes on the AVX2 path, 4 on SSE2; the tail one by one)
+ * (forward.c); ikv__exp_neg16_buf: the 16-lane exp of batch512.c on the first n & ~15 values,
+ * returning how many it did (0 without AVX-512 compiled in; call only where
+ * ikv__batch512_on). Inputs are exponents r <= 0 (larger ones give exp(0)). */
+void ikv__exp_neg_paths(const float *x, size_t n, float *o1, float *o8);
+size_t ikv__exp_neg16_buf(const float *x, size_t n, float *o);
+/* Chunks [ch0, ch1) of dc_attn for nr (1..16) rows of sequence s in layer l, query heads
+ * [h0, h1): row j's query is q + j * qstride ([n_heads][head_dim], after RoPE), its position
+ * pos[j]; its (O, M, L) per head of chunk ch go to out[j] + ch * ostride ([n_heads][head_dim +
+ * 2], dc_attn's layout) where row j has chunk ch; only heads [h0, h1) are written, so threads
+ * may split a group by heads; out[j] NULL: row j is left out. scratch: 16 * (min(bt, Lmax) +
+ * head_dim) floats. Does not allocate. */
+void ikv__attn_rows(const struct ikv_engine *e, const struct ikv_seq *s, int l, size_t ch0,
+                    size_t ch1, int h0, int h1, size_t nr, const float *q, size_t qstride,
+                    const size_t *pos, float *const *out, size_t ostride, float *scratch);
 /* Fills the RoPE tables. */
 void ikv__rope_init(struct ikv_engine *e);
 
