@@ -1033,6 +1033,10 @@ static void test_value_hint(void **st) {
     assert_int_equal(hint_run("value:hint=2", 1), 3); /* T1 only: recency decides in T2 */
     assert_int_equal(hint_run("value:hint=1", 0), 3); /* no hints: the older (b) goes */
     assert_int_equal(hint_run("value", 1), 3);        /* hints ignored by default */
+    /* lrb:hint=1 the same within the class REPLACE chose (T2 by the oldest of the sample) */
+    assert_int_equal(hint_run("lrb:hint=1", 1), 2);
+    assert_int_equal(hint_run("lrb:hint=1", 0), 3);
+    assert_int_equal(hint_run("lrb", 1), 3);
     const char *bad[] = {"value:hint=4", "value:hint=0.5", "value:hint=-1"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ikv_cache_config cfg;

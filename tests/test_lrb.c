@@ -231,42 +231,6 @@ static void test_lrb_keeps_live_tails(void **st) {
 }
 
 /* Every bad parameter is IKV_EPARAM with a message naming it. */
-/* lrb:hint=1: a chain whose last request ended its turn (IKV_HINT_TURN) goes before one whose
- * client is expected back (a pending tool call), though it is the more recent of the two; fed
- * no hints, or without hint=1, the older chain goes (T2 by the oldest of the sample). */
-static size_t hint_run(const char *spec, int use_hints) {
-    ikv_cache *c = make(8, spec);
-    ikv_key ka[3], kb[3], kd[3];
-    const uint32_t a[3] = {1, 2, 3}, b[3] = {4, 5, 6}, d[3] = {7, 8, 9};
-    chain(a, 3, ka);
-    chain(b, 3, kb);
-    chain(d, 3, kd);
-    ikv_access_result r;
-    for (uint64_t round = 0; round < 2; round++) { /* both reread once: T2 */
-        ikv_access acc = {.now = 10 * round + 1, .hint = use_hints ? IKV_HINT_SOON : 0};
-        assert_int_equal(ikv_cache_access(c, kb, 3, &acc, &r), 0);
-        acc = (ikv_access){.now = 10 * round + 2, .hint = use_hints ? IKV_HINT_TURN : 0};
-        assert_int_equal(ikv_cache_access(c, ka, 3, &acc, &r), 0);
-        CHECKED(c);
-    }
-    ikv_access acc = {.now = 30}; /* 3 new blocks, 2 free: one leaf goes */
-    assert_int_equal(ikv_cache_access(c, kd, 3, &acc, &r), 0);
-    CHECKED(c);
-    size_t ma = 0, mb = 0;
-    ikv_cache_match(c, ka, 3, NULL, NULL, &ma);
-    ikv_cache_match(c, kb, 3, NULL, NULL, &mb);
-    ikv_cache_destroy(c);
-    assert_int_equal(ma + mb, 5);
-    return ma; /* 2: a lost its tail, 3: b did */
-}
-
-static void test_lrb_hint(void **st) {
-    (void)st;
-    assert_int_equal(hint_run("lrb:hint=1", 1), 2);
-    assert_int_equal(hint_run("lrb:hint=1", 0), 3);
-    assert_int_equal(hint_run("lrb", 1), 3);
-}
-
 static void test_lrb_bad_params(void **st) {
     (void)st;
     static const struct {
@@ -304,7 +268,6 @@ int main(void) {
         cmocka_unit_test(test_lrb_model),
         cmocka_unit_test(test_lrb_learns_periodic),
         cmocka_unit_test(test_lrb_keeps_live_tails),
-        cmocka_unit_test(test_lrb_hint),
         cmocka_unit_test(test_lrb_bad_params),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -405,6 +405,23 @@ static int set_param(void *ctx, const char *k, const char *v) {
                      k);
 }
 
+static void value_destroy(void *s) {
+    value *p = s;
+    if (!p) return;
+    ikv__heap_free(&p->hp.h);
+    ikv__heap_free(&p->h1);
+    ikv__ghostq_free(&p->ghost);
+    ikv__sketch_free(&p->sk);
+    ikv__ghostq_free(&p->xg);
+    ikv_free(p->hdm);
+    ikv_free(p->hgd);
+    ikv__nu_free(&p->nuu);
+    ikv_free(p->nu_glast);
+    ikv_free(p->nu_gdoom);
+    ikv_free(p->nu_gt);
+    ikv_free(p);
+}
+
 static int value_create(const ikv__policy_env *env, const char *params, void **out) {
     value *p = ikv_calloc(1, sizeof *p);
     if (!p) return IKV_ENOMEM;
@@ -476,18 +493,7 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
     if (!rc && p->split && ikv__heap_init(&p->h1, env)) rc = IKV_ENOMEM;
     if (!rc && p->tlfu > 0 && ikv__sketch_init(&p->sk, env->capacity)) rc = IKV_ENOMEM;
     if (rc) {
-        ikv__heap_free(&p->hp.h);
-        ikv__heap_free(&p->h1);
-        ikv__ghostq_free(&p->ghost);
-        ikv__sketch_free(&p->sk);
-        ikv__ghostq_free(&p->xg);
-        ikv_free(p->hdm);
-        ikv_free(p->hgd);
-        ikv__nu_free(&p->nuu);
-        ikv_free(p->nu_glast);
-        ikv_free(p->nu_gdoom);
-        ikv_free(p->nu_gt);
-        ikv_free(p);
+        value_destroy(p);
         return rc;
     }
     p->w[0] = p->w[1] = 0.5;
@@ -508,22 +514,6 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
     return 0;
 }
 
-static void value_destroy(void *s) {
-    value *p = s;
-    if (!p) return;
-    ikv__heap_free(&p->hp.h);
-    ikv__heap_free(&p->h1);
-    ikv__ghostq_free(&p->ghost);
-    ikv__sketch_free(&p->sk);
-    ikv__ghostq_free(&p->xg);
-    ikv_free(p->hdm);
-    ikv_free(p->hgd);
-    ikv__nu_free(&p->nuu);
-    ikv_free(p->nu_glast);
-    ikv_free(p->nu_gdoom);
-    ikv_free(p->nu_gt);
-    ikv_free(p);
-}
 
 enum { T1 = 0, T2 = 1 };
 
