@@ -285,6 +285,16 @@ typedef struct value {
      * hands the future in ikv_access.next_use, as for opt */
     double oracle;
     double hint; /* hint=1: a block whose last access came with IKV_HINT_TURN is doomed */
+    /* oracle=7: per bucket of the online features, how often the horizon bit doomed a block
+     * (ob_yes) or kept it (ob_no) */
+    float *ob_yes, *ob_no;
+    float *ob_dyes, *ob_dno; /* this request's, counted when the next request starts */
+    uint32_t *ob_touched;    /* buckets with pending bits */
+    uint32_t ob_ntouched;
+    uint64_t ob_req;         /* the request whose bits are pending */
+    double ob_t;        /* doom where the bucket's learned P(doomed) exceeds this (0.5) */
+    double ob_sess;     /* obsess=1: the bucket also has the session (scope hash, 512 ways) */
+    uint64_t ob_doomed; /* blocks keyed as doomed by oracle=7 (tests, docs) */
     /* reuse predictor (pred > 0, split=1): P(a block is reused before its class's eviction
      * horizon | its class), learned online; a block whose P is below `pred` is doomed */
     double pred;          /* doom threshold (0 = off) */
@@ -324,6 +334,8 @@ typedef struct value {
 
 /* oracle=1/2: the key of a block with no future use (below every real key: evicted first) */
 #define DEADK (-5e14) /* at or below: doomed (oracle_key) */
+#define OB_N  (2 * 4 * 8 * 8 * 3 * 4) /* oracle=7's feature buckets (ob_key) */
+#define OB_NS (2 * 8 * 3 * 512)       /* obsess=1: class x session gap x hint x session */
 
 #define NU_MMIN 0.125 /* nuadapt keeps num within [NU_MMIN, NU_MMAX] */
 #define NU_MMAX 64.0
@@ -382,7 +394,9 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "prdepth")) return ikv__param_double("value", k, v, 0, 1, &p->pr_depth);
     if (!strcmp(k, "prperiod")) return ikv__param_double("value", k, v, 16, 1e12, &p->pr_period);
     if (!strcmp(k, "hint")) return ikv__param_whole("value", k, v, 0, 3, &p->hint);
-    if (!strcmp(k, "oracle")) return ikv__param_whole("value", k, v, 0, 6, &p->oracle);
+    if (!strcmp(k, "oracle")) return ikv__param_whole("value", k, v, 0, 7, &p->oracle);
+    if (!strcmp(k, "obt")) return ikv__param_double("value", k, v, 0, 1, &p->ob_t);
+    if (!strcmp(k, "obsess")) return ikv__param_whole("value", k, v, 0, 1, &p->ob_sess);
     if (!strcmp(k, "nu")) return ikv__param_whole("value", k, v, 0, 1, &p->nu);
     if (!strcmp(k, "numode")) return ikv__param_whole("value", k, v, 0, 3, &p->nu_mode);
     if (!strcmp(k, "nugaps")) return ikv__param_whole("value", k, v, 1, 3, &p->nu_gaps);
@@ -401,7 +415,7 @@ static int set_param(void *ctx, const char *k, const char *v) {
                      "value: unknown parameter '%s' (new, smooth, cost, lru2, horizon, fork, "
                      "ghost, split, t2in, tlfu, mix, lr, sample, hd, hdsample, hdperiod, hddecay, "
                      "pred, prperiod, prdepth, prcls, hint, nu, numode, nugaps, nuk, num, nucls, "
-                     "nuew, nusess, nughost, nuadapt, oracle)",
+                     "nuew, nusess, nughost, nuadapt, oracle, obt, obsess)",
                      k);
 }
 
@@ -419,6 +433,11 @@ static void value_destroy(void *s) {
     ikv_free(p->nu_glast);
     ikv_free(p->nu_gdoom);
     ikv_free(p->nu_gt);
+    ikv_free(p->ob_yes);
+    ikv_free(p->ob_no);
+    ikv_free(p->ob_dyes);
+    ikv_free(p->ob_dno);
+    ikv_free(p->ob_touched);
     ikv_free(p);
 }
 
@@ -447,6 +466,7 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
     p->nu_m = 1;
     p->nu_cls = 3;
     p->nu_own = 1;
+    p->ob_t = 0.5;
     int rc = ikv__params_each(params, set_param, p);
     if (!rc && p->hd > 0 && !p->split)
         rc = ikv_error(IKV_EPARAM, "value: hd needs split=1 (it orders T1 and/or T2)");
@@ -481,6 +501,19 @@ static int value_create(const ikv__policy_env *env, const char *params, void **o
         p->nu_glast = ikv_calloc(gc, sizeof *p->nu_glast);
         p->nu_gdoom = ikv_calloc(gc, sizeof *p->nu_gdoom);
         if (!p->nu_glast || !p->nu_gdoom) rc = IKV_ENOMEM;
+    }
+    if (!rc && p->oracle == 7 && (!p->split || p->nu <= 0 || p->nu_sess <= 0))
+        rc = ikv_error(IKV_EPARAM, "value: oracle=7 reads the next-use histories: it needs "
+                                   "split=1, nu=1 and nusess=1 (num=0 keeps nu from dooming)");
+    if (!rc && p->oracle == 7) {
+        size_t nb = p->ob_sess > 0 ? OB_NS : OB_N;
+        p->ob_yes = ikv_calloc(nb, sizeof *p->ob_yes);
+        p->ob_no = ikv_calloc(nb, sizeof *p->ob_no);
+        p->ob_dyes = ikv_calloc(nb, sizeof *p->ob_dyes);
+        p->ob_dno = ikv_calloc(nb, sizeof *p->ob_dno);
+        p->ob_touched = ikv_calloc(nb, sizeof *p->ob_touched);
+        if (!p->ob_yes || !p->ob_no || !p->ob_dyes || !p->ob_dno || !p->ob_touched)
+            rc = IKV_ENOMEM;
     }
     if (!rc && p->oracle == 4 && p->split)
         rc = ikv_error(IKV_EPARAM, "value: oracle=4 orders one heap: it needs split=0");
@@ -765,7 +798,7 @@ static double key_of(const value *p, ikv__node *n, uint64_t last) {
  * farthest next use first (opt exactly: the plumbing's check). */
 static inline double oracle_key(const value *p, int cls, const ikv_access *a, size_t pos,
                                 double k) {
-    if (p->oracle <= 0 || !a || !a->next_use) return k;
+    if (p->oracle <= 0 || p->oracle == 7 || !a || !a->next_use) return k;
     uint64_t nu = a->next_use[pos];
     if (p->oracle == 4) return -(double)nu;
     /* oracle=5 / 6: as 3, but only in T1 / only in T2 (which class's blocks the bit helps) */
@@ -786,6 +819,66 @@ static inline double oracle_key(const value *p, int cls, const ikv_access *a, si
 static inline double hint_key(const value *p, int cls, const ikv_access *a, double k) {
     if (p->hint <= 0 || !a || a->hint != IKV_HINT_TURN) return k;
     if ((p->hint == 2 && cls != T1) || (p->hint == 3 && cls != T2)) return k;
+    return k - DOOM;
+}
+
+/* oracle=7, the feature-limited oracle (simulator only; docs/policies.md): how much of
+ * oracle=3's horizon bit any rule over the online features could recover. A block's bucket at
+ * an access is its ARC class x the core's hit count (0-3+) x its own predicted gap (nu's
+ * history) against its class's horizon h (none, <= h/8, h/4, h/2, h, 2h, 4h, beyond) x its
+ * session's last turn gap against h (same 8 steps) x the response's hint (ikv_access.hint) x
+ * its depth (< 256, 1024, 2048 blocks, deeper): 6,144 buckets; obsess=1 instead: class x
+ * session gap x hint x the session itself (its scope hashed to 512 ways), 24,576 buckets. The
+ * block is doomed (k - DOOM, as oracle=3's) where the bucket's share of doomed accesses exceeds
+ * obt (0.5: the Bayes decision for the bit). Every access's true bit, read from the future,
+ * is counted the moment its request ends (bits of the request being served would tell its
+ * later blocks their own chain's future). A live learner over these features gets its labels
+ * only a horizon later, so this bounds what one recovers, up to the buckets' resolution. */
+static inline uint32_t ob_step(double g, double h) {
+    if (g < 0) return 0;
+    uint32_t b = 1;
+    for (double t = h / 8; b < 7 && g > t; t *= 2) b++;
+    return b;
+}
+
+/* oracle=7: the previous request's bits join the counts. */
+static void ob_flush(value *p) {
+    for (uint32_t i = 0; i < p->ob_ntouched; i++) {
+        uint32_t b = p->ob_touched[i];
+        p->ob_yes[b] += p->ob_dyes[b], p->ob_no[b] += p->ob_dno[b];
+        p->ob_dyes[b] = p->ob_dno[b] = 0;
+    }
+    p->ob_ntouched = 0;
+}
+
+static double ob_key(value *p, uint32_t id, int cls, const ikv_access *a, size_t pos, double now,
+                     double k) {
+    if (p->oracle != 7 || !a || !a->next_use) return k;
+    if (a->now != p->ob_req) ob_flush(p), p->ob_req = a->now;
+    int have = cls == T1 ? p->have_kv1 : p->have_kv;
+    double kv = cls == T1 ? p->kv1 : p->kv;
+    if (!have || !(now > kv)) return k; /* no horizon yet: oracle=3 dooms nothing either */
+    double h = now - kv;
+    const ikv__node *n = &p->hp.nodes[id];
+    uint32_t sb = ob_step(ikv__nu_session(&p->nuu, a->scope, (uint64_t)now), h);
+    uint32_t ib = a->hint == IKV_HINT_SOON ? 1 : a->hint == IKV_HINT_TURN ? 2 : 0;
+    uint32_t b;
+    if (p->ob_sess > 0) {
+        uint32_t sh = (uint32_t)((a->scope * 0x9e3779b97f4a7c15ull) >> 55); /* 512 ways */
+        b = (uint32_t)cls + 2 * (sb + 8 * (ib + 3 * sh));
+    } else {
+        uint32_t hb = n->hits < 3 ? n->hits : 3;
+        uint32_t gb = ob_step(ikv__nu_gap(&p->nuu, id), h);
+        uint32_t db = n->depth < 256 ? 0 : n->depth < 1024 ? 1 : n->depth < 2048 ? 2 : 3;
+        b = (uint32_t)cls + 2 * (hb + 4 * (gb + 8 * (sb + 8 * (ib + 3 * db))));
+    }
+    double pd = (p->ob_yes[b] + 1.0) / (p->ob_yes[b] + p->ob_no[b] + 2.0);
+    uint64_t nu = a->next_use[pos];
+    if (p->ob_dyes[b] == 0 && p->ob_dno[b] == 0) p->ob_touched[p->ob_ntouched++] = b;
+    if (nu == IKV_NEVER || (double)nu > now + h) p->ob_dyes[b] += 1;
+    else p->ob_dno[b] += 1;
+    if (pd <= p->ob_t) return k;
+    p->ob_doomed++;
     return k - DOOM;
 }
 
@@ -885,6 +978,7 @@ static void value_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         IKV__HKEY(n) = hint_key(p, (int)cls, a, IKV__HKEY(n));
         if (p->pred > 0) IKV__HKEY(n) = pr_key(p, n, (int)cls, (double)n->last, IKV__HKEY(n));
         if (p->nu > 0) IKV__HKEY(n) = nu_key(p, id, (int)cls, a, (double)n->last, IKV__HKEY(n));
+        IKV__HKEY(n) = ob_key(p, id, (int)cls, a, pos, (double)n->last, IKV__HKEY(n));
         return;
     }
     IKV__HKEY(n) = key_of(p, n, n->last);
@@ -913,6 +1007,7 @@ static void value_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
         ikv__nu_access(&p->nuu, id, now);
         k = nu_key(p, id, T2, a, (double)now, k);
     }
+    k = ob_key(p, id, T2, a, pos, (double)now, k);
     if (p->split) {
         if (p->tlfu > 0) ikv__sketch_add(&p->sk, n->key);
         if (p->hdm) {
