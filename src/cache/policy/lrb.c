@@ -66,6 +66,8 @@
 
 #include <math.h>
 #include <string.h>
+#include <stdio.h>
+#include <stdlib.h>
 
 /* What lrb keeps per node id (16 bytes). */
 typedef struct lrb_side {
@@ -79,6 +81,14 @@ typedef struct lrb_side {
     uint8_t hint;  /* ikv_hint of its latest access (hint=1 uses it) */
 } lrb_side;
 
+/* duel: a race between the two candidates of one disagreement in class cls (8 bytes): the
+ * first of them accessed again was the worse victim. seq 0: resolved or never used. */
+typedef struct lrb_race {
+    uint32_t seq;
+    uint8_t cls;
+    uint8_t pad[3];
+} lrb_race;
+
 /* What the ghost keeps of an evicted block, per ghost slot (16 bytes). */
 typedef struct lrb_gdata {
     uint32_t cell, dl; /* its pending sample (cell IKV_NIL: none) */
@@ -91,7 +101,7 @@ typedef struct lrb {
     const uint64_t *now;
     uint64_t cap, node_limit;
     double sample, train, period, pool, bmul, bound, ghostw, inherit, hitw, split, order, cbound,
-        pq, hint;
+        pq, hint, duel, dwin, dz;
     uint32_t *set[2]; /* the evictable blocks of each class; a block's position is its hpos */
     uint64_t len[2];
     uint64_t res[2];   /* split=1: resident blocks of T1 and T2 */
@@ -112,6 +122,18 @@ typedef struct lrb {
     uint32_t snap_n[2];
     uint64_t t0[2], cev[2]; /* the time of the first eviction, the evictions */
     uint64_t evictions, ghost_hits, samples;
+    /* duel: the races (one per disagreement, a ring of dring), the race tag of each node and
+     * ghost slot (race seq << 1 | candidate: 0 the class's own order's, 1 the other order's;
+     * 0: none), per class the decayed counts of resolved races and of those each order's
+     * candidate lost (was accessed first) */
+    lrb_race *dr;
+    uint32_t *dn, *dg;
+    uint64_t dring;
+    uint32_t dseq;     /* the last race's seq (30 bits, never 0) */
+    uint32_t pend_tag; /* the race tag the pending victim takes into the ghost */
+    double dtri[2], dloss[2][2];
+    uint64_t duels, races, duel_alt;
+    double dbg_p, dbg_t1, dbg_ev1; uint64_t dbg_n; /* TEMP */
     ikv__lrbm m; /* last: large */
 } lrb;
 
@@ -131,17 +153,31 @@ static int set_param(void *ctx, const char *k, const char *v) {
     if (!strcmp(k, "cbound")) return ikv__param_whole("lrb", k, v, 0, 1, &p->cbound);
     if (!strcmp(k, "pq")) return ikv__param_double("lrb", k, v, 0, 1, &p->pq);
     if (!strcmp(k, "hint")) return ikv__param_whole("lrb", k, v, 0, 1, &p->hint);
+    if (!strcmp(k, "duel")) return ikv__param_whole("lrb", k, v, 0, 3, &p->duel);
+    if (!strcmp(k, "dz")) return ikv__param_double("lrb", k, v, 0, 100, &p->dz);
+    if (!strcmp(k, "dwin")) return ikv__param_whole("lrb", k, v, 16, 1e9, &p->dwin);
     return ikv_error(IKV_EPARAM,
                      "lrb: unknown parameter '%s' (sample, train, period, pool, bmul, bound, "
-                     "ghost, inherit, hitw, split, order, cbound, pq, hint)",
+                     "ghost, inherit, hitw, split, order, cbound, pq, hint, duel, dwin, dz)",
                      k);
 }
 
 static void lrb_destroy(void *s) {
     lrb *p = s;
     if (!p) return;
+    if (getenv("LRB_DEBUG")) /* TEMP */
+        fprintf(stderr, "duels %llu races %llu alt %llu tri %.1f %.1f loss T1 %.1f %.1f T2 %.1f %.1f ev %llu gh %llu\n",
+                (unsigned long long)p->duels, (unsigned long long)p->races, (unsigned long long)p->duel_alt,
+                p->dtri[0], p->dtri[1], p->dloss[0][0], p->dloss[0][1], p->dloss[1][0], p->dloss[1][1],
+                (unsigned long long)p->evictions, (unsigned long long)p->ghost_hits);
+    if (getenv("LRB_DEBUG") && p->dbg_n)
+        fprintf(stderr, "mean p/c %.3f T1/c %.3f T1 evictions %.3f cap %llu\n", p->dbg_p / (double)p->dbg_n / (double)p->cap,
+                p->dbg_t1 / (double)p->dbg_n / (double)p->cap, p->dbg_ev1 / (double)p->dbg_n, (unsigned long long)p->cap);
     ikv__ghostq_free(&p->g);
     ikv_free(p->gd);
+    ikv_free(p->dr);
+    ikv_free(p->dn);
+    ikv_free(p->dg);
     ikv_free(p->side);
     ikv_free(p->set[0]);
     ikv_free(p->set[1]);
@@ -162,6 +198,7 @@ static int lrb_create(const ikv__policy_env *env, const char *params, void **out
     p->split = 1;
     p->order = 1;
     p->cbound = -1; /* unset: on with the split */
+    p->dwin = 4096;
     int rc = ikv__params_each(params, set_param, p);
     p->cap = env->capacity ? env->capacity : 1;
     p->node_limit = env->node_limit ? env->node_limit : 1;
@@ -175,6 +212,14 @@ static int lrb_create(const ikv__policy_env *env, const char *params, void **out
         rc = IKV_ENOMEM;
     if (!rc && p->cbound > 0 && !(p->split > 0))
         rc = ikv_error(IKV_EPARAM, "lrb: cbound=1 needs the class split (split=1)");
+    if (!rc && p->duel > 0 && !(p->split > 0))
+        rc = ikv_error(IKV_EPARAM, "lrb: duel=%g needs the class split (split=1)", p->duel);
+    p->dring = p->cap > 16 ? p->cap : 16;
+    if (!rc && p->duel > 0 &&
+        (!(p->dr = ikv_calloc(p->dring, sizeof *p->dr)) ||
+         !(p->dn = ikv_calloc(p->node_limit, sizeof *p->dn)) ||
+         !(p->dg = ikv_calloc(gcap ? gcap : 1, sizeof *p->dg))))
+        rc = IKV_ENOMEM;
     if (p->cbound < 0) p->cbound = p->split;
     if (rc) {
         lrb_destroy(p);
@@ -212,6 +257,25 @@ static inline void resolve(lrb *p, uint32_t *cell, uint32_t dl) {
     *cell = IKV_NIL;
 }
 
+/* duel: a block with race tag *tag is accessed again. If its race is still open it was the
+ * first of the two candidates back, the worse victim: the race's class has one more resolved
+ * race, the order that proposed this candidate one more lost one (both counts decay by
+ * 1 - 1/dwin per race). The tag is cleared. O(1). */
+static void race_end(lrb *p, uint32_t *tag) {
+    uint32_t t = *tag;
+    *tag = 0;
+    if (!t) return;
+    lrb_race *r = &p->dr[(t >> 1) % p->dring];
+    if (r->seq != t >> 1) return; /* resolved, or overwritten */
+    r->seq = 0;
+    p->races++;
+    unsigned l = r->cls;
+    double keep = 1.0 - 1.0 / p->dwin;
+    p->dtri[l] = p->dtri[l] * keep + 1;
+    p->dloss[l][0] *= keep, p->dloss[l][1] *= keep;
+    p->dloss[l][t & 1] += 1;
+}
+
 /* A missed key found in the ghost was accessed again: its pending sample is labelled, and
  * what the ghost kept of it is handed to the admit that follows. */
 static void lrb_miss(void *s, ikv_key k) {
@@ -225,6 +289,7 @@ static void lrb_miss(void *s, ikv_key k) {
     p->x_back = p->x_from >= 0;
     if (!p->x_back) return;
     p->ghost_hits++;
+    if (p->dg) race_end(p, &p->dg[slot]);
     p->xd = p->gd[slot];
     p->gd[slot].cell = IKV_NIL;
     resolve(p, &p->xd.cell, p->xd.dl);
@@ -260,6 +325,7 @@ static void lrb_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     memset(sd, 0, sizeof *sd);
     sd->cell = IKV_NIL;
     sd->valid = 1;
+    if (p->dn) p->dn[id] = 0;
     uint64_t now = *p->now;
     if (back) {
         memcpy(sd->g, p->xd.g, sizeof sd->g);
@@ -297,6 +363,7 @@ static void lrb_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     ikv__node *n = &p->nodes[id];
     lrb_side *sd = &p->side[id];
     resolve(p, &sd->cell, sd->dl);
+    if (p->dn) race_end(p, &p->dn[id]);
     if (p->split > 0 && sd->cls == 0) { /* ARC: a hit moves the block to T2 */
         int queued = (n->flags & IKV__QUEUED) != 0;
         if (queued) lrb_dequeue(p, id);
@@ -350,6 +417,7 @@ static void lrb_leave(void *s, uint32_t id) {
     lrb_side *sd = &p->side[id];
     if (p->split > 0) p->res[sd->cls]--;
     if (id == p->pending) {
+        p->dbg_n++, p->dbg_p += p->p_arc, p->dbg_t1 += (double)p->res[0], p->dbg_ev1 += sd->cls == 0;
         uint64_t now = *p->now;
         boundary_step(p, sd->cls, now > n->last ? now - n->last : 0);
         if (sd->cell != IKV_NIL && past(now, sd->dl)) resolve(p, &sd->cell, sd->dl);
@@ -357,6 +425,7 @@ static void lrb_leave(void *s, uint32_t id) {
         if (slot != IKV_NIL) {
             lrb_gdata *d = &p->gd[slot];
             if (d->cell != IKV_NIL) ikv__lrbm_label(&p->m, d->cell, 0);
+            if (p->dg) p->dg[slot] = p->pend_tag ? p->pend_tag : p->dn[id];
             *d = (lrb_gdata){
                 sd->cell, sd->dl, (uint32_t)n->last, {sd->g[0], sd->g[1], sd->g[2]}, sd->cnt};
         } else if (sd->cell != IKV_NIL) {
@@ -366,6 +435,7 @@ static void lrb_leave(void *s, uint32_t id) {
     sd->cell = IKV_NIL;
     sd->valid = 0;
     p->pending = IKV_NIL;
+    if (p->dn) p->dn[id] = 0, p->pend_tag = 0;
 }
 
 /* A uniform index below n from the policy's xorshift64* stream. */
@@ -383,12 +453,25 @@ static inline uint32_t cell_of(const lrb *p, const ikv__node *n, const lrb_side 
                          sd->cnt, sd->fl | (l ? IKV__LRB_T2 : 0u), p->cb[l]);
 }
 
+/* Whether block a goes before block b by the sample's oldest (hint=1: a block whose turn
+ * ended first): the older last access, then the lower id. */
+static inline int older(const lrb *p, uint32_t a, uint32_t b) {
+    if (b == IKV_NIL) return 1;
+    if (p->hint > 0) {
+        int ha = p->side[a].hint == IKV_HINT_TURN, hb = p->side[b].hint == IKV_HINT_TURN;
+        if (ha != hb) return ha;
+    }
+    const ikv__node *na = &p->nodes[a], *nb = &p->nodes[b];
+    return na->last < nb->last || (na->last == nb->last && a < b);
+}
+
 /* The least likely to come back within the boundary among `sample` evictable blocks of class
  * l (all of them when no more are queued), or with learned = 0 the oldest of them; ties go to
- * the older block, then the lower id. `train` of the sampled blocks without a pending sample
- * become samples (their cell now, deadline now + B). The sampled slots and their nodes are
- * prefetched in batches of up to 64. O(sample), does not allocate. */
-static uint32_t pick(lrb *p, int l, int learned) {
+ * the older block, then the lower id. With train, `train` of the sampled blocks without a
+ * pending sample become samples (their cell now, deadline now + B). With oldest, the oldest
+ * of the same sample (older()) is stored there too (duel). The sampled slots and their nodes
+ * are prefetched in batches of up to 64. O(sample), does not allocate. */
+static uint32_t pick(lrb *p, int l, int learned, int train, uint32_t *oldest) {
     uint64_t n = p->len[l], k = (uint64_t)p->sample;
     const uint32_t *set = p->set[l];
     uint32_t best = IKV_NIL;
@@ -396,7 +479,8 @@ static uint32_t pick(lrb *p, int l, int learned) {
     if (n <= k) k = n;
     uint64_t now = *p->now;
     uint32_t dl = (uint32_t)(now + (uint64_t)(p->B[p->cbound > 0 ? l : 0] * p->bmul));
-    uint64_t want = (uint64_t)p->train;
+    uint64_t want = train ? (uint64_t)p->train : 0;
+    uint32_t bo = IKV_NIL;
     for (uint64_t i0 = 0; i0 < k; i0 += 64) {
         uint32_t idx[64];
         uint64_t m = k - i0 < 64 ? k - i0 : 64;
@@ -429,8 +513,10 @@ static uint32_t pick(lrb *p, int l, int learned) {
                 (pr == bp && (nd->last < p->nodes[best].last ||
                               (nd->last == p->nodes[best].last && id < best))))
                 best = id, bp = pr;
+            if (oldest && older(p, id, bo)) bo = id;
         }
     }
+    if (oldest) *oldest = bo;
     return best;
 }
 
@@ -443,6 +529,37 @@ static void ghost_drop(lrb *p, int l) {
     ikv__ghostq_drop_oldest(&p->g, l);
 }
 
+/* The victim of class l by the class's order (order bit l: the model, else the sample's
+ * oldest). With duel bit l both orders pick from the same sample; where they disagree, the
+ * other order's candidate goes only while its candidates have lost clearly fewer races in
+ * this class: lost(own) - lost(other) > dz x sqrt(races) (a binomial's z-score; the races
+ * decay by 1 - 1/dwin each). With fb (the victim goes to the ghost, where its return is
+ * seen) the disagreement becomes a race: the kept candidate is tagged on its node, the victim
+ * on its ghost slot when it leaves, and the first of them accessed again ends it
+ * (race_end). The race is decided whichever order was followed: neither needs exploring. A
+ * race still open after dring more is overwritten (neither candidate came back: no evidence
+ * either way). O(sample). */
+static uint32_t choose(lrb *p, int l, int fb) {
+    int learned = ((int)p->order >> l) & 1;
+    if (!(((int)p->duel >> l) & 1)) return pick(p, l, learned, 1, NULL);
+    p->pend_tag = 0;
+    uint32_t c[2];
+    c[!learned] = pick(p, l, 1, 1, &c[learned]); /* c[0] the class's own order's */
+    if (c[0] == c[1]) return c[0];
+    double d = p->dloss[l][0] - p->dloss[l][1];
+    int alt = d > 0 && d > p->dz * sqrt(p->dtri[l]);
+    p->duels++;
+    p->duel_alt += (uint64_t)alt;
+    if (!fb) return c[alt];
+    if (++p->dseq >= 1u << 30) p->dseq = 1;
+    lrb_race *r = &p->dr[p->dseq % p->dring];
+    r->seq = p->dseq;
+    r->cls = (uint8_t)l;
+    p->pend_tag = p->dseq << 1 | (uint32_t)alt;
+    p->dn[c[!alt]] = p->dseq << 1 | (uint32_t)!alt;
+    return c[alt];
+}
+
 /* split=1: ARC's REPLACE (arc.c) chooses the class, the model the block within it. */
 static uint32_t replace(lrb *p) {
     uint64_t t1 = p->res[0];
@@ -453,7 +570,7 @@ static uint32_t replace(lrb *p) {
                 : 1;
     if (!p->len[l]) l = !l;
     p->pending_ghost = 1;
-    return pick(p, l, ((int)p->order >> l) & 1);
+    return choose(p, l, 1);
 }
 
 /* The victim: without the split the model's pick among all evictable blocks; with it ARC's
@@ -462,7 +579,7 @@ static uint32_t lrb_victim(void *s) {
     lrb *p = s;
     if (p->split <= 0) {
         p->pending_ghost = 1;
-        return p->pending = pick(p, 0, 1);
+        return p->pending = pick(p, 0, 1, 1, NULL);
     }
     if (p->x_valid && p->x_from >= 0) return p->pending = replace(p); /* cases II, III */
     uint64_t t1 = p->res[0], b1 = ikv__ghostq_len(&p->g, 0);
@@ -474,7 +591,7 @@ static uint32_t lrb_victim(void *s) {
         }
         if (p->len[0]) {
             p->pending_ghost = 0; /* T1's victim leaves the directory */
-            return p->pending = pick(p, 0, (int)p->order & 1);
+            return p->pending = choose(p, 0, 0);
         }
         return p->pending = replace(p);
     }
@@ -508,6 +625,13 @@ static int lrb_check(const void *s) {
         return 0;
     for (uint64_t i = 0; i < p->g.cap; i++)
         if (p->gd[i].cell != IKV_NIL && p->gd[i].cell >= IKV__LRB_NCELL) return 0;
+    for (int l = 0; l < 2; l++)
+        if (!(p->dloss[l][0] >= 0) || !(p->dloss[l][1] >= 0) ||
+            !(p->dtri[l] >= p->dloss[l][0] + p->dloss[l][1] - 1e-6 * p->dtri[l]))
+            return 0;
+    if (p->dn)
+        for (uint64_t i = 0; i < p->node_limit; i++)
+            if (p->dn[i] && !p->side[i].valid) return 0;
     return ikv__lrbm_check_coarse(&p->m) && ikv__ghostq_check(&p->g) &&
            (p->split > 0 || ikv__ghostq_len(&p->g, 1) == 0) && p->B[0] >= 0 && p->B[1] >= 0;
 }
@@ -520,7 +644,9 @@ static size_t lrb_bytes(const void *s) {
     const lrb *p = s;
     return (size_t)p->cap * sizeof *p->set[0] * (p->split > 0 ? 2 : 1) +
            (size_t)p->node_limit * sizeof *p->side + ikv__ghostq_bytes(&p->g) +
-           (size_t)p->g.cap * sizeof *p->gd;
+           (size_t)p->g.cap * sizeof *p->gd + (p->dr ? p->dring * sizeof *p->dr + (size_t)p->node_limit * sizeof *p->dn +
+                      (size_t)(p->g.cap ? p->g.cap : 1) * sizeof *p->dg
+                : 0);
 }
 
 const ikv_policy_ops ikv_policy_lrb = {
