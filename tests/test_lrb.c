@@ -230,6 +230,84 @@ static void test_lrb_keeps_live_tails(void **st) {
     ikv_cache_destroy(b);
 }
 
+/* Periodic blocks among twice-read dead ones, all in T2: each round reads one of `nhot` hot
+ * blocks (so each comes back every nhot rounds) and `ndead` fresh blocks twice each (a hit:
+ * T2), which never come back. Returns the hot hits of the last half of `rounds`. */
+static uint64_t hot_in_t2(ikv_cache *c, int rounds, uint32_t nhot, uint32_t ndead) {
+    uint64_t t = 1, hits = 0;
+    uint32_t fresh = 100000;
+    for (int r = 0; r < rounds; r++) {
+        uint32_t h = (uint32_t)r % nhot + 1;
+        size_t m = req(c, &h, 1, t++);
+        if (r >= rounds / 2) hits += m;
+        for (uint32_t d = 0; d < ndead; d++, fresh++) {
+            req(c, &fresh, 1, t++);
+            req(c, &fresh, 1, t++);
+        }
+    }
+    return hits;
+}
+
+/* Phases: each round reads the `nh` blocks of the phase's hot set (a new set every `k` rounds)
+ * and one of `nold` blocks of the previous sets, so once-hot blocks keep a frequent history. */
+static uint64_t phases(ikv_cache *c, int rounds, uint32_t nh, int k, uint32_t extra) {
+    uint64_t t = 1, hits = 0;
+    uint32_t fresh = 500000;
+    for (int r = 0; r < rounds; r++) {
+        uint32_t base = (uint32_t)(r / k) * 100;
+        for (uint32_t i = 0; i < nh; i++) {
+            uint32_t id = base + i + 1;
+            size_t m = req(c, &id, 1, t++);
+            if (r >= rounds / 2) hits += m;
+        }
+        for (uint32_t d = 0; d < extra; d++, fresh++) {
+            req(c, &fresh, 1, t++);
+            req(c, &fresh, 1, t++);
+        }
+    }
+    return hits;
+}
+
+/* hits of `spec` at capacity cap on stream 0 (hot_in_t2: 4 hot blocks, 2 dead pairs a round)
+ * or 1 (phases: 3 hot blocks a phase of 6 rounds, 1 dead pair a round) */
+static uint64_t duel_run(const char *spec, uint64_t cap, int stream) {
+    ikv_cache *c = make(cap, spec);
+    uint64_t h = stream ? phases(c, 1200, 3, 6, 1) : hot_in_t2(c, 2000, 4, 2);
+    ikv_cache_destroy(c);
+    return h;
+}
+
+/* lrb:duel=2 races the two orders inside T2 (the sample's oldest, lrb's own, against the
+ * model) and follows the one whose candidates were accessed first less often. On hot_in_t2
+ * the hot blocks (T2, back every 4 rounds) are older than the twice-read dead blocks (T2
+ * too), so T2 by the oldest keeps none of them and the model keeps them all; on phases the
+ * once-hot blocks of earlier phases keep a frequent history the model trusts, and the oldest
+ * is right. The duel does as well as the better order on each (measured: stream 0 lrb 0,
+ * order=3 1000, duel=2 1000; stream 1 lrb 1500, order=3 100, duel=2 1500); with dz=100 it never
+ * leaves lrb's own order. Two caches agree request for request. */
+static void test_lrb_duel(void **st) {
+    (void)st;
+    uint64_t own0 = duel_run("lrb", 9, 0), mod0 = duel_run("lrb:order=3", 9, 0),
+             duel0 = duel_run("lrb:duel=2", 9, 0);
+    uint64_t own1 = duel_run("lrb", 6, 1), mod1 = duel_run("lrb:order=3", 6, 1),
+             duel1 = duel_run("lrb:duel=2", 6, 1);
+    /* the streams tell the orders apart, opposite ways */
+    if (!(mod0 >= own0 + 500 && own1 >= mod1 + 500))
+        fail_msg("streams do not separate the orders: %" PRIu64 "/%" PRIu64 ", %" PRIu64
+                 "/%" PRIu64,
+                 own0, mod0, own1, mod1);
+    if (duel0 + duel0 / 10 < mod0 || duel1 + duel1 / 10 < own1)
+        fail_msg("duel=2 %" PRIu64 " (model %" PRIu64 "), %" PRIu64 " (oldest %" PRIu64 ")",
+                 duel0, mod0, duel1, own1);
+    assert_int_equal(duel_run("lrb:duel=2,dz=100", 9, 0), own0);
+    /* the T1 duel (duel=1) changes nothing in T2: the same as lrb on stream 0 */
+    assert_true(duel_run("lrb:duel=1", 9, 0) < mod0 / 2);
+    ikv_cache *a = make(40, "lrb:duel=3,period=64"), *b = make(40, "lrb:duel=3,period=64");
+    assert_int_equal(convs(a, 100), convs(b, 100));
+    ikv_cache_destroy(a);
+    ikv_cache_destroy(b);
+}
+
 /* Every bad parameter is IKV_EPARAM with a message naming it. */
 static void test_lrb_bad_params(void **st) {
     (void)st;
@@ -250,6 +328,12 @@ static void test_lrb_bad_params(void **st) {
         {"lrb:pool=", "pool"},
         {"lrb:split=0,cbound=1", "cbound"},
         {"lrb:hint=2", "hint"},
+        {"lrb:duel=4", "duel"},
+        {"lrb:duel=0.5", "duel"},
+        {"lrb:split=0,duel=2", "duel"},
+        {"lrb:dwin=8", "dwin"},
+        {"lrb:dz=-1", "dz"},
+        {"lrb:dz=x", "dz"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ikv_cache_config cfg;
@@ -269,6 +353,7 @@ int main(void) {
         cmocka_unit_test(test_lrb_learns_periodic),
         cmocka_unit_test(test_lrb_keeps_live_tails),
         cmocka_unit_test(test_lrb_bad_params),
+        cmocka_unit_test(test_lrb_duel),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

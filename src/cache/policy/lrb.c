@@ -45,11 +45,30 @@
  *     ghost slot -> gd[s]   { pending cell, deadline, last access, gap codes, count }
  *     set[l]      the evictable blocks of class l (position in the node's hpos, swap-remove)
  *
+ * Duel (duel=BITS, off by default; issue 15): in the classes of duel's bits (1: T1, 2: T2) both
+ * orders pick from the same sample, the class's own (order's bit) and the other (the model
+ * where the class goes by the oldest, and back). They share all bookkeeping (ARC's split, p,
+ * the sample, the labels): only the victim differs. Where they disagree the two candidates
+ * race: the kept one is tagged on its node, the victim on its ghost slot, and the first of
+ * them accessed again was the worse victim (its order lost the race); a race open after c
+ * more disagreements is dropped (neither came back: no evidence). Since the race is decided
+ * whichever order was followed, neither needs exploring (unlike LeCaR / CACHEUS, whose
+ * experts only learn from their own victims). The other order's candidate goes only while
+ * the own order has lost clearly more of the class's recent races: lost(own) - lost(other) >
+ * dz x sqrt(races), counts decayed by 1 - 1/dwin a race. duel=2 is the measured choice
+ * (docs/policies.md): in T1 the two orders' races came out even (49-51% lost each) on the
+ * four cells inspected, so the T1 duel only adds noise; in T2 they did not (the model won on
+ * scenario B personal-first 100,000, the oldest on WEKA 2M / 64 and Mooncake synthetic).
+ *
+ *     race r (ring of c)    { seq, class }          node id -> dn[id], ghost slot -> dg[s]:
+ *                                                     seq << 1 | (0 own order's, 1 other's)
+ *
  * Leaf-only eviction: only evictable blocks (the core's queue) are sampled; an exposed parent
  * is sampled with its own age and history; if the class REPLACE chooses has no evictable block
  * the other class's pick goes instead (as arc.c). Memory: 16 bytes per node of the pool (side),
  * 4 per block per class set (8 with the split), 24 + 16 per ghost key (c keys with the split,
- * ghost x c without); a fixed ~1.1 MiB model per tier. Cost: admit, hit, queue, dequeue, leave,
+ * ghost x c without); a fixed ~1.1 MiB model per tier; with duel 8 per race (c races), 4 per
+ * node and 4 per ghost slot more. Cost: admit, hit, queue, dequeue, leave,
  * miss O(1) (expected, for the ghost); victim O(sample); a label O(1), halving O(cells) every
  * `period` labels. Nothing allocated after create. The node's own pol area is not used (the
  * side arrays would let another policy carry the model).
@@ -58,7 +77,8 @@
  * without the split), inherit (1), hitw (0: a bonus added to P of blocks hit since admission),
  * split (1), order (1), cbound (1 with the split), pq (0: P rounded down to steps of pq, so more
  * victims fall to the oldest; measured worse), hint (0; 1: a sampled block whose latest access
- * came with IKV_HINT_TURN, its turn ended, is taken first: P = -1).
+ * came with IKV_HINT_TURN, its turn ended, is taken first: P = -1), duel (0; bits 1: T1, 2: T2,
+ * needs the split), dwin (16384), dz (0).
  */
 #include "../internal.h"
 #include "ghostq.h"
@@ -66,8 +86,6 @@
 
 #include <math.h>
 #include <string.h>
-#include <stdio.h>
-#include <stdlib.h>
 
 /* What lrb keeps per node id (16 bytes). */
 typedef struct lrb_side {
@@ -132,8 +150,6 @@ typedef struct lrb {
     uint32_t dseq;     /* the last race's seq (30 bits, never 0) */
     uint32_t pend_tag; /* the race tag the pending victim takes into the ghost */
     double dtri[2], dloss[2][2];
-    uint64_t duels, races, duel_alt;
-    double dbg_p, dbg_t1, dbg_ev1; uint64_t dbg_n; /* TEMP */
     ikv__lrbm m; /* last: large */
 } lrb;
 
@@ -165,14 +181,6 @@ static int set_param(void *ctx, const char *k, const char *v) {
 static void lrb_destroy(void *s) {
     lrb *p = s;
     if (!p) return;
-    if (getenv("LRB_DEBUG")) /* TEMP */
-        fprintf(stderr, "duels %llu races %llu alt %llu tri %.1f %.1f loss T1 %.1f %.1f T2 %.1f %.1f ev %llu gh %llu\n",
-                (unsigned long long)p->duels, (unsigned long long)p->races, (unsigned long long)p->duel_alt,
-                p->dtri[0], p->dtri[1], p->dloss[0][0], p->dloss[0][1], p->dloss[1][0], p->dloss[1][1],
-                (unsigned long long)p->evictions, (unsigned long long)p->ghost_hits);
-    if (getenv("LRB_DEBUG") && p->dbg_n)
-        fprintf(stderr, "mean p/c %.3f T1/c %.3f T1 evictions %.3f cap %llu\n", p->dbg_p / (double)p->dbg_n / (double)p->cap,
-                p->dbg_t1 / (double)p->dbg_n / (double)p->cap, p->dbg_ev1 / (double)p->dbg_n, (unsigned long long)p->cap);
     ikv__ghostq_free(&p->g);
     ikv_free(p->gd);
     ikv_free(p->dr);
@@ -198,7 +206,7 @@ static int lrb_create(const ikv__policy_env *env, const char *params, void **out
     p->split = 1;
     p->order = 1;
     p->cbound = -1; /* unset: on with the split */
-    p->dwin = 4096;
+    p->dwin = 16384;
     int rc = ikv__params_each(params, set_param, p);
     p->cap = env->capacity ? env->capacity : 1;
     p->node_limit = env->node_limit ? env->node_limit : 1;
@@ -268,7 +276,6 @@ static void race_end(lrb *p, uint32_t *tag) {
     lrb_race *r = &p->dr[(t >> 1) % p->dring];
     if (r->seq != t >> 1) return; /* resolved, or overwritten */
     r->seq = 0;
-    p->races++;
     unsigned l = r->cls;
     double keep = 1.0 - 1.0 / p->dwin;
     p->dtri[l] = p->dtri[l] * keep + 1;
@@ -417,7 +424,6 @@ static void lrb_leave(void *s, uint32_t id) {
     lrb_side *sd = &p->side[id];
     if (p->split > 0) p->res[sd->cls]--;
     if (id == p->pending) {
-        p->dbg_n++, p->dbg_p += p->p_arc, p->dbg_t1 += (double)p->res[0], p->dbg_ev1 += sd->cls == 0;
         uint64_t now = *p->now;
         boundary_step(p, sd->cls, now > n->last ? now - n->last : 0);
         if (sd->cell != IKV_NIL && past(now, sd->dl)) resolve(p, &sd->cell, sd->dl);
@@ -541,15 +547,13 @@ static void ghost_drop(lrb *p, int l) {
  * either way). O(sample). */
 static uint32_t choose(lrb *p, int l, int fb) {
     int learned = ((int)p->order >> l) & 1;
-    if (!(((int)p->duel >> l) & 1)) return pick(p, l, learned, 1, NULL);
     p->pend_tag = 0;
+    if (!(((int)p->duel >> l) & 1)) return pick(p, l, learned, 1, NULL);
     uint32_t c[2];
     c[!learned] = pick(p, l, 1, 1, &c[learned]); /* c[0] the class's own order's */
     if (c[0] == c[1]) return c[0];
     double d = p->dloss[l][0] - p->dloss[l][1];
     int alt = d > 0 && d > p->dz * sqrt(p->dtri[l]);
-    p->duels++;
-    p->duel_alt += (uint64_t)alt;
     if (!fb) return c[alt];
     if (++p->dseq >= 1u << 30) p->dseq = 1;
     lrb_race *r = &p->dr[p->dseq % p->dring];
@@ -656,7 +660,7 @@ const ikv_policy_ops ikv_policy_lrb = {
            "accessed within its class's boundary (Little's law) goes, learned online from each "
            "block's gaps, age, count and flags with labels from sampled blocks and the ghosts "
            "(params sample, train, period, pool, bmul, bound, ghost, inherit, hitw, split, "
-           "order, cbound)",
+           "order, cbound, pq, hint, duel, dwin, dz)",
     .create = lrb_create,
     .destroy = lrb_destroy,
     .miss = lrb_miss,
