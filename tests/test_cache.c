@@ -1126,7 +1126,9 @@ static void test_hazard(void **st) {
     assert_int_equal(hazard_run("lru"), 6);          /* the older chain does */
     assert_int_equal(hazard_run("value:hint=1"), 6); /* the ended turn does */
     assert_int_equal(hazard_run("hazard:h=1"), 2);   /* 1 ms: a ties the new blocks, is older */
-    const char *bad[] = {"hazard:h=0", "hazard:h=x", "hazard:k=1"};
+    assert_int_equal(hazard_run("hazard:arc=0"), 2); /* the same without ARC's lists */
+    const char *bad[] = {"hazard:h=0", "hazard:h=x", "hazard:k=1", "hazard:arc=2",
+                         "hazard:arc=0.5"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ikv_cache_config cfg;
         ikv_cache_config_default(&cfg, 16, bad[i]);
@@ -1813,7 +1815,7 @@ static const struct {
     {"lru", {299, 360, 464}},    {"value", {299, 364, 464}}, {"opt", {676, 676, 676}},
     {"fifo", {299, 360, 464}},   {"lfu", {299, 364, 464}},   {"s3fifo", {299, 356, 464}},
     {"sieve", {299, 410, 596}},  {"arc", {299, 364, 464}},   {"gdsf", {299, 336, 563}},
-    {"lhd", {299, 356, 461}},    {"lrb", {301, 401, 608}},    {"hazard", {299, 360, 464}},
+    {"lhd", {299, 356, 461}},    {"lrb", {301, 401, 608}},    {"hazard", {299, 364, 464}},
 };
 static const uint64_t GT_CAPS[3] = {1000, 3000, 5000};
 
@@ -1857,8 +1859,11 @@ static void test_golden_mooncake(void **st) {
                 assert_int_equal(gt_core("value:split=1,t1key=0,new=0,lru2=0,cost=0", caps[k]),
                                  gt_core("arc", caps[k]));
             }
-            /* without hints, clocks and sessions hazard learns nothing: it is lru */
-            if (!strcmp(name, "hazard")) assert_int_equal(got, gt_core("lru", caps[k]));
+            /* without sessions hazard learns nothing: it is arc (arc=0: lru) */
+            if (!strcmp(name, "hazard")) {
+                assert_int_equal(got, gt_core("arc", caps[k]));
+                assert_int_equal(gt_core("hazard:arc=0", caps[k]), gt_core("lru", caps[k]));
+            }
             if (!strcmp(name, "lru") || !strcmp(name, "opt") || !strcmp(name, "fifo") ||
                 !strcmp(name, "lfu")) {
                 uint64_t brute = gt_brute(name, caps[k]);
@@ -2231,10 +2236,11 @@ static void test_bytes_per_block(void **st) {
                            /* lrb: B1/B2, 16 bytes of data per ghost slot, 16 per node */
                            : !strcmp(name, "lrb")    ? 24.0 + 16.0 + 16.0
                            : !strcmp(name, "arc")    ? 24.0
-                           /* hazard: its session table, 32 bytes an entry, the power of two
-                              >= c / 8 entries (at least 4096): 4 to 8 bytes a block here */
-                           : !strcmp(name, "hazard") ? 32.0 * (double)sess_entries(caps[k]) /
-                                                           (double)caps[k]
+                           /* hazard: ARC's ghosts and its session table, 32 bytes an entry,
+                              the power of two >= c / 8 entries (at least 4096): 4 to 8 bytes
+                              a block here */
+                           : !strcmp(name, "hazard") ? 24.0 + 32.0 * (double)sess_entries(caps[k]) /
+                                                                  (double)caps[k]
                            : !strcmp(name, "s3fifo") ? 24.0 * (double)(uint64_t)(0.9 * (double)caps[k]) /
                                                            (double)caps[k]
                                                      : 0.0;

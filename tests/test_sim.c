@@ -1215,14 +1215,15 @@ static void test_weka_stop_hint(void **state) {
     ikv_trace_close(t);
 }
 
-/* The replay hands the policies the trace's wall clock (ikv_access.clock_ms): `hazard` ranks by
- * seconds since each conversation's last request. Conversation a leaves tool calls pending
+/* The replay hands the policies the trace's wall clock (ikv_access.clock_ms): `hazard:arc=0`
+ * (the ranking over plain LRU lists; ARC's T2 would keep the chains hit twice) ranks by seconds
+ * since each conversation's last request. Conversation a leaves tool calls pending
  * every 10 s, b ends a turn and is back 100 s later; at 200 s a new 2-block chain (e) needs two
  * blocks of the five: c (tool call pending for 60 s, longer than any such gap: abandoned) and a
  * (100 s) have no chance of being back within 20 s and go; d and b (turns ended 95 and 100 s
  * ago) are about due and stay, so b's and d's returns hit and c's misses. lru keeps the newer c
  * and d and drops a and b's tail. Were the clock the request index, every gap would be a few
- * units, far within h, and hazard would drop the oldest, as lru does. */
+ * units, far within h, and it would drop the oldest, as lru does. */
 static size_t hz_hits[8][2]; /* per conversation: its last two requests' matched blocks */
 static void hz_record(void *ctx, const ikv_trace_request *q, const struct ikv_request_outcome *o) {
     (void)ctx;
@@ -1270,7 +1271,7 @@ static void test_replay_hazard_clock(void **state) {
              "{\"id\":\"e\",\"block_size\":64,\"requests\":["
              "{\"t\":200,\"type\":\"n\",\"in\":128,\"out\":1,\"hash_ids\":[1,2],\"stop\":\"end_turn\"}]}\n");
     write_file(path, text);
-    replay_hazard(path, "hazard");
+    replay_hazard(path, "hazard:arc=0");
     assert_int_equal(hz_hits[1][1], 2); /* b */
     assert_int_equal(hz_hits[2][1], 0); /* c */
     assert_int_equal(hz_hits[3][1], 1); /* d */
