@@ -1059,6 +1059,84 @@ static uint64_t hint_run(const char *spec, int use_hints) {
     return ma; /* 2: a lost its tail, 3: b did */
 }
 
+/* hazard: sessions that leave a tool call pending come back 10 s after their response ended,
+ * sessions whose turn ended 100 s after. Once it has learned that, a chain whose tool call has
+ * been pending for 60 s (longer than any such gap seen: abandoned) goes before a chain whose
+ * turn ended 95 s ago (about due), though the latter is older; lru drops the older one, and
+ * value:hint=1 the ended turn. Returns how many blocks of the abandoned chain stay. */
+static size_t hazard_run(const char *spec) {
+    ikv_cache *c = make(16, spec);
+    ikv_access_result r;
+    uint64_t now = 1;
+    /* learning: 40 rounds of a SOON session (gap 10 s) and a TURN session (gap 100 s), one
+     * block each, so neither fills the cache */
+    for (uint64_t i = 0; i < 40; i++) {
+        uint32_t ids[1] = {1};
+        ikv_key k[1];
+        chain(ids, 1, 0, k);
+        uint64_t t = 1000000 + i * 10000; /* ms: every 10 s */
+        ikv_access acc = {.now = now++, .scope = 1, .hint = IKV_HINT_SOON, .clock_ms = t};
+        assert_int_equal(ikv_cache_access(c, k, 1, &acc, &r), 0);
+        if (i % 10 == 0) {
+            ids[0] = 2;
+            chain(ids, 1, 0, k);
+            acc = (ikv_access){.now = now++, .scope = 2, .hint = IKV_HINT_TURN, .clock_ms = t};
+            assert_int_equal(ikv_cache_access(c, k, 1, &acc, &r), 0);
+        }
+        CHECKED(c);
+    }
+    /* b: turn ended at t0; a: tool call pending since t0 + 35 s; both 6 blocks */
+    uint32_t a[6] = {10, 11, 12, 13, 14, 15}, b[6] = {20, 21, 22, 23, 24, 25};
+    ikv_key ka[6], kb[6];
+    chain(a, 6, 0, ka);
+    chain(b, 6, 0, kb);
+    uint64_t t0 = 2000000;
+    ikv_access acc = {.now = now++, .scope = 20, .hint = IKV_HINT_TURN, .clock_ms = t0};
+    assert_int_equal(ikv_cache_access(c, kb, 6, &acc, &r), 0);
+    acc = (ikv_access){.now = now++, .scope = 10, .hint = IKV_HINT_SOON, .clock_ms = t0 + 35000};
+    assert_int_equal(ikv_cache_access(c, ka, 6, &acc, &r), 0);
+    CHECKED(c);
+    /* the learning sessions' blocks come back under new sessions at t0 + 90 s (nothing
+     * learned: first requests), so they are the newest and likely back (5 s idle, gaps 10 s) */
+    for (uint32_t i = 1; i <= 2; i++) {
+        ikv_key k[1];
+        chain(&i, 1, 0, k);
+        acc = (ikv_access){.now = now++, .scope = 100 + i, .hint = IKV_HINT_SOON,
+                           .clock_ms = t0 + 90000};
+        assert_int_equal(ikv_cache_access(c, k, 1, &acc, &r), 0);
+    }
+    /* at t0 + 95 s a new 6-block chain needs 4 more blocks than are free (16 - 14 = 2) */
+    uint32_t d[6] = {30, 31, 32, 33, 34, 35};
+    ikv_key kd[6];
+    chain(d, 6, 0, kd);
+    acc = (ikv_access){.now = now++, .scope = 30, .clock_ms = t0 + 95000};
+    assert_int_equal(ikv_cache_access(c, kd, 6, &acc, &r), 0);
+    CHECKED(c);
+    size_t ma = 0, mb = 0;
+    ikv_cache_match(c, ka, 6, NULL, NULL, &ma);
+    ikv_cache_match(c, kb, 6, NULL, NULL, &mb);
+    ikv_cache_destroy(c);
+    assert_int_equal(ma + mb, 8);
+    return ma;
+}
+
+static void test_hazard(void **st) {
+    (void)st;
+    assert_int_equal(hazard_run("hazard"), 2);       /* the abandoned tool call loses 4 */
+    assert_int_equal(hazard_run("lru"), 6);          /* the older chain does */
+    assert_int_equal(hazard_run("value:hint=1"), 6); /* the ended turn does */
+    assert_int_equal(hazard_run("hazard:h=1"), 2);   /* 1 ms: a ties the new blocks, is older */
+    assert_int_equal(hazard_run("hazard:arc=0"), 2); /* the same without ARC's lists */
+    const char *bad[] = {"hazard:h=0", "hazard:h=x", "hazard:k=1", "hazard:arc=2",
+                         "hazard:arc=0.5"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ikv_cache_config cfg;
+        ikv_cache_config_default(&cfg, 16, bad[i]);
+        ikv_cache *c = NULL;
+        if (ikv_cache_create(&cfg, &c) != IKV_EPARAM) fail_msg("%s accepted", bad[i]);
+    }
+}
+
 /* Regression (value:hint=1 before 2026-12-01 20:50 UTC): a hint-doomed block went first only
  * when REPLACE chose its own class, and a doomed victim moved that class's horizon to its
  * key (-1e15), so the doom did not reach across classes as documented. Here a (hit: T2) ends
@@ -1737,7 +1815,7 @@ static const struct {
     {"lru", {299, 360, 464}},    {"value", {299, 364, 464}}, {"opt", {676, 676, 676}},
     {"fifo", {299, 360, 464}},   {"lfu", {299, 364, 464}},   {"s3fifo", {299, 356, 464}},
     {"sieve", {299, 410, 596}},  {"arc", {299, 364, 464}},   {"gdsf", {299, 336, 563}},
-    {"lhd", {299, 356, 461}},    {"lrb", {301, 401, 608}},
+    {"lhd", {299, 356, 461}},    {"lrb", {301, 401, 608}},    {"hazard", {299, 364, 464}},
 };
 static const uint64_t GT_CAPS[3] = {1000, 3000, 5000};
 
@@ -1780,6 +1858,11 @@ static void test_golden_mooncake(void **st) {
                                  gt_core("lru", caps[k]));
                 assert_int_equal(gt_core("value:split=1,t1key=0,new=0,lru2=0,cost=0", caps[k]),
                                  gt_core("arc", caps[k]));
+            }
+            /* without sessions hazard learns nothing: it is arc (arc=0: lru) */
+            if (!strcmp(name, "hazard")) {
+                assert_int_equal(got, gt_core("arc", caps[k]));
+                assert_int_equal(gt_core("hazard:arc=0", caps[k]), gt_core("lru", caps[k]));
             }
             if (!strcmp(name, "lru") || !strcmp(name, "opt") || !strcmp(name, "fifo") ||
                 !strcmp(name, "lfu")) {
@@ -2125,6 +2208,13 @@ static void test_alloc_failure(void **st) {
     ikv_cache_destroy(c);
 }
 
+/* hazard's session table entries for capacity c (hazard.c). */
+static uint64_t sess_entries(uint64_t c) {
+    uint64_t n = 4096;
+    while (n < c / 8 && n < (1u << 20)) n *= 2;
+    return n;
+}
+
 /* Metadata per block: at most 96 bytes (node, bucket, chain link, a heap slot), plus the exact
  * ghost lists of arc (24 bytes a key, c keys) and s3fifo (0.9 c keys), which docs/cache.md
  * states: those two must cost exactly that much more than lru, s3fifo:approx=1 4 bytes a key. */
@@ -2146,6 +2236,11 @@ static void test_bytes_per_block(void **st) {
                            /* lrb: B1/B2, 16 bytes of data per ghost slot, 16 per node */
                            : !strcmp(name, "lrb")    ? 24.0 + 16.0 + 16.0
                            : !strcmp(name, "arc")    ? 24.0
+                           /* hazard: ARC's ghosts and its session table, 32 bytes an entry,
+                              the power of two >= c / 8 entries (at least 4096): 4 to 8 bytes
+                              a block here */
+                           : !strcmp(name, "hazard") ? 24.0 + 32.0 * (double)sess_entries(caps[k]) /
+                                                                  (double)caps[k]
                            : !strcmp(name, "s3fifo") ? 24.0 * (double)(uint64_t)(0.9 * (double)caps[k]) /
                                                            (double)caps[k]
                                                      : 0.0;
@@ -2283,6 +2378,7 @@ int main(void) {
         cmocka_unit_test(test_golden_mooncake),
         cmocka_unit_test(test_value_oracle),
         cmocka_unit_test(test_value_oracle7),
+        cmocka_unit_test(test_hazard),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

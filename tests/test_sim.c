@@ -1215,6 +1215,72 @@ static void test_weka_stop_hint(void **state) {
     ikv_trace_close(t);
 }
 
+/* The replay hands the policies the trace's wall clock (ikv_access.clock_ms): `hazard:arc=0`
+ * (the ranking over plain LRU lists; ARC's T2 would keep the chains hit twice) ranks by seconds
+ * since each conversation's last request. Conversation a leaves tool calls pending
+ * every 10 s, b ends a turn and is back 100 s later; at 200 s a new 2-block chain (e) needs two
+ * blocks of the five: c (tool call pending for 60 s, longer than any such gap: abandoned) and a
+ * (100 s) have no chance of being back within 20 s and go; d and b (turns ended 95 and 100 s
+ * ago) are about due and stay, so b's and d's returns hit and c's misses. lru keeps the newer c
+ * and d and drops a and b's tail. Were the clock the request index, every gap would be a few
+ * units, far within h, and it would drop the oldest, as lru does. */
+static size_t hz_hits[8][2]; /* per conversation: its last two requests' matched blocks */
+static void hz_record(void *ctx, const ikv_trace_request *q, const struct ikv_request_outcome *o) {
+    (void)ctx;
+    if (q->tenant < 8) {
+        hz_hits[q->tenant][0] = hz_hits[q->tenant][1];
+        hz_hits[q->tenant][1] = o->matched;
+    }
+}
+
+static void replay_hazard(const char *path, const char *policy) {
+    ikv_trace_opts to = {.window = 1e-6};
+    ikv_replay_opts ro;
+    ikv_replay_opts_default(&ro);
+    ro.policy = policy;
+    ro.capacity_tokens = 5 * 64;
+    ro.check_every = 1;
+    ro.on_request = hz_record;
+    ikv_replay_result r;
+    memset(hz_hits, 0, sizeof hz_hits);
+    assert_int_equal(replay_file(path, &to, &ro, &r), 0);
+}
+
+static void test_replay_hazard_clock(void **state) {
+    (void)state;
+    char path[512], text[4096];
+    tmp_path(path, sizeof path, "weka_hazard.jsonl");
+    size_t n = (size_t)snprintf(text, sizeof text, "{\"id\":\"a\",\"block_size\":64,\"requests\":[");
+    for (int i = 0; i <= 10; i++)
+        n += (size_t)snprintf(text + n, sizeof text - n,
+                              "%s{\"t\":%d,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[1],"
+                              "\"stop\":\"tool_use\"}",
+                              i ? "," : "", 10 * i);
+    snprintf(text + n, sizeof text - n,
+             "]}\n"
+             "{\"id\":\"b\",\"block_size\":64,\"requests\":["
+             "{\"t\":0,\"type\":\"n\",\"in\":128,\"out\":1,\"hash_ids\":[1,2],\"stop\":\"end_turn\"},"
+             "{\"t\":100,\"type\":\"n\",\"in\":128,\"out\":1,\"hash_ids\":[1,2],\"stop\":\"end_turn\"},"
+             "{\"t\":215,\"type\":\"n\",\"in\":128,\"out\":1,\"hash_ids\":[1,2],\"stop\":\"end_turn\"}]}\n"
+             "{\"id\":\"c\",\"block_size\":64,\"requests\":["
+             "{\"t\":140,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[1],\"stop\":\"tool_use\"},"
+             "{\"t\":210,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[1],\"stop\":\"tool_use\"}]}\n"
+             "{\"id\":\"d\",\"block_size\":64,\"requests\":["
+             "{\"t\":105,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[1],\"stop\":\"end_turn\"},"
+             "{\"t\":205,\"type\":\"n\",\"in\":64,\"out\":1,\"hash_ids\":[1],\"stop\":\"end_turn\"}]}\n"
+             "{\"id\":\"e\",\"block_size\":64,\"requests\":["
+             "{\"t\":200,\"type\":\"n\",\"in\":128,\"out\":1,\"hash_ids\":[1,2],\"stop\":\"end_turn\"}]}\n");
+    write_file(path, text);
+    replay_hazard(path, "hazard:arc=0");
+    assert_int_equal(hz_hits[1][1], 2); /* b */
+    assert_int_equal(hz_hits[2][1], 0); /* c */
+    assert_int_equal(hz_hits[3][1], 1); /* d */
+    replay_hazard(path, "lru");
+    assert_int_equal(hz_hits[1][1], 1);
+    assert_int_equal(hz_hits[2][1], 1);
+    assert_int_equal(hz_hits[3][1], 1);
+}
+
 /* A 139-byte segments line could make the reader derive and hash 2^24 tokens; tokens per
  * segment and per request are capped (configurable), the line named with the limit. */
 static void test_regress_segment_token_caps(void **state) {
@@ -1352,6 +1418,7 @@ int main(void) {
         cmocka_unit_test(test_regress_deep_nesting),
         cmocka_unit_test(test_regress_weka_zero_requests),
         cmocka_unit_test(test_weka_stop_hint),
+        cmocka_unit_test(test_replay_hazard_clock),
         cmocka_unit_test(test_regress_segment_token_caps),
         cmocka_unit_test(test_regress_thrash_window_bounded),
         cmocka_unit_test(test_regress_tiers_spec),

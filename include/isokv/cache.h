@@ -109,6 +109,8 @@ typedef struct ikv_access {
                                  none; needed only by the opt policy (NULL otherwise) */
     const uint32_t *ntokens;  /* per block token count; NULL = all full blocks */
     int hint;                 /* ikv_hint of this request's response; 0 = unknown */
+    uint64_t clock_ms;        /* wall clock when the request arrived, ms (any epoch; 0 =
+                                 unknown; the simulator: the trace's arrival time + 1 ms) */
 } ikv_access;
 
 /* Finds the longest resident prefix of keys[0..n). Writes its length to *matched, and for each

@@ -637,9 +637,16 @@ static void thrash(replay *s, const ikv_trace_request *q, size_t k) {
         if (ghost_take(&s->g, q->keys[i])) s->r->thrash_reused++;
 }
 
+/* The cache's view of request q: its logical time (the replay index), session, block sizes,
+ * how its response ended, and its arrival on the wall clock (ms + 1: 0 means unknown). */
+static ikv_access access_of(const ikv_trace_request *q) {
+    return (ikv_access){.now = q->index + 1, .scope = q->session, .ntokens = q->ntokens,
+                        .hint = q->hint, .clock_ms = (uint64_t)llround(q->time * 1000) + 1};
+}
+
 static int order_one(replay *s, const ikv_trace_request *q) {
     ikv_replay_result *r = s->r;
-    ikv_access a = {.now = q->index + 1, .scope = q->session, .ntokens = q->ntokens, .hint = q->hint};
+    ikv_access a = access_of(q);
     a.next_use = next_uses(s, q);
     if (s->need_next && !a.next_use) return IKV_ENOMEM;
     ikv_access_result ar;
@@ -690,7 +697,7 @@ static int timed_one(replay *s, const ikv_trace_request *q, double *last_arrival
     if (rc) return rc;
     if ((rc = ensure_scratch(s, q->n_blocks ? q->n_blocks : 1))) return rc;
 
-    ikv_access a = {.now = q->index + 1, .scope = q->session, .ntokens = q->ntokens, .hint = q->hint};
+    ikv_access a = access_of(q);
     a.next_use = next_uses(s, q);
     if (s->need_next && !a.next_use) return IKV_ENOMEM;
     ikv_cache_set_time(s->c, a.now);

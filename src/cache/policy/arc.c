@@ -167,12 +167,7 @@ static void arc_leave(void *s, uint32_t id) {
 
 /* REPLACE(x, p): the list, then its LRU evictable block (the other list's if it has none). */
 static uint32_t replace(arc *p) {
-    uint64_t t1 = p->res[T1];
-    int x_in_b2 = p->x_valid && p->x_from == 1;
-    int l = (t1 >= 1 && ((double)t1 > p->p || (x_in_b2 && (double)t1 == p->p))) ||
-                    p->res[T2] == 0
-                ? T1
-                : T2;
+    int l = ikv__arc_replace_list(p->res[T1], p->res[T2], p->p, p->x_valid ? p->x_from : -1);
     if (!p->t[l].len) l = !l;
     p->pending_ghost = 1;
     return p->pending = p->t[l].tail;
@@ -180,22 +175,12 @@ static uint32_t replace(arc *p) {
 
 static uint32_t arc_victim(void *s) {
     arc *p = s;
-    if (p->x_valid && p->x_from >= 0) return replace(p); /* cases II, III */
-    /* case IV (also a victim asked for without an announced miss) */
-    uint64_t t1 = p->res[T1], b1 = ikv__ghostq_len(&p->ghost, 0);
-    uint64_t total = t1 + p->res[T2] + b1 + ikv__ghostq_len(&p->ghost, 1);
-    if (t1 + b1 >= p->c) {
-        if (b1 > 0) {
-            ikv__ghostq_drop_oldest(&p->ghost, 0);
-            return replace(p);
-        }
-        if (p->t[T1].len) {
-            p->pending_ghost = 0; /* T1's LRU leaves the directory */
-            return p->pending = p->t[T1].tail;
-        }
-        return replace(p);
+    /* case IV's directory rules (also for a victim asked for without an announced miss) */
+    if (ikv__arc_directory(&p->ghost, p->res[T1], p->res[T2], p->c, p->x_valid ? p->x_from : -1) &&
+        p->t[T1].len) {
+        p->pending_ghost = 0; /* T1's LRU leaves the directory */
+        return p->pending = p->t[T1].tail;
     }
-    if (total >= 2 * p->c) ikv__ghostq_drop_oldest(&p->ghost, 1);
     return replace(p);
 }
 

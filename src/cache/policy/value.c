@@ -147,13 +147,16 @@
  * points against -1.29) and ~5x slower per insert with eviction (sampled node reads); hd=2 and
  * hd=3 are worse. Not the default.
  *
- * Oracle diagnostics (oracle=1..6, simulator only, never an online policy; docs/policies.md,
+ * Oracle diagnostics (oracle=1..7, simulator only, never an online policy; docs/policies.md,
  * "What the WEKA gap is made of"): the replay passes next-use times as for opt (sim/replay.c
  * switches them on for a spec with "oracle="), and a block with no future use (1; 2: whose
  * conversation has no further request) or no use within its class's horizon (3; 5 / 6: in T1 /
  * T2 only) is doomed: keyed k - DOOM and evicted first from either class; 4 (split=0) keys by
  * the farthest next use, opt exactly. On the six WEKA cells the horizon bit closes 64% of the
  * lru -> opt gap, the dead-block bit 31%, the dead-conversation bit 24% (value: 15%).
+ * oracle=7 (with nu=1,nusess=1,num=0) is the feature-limited oracle (ob_key): the horizon
+ * bit as well as any rule over the online features could guess it, each bucket's doom rate
+ * learned from the true bits of every request already served: 23% of the WEKA gap.
  *
  * Reuse predictor (pred=T > 0, off by default; issue 15): the online stand-in for oracle=3.
  * P(reused within the horizon | class) per class (ARC class x the core's hit count x the
@@ -197,7 +200,7 @@
  * hdsample (64), hdperiod (65536 events), hddecay (0.9), pred (0 = off; 0-1), prperiod
  * (65536), prdepth (0, 1), prcls (3; 1, 2), nu (0; 1), numode (1; 0-3), nugaps (3; 1-3), nuk
  * (0), num (1), nucls (3; 1, 2), nuown (1; 0), nusess (0; 1), nuew (0; 1), nughost (0; 1),
- * nuadapt (0), oracle (0; 1-6, simulator only).
+ * nuadapt (0), oracle (0; 1-7, simulator only), obt (0.5) and obsess (0; 1) for oracle=7.
  * value:split=0,new=0,lru2=0,cost=0 is LRU.
  *
  * Node fields: pol.u32[0] = gap (float, time units; -1 = unproven), pol.u32[1] = cost per token
