@@ -1244,6 +1244,7 @@ static void replay_hazard(const char *path, const char *policy) {
     ikv_replay_result r;
     memset(hz_hits, 0, sizeof hz_hits);
     assert_int_equal(replay_file(path, &to, &ro, &r), 0);
+    ikv_replay_result_free(&r);
 }
 
 static void test_replay_hazard_clock(void **state) {
