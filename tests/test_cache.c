@@ -1028,6 +1028,17 @@ static void test_value_oracle7(void **st) {
     }
 }
 
+/* Destroys c after reading how many blocks of chains a and b (n each) stay resident, which must
+ * be `both` in all; returns a's. */
+static size_t kept_of_a(ikv_cache *c, const ikv_key *ka, const ikv_key *kb, size_t n, size_t both) {
+    size_t ma = 0, mb = 0;
+    ikv_cache_match(c, ka, n, NULL, NULL, &ma);
+    ikv_cache_match(c, kb, n, NULL, NULL, &mb);
+    ikv_cache_destroy(c);
+    assert_int_equal(ma + mb, both);
+    return ma;
+}
+
 /* value:hint=1: a chain whose last request ended its turn (IKV_HINT_TURN) goes before one whose
  * client is expected back (a pending tool call), even when it is the more recent of the two;
  * without the hint (value, and value:hint=1 fed no hints) the older chain goes, as by recency. */
@@ -1051,12 +1062,7 @@ static uint64_t hint_run(const char *spec, int use_hints) {
     ikv_access acc = {.now = 30};
     assert_int_equal(ikv_cache_access(c, kd, 3, &acc, &r), 0);
     CHECKED(c);
-    size_t ma = 0, mb = 0;
-    ikv_cache_match(c, ka, 3, NULL, NULL, &ma);
-    ikv_cache_match(c, kb, 3, NULL, NULL, &mb);
-    ikv_cache_destroy(c);
-    assert_true(ma + mb == 5);
-    return ma; /* 2: a lost its tail, 3: b did */
+    return kept_of_a(c, ka, kb, 3, 5); /* 2: a lost its tail, 3: b did */
 }
 
 /* hazard: sessions that leave a tool call pending come back 10 s after their response ended,
@@ -1112,12 +1118,7 @@ static size_t hazard_run(const char *spec) {
     acc = (ikv_access){.now = now++, .scope = 30, .clock_ms = t0 + 95000};
     assert_int_equal(ikv_cache_access(c, kd, 6, &acc, &r), 0);
     CHECKED(c);
-    size_t ma = 0, mb = 0;
-    ikv_cache_match(c, ka, 6, NULL, NULL, &ma);
-    ikv_cache_match(c, kb, 6, NULL, NULL, &mb);
-    ikv_cache_destroy(c);
-    assert_int_equal(ma + mb, 8);
-    return ma;
+    return kept_of_a(c, ka, kb, 6, 8);
 }
 
 static void test_hazard(void **st) {
