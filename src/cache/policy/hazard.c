@@ -83,7 +83,6 @@ typedef struct hazard {
     double cum[NCLS][NBIN + 1]; /* prefix sums of cnt (valid unless dirty) */
     double tot[NCLS];
     int dirty[NCLS];
-    uint64_t learned;  /* gaps learned (tests, docs) */
 } hazard;
 
 static uint32_t bin_of(double g) {
@@ -181,7 +180,6 @@ static void touch(hazard *p, ikv__node *n, const ikv_access *a) {
                 p->cnt[e->cls][bin_of(g)] += 1;
                 p->tot[e->cls] += 1;
                 p->dirty[e->cls] = 1;
-                p->learned++;
             }
             *e = (hz_sess){.scope = a->scope, .t = clock, .req = a->now, .cls = (uint64_t)c};
         }
