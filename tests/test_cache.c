@@ -1028,6 +1028,17 @@ static void test_value_oracle7(void **st) {
     }
 }
 
+/* Destroys c after reading how many blocks of chains a and b (n each) stay resident, which must
+ * be `both` in all; returns a's. */
+static size_t kept_of_a(ikv_cache *c, const ikv_key *ka, const ikv_key *kb, size_t n, size_t both) {
+    size_t ma = 0, mb = 0;
+    ikv_cache_match(c, ka, n, NULL, NULL, &ma);
+    ikv_cache_match(c, kb, n, NULL, NULL, &mb);
+    ikv_cache_destroy(c);
+    assert_int_equal(ma + mb, both);
+    return ma;
+}
+
 /* value:hint=1: a chain whose last request ended its turn (IKV_HINT_TURN) goes before one whose
  * client is expected back (a pending tool call), even when it is the more recent of the two;
  * without the hint (value, and value:hint=1 fed no hints) the older chain goes, as by recency. */
@@ -1051,12 +1062,7 @@ static uint64_t hint_run(const char *spec, int use_hints) {
     ikv_access acc = {.now = 30};
     assert_int_equal(ikv_cache_access(c, kd, 3, &acc, &r), 0);
     CHECKED(c);
-    size_t ma = 0, mb = 0;
-    ikv_cache_match(c, ka, 3, NULL, NULL, &ma);
-    ikv_cache_match(c, kb, 3, NULL, NULL, &mb);
-    ikv_cache_destroy(c);
-    assert_true(ma + mb == 5);
-    return ma; /* 2: a lost its tail, 3: b did */
+    return kept_of_a(c, ka, kb, 3, 5); /* 2: a lost its tail, 3: b did */
 }
 
 /* hazard: sessions that leave a tool call pending come back 10 s after their response ended,
@@ -1112,12 +1118,46 @@ static size_t hazard_run(const char *spec) {
     acc = (ikv_access){.now = now++, .scope = 30, .clock_ms = t0 + 95000};
     assert_int_equal(ikv_cache_access(c, kd, 6, &acc, &r), 0);
     CHECKED(c);
-    size_t ma = 0, mb = 0;
-    ikv_cache_match(c, ka, 6, NULL, NULL, &ma);
-    ikv_cache_match(c, kb, 6, NULL, NULL, &mb);
-    ikv_cache_destroy(c);
-    assert_int_equal(ma + mb, 8);
-    return ma;
+    return kept_of_a(c, ka, kb, 6, 8);
+}
+
+/* hazard ranks only traffic that says how its responses end: with sessions and a wall clock
+ * but no hints it is arc exactly, block for block (arc=0: lru); with hints on the same stream
+ * it is not. */
+static void hazard_stream(ikv_cache *x, ikv_cache *y, int hints, int *differ) {
+    uint64_t rng = 777, hits = 0;
+    for (uint64_t t = 1; t <= 3000; t++) {
+        rng = rng * 6364136223846793005ULL + 1442695040888963407ULL;
+        uint32_t r = (uint32_t)(rng >> 33) % 100;
+        uint32_t id = r * r / 100 + 1;
+        ikv_key k;
+        chain(&id, 1, 0, &k);
+        ikv_access acc = {.now = t, .scope = id % 7 + 1, .clock_ms = t * 1000 + (rng >> 60) * 700,
+                          .hint = hints ? (id % 2 ? IKV_HINT_SOON : IKV_HINT_TURN) : 0};
+        ikv_access_result rx, ry;
+        assert_int_equal(ikv_cache_access(x, &k, 1, &acc, &rx), 0);
+        assert_int_equal(ikv_cache_access(y, &k, 1, &acc, &ry), 0);
+        hits += rx.matched;
+        for (uint32_t j = 1; j <= 100 && !*differ; j++)
+            if (resident1(x, j) != resident1(y, j)) *differ = 1;
+        if (!hints) assert_false(*differ);
+    }
+    CHECKED(x);
+    assert_true(hits > 300 && hits < 2700); /* the stream does exercise eviction */
+}
+
+static void test_hazard_without_hints(void **st) {
+    (void)st;
+    const char *pairs[][2] = {{"hazard", "arc"}, {"hazard:arc=0", "lru"}};
+    for (int i = 0; i < 2; i++)
+        for (int hints = 0; hints <= 1; hints++) {
+            ikv_cache *x = make(12, pairs[i][0]), *y = make(12, pairs[i][1]);
+            int differ = 0;
+            hazard_stream(x, y, hints, &differ);
+            assert_int_equal(differ, hints);
+            ikv_cache_destroy(x);
+            ikv_cache_destroy(y);
+        }
 }
 
 static void test_hazard(void **st) {
@@ -2379,6 +2419,7 @@ int main(void) {
         cmocka_unit_test(test_value_oracle),
         cmocka_unit_test(test_value_oracle7),
         cmocka_unit_test(test_hazard),
+        cmocka_unit_test(test_hazard_without_hints),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -34,10 +34,11 @@
  * time and class; a session whose entry another took starts over (no chaining: the budget is
  * fixed). A request's first access learns the gap since its session's previous request.
  *
- * Without sessions (the Mooncake traces, the golden slice) nothing is learned, every P is 0 and
- * the oldest candidate goes: the policy is exactly arc (arc=0: lru; test_golden_mooncake holds
- * both to it). With sessions but no hints (the synthetic scenarios) it ranks by one class's
- * gaps. Parameters: h (ms, default 20000), arc (1; 0). Gaps are binned 4 per octave of
+ * The ranking starts with the first hinted access: before it (traffic that never says how its
+ * responses end: the Mooncake and synthetic traces, the golden slice) every P counts as 0 and
+ * the oldest candidate goes, so the policy is exactly arc (arc=0: lru; test_golden_mooncake and
+ * test_hazard_without_hints hold it to that). Ranking such traffic by one class's gaps was
+ * measured and lost to ARC's recency (docs/policies.md). Parameters: h (ms, default 20000), arc (1; 0). Gaps are binned 4 per octave of
  * milliseconds up to 2^28 ms (3 days), linear within a bin. Node fields: pol.s.prev/next (its list), pol.s.a (the class), pol.s.b (T1 or
  * T2), pol.s.x (the clock of its last access). Memory: the session table, and with arc=1 24
  * bytes of ghost per block. Nothing allocated after create.
@@ -75,13 +76,13 @@ typedef struct hazard {
     const uint64_t *now;
     double h;          /* the horizon, clock units */
     uint64_t clock;    /* the latest access's clock */
+    int hinted;        /* an access came with a hint: the traffic says how responses end */
     hz_sess *sess;
     uint64_t nsess;    /* entries, a power of two */
     double cnt[NCLS][NBIN];     /* observed idle gaps per class and bin */
     double cum[NCLS][NBIN + 1]; /* prefix sums of cnt (valid unless dirty) */
     double tot[NCLS];
     int dirty[NCLS];
-    uint64_t learned;  /* gaps learned (tests, docs) */
 } hazard;
 
 static uint32_t bin_of(double g) {
@@ -169,6 +170,7 @@ static void touch(hazard *p, ikv__node *n, const ikv_access *a) {
     uint64_t clock = a && a->clock_ms ? a->clock_ms : *p->now;
     int c = class_of(a);
     if (clock > p->clock) p->clock = clock;
+    if (c != IKV_HINT_NONE) p->hinted = 1;
     if (a && a->scope) {
         uint64_t i = (a->scope * 0x9e3779b97f4a7c15ull) >> 32 & (p->nsess - 1);
         hz_sess *e = &p->sess[i];
@@ -178,7 +180,6 @@ static void touch(hazard *p, ikv__node *n, const ikv_access *a) {
                 p->cnt[e->cls][bin_of(g)] += 1;
                 p->tot[e->cls] += 1;
                 p->dirty[e->cls] = 1;
-                p->learned++;
             }
             *e = (hz_sess){.scope = a->scope, .t = clock, .req = a->now, .cls = (uint64_t)c};
         }
@@ -271,7 +272,7 @@ static uint32_t pick(hazard *p, int l) {
             if (t == IKV_NIL) continue;
             const ikv__node *n = &p->nodes[t];
             double idle = p->clock > n->pol.s.x ? (double)(p->clock - n->pol.s.x) : 0;
-            double pb = p_back(p, c, idle);
+            double pb = p->hinted ? p_back(p, c, idle) : 0; /* no hints: by recency */
             if (best == IKV_NIL || pb < bp || (pb == bp && n->last < p->nodes[best].last))
                 best = t, bp = pb;
         }
