@@ -2189,6 +2189,8 @@ static void test_fuzz_all_policies(void **st) {
     static const char *const learned[] = {"lhd:period=32,sample=4", "value:hd=3,hdperiod=32,hdsample=4",
                                           "value:hd=1,hdperiod=32", "lrb:period=32,sample=4,order=3",
                                           "lrb:split=0,period=32,sample=4",
+                                          /* lrb's races in both classes, decided fast */
+                                          "lrb:duel=3,dwin=16,hint=1,period=32,sample=4",
                                           /* the next-use predictor with every rule on */
                                           "value:nu=1,nusess=1,nuk=2,num=0.5,nughost=1",
                                           "value:nu=1,nuk=1,numode=3,nuadapt=0.5"};
