@@ -18,11 +18,12 @@ extern const ikv_policy_ops ikv_policy_gdsf;
 extern const ikv_policy_ops ikv_policy_lhd;
 extern const ikv_policy_ops ikv_policy_lrb;
 extern const ikv_policy_ops ikv_policy_hazard;
+extern const ikv_policy_ops ikv_policy_auto;
 
 static const ikv_policy_ops *const registry[] = {
     &ikv_policy_lru,    &ikv_policy_value, &ikv_policy_opt, &ikv_policy_fifo, &ikv_policy_lfu,
     &ikv_policy_s3fifo, &ikv_policy_sieve, &ikv_policy_arc, &ikv_policy_gdsf, &ikv_policy_lhd,
-    &ikv_policy_lrb,    &ikv_policy_hazard,
+    &ikv_policy_lrb,    &ikv_policy_hazard, &ikv_policy_auto,
 };
 
 #define N_POLICIES (sizeof registry / sizeof registry[0])

@@ -39,8 +39,10 @@
  * the oldest candidate goes, so the policy is exactly arc (arc=0: lru; test_golden_mooncake and
  * test_hazard_without_hints hold it to that). Ranking such traffic by one class's gaps was
  * measured and lost to ARC's recency (docs/policies.md). Parameters: h (ms, default 20000), arc (1; 0). Gaps are binned 4 per octave of
- * milliseconds up to 2^28 ms (3 days), linear within a bin. Node fields: pol.s.prev/next (its list), pol.s.a (the class), pol.s.b (T1 or
- * T2), pol.s.x (the clock of its last access). Memory: the session table, and with arc=1 24
+ * milliseconds up to 2^28 ms (3 days), linear within a bin. Node fields: pol.s.prev/next (its
+ * list), pol.s.a (the class), pol.s.b (bit 0: T1 or T2; LISTED: on a list), pol.s.x (the clock
+ * of its last access). Membership is the policy's own bit, not the core's IKV__QUEUED: `auto`
+ * (auto.c) keeps this policy unqueued while another one chooses. Memory: the session table, and with arc=1 24
  * bytes of ghost per block. Nothing allocated after create.
  */
 #include "../internal.h"
@@ -53,6 +55,8 @@
 #define NBIN (1 + 4 * 28)    /* bin 0: [0, 1) ms; bin b >= 1: [2^((b-1)/4), 2^(b/4)) ms */
 #define SESS_MIN 4096u
 #define SESS_MAX (1u << 20)
+#define LISTED   2u /* pol.s.b: the block is on one of this policy's lists */
+#define ARCL(n)  ((n)->pol.s.b & 1u) /* its ARC list: 0 T1, 1 T2 (0 with arc=0) */
 
 typedef struct hz_sess {
     uint64_t scope; /* 0 = empty */
@@ -190,7 +194,7 @@ static void touch(hazard *p, ikv__node *n, const ikv_access *a) {
 
 /* The list a node is queued on: its ARC list's (arc=1), its class's. */
 static inline ikv__list *list_of(hazard *p, const ikv__node *n) {
-    return &p->q[n->pol.s.b][n->pol.s.a];
+    return &p->q[ARCL(n)][n->pol.s.a];
 }
 
 /* arc=1: ARC's cases II and III (arc.c): a ghost hit adapts p before REPLACE. */
@@ -214,7 +218,7 @@ static void hazard_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) 
     if (p->arc > 0) {
         if (!p->x_valid || !ikv_key_eq(p->x, n->key)) hazard_miss(p, n->key);
         n->pol.s.b = p->x_from >= 0 ? 1 : 0;
-        p->res[n->pol.s.b]++;
+        p->res[ARCL(n)]++;
         p->x_valid = 0;
         p->x_from = -1;
     }
@@ -230,13 +234,13 @@ static void hazard_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     (void)pos;
     hazard *p = s;
     ikv__node *n = &p->nodes[id];
-    int queued = (n->flags & IKV__QUEUED) != 0;
+    int queued = (n->pol.s.b & LISTED) != 0;
     if (queued) ikv__list_remove(list_of(p, n), p->nodes, id);
     touch(p, n, a);
-    if (p->arc > 0 && n->pol.s.b == 0) { /* ARC case I: a hit moves the block to T2 */
+    if (p->arc > 0 && ARCL(n) == 0) { /* ARC case I: a hit moves the block to T2 */
         p->res[0]--;
         p->res[1]++;
-        n->pol.s.b = 1;
+        n->pol.s.b |= 1u;
     }
     if (queued) ikv__list_push_head(list_of(p, n), p->nodes, id);
 }
@@ -244,21 +248,23 @@ static void hazard_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
 static void hazard_queue(void *s, uint32_t id) {
     hazard *p = s;
     ikv__list_insert_ordered(list_of(p, &p->nodes[id]), p->nodes, id, last_of);
+    p->nodes[id].pol.s.b |= LISTED;
 }
 
 static void hazard_dequeue(void *s, uint32_t id) {
     hazard *p = s;
     ikv__list_remove(list_of(p, &p->nodes[id]), p->nodes, id);
+    p->nodes[id].pol.s.b &= ~LISTED;
 }
 
 static void hazard_leave(void *s, uint32_t id) {
     hazard *p = s;
     if (p->arc <= 0) return;
     ikv__node *n = &p->nodes[id];
-    p->res[n->pol.s.b]--;
+    p->res[ARCL(n)]--;
     if (id != p->pending) return;
     p->pending = IKV_NIL;
-    if (p->pending_ghost) ikv__ghostq_add(&p->ghost, n->key, (int)n->pol.s.b);
+    if (p->pending_ghost) ikv__ghostq_add(&p->ghost, n->key, (int)ARCL(n));
 }
 
 /* Of the oldest and newest evictable block of each class of ARC list l, the one least likely
@@ -312,7 +318,8 @@ static int hazard_check(const void *s) {
             if (p->arc <= 0 && l == 1 && p->q[l][c].len) return 0;
             for (uint32_t id = p->q[l][c].head; id != IKV_NIL; id = p->nodes[id].pol.s.next) {
                 uint32_t nx = p->nodes[id].pol.s.next;
-                if (p->nodes[id].pol.s.a != (uint32_t)c || p->nodes[id].pol.s.b != l) return 0;
+                const ikv__node *n = &p->nodes[id];
+                if (n->pol.s.a != (uint32_t)c || ARCL(n) != l || !(n->pol.s.b & LISTED)) return 0;
                 if (nx != IKV_NIL && p->nodes[nx].last > p->nodes[id].last) return 0;
             }
         }
