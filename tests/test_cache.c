@@ -1121,9 +1121,10 @@ static size_t hazard_run(const char *spec) {
     return kept_of_a(c, ka, kb, 6, 8);
 }
 
-/* Runs one seeded stream (sessions, a wall clock, hints if asked) through x and y; returns 1 if
- * their resident sets ever differed. */
-static int hazard_stream(ikv_cache *x, ikv_cache *y, int hints) {
+/* Runs one seeded stream (sessions, a wall clock, hints from access `hints` on; 0: none) through
+ * x and y, checking x's invariants at every access; returns 1 if their resident sets ever
+ * differed, and via *first_diff the first access where they did. */
+static int hazard_stream(ikv_cache *x, ikv_cache *y, uint64_t hints, uint64_t *first_diff) {
     uint64_t rng = 777, hits = 0;
     int differ = 0;
     for (uint64_t t = 1; t <= 3000; t++) {
@@ -1133,36 +1134,44 @@ static int hazard_stream(ikv_cache *x, ikv_cache *y, int hints) {
         ikv_key k;
         chain(&id, 1, 0, &k);
         ikv_access acc = {.now = t, .scope = id % 7 + 1, .clock_ms = t * 1000 + (rng >> 60) * 700,
-                          .hint = hints ? (id % 2 ? IKV_HINT_SOON : IKV_HINT_TURN) : 0};
+                          .hint = hints && t >= hints ? (id % 2 ? IKV_HINT_SOON : IKV_HINT_TURN)
+                                                      : 0};
         ikv_access_result rx, ry;
         assert_int_equal(ikv_cache_access(x, &k, 1, &acc, &rx), 0);
         assert_int_equal(ikv_cache_access(y, &k, 1, &acc, &ry), 0);
         hits += rx.matched;
+        CHECKED(x);
         for (uint32_t j = 1; j <= 100 && !differ; j++)
-            if (resident1(x, j) != resident1(y, j)) differ = 1;
+            if (resident1(x, j) != resident1(y, j)) differ = 1, *first_diff = t;
     }
-    CHECKED(x);
     assert_true(hits > 300 && hits < 2700); /* the stream does exercise eviction */
     return differ;
 }
 
 /* hazard ranks only traffic that says how its responses end: with sessions and a wall clock
  * but no hints it is arc exactly, block for block (arc=0: lru); with hints it is not. auto is
- * lrb:hint=1 on the stream without hints and hazard on the one with them, block for block. */
+ * lrb:hint=1 on the stream without hints and hazard on the one with them, block for block; on
+ * one whose hints start halfway it is lrb:hint=1 until then and parts from it after, its
+ * invariants (hazard's lists holding every evictable block in order) checked throughout. */
 static void test_hazard_without_hints(void **st) {
     (void)st;
     const struct {
         const char *x, *y;
-        int hints, differ;
-    } runs[] = {{"hazard", "arc", 0, 0},        {"hazard", "arc", 1, 1},
-                {"hazard:arc=0", "lru", 0, 0},  {"hazard:arc=0", "lru", 1, 1},
-                {"auto", "lrb:hint=1", 0, 0},   {"auto", "hazard", 1, 0},
-                {"auto", "hazard", 0, 1}};
+        uint64_t hints;
+        int differ;
+    } runs[] = {{"hazard", "arc", 0, 0},          {"hazard", "arc", 1, 1},
+                {"hazard:arc=0", "lru", 0, 0},    {"hazard:arc=0", "lru", 1, 1},
+                {"auto", "lrb:hint=1", 0, 0},     {"auto", "hazard", 1, 0},
+                {"auto", "hazard", 0, 1},         {"auto", "lrb:hint=1", 1500, 1}};
     for (size_t i = 0; i < sizeof runs / sizeof runs[0]; i++) {
         ikv_cache *x = make(12, runs[i].x), *y = make(12, runs[i].y);
-        if (hazard_stream(x, y, runs[i].hints) != runs[i].differ)
-            fail_msg("%s against %s, hints %d: differ is not %d", runs[i].x, runs[i].y,
-                     runs[i].hints, runs[i].differ);
+        uint64_t first = 0;
+        if (hazard_stream(x, y, runs[i].hints, &first) != runs[i].differ)
+            fail_msg("%s against %s, hints from %" PRIu64 ": differ is not %d", runs[i].x,
+                     runs[i].y, runs[i].hints, runs[i].differ);
+        /* the switch: lrb:hint=1's choices until the first hint (its rule is idle without
+         * hints), hazard's after */
+        if (runs[i].hints > 1) assert_true(first >= runs[i].hints);
         ikv_cache_destroy(x);
         ikv_cache_destroy(y);
     }
