@@ -1,6 +1,8 @@
 /*
- * auto: `hazard` for traffic that says how its responses end, `lrb:hint=1` for the rest (issue
- * 15; docs/policies.md, "One policy for both kinds of traffic (`auto`)").
+ * auto: `hazard` for traffic that says how its responses end, `lrb:hint=1,duel=2` for the rest
+ * (issue 15; docs/policies.md, "One policy for both kinds of traffic (`auto`)"). lrb's T2 duel
+ * (the model against the sample's oldest, raced on shared bookkeeping) is what wins scenario B
+ * personal-first 100,000 (docs/policies.md, "A duel of the two orders").
  *
  * The two rank different things. `hazard` ranks conversations by when their client is likely
  * back, which needs the response's hint (a tool call pending, the turn over) and the wall clock;
@@ -22,9 +24,9 @@
  * side arrays and the node's hpos (lrb.c). A WEKA trace's first request carries a hint, so
  * there the switch comes before anything is cached.
  *
- * No parameters (the sub-policies' defaults, with lrb's hint rule). Memory: the sum of the
- * two, plus 4 bytes per node and 8 per block of capacity for the set and the sort. Time: the
- * sum of the two (lrb's sampled victims dominate).
+ * No parameters (the sub-policies' defaults, with lrb's hint rule and T2 duel). Memory: the
+ * sum of the two, plus 4 bytes per node and 8 per block of capacity for the set and the sort.
+ * Time: the sum of the two (lrb's sampled victims dominate).
  */
 #include "../internal.h"
 
@@ -33,7 +35,7 @@
 extern const ikv_policy_ops ikv_policy_hazard;
 extern const ikv_policy_ops ikv_policy_lrb;
 
-#define LRB_SPEC "hint=1"
+#define LRB_SPEC "hint=1,duel=2"
 
 typedef struct autop {
     void *hz, *lrb; /* the two sub-policies' states */
