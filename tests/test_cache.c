@@ -55,6 +55,16 @@ static ikv_cache *make(uint64_t cap, const char *policy) {
     return c;
 }
 
+/* Every spec of bad[0..n) is refused with IKV_EPARAM. */
+static void assert_rejected(const char *const *bad, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        ikv_cache_config cfg;
+        ikv_cache_config_default(&cfg, 16, bad[i]);
+        ikv_cache *c = NULL;
+        if (ikv_cache_create(&cfg, &c) != IKV_EPARAM) fail_msg("%s accepted", bad[i]);
+    }
+}
+
 #define CHECKED(c)                                                                              \
     do {                                                                                       \
         if (!ikv_cache_check(c)) fail_msg("invariant: %s", ikv_errdetail());                   \
@@ -961,12 +971,7 @@ static void test_value_pred(void **st) {
     const char *bad[] = {"value:pred=0.5,split=0", "value:pred=0.5,hd=1", "value:pred=2",
                          "value:prperiod=1", "value:prcls=4", "value:prcls=1.5",
                          "value:oracle=4", "value:oracle=8", "value:oracle=1.5"};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        ikv_cache_config cfg;
-        ikv_cache_config_default(&cfg, 16, bad[i]);
-        ikv_cache *c = NULL;
-        if (ikv_cache_create(&cfg, &c) != IKV_EPARAM) fail_msg("%s accepted", bad[i]);
-    }
+    assert_rejected(bad, sizeof bad / sizeof bad[0]);
 }
 
 /* The stream of convs_and_dead with its future: each block's next use (a live conversation's
@@ -1023,12 +1028,7 @@ static void test_value_oracle7(void **st) {
     const char *bad[] = {"value:oracle=7,nu=1", "value:oracle=7,nusess=1",
                          "value:oracle=8,nu=1,nusess=1", "value:oracle=7,nu=1,nusess=1,obt=2",
                          "value:oracle=7,nu=1,nusess=1,obsess=2"};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        ikv_cache_config cfg;
-        ikv_cache_config_default(&cfg, 16, bad[i]);
-        ikv_cache *c = NULL;
-        if (ikv_cache_create(&cfg, &c) != IKV_EPARAM) fail_msg("%s accepted", bad[i]);
-    }
+    assert_rejected(bad, sizeof bad / sizeof bad[0]);
 }
 
 /* Destroys c after reading how many blocks of chains a and b (n each) stay resident, which must
@@ -1190,12 +1190,7 @@ static void test_hazard(void **st) {
     assert_int_equal(hazard_run("hazard:arc=0"), 2); /* the same without ARC's lists */
     const char *bad[] = {"hazard:h=0", "hazard:h=x", "hazard:k=1", "hazard:arc=2",
                          "hazard:arc=0.5"};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        ikv_cache_config cfg;
-        ikv_cache_config_default(&cfg, 16, bad[i]);
-        ikv_cache *c = NULL;
-        if (ikv_cache_create(&cfg, &c) != IKV_EPARAM) fail_msg("%s accepted", bad[i]);
-    }
+    assert_rejected(bad, sizeof bad / sizeof bad[0]);
 }
 
 /* Regression (value:hint=1 before 2026-12-01 20:50 UTC): a hint-doomed block went first only
@@ -1239,12 +1234,7 @@ static void test_value_hint(void **st) {
     assert_int_equal(hint_run("lrb:hint=1", 0), 3);
     assert_int_equal(hint_run("lrb", 1), 3);
     const char *bad[] = {"value:hint=4", "value:hint=0.5", "value:hint=-1"};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        ikv_cache_config cfg;
-        ikv_cache_config_default(&cfg, 16, bad[i]);
-        ikv_cache *c = NULL;
-        if (ikv_cache_create(&cfg, &c) != IKV_EPARAM) fail_msg("%s accepted", bad[i]);
-    }
+    assert_rejected(bad, sizeof bad / sizeof bad[0]);
 }
 
 /* value:hd=1 keeps ARC's split and orders T1 by the learned density (sampled): on a seeded
@@ -1656,12 +1646,7 @@ static void test_value_nu(void **st) {
                          "value:nuk=-1",       "value:nuadapt=0.1",  "value:nu=1,nuadapt=2",
                          "value:nu=1,nuadapt=0.1,pred=0.25", "value:nuown=2", "value:nusess=0.5",
                          "value:nughost=1", "value:nu=1,nughost=1,hd=1"};
-    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
-        ikv_cache_config cfg;
-        ikv_cache_config_default(&cfg, 16, bad[i]);
-        ikv_cache *c = NULL;
-        if (ikv_cache_create(&cfg, &c) != IKV_EPARAM) fail_msg("%s accepted", bad[i]);
-    }
+    assert_rejected(bad, sizeof bad / sizeof bad[0]);
 }
 
 static void test_value_predicted_reuse(void **st) {
