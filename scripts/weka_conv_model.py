@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A conversation-level model of the WEKA cells: how far can ranking conversations go (issue 15)?
 
-    scripts/weka_conv_model.py N CAPACITY_TOKENS [TRACE]
-        e.g. scripts/weka_conv_model.py 355 2000000
+    scripts/weka_conv_model.py N CAPACITY_TOKENS [TRACE] [--h SECONDS]
+        e.g. scripts/weka_conv_model.py 355 2000000 --h 20
 
 In a WEKA cell each request re-reads its conversation's chain, so a cache's choice is in effect
 which conversations' chains (or how much of their tails) to keep. This model keeps, per
@@ -46,17 +46,23 @@ def load(path, n):
         f = gzip.open(path, 'rt') if path.endswith('.gz') else open(path)
     except OSError as e:
         sys.exit(f'weka_conv_model.py: cannot open {path}: {e.strerror}')
-    with f:
-        for ln, line in enumerate(f, 1):
-            if len(convs) >= n:
-                break
-            try:
-                reqs = [(float(r['t']), float(r.get('api_time', 0.0)), str(r.get('stop', '?')),
-                         list(r['hash_ids']))
-                        for r in json.loads(line)['requests'] if r.get('type') in ('n', 's')]
-            except (ValueError, KeyError, TypeError, AttributeError) as e:
-                sys.exit(f'weka_conv_model.py: {path}:{ln}: not a WEKA conversation ({e!r})')
-            convs.append(reqs)
+    ln = 0
+    try:
+        with f:
+            for ln, line in enumerate(f, 1):
+                if len(convs) >= n:
+                    break
+                try:
+                    reqs = [(float(r['t']), float(r.get('api_time', 0.0)),
+                             str(r.get('stop', '?')), list(r['hash_ids']))
+                            for r in json.loads(line)['requests'] if r.get('type') in ('n', 's')]
+                    if not all(math.isfinite(t) and math.isfinite(a) for t, a, _, _ in reqs):
+                        raise ValueError('a time is not finite')
+                except (ValueError, KeyError, TypeError, AttributeError) as e:
+                    sys.exit(f'weka_conv_model.py: {path}:{ln}: not a WEKA conversation ({e!r})')
+                convs.append(reqs)
+    except (OSError, EOFError) as e:  # a corrupt or truncated .gz
+        sys.exit(f'weka_conv_model.py: {path}: unreadable after line {ln} ({e})')
     if len(convs) < n:
         sys.exit(f'weka_conv_model.py: {path}: {len(convs)} conversations, {n} asked for')
     return convs
@@ -121,32 +127,37 @@ def run(convs, cap, policy, h):
             cut = min(res[v], used - cap)
             res[v] -= cut
             used -= cut
+    if total == 0:
+        sys.exit('weka_conv_model.py: the requests carry no blocks (no "hash_ids")')
     return hit / total
 
 
 def main():
-    args = sys.argv[1:]
-    h = 5.0
-    if len(args) >= 2 and args[0] == '--h':
+    args, h = sys.argv[1:], 5.0
+    if '--h' in args:
+        i = args.index('--h')
         try:
-            h = float(args[1])
-        except ValueError:
+            h = float(args[i + 1])
+        except (IndexError, ValueError):
             sys.exit('weka_conv_model.py: --h takes seconds')
-        args = args[2:]
+        del args[i:i + 2]
     if len(args) not in (2, 3):
-        sys.exit('usage: scripts/weka_conv_model.py [--h SECONDS] N CAPACITY_TOKENS [TRACE]')
+        sys.exit('usage: scripts/weka_conv_model.py N CAPACITY_TOKENS [TRACE] [--h SECONDS]')
     try:
-        n, cap = int(args[0]), int(float(args[1]) / BLOCK)
+        n, cap_tokens = int(args[0]), float(args[1])
     except ValueError:
         sys.exit('weka_conv_model.py: N and CAPACITY_TOKENS must be numbers')
-    if n < 1 or cap < 1 or not h > 0:
-        sys.exit('weka_conv_model.py: N, CAPACITY_TOKENS and --h must be positive')
+    if n < 1 or not 1 <= cap_tokens / BLOCK < 1e15 or not 0 < h < 1e9:
+        sys.exit('weka_conv_model.py: N, CAPACITY_TOKENS (at least one block) and --h must be '
+                 'positive and finite')
+    cap = int(cap_tokens / BLOCK)
     path = args[2] if len(args) > 2 else 'data/traces/weka_cc/weka_cc_traces_part1.jsonl.gz'
     convs = load(path, n)
     hr = {p: run(convs, cap, p, h) for p in ('lru', 'opt', 'hint', 'hazard', 'hazard-arr')}
     lo, hi = hr['lru'], hr['opt']
+    share = (lambda v: f'{round(100 * (v - lo) / (hi - lo)) + 0}%') if hi > lo else (lambda v: 'n/a')
     print(f'N={n} capacity={args[1]} tokens h={h:g} s (simulated, conversation-level model): ' +
-          ', '.join(f'{p} {v:.4f} ({round(100 * (v - lo) / (hi - lo)) + 0}%)' for p, v in hr.items()))
+          ', '.join(f'{p} {v:.4f} ({share(v)})' for p, v in hr.items()))
 
 
 if __name__ == '__main__':

@@ -54,6 +54,18 @@ def load(path):
         f = gzip.open(path, 'rt') if path.endswith('.gz') else open(path)
     except OSError as e:
         sys.exit(f'weka_next_gap.py: cannot open {path}: {e.strerror}')
+    try:
+        rows += read_lines(f, path)
+    except (OSError, EOFError) as e:  # a corrupt or truncated .gz
+        sys.exit(f'weka_next_gap.py: {path}: unreadable ({e})')
+    if not rows:
+        sys.exit(f'weka_next_gap.py: {path}: no requests')
+    return rows
+
+
+def read_lines(f, path):
+    """The rows of load() from the open file f; a malformed line ends the program, named."""
+    rows = []
     with f:
         for ln, line in enumerate(f, 1):
             try:
@@ -75,10 +87,8 @@ def load(path):
                     }
                     rows.append((ln, feats, gap))
                     prev = gap
-            except (ValueError, KeyError, TypeError, AttributeError) as e:
+            except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
                 sys.exit(f'weka_next_gap.py: {path}:{ln}: not a WEKA conversation ({e!r})')
-    if not rows:
-        sys.exit(f'weka_next_gap.py: {path}: no requests')
     return rows
 
 
@@ -162,6 +172,9 @@ def main():
             h = entropy(p)
             a = table_loss(rows, labels[t], fold, keys, p)
             b = logistic_loss(rows, labels[t], fold, keys, t)
+            if h == 0:  # every label alike: nothing to recover
+                cells.append('–')
+                continue
             cells.append(f'{round(100 * (h - a) / h) + 0}% / {round(100 * (h - b) / h) + 0}%')
         print(f'| {name} | ' + ' | '.join(cells) + ' |')
     print('\nfields: ' + '; '.join(f'{k}: {v}' for k, v in FIELDS.items()))

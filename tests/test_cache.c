@@ -1851,8 +1851,8 @@ static uint64_t gt_brute(const char *policy, uint64_t cap) {
  * lhd's and lrb's numbers (issue 15) are recorded from the implementation, not from an independent
  * model: its sampled victims and learned densities have no simpler equivalent; what is
  * checked independently is its model (test_hd_model) and its decisions on a hand-built
- * stream (test_lhd_learns_hot_blocks). hazard's are arc's (no sessions on the slice: nothing
- * is ranked) and auto's are those of its lrb:hint=1,duel=2,dwin=4096,pool=2 (no hints), both
+ * stream (test_lhd_learns_hot_blocks). hazard's are arc's (no hints on the slice: nothing is
+ * ranked) and auto's are those of its lrb:hint=1,duel=2,dwin=4096,pool=2 (no hints), both
  * checked here against those policies.
  * Every online policy stays below opt. A change to any policy's decisions changes these
  * numbers: update them only with an explanation. */
@@ -1910,7 +1910,7 @@ static void test_golden_mooncake(void **st) {
             }
             /* auto is AUTO_LRB until a hint comes */
             if (!strcmp(name, "auto")) assert_int_equal(got, gt_core(AUTO_LRB, caps[k]));
-            /* without sessions hazard learns nothing: it is arc (arc=0: lru) */
+            /* without hints hazard ranks nothing: it is arc (arc=0: lru) */
             if (!strcmp(name, "hazard")) {
                 assert_int_equal(got, gt_core("arc", caps[k]));
                 assert_int_equal(gt_core("hazard:arc=0", caps[k]), gt_core("lru", caps[k]));
@@ -2041,6 +2041,10 @@ static void o_compare(ikv_cache *c) {
 
 /* One fuzz run: random chains over a small alphabet (so prefixes are shared), with locks held
  * across operations, pins, ttl expiry, and tiers. */
+/* From this step on (0: never) fuzz_one's requests carry a random hint and a wall clock, as
+ * agent traffic does, so hazard's ranking and auto's switch run among tiers, locks and pins. */
+static int fuzz_hints_from;
+
 static void fuzz_one(const char *policy, int n_tiers, int steps, uint64_t seed) {
     memset(&O, 0, sizeof O);
     O.policy = policy;
@@ -2081,6 +2085,10 @@ static void fuzz_one(const char *policy, int n_tiers, int steps, uint64_t seed) 
         uint64_t next[16];
         for (size_t i = 0; i < len; i++) next[i] = now + 1 + rndn(200);
         ikv_access acc = {.now = now, .next_use = next, .scope = 1 + rndn(5)};
+        if (fuzz_hints_from && step >= fuzz_hints_from) {
+            acc.hint = (int)rndn(3);
+            acc.clock_ms = now * 1000 + rndn(900);
+        }
         O.exact = n_tiers == 1;
         if (op < 60) {
             /* a request: match, hit, insert the rest (optionally holding it locked) */
@@ -2209,6 +2217,17 @@ static void test_fuzz_all_policies(void **st) {
         for (int tiers = 1; tiers <= 3; tiers++)
             for (uint64_t seed = 1; seed <= 4; seed++)
                 fuzz_one(learned[i], tiers, 700, seed * 104729 + (uint64_t)tiers * 17 + i);
+    /* agent traffic: hazard ranking from the start, and auto switching to it halfway */
+    static const char *const hinted[] = {"hazard", "hazard:arc=0", "hazard:h=100", "auto"};
+    static const int from[] = {1, 350};
+    for (size_t i = 0; i < sizeof hinted / sizeof hinted[0]; i++)
+        for (int f = 0; f < 2; f++)
+            for (int tiers = 1; tiers <= 3; tiers++)
+                for (uint64_t seed = 1; seed <= 3; seed++) {
+                    fuzz_hints_from = from[f];
+                    fuzz_one(hinted[i], tiers, 700, seed * 15485863 + (uint64_t)tiers * 13 + i);
+                }
+    fuzz_hints_from = 0;
 }
 
 /* One try of ikv_cache_create for tu_alloc_fail_each: a failed create leaves *c NULL. */

@@ -167,7 +167,7 @@ static void arc_leave(void *s, uint32_t id) {
 
 /* REPLACE(x, p): the list, then its LRU evictable block (the other list's if it has none). */
 static uint32_t replace(arc *p) {
-    int l = ikv__arc_replace_list(p->res[T1], p->res[T2], p->p, p->x_valid ? p->x_from : -1);
+    int l = ikv__ghostq_arc_replace_list(p->res[T1], p->res[T2], p->p, p->x_valid ? p->x_from : -1);
     if (!p->t[l].len) l = !l;
     p->pending_ghost = 1;
     return p->pending = p->t[l].tail;
@@ -176,7 +176,7 @@ static uint32_t replace(arc *p) {
 static uint32_t arc_victim(void *s) {
     arc *p = s;
     /* case IV's directory rules (also for a victim asked for without an announced miss) */
-    if (ikv__arc_directory(&p->ghost, p->res[T1], p->res[T2], p->c, p->x_valid ? p->x_from : -1) &&
+    if (ikv__ghostq_arc_directory(&p->ghost, p->res[T1], p->res[T2], p->c, p->x_valid ? p->x_from : -1) &&
         p->t[T1].len) {
         p->pending_ghost = 0; /* T1's LRU leaves the directory */
         return p->pending = p->t[T1].tail;

@@ -108,7 +108,8 @@ static void sort_set(autop *p) {
         a = b, b = t;
     }
     if (a != p->set) memcpy(p->set, a, p->len * sizeof *a);
-    for (uint64_t i = 0; i < p->len; i++) p->pos[p->set[i]] = (uint32_t)i;
+    for (uint64_t i = 0; i < p->len; i++)
+        p->pos[p->set[i]] = (uint32_t)i;
 }
 
 /* The first access with a hint: hazard takes over, with every evictable block queued on it
@@ -117,7 +118,8 @@ static void switch_on(autop *p, const ikv_access *a) {
     if (p->hinted || !a || (a->hint != IKV_HINT_SOON && a->hint != IKV_HINT_TURN)) return;
     p->hinted = 1;
     sort_set(p);
-    for (uint64_t i = 0; i < p->len; i++) ikv_policy_hazard.queue(p->hz, p->set[i]);
+    for (uint64_t i = 0; i < p->len; i++)
+        ikv_policy_hazard.queue(p->hz, p->set[i]);
 }
 
 static void auto_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {

@@ -160,7 +160,7 @@ int ikv__ghostq_check(const ikv__ghostq *g) {
     return chained == listed;
 }
 
-int ikv__arc_directory(ikv__ghostq *g, uint64_t t1, uint64_t t2, uint64_t c, int x_from) {
+int ikv__ghostq_arc_directory(ikv__ghostq *g, uint64_t t1, uint64_t t2, uint64_t c, int x_from) {
     if (x_from >= 0) return 0; /* cases II and III: REPLACE only */
     uint64_t b1 = ikv__ghostq_len(g, 0), total = t1 + t2 + b1 + ikv__ghostq_len(g, 1);
     if (t1 + b1 >= c) {

@@ -77,7 +77,7 @@ int ikv__ghostq_arc_adapt_slot(ikv__ghostq *g, ikv_key k, double c, double *p, u
 /* ARC's REPLACE(x, p) list (FAST'03 Fig. 4) with |T1| = t1 and |T2| = t2 resident and the miss x
  * found in B1 (x_from 0), B2 (1) or neither (-1): T1 (0) if t1 >= 1 and (t1 > p, or x was in B2
  * and t1 = p), or if T2 is empty; else T2 (1). Shared by arc and hazard:arc=1. */
-static inline int ikv__arc_replace_list(uint64_t t1, uint64_t t2, double p, int x_from) {
+static inline int ikv__ghostq_arc_replace_list(uint64_t t1, uint64_t t2, double p, int x_from) {
     return (t1 >= 1 && ((double)t1 > p || (x_from == 1 && (double)t1 == p))) || t2 == 0 ? 0 : 1;
 }
 
@@ -86,7 +86,7 @@ static inline int ikv__arc_replace_list(uint64_t t1, uint64_t t2, double p, int 
  * oldest, or, B1 being empty, returns 1: T1's LRU must leave the directory (evicted without a
  * ghost); else |T1| + |T2| + |B1| + |B2| >= 2c drops B2's oldest. Returns 0 when REPLACE
  * follows. Shared by arc and hazard:arc=1. */
-int ikv__arc_directory(ikv__ghostq *g, uint64_t t1, uint64_t t2, uint64_t c, int x_from);
+int ikv__ghostq_arc_directory(ikv__ghostq *g, uint64_t t1, uint64_t t2, uint64_t c, int x_from);
 
 /* Forgets the oldest entry of `list`. 1 if one was dropped, 0 if the list is empty. */
 int ikv__ghostq_drop_oldest(ikv__ghostq *g, int list);

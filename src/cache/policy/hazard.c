@@ -22,10 +22,11 @@
  *
  * Inside ARC's lists (arc=1, the default; arc.c, FAST'03 Fig. 4): every block is also in T1
  * or T2 (pol.s.b), with exact ghosts B1/B2 and the target p adapted on ghost hits; ARC's
- * directory rules and REPLACE choose the list (ikv__arc_directory, ikv__arc_replace_list,
- * shared with arc.c) and the ranking the block within it, so a conversation hit since it
- * entered keeps ARC's protection against the one-off chains (WEKA 2M / 355: 45% of the lru ->
- * opt gap against 35% for arc=0). arc=0: one set of lists, the ranking alone.
+ * directory rules and REPLACE choose the list (ikv__ghostq_arc_directory,
+ * ikv__ghostq_arc_replace_list, shared with arc.c) and the ranking the block within it, so a
+ * conversation hit since it entered keeps ARC's protection against the one-off chains (WEKA 2M /
+ * 355: 45% of the lru -> opt gap against 35% for arc=0). arc=0: one set of lists, the ranking
+ * alone.
  *
  * Clock: ikv_access.clock_ms; a caller that gives none falls back to the logical clock
  * (ikv_access.now), and h is then in its units. Sessions: ikv_access.scope; a direct-mapped
@@ -38,12 +39,13 @@
  * responses end: the Mooncake and synthetic traces, the golden slice) every P counts as 0 and
  * the oldest candidate goes, so the policy is exactly arc (arc=0: lru; test_golden_mooncake and
  * test_hazard_without_hints hold it to that). Ranking such traffic by one class's gaps was
- * measured and lost to ARC's recency (docs/policies.md). Parameters: h (ms, default 20000), arc (1; 0). Gaps are binned 4 per octave of
- * milliseconds up to 2^28 ms (3 days), linear within a bin. Node fields: pol.s.prev/next (its
- * list), pol.s.a (the class), pol.s.b (bit 0: T1 or T2; LISTED: on a list), pol.s.x (the clock
- * of its last access). Membership is the policy's own bit, not the core's IKV__QUEUED: `auto`
- * (auto.c) keeps this policy unqueued while another one chooses. Memory: the session table, and with arc=1 24
- * bytes of ghost per block. Nothing allocated after create.
+ * measured and lost to ARC's recency (docs/policies.md). Parameters: h (ms, default 20000),
+ * arc (1; 0). Gaps are binned 4 per octave of milliseconds up to 2^28 ms (3 days), linear within
+ * a bin.
+ * Node fields: pol.s.prev/next (its list), pol.s.a (the class), pol.s.b (bit 0: T1 or T2; LISTED:
+ * on a list), pol.s.x (the clock of its last access). Membership is the policy's own bit, not the
+ * core's IKV__QUEUED: `auto` (auto.c) keeps this policy unqueued while another one chooses. Memory:
+ * the session table, and with arc=1 24 bytes of ghost per block. Nothing allocated after create.
  */
 #include "../internal.h"
 #include "ghostq.h"
@@ -51,11 +53,11 @@
 #include <math.h>
 #include <string.h>
 
-#define NCLS 3               /* ikv_hint: none, soon, turn */
-#define NBIN (1 + 4 * 28)    /* bin 0: [0, 1) ms; bin b >= 1: [2^((b-1)/4), 2^(b/4)) ms */
+#define NCLS     3            /* ikv_hint: none, soon, turn */
+#define NBIN     (1 + 4 * 28) /* bin 0: [0, 1) ms; bin b >= 1: [2^((b-1)/4), 2^(b/4)) ms */
 #define SESS_MIN 4096u
 #define SESS_MAX (1u << 20)
-#define LISTED   2u /* pol.s.b: the block is on one of this policy's lists */
+#define LISTED   2u                  /* pol.s.b: the block is on one of this policy's lists */
 #define ARCL(n)  ((n)->pol.s.b & 1u) /* its ARC list: 0 T1, 1 T2 (0 with arc=0) */
 
 typedef struct hz_sess {
@@ -78,11 +80,12 @@ typedef struct hazard {
     int x_valid, x_from;
     ikv__node *nodes;
     const uint64_t *now;
-    double h;          /* the horizon, clock units */
-    uint64_t clock;    /* the latest access's clock */
-    int hinted;        /* an access came with a hint: the traffic says how responses end */
+    double h;       /* the horizon, clock units */
+    uint64_t clock; /* the latest access's clock */
+    int wall;       /* an access gave clock_ms: the clock is the wall clock from then on */
+    int hinted;     /* an access came with a hint: the traffic says how responses end */
     hz_sess *sess;
-    uint64_t nsess;    /* entries, a power of two */
+    uint64_t nsess;             /* entries, a power of two */
     double cnt[NCLS][NBIN];     /* observed idle gaps per class and bin */
     double cum[NCLS][NBIN + 1]; /* prefix sums of cnt (valid unless dirty) */
     double tot[NCLS];
@@ -107,12 +110,13 @@ static double bin_hi(uint32_t b) {
 static double cdf(hazard *p, int c, double x) {
     if (p->dirty[c]) {
         p->cum[c][0] = 0;
-        for (uint32_t b = 0; b < NBIN; b++) p->cum[c][b + 1] = p->cum[c][b] + p->cnt[c][b];
+        for (uint32_t b = 0; b < NBIN; b++)
+            p->cum[c][b + 1] = p->cum[c][b] + p->cnt[c][b];
         p->dirty[c] = 0;
     }
     if (x < 0) return 0;
     uint32_t b = bin_of(x);
-    double lo = bin_lo(b), hi = bin_hi(b), f = x >= hi ? 1 : (x - lo) / (hi - lo);
+    double lo = bin_lo(b), hi = bin_hi(b), f = x >= hi ? 1 : x <= lo ? 0 : (x - lo) / (hi - lo);
     return p->cum[c][b] + p->cnt[c][b] * f;
 }
 
@@ -144,7 +148,8 @@ static int hazard_create(const ikv__policy_env *env, const char *params, void **
     p->arc = 1;
     int rc = ikv__params_each(params, set_param, p);
     uint64_t n = SESS_MIN;
-    while (n < env->capacity / 8 && n < SESS_MAX) n *= 2; /* sessions hold many blocks each */
+    while (n < env->capacity / 8 && n < SESS_MAX)
+        n *= 2; /* sessions hold many blocks each */
     if (!rc && !(p->sess = ikv_calloc(n, sizeof *p->sess))) rc = IKV_ENOMEM;
     if (!rc && p->arc > 0 && ikv__ghostq_init(&p->ghost, env->capacity)) rc = IKV_ENOMEM;
     if (rc) {
@@ -156,7 +161,8 @@ static int hazard_create(const ikv__policy_env *env, const char *params, void **
     p->x_from = -1;
     p->nsess = n;
     for (int l = 0; l < 2; l++)
-        for (int c = 0; c < NCLS; c++) ikv__list_init(&p->q[l][c]);
+        for (int c = 0; c < NCLS; c++)
+            ikv__list_init(&p->q[l][c]);
     p->nodes = env->nodes;
     p->now = env->now;
     *out = p;
@@ -169,9 +175,11 @@ static inline int class_of(const ikv_access *a) {
 
 /* An access of node n by request a: the request's first access learns its session's gap (since
  * the session's previous request, in that request's class) and records this request; the node
- * takes the request's class and clock. */
+ * takes the request's class and clock. An access without clock_ms in traffic that has one
+ * takes the latest wall time seen (not the logical time, which would look hours old). */
 static void touch(hazard *p, ikv__node *n, const ikv_access *a) {
-    uint64_t clock = a && a->clock_ms ? a->clock_ms : *p->now;
+    if (a && a->clock_ms) p->wall = 1;
+    uint64_t clock = a && a->clock_ms ? a->clock_ms : p->wall ? p->clock : *p->now;
     int c = class_of(a);
     if (clock > p->clock) p->clock = clock;
     if (c != IKV_HINT_NONE) p->hinted = 1;
@@ -210,6 +218,11 @@ static uint64_t last_of(const ikv__node *n) {
     return n->last;
 }
 
+/* A block entering the tier: its ARC list (arc=1: T2 if the announced miss was a ghost hit),
+ * and from the request its class and clock. A block moved from another tier (a = NULL) starts
+ * in class none, idle from now: that tier's policy fields may be another policy's, and a
+ * hazard there cannot be told from one that is not (a promotion right after a hinted hit in
+ * the lower tier so loses that hit's class; the next access sets it again). */
 static void hazard_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     (void)pos;
     hazard *p = s;
@@ -224,12 +237,14 @@ static void hazard_admit(void *s, uint32_t id, const ikv_access *a, size_t pos) 
     }
     if (a) {
         touch(p, n, a);
-    } else { /* from another tier, whose policy's fields these are: idle from now, no class */
+    } else {
         n->pol.s.a = IKV_HINT_NONE;
         n->pol.s.x = p->clock;
     }
 }
 
+/* A hit: the block takes the request's class and clock, moves to its (new) list's head if it is
+ * listed, and with arc=1 to T2 (ARC's case I). */
 static void hazard_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     (void)pos;
     hazard *p = s;
@@ -245,18 +260,21 @@ static void hazard_hit(void *s, uint32_t id, const ikv_access *a, size_t pos) {
     if (queued) ikv__list_push_head(list_of(p, n), p->nodes, id);
 }
 
+/* Evictable: onto its list at the place its last access gives (ordered, as lru's). */
 static void hazard_queue(void *s, uint32_t id) {
     hazard *p = s;
     ikv__list_insert_ordered(list_of(p, &p->nodes[id]), p->nodes, id, last_of);
     p->nodes[id].pol.s.b |= LISTED;
 }
 
+/* No longer evictable: off its list. */
 static void hazard_dequeue(void *s, uint32_t id) {
     hazard *p = s;
     ikv__list_remove(list_of(p, &p->nodes[id]), p->nodes, id);
     p->nodes[id].pol.s.b &= ~LISTED;
 }
 
+/* Leaving the tier (arc=1): the resident counts, and the victim's key into B1 or B2 (arc.c). */
 static void hazard_leave(void *s, uint32_t id) {
     hazard *p = s;
     if (p->arc <= 0) return;
@@ -287,17 +305,21 @@ static uint32_t pick(hazard *p, int l) {
 
 /* arc=1: REPLACE(x, p) (arc.c) chooses the list; the ranking chooses the block in it. */
 static uint32_t replace(hazard *p) {
-    int l = ikv__arc_replace_list(p->res[0], p->res[1], p->p_t1, p->x_valid ? p->x_from : -1);
+    int l =
+        ikv__ghostq_arc_replace_list(p->res[0], p->res[1], p->p_t1, p->x_valid ? p->x_from : -1);
     uint32_t id = pick(p, l);
     if (id == IKV_NIL) id = pick(p, !l);
     p->pending_ghost = 1;
     return p->pending = id;
 }
 
+/* arc=0: the ranking's pick of all lists. arc=1: ARC's case IV directory rules, then REPLACE
+ * (arc.c), the ranking choosing within the list. */
 static uint32_t hazard_victim(void *s) {
     hazard *p = s;
     if (p->arc <= 0) return pick(p, 0);
-    if (ikv__arc_directory(&p->ghost, p->res[0], p->res[1], p->c, p->x_valid ? p->x_from : -1)) {
+    if (ikv__ghostq_arc_directory(&p->ghost, p->res[0], p->res[1], p->c,
+                                  p->x_valid ? p->x_from : -1)) {
         uint32_t id = pick(p, 0); /* T1's choice leaves the directory (no ghost) */
         if (id != IKV_NIL) {
             p->pending_ghost = 0;
@@ -307,11 +329,14 @@ static uint32_t hazard_victim(void *s) {
     return replace(p);
 }
 
+/* Each class's counts add up; every listed block is on the list of its class and ARC list, in
+ * last-access order; with arc=1 ARC's counts, target and ghosts are within their bounds. */
 static int hazard_check(const void *s) {
     const hazard *p = s;
     for (int c = 0; c < NCLS; c++) {
         double t = 0;
-        for (uint32_t b = 0; b < NBIN; b++) t += p->cnt[c][b];
+        for (uint32_t b = 0; b < NBIN; b++)
+            t += p->cnt[c][b];
         if (t != p->tot[c]) return 0;
         for (uint32_t l = 0; l < 2; l++) {
             if (!ikv__list_check(&p->q[l][c], p->nodes, NULL)) return 0;
@@ -333,14 +358,17 @@ static int hazard_check(const void *s) {
     return 1;
 }
 
+/* Blocks on the lists (the core's evictable blocks, unless auto keeps this policy passive). */
 static uint64_t hazard_queued(const void *s) {
     const hazard *p = s;
     uint64_t n = 0;
     for (int l = 0; l < 2; l++)
-        for (int c = 0; c < NCLS; c++) n += p->q[l][c].len;
+        for (int c = 0; c < NCLS; c++)
+            n += p->q[l][c].len;
     return n;
 }
 
+/* The session table and, with arc=1, ARC's ghost lists. */
 static size_t hazard_bytes(const void *s) {
     const hazard *p = s;
     return (size_t)p->nsess * sizeof(hz_sess) + (p->arc > 0 ? ikv__ghostq_bytes(&p->ghost) : 0);

@@ -290,8 +290,8 @@ typedef struct value {
     double hint; /* hint=1: a block whose last access came with IKV_HINT_TURN is doomed */
     /* oracle=7: per bucket of the online features, how often the horizon bit doomed a block
      * (ob_yes) or kept it (ob_no) */
-    float *ob_yes, *ob_no;
-    float *ob_dyes, *ob_dno; /* this request's, counted when the next request starts */
+    double *ob_yes, *ob_no;   /* double: a WEKA bucket passes 2^24 counts, where float's +1 */
+    double *ob_dyes, *ob_dno; /* is lost; this request's, counted when the next request starts */
     uint32_t *ob_touched;    /* buckets with pending bits */
     uint32_t ob_ntouched;
     uint64_t ob_req;         /* the request whose bits are pending */
