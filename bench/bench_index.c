@@ -16,8 +16,13 @@
  * Output: millions of blocks per second per phase and policy, and metadata bytes per cached
  * block (node + hash bucket share + policy arrays, at the cache's full size).
  * Everything printed is measured on this machine, single thread.
+ * --agent: the churn and mixed accesses carry what agent traffic tells the cache — a session
+ * (the sequence), a wall clock (100 ms a request) and how the response ended (a pending tool
+ * call, or for every 8th sequence the end of its turn) — so hazard's ranking and auto's switch
+ * run (without it they see none and are arc and lrb).
  *
  *     bench_index [--ops N] [--cap BLOCKS] [--seqs S] [--policy NAME[:k=v,...]] [--seed S]
+ *                 [--agent]
  */
 #include <inttypes.h>
 #include <math.h>
@@ -165,6 +170,18 @@ static ikv_cache *make_cache(const char *policy, uint64_t cap) {
     return c;
 }
 
+static int agent; /* --agent */
+
+/* The access of sequence s at logical time t: with --agent also its session, wall clock and
+ * hint. */
+static void set_access(ikv_access *acc, size_t s, uint64_t t) {
+    acc->now = t;
+    if (!agent) return;
+    acc->scope = s + 1;
+    acc->clock_ms = t * 100 + 1;
+    acc->hint = s % 8 ? IKV_HINT_SOON : IKV_HINT_TURN;
+}
+
 static void run_policy(const workload *w, const char *policy, uint64_t cap, size_t ops) {
     /* lookups on a cache large enough for every key */
     ikv_cache *c = make_cache(policy, w->n_keys + 1);
@@ -194,7 +211,7 @@ static void run_policy(const workload *w, const char *policy, uint64_t cap, size
     uint64_t t = 0;
     t0 = ikv_now();
     for (size_t s = 0; blocks < ops; s = (s + 1) % w->n_seqs) {
-        acc.now = ++t;
+        set_access(&acc, s, ++t);
         acc.next_use = NULL; /* opt without next-use times treats every block as never reused */
         if (ikv_cache_access(c, w->keys + w->off[s], w->len[s], &acc, &r)) die(ikv_errdetail());
         blocks += w->len[s];
@@ -211,7 +228,7 @@ static void run_policy(const workload *w, const char *policy, uint64_t cap, size
     t0 = ikv_now();
     for (size_t i = 0; blocks < ops; i++) {
         size_t si = i % w->n_stream, s = w->stream[si];
-        acc.now = ++t;
+        set_access(&acc, s, ++t);
         acc.next_use = need_next ? w->next_use + w->stream_off[si] : NULL;
         if (ikv_cache_access(c, w->keys + w->off[s], w->len[s], &acc, &r)) die(ikv_errdetail());
         blocks += w->len[s];
@@ -234,8 +251,12 @@ int main(int argc, char **argv) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: bench_index [--ops N] [--cap BLOCKS] [--seqs S] [--policy NAME[:k=v,...]] "
-                   "[--seed S]\n(counts take k/M/G suffixes)\n");
+                   "[--seed S] [--agent]\n(counts take k/M/G suffixes)\n");
             return 0;
+        }
+        if (!strcmp(a, "--agent")) {
+            agent = 1;
+            continue;
         }
         int valued = !strcmp(a, "--ops") || !strcmp(a, "--cap") || !strcmp(a, "--seqs") ||
                      !strcmp(a, "--policy") || !strcmp(a, "--seed");
@@ -281,8 +302,9 @@ int main(int argc, char **argv) {
     build_next_use(&w);
     printf("bench_index: measured, single thread, %ld cores online\n", sysconf(_SC_NPROCESSORS_ONLN));
     printf("workload: %zu sequences (%zu distinct blocks, 64 shared roots), Zipf(0.9) stream, "
-           "%zu block ops per phase; churn cache %" PRIu64 " blocks\n",
-           w.n_seqs, w.n_keys, ops, cap);
+           "%zu block ops per phase; churn cache %" PRIu64 " blocks%s\n",
+           w.n_seqs, w.n_keys, ops, cap,
+           agent ? "; agent traffic (sessions, wall clock, hints)" : "");
     printf("%-8s %11s %11s %11s %11s %9s %8s\n", "policy", "lookup M/s", "insert M/s",
            "evict/ins", "mixed M/s", "mixed hit", "B/block");
     if (only && only[strcspn(only, ":")]) {

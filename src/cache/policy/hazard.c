@@ -88,6 +88,7 @@ typedef struct hazard {
     uint64_t nsess;             /* entries, a power of two */
     double cnt[NCLS][NBIN];     /* observed idle gaps per class and bin */
     double cum[NCLS][NBIN + 1]; /* prefix sums of cnt (valid unless dirty) */
+    double edge[NBIN + 1];      /* bin b is [edge[b], edge[b + 1]) ms */
     double tot[NCLS];
     int dirty[NCLS];
 } hazard;
@@ -98,12 +99,10 @@ static uint32_t bin_of(double g) {
     return b >= NBIN - 1 ? NBIN - 1 : (uint32_t)b;
 }
 
-static double bin_lo(uint32_t b) {
-    return b == 0 ? 0 : exp2((double)(b - 1) / 4);
-}
-
-static double bin_hi(uint32_t b) {
-    return b == 0 ? 1 : exp2((double)b / 4);
+/* The bins' edges: 0, then 2^((b-1)/4) for b >= 1 (computed once: the victim reads them). */
+static void init_edges(double *edge) {
+    edge[0] = 0;
+    for (uint32_t b = 1; b <= NBIN; b++) edge[b] = exp2((double)(b - 1) / 4);
 }
 
 /* F(x): the class's observed gaps <= x, linear within x's bin. */
@@ -116,7 +115,8 @@ static double cdf(hazard *p, int c, double x) {
     }
     if (x < 0) return 0;
     uint32_t b = bin_of(x);
-    double lo = bin_lo(b), hi = bin_hi(b), f = x >= hi ? 1 : x <= lo ? 0 : (x - lo) / (hi - lo);
+    double lo = p->edge[b], hi = p->edge[b + 1];
+    double f = x >= hi ? 1 : x <= lo ? 0 : (x - lo) / (hi - lo);
     return p->cum[c][b] + p->cnt[c][b] * f;
 }
 
@@ -160,6 +160,7 @@ static int hazard_create(const ikv__policy_env *env, const char *params, void **
     p->pending = IKV_NIL;
     p->x_from = -1;
     p->nsess = n;
+    init_edges(p->edge);
     for (int l = 0; l < 2; l++)
         for (int c = 0; c < NCLS; c++)
             ikv__list_init(&p->q[l][c]);
