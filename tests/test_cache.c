@@ -861,6 +861,48 @@ static void test_lhd_learns_hot_blocks(void **st) {
     ikv_cache_destroy(ng);
 }
 
+/* The default lrb learns that a block with a gap of 6 comes back within the boundary and a
+ * one-shot (count 1, no gap) does not: the hot blocks hit on nearly every request once labels
+ * have come in, and a new one-shot evicts the previous one-shot, not the oldest hot block.
+ * LRU never hits, nor does lrb:order=0 (ARC's classes with both ordered by the sample's
+ * oldest, no model): the learned order in T1 is what keeps them. Plain LRB (split=0, one
+ * sampled set) learns it too once the boundary covers the gap (bmul=2); at bmul=1 its
+ * boundary is the LRU-like cache's characteristic time, 4 requests, shorter than the hot
+ * gap, so no sample is ever labelled positive and it stays a sampled LRU (a failure mode,
+ * kept visible). */
+static void test_lrb_learns_periodic(void **st) {
+    (void)st;
+    int res;
+    uint64_t t;
+    static const struct {
+        const char *spec;
+        uint64_t lo, hi;
+    } cases[] = {
+        {"lru", 0, 0},
+        {"lrb:order=0", 0, 0},
+        {"lrb:split=0,period=256", 0, 0},
+        {"lrb:split=0,period=256,bmul=2", 250, 300},
+        {"lrb:period=256", 280, 300},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        ikv_cache *c = make(4, cases[i].spec);
+        uint64_t hits = hot_and_oneshots(c, 400, &res, &t);
+        if (hits < cases[i].lo || hits > cases[i].hi)
+            fail_msg("%s: %" PRIu64 " hot hits of 300 in the last 100 rounds (want %" PRIu64
+                     "-%" PRIu64 ")",
+                     cases[i].spec, hits, cases[i].lo, cases[i].hi);
+        if (i + 1 < sizeof cases / sizeof cases[0]) {
+            ikv_cache_destroy(c);
+            continue;
+        }
+        assert_true(resident1(c, 1000 + 1199)); /* the last one-shot */
+        req1(c, 5000, t++);
+        assert_false(resident1(c, 1000 + 1199));
+        assert_true(resident1(c, 1) && resident1(c, 2) && resident1(c, 3) && resident1(c, 5000));
+        ikv_cache_destroy(c);
+    }
+}
+
 /* The hit-density model itself: a class hit at age 5 (and never evicted) is denser at every
  * age up to 5 than a class evicted at age 1 and never hit, whose density is 0; the prior before
  * any recomputation is LRU (1 / (age + 1)); a class with fewer events than `pool` takes the
@@ -903,30 +945,40 @@ static void test_hd_model(void **st) {
 /* A stream of conversations (docs/policies.md, "What the WEKA gap is made of"): 6 live ones,
  * each re-read every round as a chain that grows by a block a turn up to 5, interleaved with
  * dead ones, a fresh 3-block chain per live turn that never comes back. Through `cap` blocks,
- * returns the hit blocks of the last half of `rounds` and, via *dead_res, how many of the
- * dead chains' blocks are resident at the end. req-level CHECKED (value's walker included). */
-static uint64_t convs_and_dead(ikv_cache *c, int rounds, uint64_t *dead_res) {
+ * returns the hit blocks of the last half of `rounds` and, via *dead_res (may be NULL), how
+ * many of the dead chains' blocks are resident at the end. With `future` the accesses carry
+ * what the simulator hands the oracle diagnostics: each block's next use (a live
+ * conversation's blocks are re-read 12 accesses later, the dead chains never) and a session id
+ * per conversation. req-level CHECKED (value's walker included). */
+static uint64_t convs_and_dead(ikv_cache *c, int rounds, uint64_t *dead_res, int future) {
     uint64_t t = 1, hits = 0;
     uint32_t fresh = 100000;
     for (int r = 0; r < rounds; r++)
         for (uint32_t v = 0; v < 6; v++) {
             uint32_t ids[5];
+            uint64_t next[5], never[3] = {IKV_NEVER, IKV_NEVER, IKV_NEVER};
             size_t n = r + 1 < 5 ? (size_t)r + 1 : 5;
-            for (size_t i = 0; i < n; i++) ids[i] = v * 100 + (uint32_t)i;
+            for (size_t i = 0; i < n; i++) {
+                ids[i] = v * 100 + (uint32_t)i;
+                next[i] = r + 1 < rounds ? t + 12 : IKV_NEVER;
+            }
             ikv_key k[5];
             chain(ids, n, 0, k);
             ikv_access acc = {.now = t++};
+            if (future) acc.scope = v + 1, acc.next_use = next;
             ikv_access_result ar;
             assert_int_equal(ikv_cache_access(c, k, n, &acc, &ar), 0);
             CHECKED(c);
             if (r >= rounds / 2) hits += ar.matched;
             uint32_t d[3] = {fresh, fresh + 1, fresh + 2};
-            fresh += 3;
             chain(d, 3, 0, k);
             acc.now = t++;
+            if (future) acc.scope = 1000 + fresh, acc.next_use = never;
+            fresh += 3;
             assert_int_equal(ikv_cache_access(c, k, 3, &acc, &ar), 0);
             CHECKED(c);
         }
+    if (!dead_res) return hits;
     *dead_res = 0;
     for (uint32_t id = 100000; id < fresh; id += 3) {
         uint32_t d[3] = {id, id + 1, id + 2};
@@ -951,7 +1003,7 @@ static void test_value_pred(void **st) {
     uint64_t hits[4], dead[4];
     for (int i = 0; i < 4; i++) {
         ikv_cache *c = make(24, specs[i]);
-        hits[i] = convs_and_dead(c, 200, &dead[i]);
+        hits[i] = convs_and_dead(c, 200, &dead[i], 0);
         ikv_cache_destroy(c);
     }
     /* measured: lru 0, value 86, pred 170 and 170 hits; dead blocks resident 9, 3, 3, 3 */
@@ -966,46 +1018,12 @@ static void test_value_pred(void **st) {
      * learned in time: no better than value here (a failure mode, kept visible) */
     ikv_cache *f = make(24, "value:pred=0.25,prperiod=64");
     uint64_t d64;
-    assert_true(convs_and_dead(f, 200, &d64) <= hits[1]);
+    assert_true(convs_and_dead(f, 200, &d64, 0) <= hits[1]);
     ikv_cache_destroy(f);
     const char *bad[] = {"value:pred=0.5,split=0", "value:pred=0.5,hd=1", "value:pred=2",
                          "value:prperiod=1", "value:prcls=4", "value:prcls=1.5",
                          "value:oracle=4", "value:oracle=8", "value:oracle=1.5"};
     assert_rejected(bad, sizeof bad / sizeof bad[0]);
-}
-
-/* The stream of convs_and_dead with its future: each block's next use (a live conversation's
- * blocks are re-read 12 accesses later, the dead chains never) and a session id per
- * conversation, as the simulator hands them to the oracle diagnostics. Returns the hit blocks
- * of the last half of `rounds`. */
-static uint64_t convs_future(ikv_cache *c, int rounds) {
-    uint64_t t = 1, hits = 0;
-    uint32_t fresh = 100000;
-    for (int r = 0; r < rounds; r++)
-        for (uint32_t v = 0; v < 6; v++) {
-            uint32_t ids[5];
-            uint64_t next[5];
-            size_t n = r + 1 < 5 ? (size_t)r + 1 : 5;
-            for (size_t i = 0; i < n; i++) {
-                ids[i] = v * 100 + (uint32_t)i;
-                next[i] = r + 1 < rounds ? t + 12 : IKV_NEVER;
-            }
-            ikv_key k[5];
-            chain(ids, n, 0, k);
-            ikv_access acc = {.now = t++, .scope = v + 1, .next_use = next};
-            ikv_access_result ar;
-            assert_int_equal(ikv_cache_access(c, k, n, &acc, &ar), 0);
-            CHECKED(c);
-            if (r >= rounds / 2) hits += ar.matched;
-            uint32_t d[3] = {fresh, fresh + 1, fresh + 2};
-            uint64_t never[3] = {IKV_NEVER, IKV_NEVER, IKV_NEVER};
-            chain(d, 3, 0, k);
-            acc = (ikv_access){.now = t++, .scope = 1000 + fresh, .next_use = never};
-            fresh += 3;
-            assert_int_equal(ikv_cache_access(c, k, 3, &acc, &ar), 0);
-            CHECKED(c);
-        }
-    return hits;
 }
 
 /* value:oracle=7, the feature-limited oracle (docs/policies.md): per bucket of the online
@@ -1018,7 +1036,8 @@ static void test_value_oracle7(void **st) {
     (void)st;
     ikv_cache *v = make(24, "value"), *o = make(24, "value:nu=1,nusess=1,num=0,oracle=7");
     ikv_cache *b = make(24, "value:nu=1,nusess=1,num=0,oracle=7,obt=1");
-    uint64_t hv = convs_future(v, 200), ho = convs_future(o, 200), hb = convs_future(b, 200);
+    uint64_t hv = convs_and_dead(v, 200, NULL, 1), ho = convs_and_dead(o, 200, NULL, 1);
+    uint64_t hb = convs_and_dead(b, 200, NULL, 1);
     ikv_cache_destroy(v);
     ikv_cache_destroy(o);
     ikv_cache_destroy(b);
@@ -1627,7 +1646,7 @@ static void test_value_nu(void **st) {
     uint64_t hits[6], dead[6];
     for (int i = 0; i < 6; i++) {
         ikv_cache *c = make(24, specs[i]);
-        hits[i] = convs_and_dead(c, 200, &dead[i]);
+        hits[i] = convs_and_dead(c, 200, &dead[i], 0);
         ikv_cache_destroy(c);
     }
     print_message("nu stream: hits %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64 " %" PRIu64
@@ -2444,6 +2463,7 @@ int main(void) {
         cmocka_unit_test(test_value_mix_regret),
         cmocka_unit_test(test_value_mix_deterministic),
         cmocka_unit_test(test_lhd_learns_hot_blocks),
+        cmocka_unit_test(test_lrb_learns_periodic),
         cmocka_unit_test(test_hd_model),
         cmocka_unit_test(test_value_hd),
         cmocka_unit_test(test_value_pred),
