@@ -97,17 +97,16 @@ int ikv__attn_rows_usable(const struct ikv_engine *e) {
 __attribute__((target("avx512f,fma"))) static inline __m512 exp_neg16(__m512 r) {
     r = _mm512_max_ps(r, _mm512_set1_ps(-87.0f));
     r = _mm512_min_ps(r, _mm512_setzero_ps());
-    const __m512 mag = _mm512_set1_ps(12582912.0f);
-    const __m512 nn =
-        _mm512_sub_ps(_mm512_fmadd_ps(r, _mm512_set1_ps(1.44269504088896341f), mag), mag);
-    __m512 f = _mm512_fnmadd_ps(nn, _mm512_set1_ps(0.693359375f), r);
-    f = _mm512_fnmadd_ps(nn, _mm512_set1_ps(-2.12194440e-4f), f);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.0000001201e-1f));
+    const __m512 mag = _mm512_set1_ps(EXP_MAGIC);
+    const __m512 nn = _mm512_sub_ps(_mm512_fmadd_ps(r, _mm512_set1_ps(EXP_LOG2E), mag), mag);
+    __m512 f = _mm512_fnmadd_ps(nn, _mm512_set1_ps(EXP_C1), r);
+    f = _mm512_fnmadd_ps(nn, _mm512_set1_ps(EXP_C2), f);
+    __m512 p = _mm512_set1_ps(EXP_H0);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP_H1));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP_H2));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP_H3));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP_H4));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(EXP_H5));
     p = _mm512_add_ps(_mm512_fmadd_ps(p, _mm512_mul_ps(f, f), f), _mm512_set1_ps(1.0f));
     __m512i e =
         _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvttps_epi32(nn), _mm512_set1_epi32(127)), 23);

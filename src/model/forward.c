@@ -115,23 +115,20 @@
  * same algorithm with fused multiply-adds on every one of its lanes (exp_neg8, exp_neg_fma1,
  * batch512.c's exp_neg16; exp_neg picks the one-lane exp of the path in use). Both versions are
  * within 1 ulp of the double-precision exp on [-87, 0] (tests/test_verify.c, test_exp_paths:
- * 0.969 and 0.979 ulp at most over every 256th float of the range). */
-#define EXP_LOG2E 1.44269504088896341f
-#define EXP_MAGIC 12582912.0f /* 1.5 * 2^23: adding it rounds to an integer */
-#define EXP_C1    0.693359375f
-#define EXP_C2    -2.12194440e-4f
+ * 0.969 and 0.979 ulp at most over every 256th float of the range). The constants are
+ * internal.h's EXP_*, shared with batch512.c. */
 
 static inline float exp_neg_scalar(float r) {
     r = r > -87.0f ? r : -87.0f; /* NaN too: a NaN never reaches the int conversion below */
     r = r < 0.0f ? r : 0.0f;     /* +inf (a row of infinities in a corrupt checkpoint) too */
     float n = (r * EXP_LOG2E + EXP_MAGIC) - EXP_MAGIC;
     float f = (r - n * EXP_C1) - n * EXP_C2;
-    float p = 1.9875691500e-4f;
-    p = p * f + 1.3981999507e-3f;
-    p = p * f + 8.3334519073e-3f;
-    p = p * f + 4.1665795894e-2f;
-    p = p * f + 1.6666665459e-1f;
-    p = p * f + 5.0000001201e-1f;
+    float p = EXP_H0;
+    p = p * f + EXP_H1;
+    p = p * f + EXP_H2;
+    p = p * f + EXP_H3;
+    p = p * f + EXP_H4;
+    p = p * f + EXP_H5;
     p = (p * (f * f) + f) + 1.0f;
     int32_t e = ((int32_t)n + 127) << 23;
     float sc;
@@ -148,12 +145,12 @@ static inline __m128 exp_neg4(__m128 r) {
     __m128 nn = _mm_sub_ps(_mm_add_ps(_mm_mul_ps(r, _mm_set1_ps(EXP_LOG2E)), mag), mag);
     __m128 f = _mm_sub_ps(_mm_sub_ps(r, _mm_mul_ps(nn, _mm_set1_ps(EXP_C1))),
                           _mm_mul_ps(nn, _mm_set1_ps(EXP_C2)));
-    __m128 p = _mm_set1_ps(1.9875691500e-4f);
-    p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(1.3981999507e-3f));
-    p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(8.3334519073e-3f));
-    p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(4.1665795894e-2f));
-    p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(1.6666665459e-1f));
-    p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(5.0000001201e-1f));
+    __m128 p = _mm_set1_ps(EXP_H0);
+    p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(EXP_H1));
+    p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(EXP_H2));
+    p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(EXP_H3));
+    p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(EXP_H4));
+    p = _mm_add_ps(_mm_mul_ps(p, f), _mm_set1_ps(EXP_H5));
     p = _mm_add_ps(_mm_add_ps(_mm_mul_ps(p, _mm_mul_ps(f, f)), f), _mm_set1_ps(1.0f));
     __m128i e = _mm_slli_epi32(_mm_add_epi32(_mm_cvttps_epi32(nn), _mm_set1_epi32(127)), 23);
     return _mm_mul_ps(p, _mm_castsi128_ps(e));
@@ -220,12 +217,12 @@ __attribute__((target("avx2,fma"))) static inline __m256 exp_neg8(__m256 r) {
     const __m256 nn = _mm256_sub_ps(_mm256_fmadd_ps(r, _mm256_set1_ps(EXP_LOG2E), mag), mag);
     __m256 f = _mm256_fnmadd_ps(nn, _mm256_set1_ps(EXP_C1), r);
     f = _mm256_fnmadd_ps(nn, _mm256_set1_ps(EXP_C2), f);
-    __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.3981999507e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(8.3334519073e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(4.1665795894e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.6666665459e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.0000001201e-1f));
+    __m256 p = _mm256_set1_ps(EXP_H0);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP_H1));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP_H2));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP_H3));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP_H4));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(EXP_H5));
     p = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(f, f), f), _mm256_set1_ps(1.0f));
     __m256i e =
         _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(nn), _mm256_set1_epi32(127)), 23);
@@ -241,12 +238,12 @@ __attribute__((target("avx2,fma"))) static inline float exp_neg_fma1(float x) {
     const __m128 nn = _mm_sub_ss(_mm_fmadd_ss(r, _mm_set_ss(EXP_LOG2E), mag), mag);
     __m128 f = _mm_fnmadd_ss(nn, _mm_set_ss(EXP_C1), r);
     f = _mm_fnmadd_ss(nn, _mm_set_ss(EXP_C2), f);
-    __m128 p = _mm_set_ss(1.9875691500e-4f);
-    p = _mm_fmadd_ss(p, f, _mm_set_ss(1.3981999507e-3f));
-    p = _mm_fmadd_ss(p, f, _mm_set_ss(8.3334519073e-3f));
-    p = _mm_fmadd_ss(p, f, _mm_set_ss(4.1665795894e-2f));
-    p = _mm_fmadd_ss(p, f, _mm_set_ss(1.6666665459e-1f));
-    p = _mm_fmadd_ss(p, f, _mm_set_ss(5.0000001201e-1f));
+    __m128 p = _mm_set_ss(EXP_H0);
+    p = _mm_fmadd_ss(p, f, _mm_set_ss(EXP_H1));
+    p = _mm_fmadd_ss(p, f, _mm_set_ss(EXP_H2));
+    p = _mm_fmadd_ss(p, f, _mm_set_ss(EXP_H3));
+    p = _mm_fmadd_ss(p, f, _mm_set_ss(EXP_H4));
+    p = _mm_fmadd_ss(p, f, _mm_set_ss(EXP_H5));
     p = _mm_add_ss(_mm_fmadd_ss(p, _mm_mul_ss(f, f), f), _mm_set_ss(1.0f));
     const __m128i e =
         _mm_slli_epi32(_mm_add_epi32(_mm_cvttps_epi32(nn), _mm_set1_epi32(127)), 23);

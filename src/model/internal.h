@@ -459,6 +459,21 @@ size_t ikv__swiglu512(float *hb, const float *hb2, size_t n);
 /* The greedy pick: the first index of the largest of x[0..n) by the strict > scan (NaNs never
  * chosen, 0 when x[0] is NaN or n is 0), vectorized where ikv__batch512_on. */
 uint32_t ikv__argmax(const float *x, size_t n);
+/* The constants of the attention exp (forward.c's exp_neg_scalar and its 4-, 8- and 1-lane
+ * forms, batch512.c's 16-lane exp_neg16): n = round(r log2 e) by the 1.5 2^23 trick, f = r - n
+ * ln 2 in two parts, and the Horner coefficients of e^f, highest degree first. Every path reads
+ * these, so a value's exp has the same bits on all of them. */
+#define EXP_LOG2E 1.44269504088896341f
+#define EXP_MAGIC 12582912.0f /* 1.5 * 2^23: adding it rounds to an integer */
+#define EXP_C1    0.693359375f
+#define EXP_C2    -2.12194440e-4f
+#define EXP_H0    1.9875691500e-4f
+#define EXP_H1    1.3981999507e-3f
+#define EXP_H2    8.3334519073e-3f
+#define EXP_H3    4.1665795894e-2f
+#define EXP_H4    1.6666665459e-1f
+#define EXP_H5    5.0000001201e-1f
+
 /* The exps of the decode path, for tests: o1[i] one lane at a time, o8 by the widest vector of
  * forward.c's path in use (8 lanes on the AVX2 path, 4 on SSE2; the tail one by one)
  * (forward.c); ikv__exp_neg16_buf: the 16-lane exp of batch512.c on the first n & ~15 values,
