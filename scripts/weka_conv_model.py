@@ -31,38 +31,26 @@ client that never returns: (F(a + h) - F(a)) / (n - F(a) + 1). Simulated (a mode
 token hit ratio and the share of the lru -> opt gap. Pure Python 3; 2M / 355 takes ~1 minute.
 """
 import bisect
-import gzip
-import json
 import math
 import sys
+
+from wekatrace import conversations
 
 WINDOW = 3600.0
 BLOCK = 64
 
 
+def chains(reqs):
+    """(arrival s, response time s, stop, block ids) per main-thread request."""
+    out = [(float(r['t']), float(r.get('api_time', 0.0)), str(r.get('stop', '?')),
+            list(r['hash_ids'])) for r in reqs]
+    if not all(math.isfinite(t) and math.isfinite(a) for t, a, _, _ in out):
+        raise ValueError('a time is not finite')
+    return out
+
+
 def load(path, n):
-    convs = []
-    try:
-        f = gzip.open(path, 'rt') if path.endswith('.gz') else open(path)
-    except OSError as e:
-        sys.exit(f'weka_conv_model.py: cannot open {path}: {e.strerror}')
-    ln = 0
-    try:
-        with f:
-            for ln, line in enumerate(f, 1):
-                if len(convs) >= n:
-                    break
-                try:
-                    reqs = [(float(r['t']), float(r.get('api_time', 0.0)),
-                             str(r.get('stop', '?')), list(r['hash_ids']))
-                            for r in json.loads(line)['requests'] if r.get('type') in ('n', 's')]
-                    if not all(math.isfinite(t) and math.isfinite(a) for t, a, _, _ in reqs):
-                        raise ValueError('a time is not finite')
-                except (ValueError, KeyError, TypeError, AttributeError) as e:
-                    sys.exit(f'weka_conv_model.py: {path}:{ln}: not a WEKA conversation ({e!r})')
-                convs.append(reqs)
-    except (OSError, EOFError) as e:  # a corrupt or truncated .gz
-        sys.exit(f'weka_conv_model.py: {path}: unreadable after line {ln} ({e})')
+    convs = conversations(path, 'weka_conv_model.py', chains, n)
     if len(convs) < n:
         sys.exit(f'weka_conv_model.py: {path}: {len(convs)} conversations, {n} asked for')
     return convs

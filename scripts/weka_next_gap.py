@@ -17,11 +17,11 @@ regression over one-hot features and their products with the stop reason (SGD, 1
 can use many fields without the table's overfitting. Pure Python 3 (no numpy); ~35 s.
 Measured, simulated nothing: it reads the trace only.
 """
-import gzip
-import json
 import math
 import random
 import sys
+
+from wekatrace import conversations
 
 FIELDS = {
     'stop': 'how the response ended (tool_use, end_turn, ...)',
@@ -47,48 +47,33 @@ def log2b(x):
     return int(math.log2(max(0.0, float(x)) + 1))
 
 
-def load(path):
-    """Rows of (conversation index, features, idle gap in s or None for the last request)."""
-    rows = []
-    try:
-        f = gzip.open(path, 'rt') if path.endswith('.gz') else open(path)
-    except OSError as e:
-        sys.exit(f'weka_next_gap.py: cannot open {path}: {e.strerror}')
-    try:
-        rows += read_lines(f, path)
-    except (OSError, EOFError) as e:  # a corrupt or truncated .gz
-        sys.exit(f'weka_next_gap.py: {path}: unreadable ({e})')
-    if not rows:
-        sys.exit(f'weka_next_gap.py: {path}: no requests')
+def features(reqs):
+    """(features, idle gap in s or None for the last request) per request of a conversation."""
+    rows, prev = [], None
+    for i, r in enumerate(reqs):
+        end = float(r['t']) + float(r.get('api_time', 0.0))
+        gap = max(0.0, float(reqs[i + 1]['t']) - end) if i + 1 < len(reqs) else None
+        feats = {
+            'stop': str(r.get('stop', '?')),
+            'last': None if prev is None else log2b(prev),
+            'turn': min(log2b(i), 8),
+            'out': log2b(r.get('out', 0)),
+            'api': log2b(r.get('api_time', 0)),
+            'otyp': ','.join(sorted(map(str, r.get('output_types', [])))),
+            'ityp': ','.join(sorted(map(str, r.get('input_types', [])))),
+            'in': log2b(r.get('in', 0)),
+        }
+        rows.append((feats, gap))
+        prev = gap
     return rows
 
 
-def read_lines(f, path):
-    """The rows of load() from the open file f; a malformed line ends the program, named."""
-    rows = []
-    with f:
-        for ln, line in enumerate(f, 1):
-            try:
-                conv = json.loads(line)
-                reqs = [r for r in conv['requests'] if r.get('type') in ('n', 's')]
-                prev = None
-                for i, r in enumerate(reqs):
-                    end = float(r['t']) + float(r.get('api_time', 0.0))
-                    gap = max(0.0, float(reqs[i + 1]['t']) - end) if i + 1 < len(reqs) else None
-                    feats = {
-                        'stop': str(r.get('stop', '?')),
-                        'last': None if prev is None else log2b(prev),
-                        'turn': min(log2b(i), 8),
-                        'out': log2b(r.get('out', 0)),
-                        'api': log2b(r.get('api_time', 0)),
-                        'otyp': ','.join(sorted(map(str, r.get('output_types', [])))),
-                        'ityp': ','.join(sorted(map(str, r.get('input_types', [])))),
-                        'in': log2b(r.get('in', 0)),
-                    }
-                    rows.append((ln, feats, gap))
-                    prev = gap
-            except (ValueError, KeyError, TypeError, AttributeError, OverflowError) as e:
-                sys.exit(f'weka_next_gap.py: {path}:{ln}: not a WEKA conversation ({e!r})')
+def load(path):
+    """Rows of (conversation number, features, idle gap in s or None for the last request)."""
+    convs = conversations(path, 'weka_next_gap.py', features)
+    rows = [(ci, f, g) for ci, conv in enumerate(convs, 1) for f, g in conv]
+    if not rows:
+        sys.exit(f'weka_next_gap.py: {path}: no requests')
     return rows
 
 
